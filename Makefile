@@ -1,0 +1,54 @@
+# cdc-lakehouse: `make demo`, `make test`, `make dev`. Every target installs what it needs first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+export DAGSTER_HOME ?= $(CURDIR)/.local/dagster_home
+
+.PHONY: demo test dev lint system-deps install local-source-start local-source-stop clean
+
+## System packages: a MariaDB server (run as our own dedicated instance) and a Java 17+ runtime for Spark.
+system-deps:
+	@if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ] || ! command -v mariadb-install-db >/dev/null 2>&1; then \
+		echo "Installing mariadb-server"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mariadb-server mariadb-client >/dev/null; \
+	fi
+	@if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])'; then \
+		echo "Installing a Java 17 runtime"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	fi
+
+## The virtualenv with the project and its pinned dependencies (constraints.txt pins every transitive package).
+$(STAMP): pyproject.toml constraints.txt
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+install: system-deps $(STAMP)
+
+demo: install
+	$(BIN)/cdc-lakehouse demo
+
+test: install
+	$(BIN)/ruff check cdc_assets cdc_assets_tests spark_resources benchmarks
+	$(BIN)/pytest cdc_assets_tests
+
+dev: install
+	@mkdir -p "$(DAGSTER_HOME)"
+	$(BIN)/python -m cdc_assets.local_source start
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+lint: install
+	$(BIN)/ruff check cdc_assets cdc_assets_tests spark_resources benchmarks
+
+local-source-start: install
+	$(BIN)/python -m cdc_assets.local_source start
+
+local-source-stop: install
+	$(BIN)/python -m cdc_assets.local_source stop
+
+clean: local-source-stop
+	rm -rf .local lakehouse

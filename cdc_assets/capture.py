@@ -1,0 +1,310 @@
+"""Reading the binlog as a replica and cutting it into raw batches at transaction boundaries.
+
+`BatchBuilder` is the pure part: it is fed decoded events and knows transactions, table versions,
+`_cdc_seq` and where a batch may end. `capture_batches` feeds it from python-mysql-replication.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    GtidEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+
+from cdc_assets.lakehouse import TableRef
+from cdc_assets.mysql_types import column_from_binlog, encode_binlog_value
+from cdc_assets.positions import FIRST_SEQ, BinlogPosition
+from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, RawBatch, TableVersion
+from cdc_assets.settings import MySQLUrl, TableFilter
+from cdc_assets.source import ServerInfo
+
+# Statements that manage accounts can carry passwords: they never enter a raw batch.
+_ACCOUNT_STATEMENT = re.compile(
+    r"^\s*(/\*.*?\*/\s*)*(CREATE|ALTER|DROP|RENAME)\s+(USER|ROLE)|^\s*(GRANT|REVOKE|SET\s+PASSWORD|SET\s+ROLE)",
+    re.IGNORECASE | re.DOTALL,
+)
+_TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "XA ")
+
+
+@dataclass
+class _PendingRow:
+    table: TableRef
+    version: TableVersion
+    op: str
+    gtid: str | None
+    before: list[str | None] | None
+    after: list[str | None] | None
+
+
+@dataclass
+class BatchBuilder:
+    """Assembles committed transactions into batches of at most about `max_rows` row changes."""
+
+    start: BinlogPosition
+    next_seq: int = FIRST_SEQ
+    gtid_state: dict[str, str] = field(default_factory=dict)
+    max_rows: int = 100_000
+    server: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._reset(self.start)
+        self._transaction: list[_PendingRow] = []
+        self._gtid: str | None = None
+
+    def _reset(self, start: BinlogPosition) -> None:
+        self.batch_start = start
+        self.batch_start_gtid = _gtid_text(self.gtid_state)
+        self.batch_first_seq = self.next_seq
+        self.committed_end = start
+        self._columns: dict[str, list[Any]] = {f.name: [] for f in RAW_ROWS_SCHEMA}
+        self._versions: dict[tuple, TableVersion] = {}
+        self.statements: list[dict[str, Any]] = []
+        self.events = 0
+        self.transactions = 0
+        self.first_commit_ts: int | None = None
+        self.last_commit_ts: int | None = None
+
+    # -- events ---------------------------------------------------------------------------------------
+    def count_event(self) -> None:
+        self.events += 1
+
+    def begin(self, gtid: str | None) -> None:
+        self._transaction = []
+        self._gtid = gtid
+
+    def version_of(self, table: TableRef, columns: tuple, primary_key: tuple[str, ...]) -> TableVersion:
+        """The batch-local id of a table version (the same columns and key share one)."""
+        ident = (table, columns, primary_key)
+        version = self._versions.get(ident)
+        if version is None:
+            version = TableVersion(len(self._versions), table, columns, primary_key)
+            self._versions[ident] = version
+        return version
+
+    def row_change(
+        self,
+        version: TableVersion,
+        op: str,
+        before: list[str | None] | None,
+        after: list[str | None] | None,
+    ) -> None:
+        self._transaction.append(_PendingRow(version.table, version, op, self._gtid, before, after))
+
+    def statement(self, schema: str | None, query: str) -> None:
+        """A DDL or TRUNCATE: recorded (secrets excluded), with a `_cdc_seq` of its own to order it."""
+        if _ACCOUNT_STATEMENT.search(query):
+            return
+        seq = self.next_seq
+        self.next_seq += 1
+        kind = "truncate" if query.lstrip().upper().startswith("TRUNCATE") else "ddl"
+        self.statements.append({"seq": str(seq), "schema": schema, "query": query, "kind": kind, "gtid": self._gtid})
+
+    def commit(self, end: BinlogPosition, commit_ts: int) -> None:
+        """The transaction ending at `end` committed at `commit_ts` (epoch seconds)."""
+        if self._transaction:
+            self.transactions += 1
+            if self.first_commit_ts is None:
+                self.first_commit_ts = commit_ts
+            self.last_commit_ts = commit_ts
+            cols = self._columns
+            for row in self._transaction:
+                cols["seq"].append(self.next_seq)
+                self.next_seq += 1
+                cols["schema"].append(row.table.schema)
+                cols["table"].append(row.table.table)
+                cols["table_version"].append(row.version.id)
+                cols["op"].append(row.op)
+                cols["gtid"].append(row.gtid)
+                cols["commit_ts"].append(commit_ts * 1_000_000)
+                cols["before"].append(row.before)
+                cols["after"].append(row.after)
+        if self._gtid:
+            domain = self._gtid.rsplit(":", 1)[0] if ":" in self._gtid else self._gtid.split("-", 1)[0]
+            self.gtid_state[domain] = self._gtid
+        self._transaction = []
+        self._gtid = None
+        self.committed_end = end
+
+    # -- batches --------------------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return len(self._columns["seq"])
+
+    def is_full(self) -> bool:
+        return self.rows >= self.max_rows
+
+    def has_progress(self) -> bool:
+        return self.batch_start < self.committed_end
+
+    def cut(self) -> RawBatch:
+        """The batch of everything committed since the last cut; the next batch starts where it ends."""
+        rows = pa.Table.from_pydict(self._columns, schema=RAW_ROWS_SCHEMA)
+        batch = RawBatch(
+            start=self.batch_start,
+            end=self.committed_end,
+            rows=rows,
+            table_versions=sorted(self._versions.values(), key=lambda v: v.id),
+            first_seq=self.batch_first_seq,
+            next_seq=self.next_seq,
+            statements=self.statements,
+            events=self.events,
+            transactions=self.transactions,
+            start_gtid=self.batch_start_gtid,
+            end_gtid=_gtid_text(self.gtid_state),
+            first_commit_ts=self.first_commit_ts,
+            last_commit_ts=self.last_commit_ts,
+            server=self.server,
+        )
+        self._reset(self.committed_end)
+        return batch
+
+
+def _gtid_text(state: dict[str, str]) -> str | None:
+    return ",".join(state[k] for k in sorted(state)) or None
+
+
+def parse_gtid_state(text: str | None) -> dict[str, str]:
+    state: dict[str, str] = {}
+    for gtid in (text or "").split(","):
+        gtid = gtid.strip()
+        if gtid:
+            domain = gtid.rsplit(":", 1)[0] if ":" in gtid else gtid.split("-", 1)[0]
+            state[domain] = gtid
+    return state
+
+
+# -- reading the binlog -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    table_filter: TableFilter
+    server_id: int
+    max_batch_rows: int
+
+
+def _decode(text: Any) -> str | None:
+    if isinstance(text, bytes):
+        return text.decode("utf-8", "replace")
+    return text
+
+
+def capture_batches(
+    url: MySQLUrl,
+    server: ServerInfo,
+    start: BinlogPosition,
+    start_gtid: str | None,
+    next_seq: int,
+    end: BinlogPosition,
+    options: CaptureOptions,
+) -> Iterator[RawBatch]:
+    """Batches from `start` up to `end` (a transaction boundary), each ending at a boundary.
+
+    The caller makes each batch durable before asking for the next one, so the stream position
+    never runs far ahead of what is written.
+    """
+    if not start < end:
+        return
+    builder = BatchBuilder(
+        start=start,
+        next_seq=next_seq,
+        gtid_state=parse_gtid_state(start_gtid),
+        max_rows=options.max_batch_rows,
+        server=server.to_json(),
+    )
+    stream = BinLogStreamReader(
+        connection_settings=url.connection_settings(),
+        server_id=options.server_id,
+        resume_stream=True,
+        log_file=start.log_file,
+        log_pos=start.log_pos,
+        blocking=False,
+        only_events=[
+            RotateEvent,
+            MariadbGtidEvent,
+            GtidEvent,
+            QueryEvent,
+            XidEvent,
+            TableMapEvent,
+            WriteRowsEvent,
+            UpdateRowsEvent,
+            DeleteRowsEvent,
+        ],  # fmt: skip
+        enable_logging=False,
+    )
+    versions: dict[int, TableVersion | None] = {}  # binlog table_id -> version, None when filtered out
+    try:
+        for event in stream:
+            if isinstance(event, RotateEvent):
+                continue
+            builder.count_event()
+            log_file = stream.log_file
+            end_pos = event.packet.log_pos
+            boundary = False
+            if isinstance(event, MariadbGtidEvent | GtidEvent):
+                builder.begin(event.gtid)
+            elif isinstance(event, TableMapEvent):
+                table = TableRef(event.schema, event.table)
+                if options.table_filter.matches(table.schema, table.table):
+                    columns = tuple(column_from_binlog(c) for c in event.columns)
+                    pk = event.table_obj.primary_key
+                    key = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
+                    versions[event.table_id] = builder.version_of(table, columns, key)
+                else:
+                    versions[event.table_id] = None
+            elif isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+                version = versions.get(event.table_id)
+                if version is None:
+                    continue
+                version = builder.version_of(version.table, version.columns, version.primary_key)
+                for row in event.rows:
+                    if isinstance(event, WriteRowsEvent):
+                        after = _image(version, row["values"], row.get("none_sources", {}))
+                        builder.row_change(version, "insert", None, after)
+                    elif isinstance(event, DeleteRowsEvent):
+                        before = _image(version, row["values"], row.get("none_sources", {}))
+                        builder.row_change(version, "delete", before, None)
+                    else:
+                        before = _image(version, row["before_values"], row.get("before_none_sources", {}))
+                        after = _image(version, row["after_values"], row.get("after_none_sources", {}))
+                        builder.row_change(version, "update", before, after)
+            elif isinstance(event, XidEvent):
+                boundary = True
+            elif isinstance(event, QueryEvent):
+                query = _decode(event.query) or ""
+                word = query.lstrip().upper()
+                if word.startswith("BEGIN") or word.startswith("XA START"):
+                    pass  # the GTID event (or the first row event) already began it
+                elif word.startswith("COMMIT") or word.startswith("XA COMMIT") or word.startswith("ROLLBACK"):
+                    boundary = True
+                else:
+                    schema = _decode(event.schema)
+                    if options.table_filter.matches_schema(schema or "") or not schema:
+                        builder.statement(schema, query)
+                    boundary = True
+            if boundary:
+                position = BinlogPosition(log_file, end_pos)
+                builder.commit(position, int(event.timestamp))
+                if not position < end:
+                    break
+                if builder.is_full():
+                    yield builder.cut()
+        if builder.has_progress():
+            yield builder.cut()
+    finally:
+        stream.close()
+
+
+def _image(version: TableVersion, values: dict[str, Any], none_sources: dict[str, str]) -> list[str | None]:
+    return [encode_binlog_value(c, values.get(c.name), none_sources.get(c.name)) for c in version.columns]

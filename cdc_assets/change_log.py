@@ -1,0 +1,159 @@
+"""Per-table change logs: `changes/<schema>/<table>`, one row per row change (CONTRACT §4).
+
+Each table gets one atomic Delta append per run, holding only changes newer than what the table
+already has (its highest `_cdc_seq`), so re-processing a batch after a crash adds nothing twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, QueryBuilder, write_deltalake
+from deltalake.exceptions import TableNotFoundError
+
+from cdc_assets.lakehouse import CHANGES, Lakehouse, TableRef
+from cdc_assets.mysql_types import arrow_schema, decode_image
+from cdc_assets.raw_batch import TableVersion
+
+SEQ_TYPE = pa.int64()
+COMMIT_TS_TYPE = pa.timestamp("us", tz="UTC")
+MAX_SEQ_KEY = "cdc_max_seq"
+
+
+def change_log_metadata_fields(source: pa.Schema) -> list[pa.Field]:
+    return [
+        pa.field("_cdc_op", pa.string(), nullable=False),
+        pa.field("_cdc_seq", SEQ_TYPE, nullable=False),
+        pa.field("_cdc_commit_ts", COMMIT_TS_TYPE, nullable=False),
+        pa.field("_cdc_gtid", pa.string()),
+        pa.field("_cdc_batch", pa.string(), nullable=False),
+        pa.field("_cdc_before", pa.struct(list(source))),
+        pa.field("_cdc_key", pa.string()),
+        pa.field("_cdc_before_key", pa.string()),
+    ]
+
+
+# delta-rs writes min/max statistics of wide decimals wrongly (clamped to the int64 range, or rounded
+# through a float), and readers then skip files that hold matching rows. Such columns get no statistics.
+MAX_DECIMAL_PRECISION_WITH_STATS = 15
+
+
+def _has_safe_stats(f: pa.Field) -> bool:
+    if pa.types.is_decimal(f.type):
+        return f.type.precision <= MAX_DECIMAL_PRECISION_WITH_STATS
+    return not (pa.types.is_struct(f.type) or pa.types.is_list(f.type))
+
+
+def stats_configuration(schema: pa.Schema) -> dict[str, str]:
+    """Delta table properties that keep statistics only on columns delta-rs records correctly."""
+    names = [f"`{f.name.replace('`', '``')}`" for f in schema if _has_safe_stats(f)]
+    return {"delta.dataSkippingStatsColumns": ",".join(names)}
+
+
+def build_change_table(version: TableVersion, rows: pa.Table) -> pa.Table:
+    """Typed change-log rows of one table version from keyed generic rows (see spark_resources.transforms).
+
+    Source columns hold the row after the change, or the deleted row for a delete; `_cdc_before`
+    holds the row before an update or delete.
+    """
+    columns = list(version.columns)
+    source = arrow_schema(columns)
+    is_delete = pc.equal(rows.column("op"), "delete")
+    image = decode_image(columns, pc.if_else(is_delete, rows.column("before"), rows.column("after")))
+    before = decode_image(columns, rows.column("before"))
+    arrays = [image.field(i) for i in range(len(columns))]
+    arrays += [
+        rows.column("op").combine_chunks(),
+        rows.column("seq").combine_chunks().cast(SEQ_TYPE),
+        rows.column("commit_ts").combine_chunks().cast(COMMIT_TS_TYPE),
+        rows.column("gtid").combine_chunks(),
+        rows.column("batch").combine_chunks(),
+        before,
+        rows.column("key").combine_chunks(),
+        rows.column("before_key").combine_chunks(),
+    ]
+    schema = pa.schema(list(source) + change_log_metadata_fields(source))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _plain_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_plain_type(f.type)) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return pa.list_(_plain_type(t.value_type))
+    return t
+
+
+def read_query(table: DeltaTable, sql: str, name: str = "t") -> pa.Table:
+    """A SQL query over a Delta table (delta-rs), with view types turned into plain Arrow types."""
+    result = pa.table(QueryBuilder().register(name, table).execute(sql).read_all())
+    return result.cast(pa.schema([f.with_type(_plain_type(f.type)) for f in result.schema]))
+
+
+def open_table(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
+    try:
+        return DeltaTable(uri, storage_options=storage_options)
+    except TableNotFoundError:
+        return None
+
+
+def max_seq(table: DeltaTable | None, metadata_key: str = MAX_SEQ_KEY) -> int | None:
+    """The highest `_cdc_seq` a table has taken in: from its latest CDC commit, else from file statistics."""
+    if table is None:
+        return None
+    for commit in table.history(limit=20):
+        if metadata_key in commit:
+            return int(commit[metadata_key])
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "max._cdc_seq" in actions.column_names and actions.num_rows:
+        value = pc.max(actions.column("max._cdc_seq")).as_py()
+        return None if value is None else int(value)
+    return None
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    table: TableRef
+    appended: int
+    inserts: int
+    updates: int
+    deletes: int
+    max_seq: int | None
+
+
+def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> AppendResult:
+    """Append the changes newer than the change log's highest `_cdc_seq`, atomically."""
+    uri = lakehouse.table_uri(CHANGES, table)
+    options = lakehouse.storage_options()
+    existing = open_table(uri, options)
+    watermark = max_seq(existing)
+    if watermark is not None and changes.num_rows:
+        changes = changes.filter(pc.greater(changes.column("_cdc_seq"), pa.scalar(watermark, SEQ_TYPE)))
+    if changes.num_rows == 0:
+        return AppendResult(table, 0, 0, 0, 0, watermark)
+    changes = changes.sort_by("_cdc_seq")
+    new_max = int(pc.max(changes.column("_cdc_seq")).as_py())
+    write_deltalake(
+        uri,
+        changes,
+        mode="append",
+        schema_mode="merge",
+        configuration=stats_configuration(changes.schema) if existing is None else None,
+        storage_options=options,
+        commit_properties=CommitProperties(custom_metadata={MAX_SEQ_KEY: str(new_max)}),
+    )
+    ops = changes.column("_cdc_op")
+    return AppendResult(
+        table,
+        changes.num_rows,
+        inserts=pc.sum(pc.equal(ops, "insert")).as_py() or 0,
+        updates=pc.sum(pc.equal(ops, "update")).as_py() or 0,
+        deletes=pc.sum(pc.equal(ops, "delete")).as_py() or 0,
+        max_seq=new_max,
+    )

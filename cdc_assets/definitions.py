@@ -1,0 +1,58 @@
+"""The Dagster code location: every asset, check, job and resource of the pipeline, in one place."""
+
+from __future__ import annotations
+
+import os
+
+from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
+
+from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
+from cdc_assets.resources import BinlogResource, LakehouseResource
+from cdc_assets.settings import DEFAULT_LAKEHOUSE, DEFAULT_SERVER_ID
+from spark_resources import SparkSessionResource
+from spark_resources.session import DEFAULT_SPARK_MASTER
+
+SYNC_JOB_NAME = "sync"
+
+
+def _env(name: str, default: object, kind: str = "str") -> object:
+    """`EnvVar(name)` when the variable is set (so the value stays out of run config), else the default."""
+    if not os.environ.get(name):
+        return default
+    return EnvVar.int(name) if kind == "int" else EnvVar(name)
+
+
+def build_resources() -> dict[str, object]:
+    return {
+        "binlog": BinlogResource(
+            mysql_url=_env("CDC_MYSQL_URL", None),
+            server_id=_env("CDC_SERVER_ID", DEFAULT_SERVER_ID, "int"),
+            tables=_env("CDC_TABLES", None),
+            exclude_tables=_env("CDC_EXCLUDE_TABLES", None),
+            max_batch_rows=_env("CDC_MAX_BATCH_ROWS", 100_000, "int"),
+        ),
+        "lakehouse": LakehouseResource(location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE)),
+        "spark": SparkSessionResource(master=_env("CDC_SPARK_MASTER", DEFAULT_SPARK_MASTER)),
+    }
+
+
+sync_job = define_asset_job(
+    SYNC_JOB_NAME,
+    selection=AssetSelection.all(),
+    description="Capture new binlog batches, then update the change logs and current-state tables they touch.",
+    executor_def=None,
+)
+
+
+def build_definitions() -> Definitions:
+    from dagster import in_process_executor
+
+    return Definitions(
+        assets=[raw_binlog_batches, table_changes, current_tables],
+        jobs=[sync_job],
+        resources=build_resources(),
+        executor=in_process_executor,
+    )
+
+
+defs = build_definitions()

@@ -1,0 +1,43 @@
+"""`python -m cdc_assets.local_source start|stop|status|workload N`: manage the demo source."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cdc_assets.local_source import server
+from cdc_assets.local_source.workload import Workload, load_sample_schema
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cdc_assets.local_source", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("start", help="start (or reuse) the dedicated MariaDB under .local/mariadb")
+    sub.add_parser("stop", help="stop it")
+    sub.add_parser("status", help="say whether it runs, and on which port")
+    work = sub.add_parser("workload", help="load the sample schema and run N transactions")
+    work.add_argument("transactions", type=int, nargs="?", default=500)
+    work.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    if args.command == "start":
+        local = server.start()
+        print(f"local MariaDB with ROW binlog on 127.0.0.1:{local.port} (data in {local.base_dir})")
+    elif args.command == "stop":
+        print("stopped" if server.stop() else "not running")
+    elif args.command == "status":
+        local = server.running()
+        print(f"running on 127.0.0.1:{local.port}" if local else "not running")
+    elif args.command == "workload":
+        local = server.start()
+        with local.admin_connection(autocommit=False) as conn:
+            load_sample_schema(conn)
+            workload = Workload(conn, seed=args.seed)
+            workload.seed()
+            stats = workload.run(args.transactions)
+        print(f"ran {stats.total} transactions: {dict(stats.transactions)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

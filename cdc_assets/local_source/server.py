@@ -1,0 +1,214 @@
+"""A dedicated MariaDB with a ROW binlog, for the demo, `make dev` and the tests.
+
+It never touches a MariaDB the machine may already run: it gets its own data directory,
+socket and a free port on 127.0.0.1. Starting is idempotent: a running instance is reused.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pymysql
+
+READER_USER = "cdc_reader"
+DEFAULT_BASE_DIR = Path(".local") / "mariadb"
+# The server id of the source; the reader uses a different one (see settings.DEFAULT_SERVER_ID).
+SOURCE_SERVER_ID = 1
+
+
+@dataclass(frozen=True)
+class LocalServer:
+    """Where a running local MariaDB can be reached."""
+
+    base_dir: Path
+    port: int
+
+    @property
+    def socket_path(self) -> Path:
+        return self.base_dir / "mysqld.sock"
+
+    @property
+    def reader_password_file(self) -> Path:
+        return self.base_dir / "reader.password"
+
+    def reader_url(self) -> str:
+        """`mysql://` URL of the least-privileged CDC reader (password included: keep private)."""
+        password = self.reader_password_file.read_text().strip()
+        return f"mysql://{READER_USER}:{password}@127.0.0.1:{self.port}"
+
+    def admin_connection(self, database: str | None = None, autocommit: bool = True) -> pymysql.Connection:
+        """A root connection over the unix socket, for loading schemas and running workloads."""
+        return pymysql.connect(
+            unix_socket=str(self.socket_path),
+            user="root",
+            password="",
+            database=database,
+            charset="utf8mb4",
+            autocommit=autocommit,
+        )
+
+
+def _find_binary(name: str) -> str:
+    found = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
+    if not found:
+        raise RuntimeError(f"{name} is not installed: run `make install` (it installs mariadb-server).")
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _pid_alive(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, 0)
+    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
+        return None
+    return pid
+
+
+def _answers(server: LocalServer) -> bool:
+    try:
+        server.admin_connection().close()
+    except pymysql.err.MySQLError:
+        return False
+    return True
+
+
+def start(base_dir: Path = DEFAULT_BASE_DIR, port: int | None = None, timeout_s: float = 30.0) -> LocalServer:
+    """Start (or reuse) the dedicated server under `base_dir` and make sure the reader user exists."""
+    base_dir = Path(base_dir).resolve()
+    data_dir = base_dir / "data"
+    port_file = base_dir / "port"
+    pid_file = base_dir / "mysqld.pid"
+
+    if _pid_alive(pid_file) and port_file.exists():
+        server = LocalServer(base_dir, int(port_file.read_text()))
+        if _answers(server):
+            return server
+
+    base_dir.mkdir(parents=True, exist_ok=True)
+    as_root = ["--user=root"] if os.geteuid() == 0 else []
+    if not (data_dir / "mysql").exists():
+        shutil.rmtree(data_dir, ignore_errors=True)
+        subprocess.run(
+            [
+                _find_binary("mariadb-install-db"),
+                "--no-defaults",
+                *as_root,
+                f"--datadir={data_dir}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    (data_dir / "binlog").mkdir(exist_ok=True)
+
+    if port is None:
+        previous = int(port_file.read_text()) if port_file.exists() else None
+        port = previous if previous and _port_is_free(previous) else _free_port()
+    port_file.write_text(str(port))
+    server = LocalServer(base_dir, port)
+
+    log = open(base_dir / "mysqld.log", "ab")  # noqa: SIM115 - handed to the server process
+    subprocess.Popen(
+        [
+            _find_binary("mariadbd"),
+            "--no-defaults",
+            *as_root,
+            f"--datadir={data_dir}",
+            f"--port={port}",
+            "--bind-address=127.0.0.1",
+            f"--socket={server.socket_path}",
+            f"--pid-file={pid_file}",
+            f"--log-error={base_dir / 'mysqld.err'}",
+            f"--server-id={SOURCE_SERVER_ID}",
+            f"--log-bin={data_dir / 'binlog' / 'mysql-bin'}",
+            "--binlog-format=ROW",
+            "--binlog-row-image=FULL",
+            "--binlog-row-metadata=FULL",
+            "--character-set-server=utf8mb4",
+            "--collation-server=utf8mb4_unicode_ci",
+            "--innodb-buffer-pool-size=128M",
+            "--skip-name-resolve",
+        ],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + timeout_s
+    while not _answers(server):
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"The local MariaDB did not answer within {timeout_s:.0f}s: see {base_dir / 'mysqld.err'}."
+            )
+        time.sleep(0.2)
+    _ensure_reader(server)
+    return server
+
+
+def _ensure_reader(server: LocalServer) -> None:
+    """Create the CDC reader with exactly the privileges the pipeline needs."""
+    if server.reader_password_file.exists():
+        return
+    password = secrets.token_urlsafe(18)
+    with server.admin_connection() as conn, conn.cursor() as cur:
+        # Account statements carry the password: keep them out of the binlog the pipeline reads.
+        cur.execute("SET SESSION sql_log_bin = 0")
+        cur.execute(f"CREATE USER IF NOT EXISTS '{READER_USER}'@'127.0.0.1' IDENTIFIED BY %s", (password,))
+        cur.execute(f"ALTER USER '{READER_USER}'@'127.0.0.1' IDENTIFIED BY %s", (password,))
+        cur.execute(f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT ON *.* TO '{READER_USER}'@'127.0.0.1'")
+    fd = os.open(server.reader_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(password + "\n")
+
+
+def running(base_dir: Path = DEFAULT_BASE_DIR) -> LocalServer | None:
+    """The server under `base_dir` if it is up, else None."""
+    base_dir = Path(base_dir).resolve()
+    port_file = base_dir / "port"
+    if not port_file.exists() or not _pid_alive(base_dir / "mysqld.pid"):
+        return None
+    server = LocalServer(base_dir, int(port_file.read_text()))
+    return server if _answers(server) else None
+
+
+def stop(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 30.0) -> bool:
+    """Stop the server under `base_dir`; True if one was running."""
+    pid_file = Path(base_dir).resolve() / "mysqld.pid"
+    pid = _pid_alive(pid_file)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    return True

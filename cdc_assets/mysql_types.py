@@ -1,0 +1,315 @@
+"""MySQL column types, their Delta (Arrow) types, and one canonical text form of every value.
+
+Raw batches carry each row image as a list of canonical texts, one per column; the column's
+`ColumnSpec` (in the batch manifest) says how to turn the texts into the Delta type (CONTRACT §5).
+Values reach the canonical form by two independent routes, from the binlog
+(`encode_binlog_value`) and from a SQL result (`encode_sql_value`), so `verify` compares the
+lakehouse with the source without trusting the capture path.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+INTEGER_TYPES = ("tinyint", "smallint", "mediumint", "int", "bigint")
+# Signed mapping of CONTRACT §5; unsigned takes the next wider signed type.
+_SIGNED_INT: dict[str, pa.DataType] = {
+    "tinyint": pa.int8(),
+    "smallint": pa.int16(),
+    "mediumint": pa.int32(),
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+}
+_UNSIGNED_INT: dict[str, pa.DataType] = {
+    "tinyint": pa.int16(),
+    "smallint": pa.int32(),
+    "mediumint": pa.int64(),
+    "int": pa.int64(),
+    "bigint": pa.decimal128(20, 0),
+}
+TEXT_TYPES = ("char", "varchar", "text", "enum", "set", "json")
+BINARY_TYPES = ("binary", "varbinary", "blob", "geometry")
+MAX_DELTA_DECIMAL_PRECISION = 38
+BIT64_WRAP = 1 << 64
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """A source column as the pipeline needs it: enough to map and decode its values."""
+
+    name: str
+    type: str  # one of INTEGER_TYPES, decimal, float, double, bit, date, datetime, timestamp, time,
+    # year, TEXT_TYPES or BINARY_TYPES
+    unsigned: bool = False
+    precision: int | None = None  # decimal
+    scale: int | None = None  # decimal
+    fsp: int = 0  # fractional seconds digits of time, datetime, timestamp
+    charset: str | None = None
+    members: tuple[str, ...] = field(default_factory=tuple)  # enum and set members, in order
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["members"] = list(self.members)
+        return {k: v for k, v in d.items() if v not in (None, False, [], 0) or k in ("name", "type")}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ColumnSpec:
+        return ColumnSpec(**{**d, "members": tuple(d.get("members", ()))})
+
+
+def arrow_type(col: ColumnSpec) -> pa.DataType:
+    """The Delta type of a MySQL column (CONTRACT §5)."""
+    t = col.type
+    if t in _SIGNED_INT:
+        return _UNSIGNED_INT[t] if col.unsigned else _SIGNED_INT[t]
+    if t == "decimal":
+        assert col.precision is not None and col.scale is not None, col
+        if col.precision > MAX_DELTA_DECIMAL_PRECISION:
+            return pa.string()
+        return pa.decimal128(col.precision, col.scale)
+    if t == "float":
+        return pa.float32()
+    if t == "double":
+        return pa.float64()
+    if t == "bit":
+        return pa.int64()
+    if t == "date":
+        return pa.date32()
+    if t == "datetime":
+        return pa.timestamp("us")
+    if t == "timestamp":
+        return pa.timestamp("us", tz="UTC")
+    if t == "year":
+        return pa.int16()
+    if t == "time" or t in TEXT_TYPES:
+        return pa.string()
+    if t in BINARY_TYPES:
+        return pa.binary()
+    raise ValueError(f"unsupported MySQL type {t!r} for column {col.name!r}")
+
+
+# -- canonical text ------------------------------------------------------------------------------------
+
+
+def format_time(value: dt.timedelta, fsp: int) -> str:
+    """TIME as MySQL prints it: `-12:30:00`, `838:59:59.500000` (fsp digits)."""
+    micros = value.days * 86_400_000_000 + value.seconds * 1_000_000 + value.microseconds
+    sign = "-" if micros < 0 else ""
+    micros = abs(micros)
+    seconds, frac = divmod(micros, 1_000_000)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{sign}{hours:02d}:{minutes:02d}:{secs:02d}"
+    if fsp > 0:
+        text += "." + f"{frac:06d}"[:fsp]
+    return text
+
+
+def _format_datetime(value: dt.datetime) -> str:
+    return value.isoformat(sep=" ", timespec="microseconds")
+
+
+def _bit_to_long(value: int) -> int:
+    """BIT(64) does not fit a signed long: values from 2**63 wrap to two's complement."""
+    return value - BIT64_WRAP if value >= BIT64_WRAP // 2 else value
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, dt.date | dt.datetime | dt.time):
+        return value.isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value)}")
+
+
+def _json_keys(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {(k.decode() if isinstance(k, bytes) else k): _json_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_keys(v) for v in value]
+    return value
+
+
+def _encode_common(col: ColumnSpec, value: Any) -> str:
+    """Canonical text of a non-NULL value already in its natural Python type."""
+    t = col.type
+    if t in INTEGER_TYPES or t == "year":
+        return str(int(value))
+    if t == "decimal":
+        return format(Decimal(value), "f")
+    if t in ("float", "double"):
+        return repr(float(value))
+    if t in ("datetime", "timestamp"):
+        return _format_datetime(value)
+    if t == "date":
+        return value.isoformat()
+    if t == "time":
+        return format_time(value, col.fsp)
+    if t in BINARY_TYPES:
+        if isinstance(value, str):  # the binlog decoder returns '' for an empty BLOB
+            value = value.encode("latin-1")
+        return base64.b64encode(value).decode("ascii")
+    if t == "json":
+        if isinstance(value, str | bytes):
+            return value.decode() if isinstance(value, bytes) else value
+        return json.dumps(_json_keys(value), default=_json_default, ensure_ascii=False)
+    if isinstance(value, bytes):  # text in a charset the decoder did not know
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+def encode_binlog_value(col: ColumnSpec, value: Any, none_source: str | None = None) -> str | None:
+    """Canonical text of a value as python-mysql-replication decodes it from a row image."""
+    if value is None:
+        if col.type == "set" and none_source == "empty set":
+            return ""
+        return None
+    if col.type == "bit":
+        return str(_bit_to_long(int(value, 2) if isinstance(value, str) else int(value)))
+    if col.type == "set":
+        members = value if isinstance(value, set | frozenset) else set(str(value).split(","))
+        return ",".join(m for m in col.members if m in members) if col.members else ",".join(sorted(members))
+    return _encode_common(col, value)
+
+
+def encode_sql_value(col: ColumnSpec, value: Any) -> str | None:
+    """Canonical text of a value as PyMySQL returns it from `SELECT` (session time_zone UTC)."""
+    if value is None:
+        return None
+    if col.type == "bit":
+        return str(_bit_to_long(int.from_bytes(value, "big") if isinstance(value, bytes) else int(value)))
+    if col.type == "set":
+        return value if isinstance(value, str) else ",".join(sorted(value))
+    if col.type == "time" and isinstance(value, str):
+        return value
+    return _encode_common(col, value)
+
+
+# -- canonical text to Arrow ------------------------------------------------------------------------------
+
+
+def decode_column(col: ColumnSpec, texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Arrow array of the column's Delta type from canonical texts (vectorised where Arrow can)."""
+    target = arrow_type(col)
+    if pa.types.is_binary(target):
+        values = [None if v is None else base64.b64decode(v) for v in texts.to_pylist()]
+        return pa.array(values, type=pa.binary())
+    if pa.types.is_string(target):
+        return texts.cast(pa.string())
+    if pa.types.is_timestamp(target) and target.tz is not None:
+        return pc.cast(pc.cast(texts, pa.timestamp("us")), target)
+    return pc.cast(texts, target)
+
+
+def decode_image(columns: list[ColumnSpec], images: pa.Array | pa.ChunkedArray) -> pa.StructArray:
+    """Typed struct array from a list<string> array of row images (one list element per column)."""
+    if isinstance(images, pa.ChunkedArray):
+        images = images.combine_chunks() if images.num_chunks else pa.array([], images.type)
+    width = pc.list_value_length(images)
+    expected = len(columns)
+    bad = pc.and_(pc.is_valid(images), pc.not_equal(width, expected))
+    if pc.any(bad).as_py():
+        raise ValueError(f"row image width differs from the table's {expected} columns")
+    arrays = []
+    for i, col in enumerate(columns):
+        texts = pc.list_element(images, i) if len(images) else pa.array([], pa.string())
+        arrays.append(decode_column(col, texts))
+    return pa.StructArray.from_arrays(
+        arrays, fields=[pa.field(c.name, arrow_type(c)) for c in columns], mask=pc.is_null(images)
+    )
+
+
+def arrow_schema(columns: list[ColumnSpec]) -> pa.Schema:
+    return pa.schema([pa.field(c.name, arrow_type(c)) for c in columns])
+
+
+# -- where column specs come from ------------------------------------------------------------------------
+
+# python-mysql-replication's FIELD_TYPE codes (pymysqlreplication.constants.FIELD_TYPE).
+_BINLOG_TYPES: dict[int, str] = {
+    1: "tinyint", 2: "smallint", 9: "mediumint", 3: "int", 8: "bigint",
+    0: "decimal", 246: "decimal", 4: "float", 5: "double", 16: "bit",
+    10: "date", 14: "date", 12: "datetime", 18: "datetime", 7: "timestamp", 17: "timestamp",
+    11: "time", 19: "time", 13: "year", 15: "varchar", 253: "varchar", 254: "char",
+    247: "enum", 248: "set", 249: "text", 250: "text", 251: "text", 252: "text",
+    245: "json", 255: "geometry",
+}  # fmt: skip
+_BINARY_OF = {"varchar": "varbinary", "char": "binary", "text": "blob"}
+
+
+def column_from_binlog(column: Any) -> ColumnSpec:
+    """ColumnSpec of a python-mysql-replication `Column` from a TableMapEvent with FULL metadata."""
+    kind = _BINLOG_TYPES.get(column.type)
+    if kind is None:
+        raise ValueError(f"unsupported binlog column type {column.type} for {column.name!r}")
+    charset = getattr(column, "character_set_name", None)
+    if kind in _BINARY_OF and charset == "binary":
+        kind = _BINARY_OF[kind]
+    members = tuple(getattr(column, "enum_values", None) or getattr(column, "set_values", None) or ())
+    return ColumnSpec(
+        name=column.name,
+        type=kind,
+        unsigned=bool(getattr(column, "unsigned", False)),
+        precision=getattr(column, "precision", None) if kind == "decimal" else None,
+        scale=getattr(column, "decimals", None) if kind == "decimal" else None,
+        fsp=int(getattr(column, "fsp", 0) or 0) if kind in ("time", "datetime", "timestamp") else 0,
+        charset=charset if kind in TEXT_TYPES else None,
+        members=members if kind in ("enum", "set") else (),
+    )
+
+
+_SCHEMA_TYPES = {
+    "tinytext": "text", "mediumtext": "text", "longtext": "text",
+    "tinyblob": "blob", "mediumblob": "blob", "longblob": "blob",
+    "point": "geometry", "linestring": "geometry", "polygon": "geometry", "multipoint": "geometry",
+    "multilinestring": "geometry", "multipolygon": "geometry", "geometrycollection": "geometry",
+    "numeric": "decimal", "real": "double", "integer": "int", "bool": "tinyint", "boolean": "tinyint",
+}  # fmt: skip
+
+
+def _members(column_type: str) -> tuple[str, ...]:
+    inside = column_type[column_type.index("(") + 1 : column_type.rindex(")")]
+    members, current, quoted, i = [], "", False, 0
+    while i < len(inside):
+        ch = inside[i]
+        if ch == "'":
+            if quoted and i + 1 < len(inside) and inside[i + 1] == "'":
+                current += "'"
+                i += 1
+            else:
+                quoted = not quoted
+        elif ch == "," and not quoted:
+            members.append(current)
+            current = ""
+        else:
+            current += ch
+        i += 1
+    members.append(current)
+    return tuple(members)
+
+
+def column_from_information_schema(row: dict[str, Any]) -> ColumnSpec:
+    """ColumnSpec of an `information_schema.COLUMNS` row (used by verify: today's source schema)."""
+    data_type = str(row["DATA_TYPE"]).lower()
+    column_type = str(row["COLUMN_TYPE"]).lower()
+    kind = _SCHEMA_TYPES.get(data_type, data_type)
+    return ColumnSpec(
+        name=row["COLUMN_NAME"],
+        type=kind,
+        unsigned="unsigned" in column_type,
+        precision=int(row["NUMERIC_PRECISION"]) if kind == "decimal" else None,
+        scale=int(row["NUMERIC_SCALE"]) if kind == "decimal" else None,
+        fsp=int(row["DATETIME_PRECISION"] or 0) if kind in ("time", "datetime", "timestamp") else 0,
+        charset=row.get("CHARACTER_SET_NAME") if kind in TEXT_TYPES else None,
+        members=_members(str(row["COLUMN_TYPE"])) if kind in ("enum", "set") else (),
+    )

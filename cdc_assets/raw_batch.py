@@ -1,0 +1,224 @@
+"""Raw binlog batches: immutable, self-describing, made visible by a manifest written last.
+
+    raw/<start>/changes.parquet   one row per row change, images as canonical texts
+    raw/<start>/manifest.json     positions, GTIDs, every table version's columns and key,
+                                  DDL statements, counts and the data file's SHA-256
+
+`<start>` is `BinlogPosition.batch_name()` of the batch's first position, so names sort in binlog
+order and a re-run after a crash writes the same name. The content holds no wall-clock time:
+re-capturing the same range yields the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cdc_assets.errors import CdcUserError
+from cdc_assets.lakehouse import RAW, MissingObject, ObjectStore, TableRef
+from cdc_assets.mysql_types import ColumnSpec
+from cdc_assets.positions import BinlogPosition
+
+FORMAT_VERSION = 1
+DATA_FILE = "changes.parquet"
+MANIFEST_FILE = "manifest.json"
+
+RAW_ROWS_SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("schema", pa.string(), nullable=False),
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("table_version", pa.int32(), nullable=False),
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("gtid", pa.string()),
+        pa.field("commit_ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("before", pa.list_(pa.string())),
+        pa.field("after", pa.list_(pa.string())),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class TableVersion:
+    """A table's columns and primary key as they were at a point of the binlog."""
+
+    id: int
+    table: TableRef
+    columns: tuple[ColumnSpec, ...]
+    primary_key: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "schema": self.table.schema,
+            "table": self.table.table,
+            "columns": [c.to_json() for c in self.columns],
+            "primary_key": list(self.primary_key),
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> TableVersion:
+        return TableVersion(
+            id=int(d["id"]),
+            table=TableRef(d["schema"], d["table"]),
+            columns=tuple(ColumnSpec.from_json(c) for c in d["columns"]),
+            primary_key=tuple(d["primary_key"]),
+        )
+
+    def key_indexes(self) -> list[int]:
+        """Positions of the key columns; a table without a primary key is keyed by the whole row."""
+        names = [c.name for c in self.columns]
+        if not self.primary_key:
+            return list(range(len(names)))
+        return [names.index(k) for k in self.primary_key]
+
+
+@dataclass
+class RawBatch:
+    """One batch: everything between two transaction boundaries of the binlog."""
+
+    start: BinlogPosition
+    end: BinlogPosition
+    rows: pa.Table
+    table_versions: list[TableVersion]
+    statements: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+    transactions: int = 0
+    first_seq: int = 1  # `_cdc_seq` of the batch's first change; next_seq follows its last
+    next_seq: int = 1
+    start_gtid: str | None = None
+    end_gtid: str | None = None
+    first_commit_ts: int | None = None  # epoch seconds of the first and last commit in the batch
+    last_commit_ts: int | None = None
+    server: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.start.batch_name()
+
+    def tables(self) -> list[TableRef]:
+        return sorted({v.table for v in self.table_versions}, key=str)
+
+    def manifest(self, data_sha256: str, data_bytes: int) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "start": self.start.to_json(),
+            "end": self.end.to_json(),
+            "first_seq": self.first_seq,
+            "next_seq": self.next_seq,
+            "start_gtid": self.start_gtid,
+            "end_gtid": self.end_gtid,
+            "events": self.events,
+            "transactions": self.transactions,
+            "rows": self.rows.num_rows,
+            "first_commit_ts": self.first_commit_ts,
+            "last_commit_ts": self.last_commit_ts,
+            "server": self.server,
+            "tables": [v.to_json() for v in self.table_versions],
+            "statements": self.statements,
+            "data_file": DATA_FILE,
+            "data_sha256": data_sha256,
+            "data_bytes": data_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class BatchManifest:
+    """The manifest of a visible batch, parsed."""
+
+    name: str
+    start: BinlogPosition
+    end: BinlogPosition
+    end_gtid: str | None
+    first_seq: int
+    next_seq: int
+    rows: int
+    events: int
+    transactions: int
+    last_commit_ts: int | None
+    table_versions: list[TableVersion]
+    data_sha256: str
+    data_bytes: int
+    raw: dict[str, Any]
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> BatchManifest:
+        return BatchManifest(
+            name=d["name"],
+            start=BinlogPosition.from_json(d["start"]),
+            end=BinlogPosition.from_json(d["end"]),
+            end_gtid=d.get("end_gtid"),
+            first_seq=int(d["first_seq"]),
+            next_seq=int(d["next_seq"]),
+            rows=int(d["rows"]),
+            events=int(d["events"]),
+            transactions=int(d["transactions"]),
+            last_commit_ts=d.get("last_commit_ts"),
+            table_versions=[TableVersion.from_json(t) for t in d["tables"]],
+            data_sha256=d["data_sha256"],
+            data_bytes=int(d["data_bytes"]),
+            raw=d,
+        )
+
+
+def _key(name: str, file: str) -> str:
+    return f"{RAW}/{name}/{file}"
+
+
+def encode_rows(rows: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(rows.cast(RAW_ROWS_SCHEMA), sink, compression="zstd")
+    return sink.getvalue()
+
+
+def write_batch(store: ObjectStore, batch: RawBatch) -> BatchManifest:
+    """Write data, then the manifest: the batch becomes visible only when both are durable."""
+    data = encode_rows(batch.rows)
+    digest = hashlib.sha256(data).hexdigest()
+    manifest = batch.manifest(digest, len(data))
+    store.put(_key(batch.name, DATA_FILE), data)
+    store.put(_key(batch.name, MANIFEST_FILE), json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return BatchManifest.from_json(manifest)
+
+
+def list_batches(store: ObjectStore) -> list[str]:
+    """Names of visible batches (those with a manifest), in binlog order."""
+    return sorted(name for name in store.list_dirs(RAW) if store.exists(_key(name, MANIFEST_FILE)))
+
+
+def read_manifest(store: ObjectStore, name: str) -> BatchManifest:
+    try:
+        raw = store.get(_key(name, MANIFEST_FILE))
+    except MissingObject as exc:
+        raise CdcUserError(
+            f"Raw batch {name} has no manifest in the lakehouse: restore raw/{name}/ from a backup or "
+            "remove the later state so the batch is captured again."
+        ) from exc
+    try:
+        return BatchManifest.from_json(json.loads(raw))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CdcUserError(f"Raw batch {name} has a corrupt manifest: restore raw/{name}/ from a backup.") from exc
+
+
+def read_rows(store: ObjectStore, manifest: BatchManifest) -> pa.Table:
+    """The batch's rows, checked against the manifest's digest."""
+    try:
+        data = store.get(_key(manifest.name, DATA_FILE))
+    except MissingObject as exc:
+        raise CdcUserError(
+            f"Raw batch {manifest.name} is missing its data file {DATA_FILE}: restore raw/{manifest.name}/ "
+            "from a backup."
+        ) from exc
+    if hashlib.sha256(data).hexdigest() != manifest.data_sha256:
+        raise CdcUserError(
+            f"Raw batch {manifest.name} is corrupt (its data does not match the manifest's SHA-256): "
+            f"restore raw/{manifest.name}/ from a backup."
+        )
+    return pq.read_table(io.BytesIO(data))

@@ -1,0 +1,180 @@
+"""Dagster resources: the lakehouse location and the binlog reader that owns the checkpoint."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymysql
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from cdc_assets import source
+from cdc_assets.capture import CaptureOptions, capture_batches
+from cdc_assets.lakehouse import Lakehouse
+from cdc_assets.positions import BinlogPosition
+from cdc_assets.raw_batch import BatchManifest, read_manifest, write_batch
+from cdc_assets.settings import (
+    DEFAULT_LAKEHOUSE,
+    DEFAULT_MAX_BATCH_ROWS,
+    DEFAULT_SERVER_ID,
+    MySQLUrl,
+    TableFilter,
+    resolve_mysql_url,
+)
+from cdc_assets.state import Checkpoint, load_checkpoint, save_checkpoint
+
+
+class LakehouseResource(ConfigurableResource):
+    """Where raw batches, state and Delta tables live (`CDC_LAKEHOUSE`: a directory or s3://bucket/prefix)."""
+
+    location: str = Field(default=DEFAULT_LAKEHOUSE, description="Local directory or s3://bucket/prefix.")
+
+    def get(self) -> Lakehouse:
+        if self.location.startswith("s3://"):
+            from dagster_aws.s3 import S3Resource
+
+            return Lakehouse(self.location, s3_client=S3Resource().get_client())
+        return Lakehouse(self.location)
+
+
+@dataclass
+class CaptureReport:
+    """What one capture did: for materialization metadata and the CLI."""
+
+    batches: list[BatchManifest] = field(default_factory=list)
+    start: BinlogPosition | None = None
+    end: BinlogPosition | None = None
+    target: BinlogPosition | None = None
+    lag_bytes: int = 0
+    lag_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.batches)
+
+    @property
+    def events(self) -> int:
+        return sum(b.events for b in self.batches)
+
+    @property
+    def bytes(self) -> int:
+        return sum(b.data_bytes for b in self.batches)
+
+    @property
+    def tables(self) -> list[str]:
+        return sorted({str(v.table) for b in self.batches for v in b.table_versions})
+
+
+class BinlogResource(ConfigurableResource):
+    """Reads the source's binlog as a replica and keeps the checkpoint under `_state/` in the lakehouse."""
+
+    mysql_url: str | None = Field(
+        default=None, description="mysql://user:password@host:port (CDC_MYSQL_URL); default: the local demo server."
+    )
+    server_id: int = Field(default=DEFAULT_SERVER_ID, description="Replica server id used to read (CDC_SERVER_ID).")
+    tables: str | None = Field(default=None, description="Comma-separated schema.table globs to include.")
+    exclude_tables: str | None = Field(default=None, description="Comma-separated schema.table globs to exclude.")
+    max_batch_rows: int = Field(
+        default=DEFAULT_MAX_BATCH_ROWS,
+        description="A batch ends at the first transaction boundary after this many row changes.",
+    )
+    max_batches: int | None = Field(default=None, description="Stop after this many batches (None: to the end).")
+
+    def url(self) -> MySQLUrl:
+        return resolve_mysql_url(self.mysql_url)
+
+    def table_filter(self) -> TableFilter:
+        return TableFilter.parse(self.tables, self.exclude_tables)
+
+    def preflight(self) -> source.ServerInfo:
+        """Check configuration and server set-up; raises CdcUserError with the fix."""
+        url = self.url()
+        self.table_filter()
+        conn = source.connect(url)
+        try:
+            return source.preflight(conn, url, self.server_id)
+        finally:
+            conn.close()
+
+    def capture(self, lakehouse: Lakehouse, log: Any | None = None) -> CaptureReport:
+        """Write raw batches from the checkpoint to the binlog end as of now, advancing the checkpoint."""
+        began = time.monotonic()
+        url = self.url()
+        options = CaptureOptions(self.table_filter(), self.server_id, self.max_batch_rows)
+        conn = source.connect(url)
+        try:
+            server = source.preflight(conn, url, self.server_id)
+            lakehouse.check_writable()
+            checkpoint = load_checkpoint(lakehouse.store)
+            start = checkpoint.position if checkpoint else source.oldest_position(conn)
+            source.check_available(conn, start)
+            target = source.binlog_end(conn)
+            report = CaptureReport(start=start, target=target)
+            checkpoint = checkpoint or Checkpoint(start)
+            while checkpoint.position < target:
+                checkpoint, finished = self._capture_from(
+                    url, server, checkpoint, target, options, lakehouse, report, log
+                )
+                if finished or self._enough(report):
+                    break
+            report.end = checkpoint.position
+            report.lag_bytes = source.lag_bytes(conn, checkpoint.position)
+        except pymysql.err.MySQLError as exc:  # from the replication stream, e.g. a purged binlog
+            raise source.describe_error(exc, url) from exc
+        finally:
+            conn.close()
+        last_ts = checkpoint.last_commit_ts
+        report.lag_seconds = max(time.time() - last_ts, 0.0) if (last_ts and report.lag_bytes) else 0.0
+        report.seconds = time.monotonic() - began
+        return report
+
+    def _enough(self, report: CaptureReport) -> bool:
+        return self.max_batches is not None and len(report.batches) >= self.max_batches
+
+    def _capture_from(
+        self,
+        url: MySQLUrl,
+        server: source.ServerInfo,
+        checkpoint: Checkpoint,
+        target: BinlogPosition,
+        options: CaptureOptions,
+        lakehouse: Lakehouse,
+        report: CaptureReport,
+        log: Any | None,
+    ) -> tuple[Checkpoint, bool]:
+        """Capture from `checkpoint`; returns the new checkpoint and whether the target was reached.
+
+        A batch already visible under the same name (a crash hit between its manifest and the
+        checkpoint) is kept as it is, never rewritten: the checkpoint moves to its end and reading
+        starts again from there.
+        """
+        store = lakehouse.store
+        for batch in capture_batches(
+            url, server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, target, options
+        ):
+            if store.exists(f"raw/{batch.name}/manifest.json"):
+                manifest = read_manifest(store, batch.name)
+                adopted = manifest.end != batch.end
+            else:
+                manifest = write_batch(store, batch)
+                adopted = False
+            checkpoint = Checkpoint(
+                position=manifest.end,
+                gtid=manifest.end_gtid,
+                last_batch=manifest.name,
+                last_commit_ts=manifest.last_commit_ts or checkpoint.last_commit_ts,
+                next_seq=manifest.next_seq,
+            )
+            save_checkpoint(store, checkpoint)
+            report.batches.append(manifest)
+            if log is not None:
+                log.info(
+                    f"raw batch {manifest.name}: {manifest.rows} row changes, {manifest.transactions} transactions, "
+                    f"{manifest.start} -> {manifest.end}"
+                )
+            if adopted or self._enough(report):
+                return checkpoint, False
+        return checkpoint, True

@@ -1,0 +1,112 @@
+"""Configuration from the environment (CONTRACT §2), parsed into plain values.
+
+Passwords live only in memory: `MySQLUrl` never prints one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from cdc_assets.errors import CdcUserError
+
+DEFAULT_SERVER_ID = 4_200_001  # the reader's replica id; the demo source uses 1
+DEFAULT_LAKEHOUSE = "./lakehouse"
+DEFAULT_SPARK_MASTER = "local[*]"
+DEFAULT_MAX_BATCH_ROWS = 100_000
+SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+LOCAL_SOURCE_DIR = Path(".local") / "mariadb"
+
+
+@dataclass(frozen=True)
+class MySQLUrl:
+    """`mysql://user:password@host:port` of the source."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+
+    @staticmethod
+    def parse(url: str) -> MySQLUrl:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("mysql", "mariadb") or not parsed.hostname or not parsed.username:
+            raise CdcUserError("CDC_MYSQL_URL is not a valid URL: write it as mysql://user:password@host:port.")
+        try:
+            port = parsed.port or 3306
+        except ValueError as exc:
+            raise CdcUserError(
+                "CDC_MYSQL_URL has an invalid port: write it as mysql://user:password@host:port."
+            ) from exc
+        return MySQLUrl(parsed.hostname, port, unquote(parsed.username), unquote(parsed.password or ""))
+
+    def __str__(self) -> str:
+        return f"mysql://{self.user}@{self.host}:{self.port}"
+
+    def connection_settings(self) -> dict[str, object]:
+        return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password}
+
+
+def local_source_dir() -> Path:
+    """The demo server's directory: under the working directory, else under the project checkout."""
+    for base in (Path.cwd(), PROJECT_ROOT):
+        if (base / LOCAL_SOURCE_DIR / "port").exists():
+            return base / LOCAL_SOURCE_DIR
+    return PROJECT_ROOT / LOCAL_SOURCE_DIR
+
+
+def resolve_mysql_url(explicit: str | None) -> MySQLUrl:
+    """The source URL: explicit value, else CDC_MYSQL_URL, else the local demo server."""
+    url = explicit or os.environ.get("CDC_MYSQL_URL")
+    if url:
+        return MySQLUrl.parse(url)
+    from cdc_assets.local_source import server
+
+    local = server.running(local_source_dir())
+    if local is None:
+        raise CdcUserError(
+            "No source configured: set CDC_MYSQL_URL=mysql://user:password@host:port, or start the "
+            "local demo server with `make local-source-start`."
+        )
+    return MySQLUrl.parse(local.reader_url())
+
+
+@dataclass(frozen=True)
+class TableFilter:
+    """CDC_TABLES / CDC_EXCLUDE_TABLES: comma-separated `schema.table` globs."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @staticmethod
+    def parse(include: str | None, exclude: str | None) -> TableFilter:
+        def split(text: str | None) -> tuple[str, ...]:
+            globs = tuple(g.strip() for g in (text or "").split(",") if g.strip())
+            for g in globs:
+                if "." not in g:
+                    raise CdcUserError(
+                        f"Table pattern '{g}' has no schema: write CDC_TABLES and CDC_EXCLUDE_TABLES "
+                        "entries as schema.table globs, e.g. shop.* or shop.orders."
+                    )
+            return globs
+
+        return TableFilter(split(include), split(exclude))
+
+    def matches(self, schema: str, table: str) -> bool:
+        name = f"{schema}.{table}"
+        if self.include:
+            if not any(fnmatch.fnmatchcase(name, g) for g in self.include):
+                return False
+        elif schema in SYSTEM_SCHEMAS:
+            return False
+        return not any(fnmatch.fnmatchcase(name, g) for g in self.exclude)
+
+    def matches_schema(self, schema: str) -> bool:
+        """Whether any table of `schema` could match (used to keep DDL of other schemas out)."""
+        if self.include:
+            return any(fnmatch.fnmatchcase(f"{schema}.x", g.split(".")[0] + ".x") for g in self.include)
+        return schema not in SYSTEM_SCHEMAS

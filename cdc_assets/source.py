@@ -1,0 +1,213 @@
+"""The MySQL/MariaDB source: connecting, checking it is set up for CDC, and where its binlog ends.
+
+Every problem a user can fix becomes a `CdcUserError` whose one sentence names the cause and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pymysql
+import pymysql.cursors
+
+from cdc_assets.errors import CdcUserError
+from cdc_assets.positions import BinlogPosition
+from cdc_assets.settings import MySQLUrl
+
+MIN_MARIADB = (10, 5)
+MIN_MYSQL = (5, 7)
+
+
+def connect(url: MySQLUrl, connect_timeout: int = 10) -> pymysql.Connection:
+    """A connection to the source, with errors a user can fix turned into one sentence."""
+    try:
+        return pymysql.connect(
+            host=url.host,
+            port=url.port,
+            user=url.user,
+            password=url.password,
+            charset="utf8mb4",
+            autocommit=True,
+            connect_timeout=connect_timeout,
+            init_command="SET time_zone = '+00:00'",
+        )
+    except pymysql.err.MySQLError as exc:
+        raise describe_error(exc, url) from exc
+
+
+def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:
+    """The user-facing sentence for a connection or permission error."""
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    if code in (2003, 2005, 2006, 2013):
+        return CdcUserError(
+            f"Cannot reach the MySQL server at {url.host}:{url.port}: check that it is running and that "
+            "CDC_MYSQL_URL has the right host and port."
+        )
+    if code in (1045, 1698):
+        return CdcUserError(
+            f"The MySQL server at {url.host}:{url.port} rejected user '{url.user}' (wrong user or password): "
+            "fix the credentials in CDC_MYSQL_URL."
+        )
+    if code in (1227, 1142, 1044, 1370):
+        return CdcUserError(
+            f"User '{url.user}' lacks a privilege the pipeline needs: GRANT REPLICATION SLAVE, "
+            "BINLOG MONITOR (MariaDB) or REPLICATION CLIENT (MySQL), and SELECT ON *.* TO that user."
+        )
+    if code == 1236:
+        return CdcUserError(
+            "The MySQL server can no longer serve the binlog from the checkpoint (it was purged): "
+            "re-initialise the lakehouse (remove its _state/, changes/ and current/) and sync again."
+        )
+    return CdcUserError(f"The MySQL server at {url.host}:{url.port} refused the request ({exc}).")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the pipeline needs to know about the source."""
+
+    flavor: str  # "mariadb" or "mysql"
+    version: str
+    server_id: int
+    has_gtid: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {"flavor": self.flavor, "version": self.version, "server_id": self.server_id}
+
+
+def _variables(cur: pymysql.cursors.Cursor, names: list[str]) -> dict[str, str]:
+    placeholders = ",".join(["%s"] * len(names))
+    cur.execute(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({placeholders})", names)
+    return {name.lower(): str(value) for name, value in cur.fetchall()}
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) -> ServerInfo:
+    """Check the server is set up for row-based CDC and the user may read its binlog."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        version = str(cur.fetchone()[0])
+        flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
+        minimum = MIN_MARIADB if flavor == "mariadb" else MIN_MYSQL
+        if _version_tuple(version) < minimum:
+            raise CdcUserError(
+                f"The source runs {flavor} {version}, which is not supported: upgrade it to "
+                f"{'MariaDB' if flavor == 'mariadb' else 'MySQL'} {minimum[0]}.{minimum[1]} or later."
+            )
+        names = [
+            "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
+            "gtid_mode", "gtid_binlog_pos",
+        ]  # fmt: skip
+        v = _variables(cur, names)
+    if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
+        raise CdcUserError(
+            "Binary logging is off on the source (log_bin=OFF): start the server with --log-bin and "
+            "--binlog-format=ROW, then sync again."
+        )
+    if v.get("binlog_format", "").upper() != "ROW":
+        raise CdcUserError(
+            f"The source logs statements, not rows (binlog_format={v.get('binlog_format')}): set "
+            "binlog_format=ROW in the server configuration (SET GLOBAL binlog_format='ROW' until restart)."
+        )
+    if v.get("binlog_row_image", "FULL").upper() != "FULL":
+        raise CdcUserError(
+            f"The source logs partial rows (binlog_row_image={v.get('binlog_row_image')}): set "
+            "binlog_row_image=FULL in the server configuration (SET GLOBAL binlog_row_image='FULL')."
+        )
+    if "binlog_row_metadata" in v and v["binlog_row_metadata"].upper() != "FULL":
+        raise CdcUserError(
+            f"The source does not log column names (binlog_row_metadata={v['binlog_row_metadata']}): set "
+            "binlog_row_metadata=FULL in the server configuration (SET GLOBAL binlog_row_metadata='FULL')."
+        )
+    source_id = int(v.get("server_id", "0"))
+    if source_id == reader_server_id:
+        raise CdcUserError(
+            f"CDC_SERVER_ID={reader_server_id} is the source's own server_id: set CDC_SERVER_ID to an id "
+            "no server in the replication topology uses."
+        )
+    _check_privileges(conn, url)
+    has_gtid = bool(v.get("gtid_binlog_pos")) or v.get("gtid_mode", "OFF").upper() == "ON"
+    return ServerInfo(flavor=flavor, version=version, server_id=source_id, has_gtid=has_gtid)
+
+
+def _check_privileges(conn: pymysql.Connection, url: MySQLUrl) -> None:
+    with conn.cursor() as cur:
+        cur.execute("SHOW GRANTS FOR CURRENT_USER()")
+        grants = " ".join(str(row[0]).upper() for row in cur.fetchall())
+    replication = any(p in grants for p in ("ALL PRIVILEGES ON *.*", "REPLICATION SLAVE", "REPLICATION REPLICA"))
+    try:
+        binlog_files(conn)
+        monitor = True
+    except CdcUserError:
+        monitor = False
+    if not (replication and monitor):
+        raise CdcUserError(
+            f"User '{url.user}' cannot read the binlog: GRANT REPLICATION SLAVE, BINLOG MONITOR (MariaDB) or "
+            "REPLICATION CLIENT (MySQL), and SELECT ON *.* TO that user."
+        )
+
+
+def binlog_files(conn: pymysql.Connection) -> list[tuple[str, int]]:
+    """(file name, size) of every binlog the server still has, oldest first."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            return [(str(row[0]), int(row[1])) for row in cur.fetchall()]
+    except pymysql.err.MySQLError as exc:
+        raise CdcUserError(
+            "The source cannot list its binlogs (binary logging off, or the user lacks BINLOG MONITOR / "
+            "REPLICATION CLIENT): enable log_bin and grant the privilege."
+        ) from exc
+
+
+def binlog_end(conn: pymysql.Connection) -> BinlogPosition:
+    """Where the binlog ends now: always a transaction boundary."""
+    with conn.cursor() as cur:
+        for statement in ("SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"):
+            try:
+                cur.execute(statement)
+            except pymysql.err.ProgrammingError:
+                continue
+            row = cur.fetchone()
+            if row:
+                return BinlogPosition(str(row[0]), int(row[1]))
+    raise CdcUserError("Binary logging is off on the source (log_bin=OFF): start the server with --log-bin.")
+
+
+def oldest_position(conn: pymysql.Connection) -> BinlogPosition:
+    """The start of the oldest binlog still on the server."""
+    files = binlog_files(conn)
+    if not files:
+        raise CdcUserError("Binary logging is off on the source (log_bin=OFF): start the server with --log-bin.")
+    return BinlogPosition(files[0][0], 4)
+
+
+def check_available(conn: pymysql.Connection, position: BinlogPosition) -> None:
+    """Fail with the fix when the checkpoint's binlog file has been purged from the server."""
+    files = binlog_files(conn)
+    names = {name: size for name, size in files}
+    if position.log_file not in names or position.log_pos > names[position.log_file]:
+        oldest = files[0][0] if files else "none"
+        raise CdcUserError(
+            f"The checkpoint {position} is no longer on the source (oldest binlog: {oldest}; it was purged): "
+            "re-initialise the lakehouse (remove its _state/, changes/ and current/) and sync again, and keep "
+            "binlogs longer (binlog_expire_logs_seconds) than the pipeline can be down."
+        )
+
+
+def lag_bytes(conn: pymysql.Connection, position: BinlogPosition) -> int:
+    """Bytes of binlog between `position` and the end."""
+    total = 0
+    for name, size in binlog_files(conn):
+        here = BinlogPosition(name, size)
+        if here.sort_key[0] < position.sort_key[0]:
+            continue
+        if name == position.log_file:
+            total += max(size - position.log_pos, 0)
+        else:
+            total += max(size - 4, 0)
+    return total

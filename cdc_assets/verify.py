@@ -1,0 +1,177 @@
+"""Row-for-row comparison of current-state tables with the source.
+
+The source side is read with SQL and typed through `encode_sql_value`, a route independent of
+the binlog decoding, then both sides are compared as Python values of the Delta types.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pymysql
+
+from cdc_assets.current_state import read_current
+from cdc_assets.lakehouse import Lakehouse, TableRef
+from cdc_assets.mysql_types import (
+    ColumnSpec,
+    arrow_type,
+    column_from_information_schema,
+    decode_column,
+    encode_sql_value,
+)
+from cdc_assets.state import load_catalog
+
+MAX_KEYS_SHOWN = 20
+
+
+@dataclass
+class TableDiff:
+    """How a current-state table differs from its source table (empty lists: identical)."""
+
+    table: TableRef
+    source_rows: int = 0
+    lakehouse_rows: int = 0
+    missing: list[tuple] = field(default_factory=list)  # keys in the source, not in the lakehouse
+    extra: list[tuple] = field(default_factory=list)  # keys in the lakehouse, not in the source
+    different: list[tuple] = field(default_factory=list)  # keys whose values differ
+    schema_problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.extra or self.different or self.schema_problem)
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"{self.table}: {self.source_rows} rows match"
+        if self.schema_problem:
+            return f"{self.table}: {self.schema_problem}"
+        parts = []
+        for label, keys in (("missing", self.missing), ("extra", self.extra), ("different", self.different)):
+            if keys:
+                shown = ", ".join(_key_text(k) for k in keys[:MAX_KEYS_SHOWN])
+                more = f" (+{len(keys) - MAX_KEYS_SHOWN} more)" if len(keys) > MAX_KEYS_SHOWN else ""
+                parts.append(f"{len(keys)} {label}: {shown}{more}")
+        return f"{self.table}: source {self.source_rows} rows, lakehouse {self.lakehouse_rows} rows; " + "; ".join(
+            parts
+        )
+
+
+def _key_text(key: tuple) -> str:
+    return "(" + ", ".join(repr(v) for v in key) + ")" if len(key) != 1 else repr(key[0])
+
+
+def source_table_schema(conn: pymysql.Connection, table: TableRef) -> tuple[list[ColumnSpec], list[str]]:
+    """Today's columns and primary key of a source table (empty columns: the table does not exist)."""
+    with conn.cursor(pymysql.cursors.DictCursor) as cur:
+        cur.execute(
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, DATETIME_PRECISION, "
+            "CHARACTER_SET_NAME, COLUMN_KEY FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            (table.schema, table.table),
+        )
+        rows = cur.fetchall()
+        cur.execute(
+            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = %s "
+            "AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
+            (table.schema, table.table),
+        )
+        key = [r["COLUMN_NAME"] for r in cur.fetchall()]
+    return [column_from_information_schema(r) for r in rows], key
+
+
+def _select_expression(col: ColumnSpec) -> str:
+    name = "`" + col.name.replace("`", "``") + "`"
+    # FLOAT prints with 6 significant digits; as a DOUBLE it carries its exact value.
+    return f"({name} + 0e0)" if col.type == "float" else name
+
+
+def read_source_table(conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec]) -> pa.Table:
+    """The source table's rows in the Delta types."""
+    select = ", ".join(_select_expression(c) for c in columns)
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(f"SELECT {select} FROM `{table.schema}`.`{table.table}`")
+        rows = cur.fetchall()
+    arrays = []
+    for i, col in enumerate(columns):
+        texts = pa.array([encode_sql_value(col, row[i]) for row in rows], pa.string())
+        arrays.append(decode_column(col, texts))
+    return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, arrow_type(c)) for c in columns]))
+
+
+def _by_key(table: pa.Table, key: list[str]) -> dict[tuple, list[tuple]]:
+    rows: dict[tuple, list[tuple]] = {}
+    names = table.column_names
+    key_idx = [names.index(k) for k in key]
+    for values in zip(*(table.column(n).to_pylist() for n in names), strict=True) if table.num_rows else []:
+        rows.setdefault(tuple(values[i] for i in key_idx), []).append(tuple(values))
+    return rows
+
+
+def compare_tables(table: TableRef, source: pa.Table, lakehouse: pa.Table, key: list[str]) -> TableDiff:
+    """Compare two tables with the same columns, keyed by `key` (all columns when there is no key)."""
+    key = key or source.column_names
+    diff = TableDiff(table, source.num_rows, lakehouse.num_rows)
+    left, right = _by_key(source, key), _by_key(lakehouse, key)
+    diff.missing = sorted((k for k in left if k not in right), key=repr)
+    diff.extra = sorted((k for k in right if k not in left), key=repr)
+    diff.different = sorted(
+        (k for k in left if k in right and sorted(left[k], key=repr) != sorted(right[k], key=repr)), key=repr
+    )
+    return diff
+
+
+def verify_table(conn: pymysql.Connection, lakehouse: Lakehouse, table: TableRef) -> TableDiff:
+    columns, key = source_table_schema(conn, table)
+    current = read_current(lakehouse, table)
+    if not columns:
+        if current is None or current.num_rows == 0:
+            return TableDiff(table)
+        return TableDiff(
+            table, lakehouse_rows=current.num_rows, schema_problem="the table no longer exists in the source"
+        )
+    source = read_source_table(conn, table, columns)
+    if current is None:
+        diff = TableDiff(table, source_rows=source.num_rows)
+        if source.num_rows:
+            diff.schema_problem = "the lakehouse has no current-state table for it yet (run `cdc-lakehouse sync`)"
+        return diff
+    names = [c.name for c in columns]
+    missing_columns = [n for n in names if n not in current.column_names]
+    if missing_columns:
+        return TableDiff(table, source.num_rows, current.num_rows, schema_problem=f"columns missing: {missing_columns}")
+    current = current.select(names)
+    if current.schema != source.schema:
+        mismatched = [
+            f"{f.name}: source {f.type}, lakehouse {current.schema.field(f.name).type}"
+            for f in source.schema
+            if current.schema.field(f.name).type != f.type
+        ]
+        if mismatched:
+            return TableDiff(
+                table, source.num_rows, current.num_rows, schema_problem="types differ: " + "; ".join(mismatched)
+            )
+        current = current.cast(source.schema)
+    return compare_tables(table, source, current, key)
+
+
+def tables_to_verify(lakehouse: Lakehouse, requested: list[str] | None) -> list[TableRef]:
+    if requested:
+        return [TableRef.parse(t) for t in requested]
+    return [TableRef.parse(name) for name in sorted(load_catalog(lakehouse.store))]
+
+
+def verify(conn: pymysql.Connection, lakehouse: Lakehouse, requested: list[str] | None = None) -> list[TableDiff]:
+    return [verify_table(conn, lakehouse, t) for t in tables_to_verify(lakehouse, requested)]
+
+
+def describe_all(diffs: list[TableDiff]) -> list[str]:
+    return [d.describe() for d in diffs]
+
+
+def as_json(diffs: list[TableDiff]) -> list[dict[str, Any]]:
+    return [
+        {"table": str(d.table), "ok": d.ok, "source_rows": d.source_rows, "lakehouse_rows": d.lakehouse_rows}
+        for d in diffs
+    ]

@@ -1,0 +1,60 @@
+"""The Spark session resource: local by default, a cluster or a Spark Connect server by CDC_SPARK_MASTER."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from dagster import ConfigurableResource
+from pydantic import Field
+from pyspark.sql import SparkSession
+
+DEFAULT_SPARK_MASTER = "local[*]"
+_lock = threading.Lock()
+_sessions: dict[str, SparkSession] = {}
+
+
+def spark_session(master: str = DEFAULT_SPARK_MASTER, shuffle_partitions: int = 4) -> SparkSession:
+    """One session per process and master: starting a JVM costs seconds, so every run reuses it."""
+    with _lock:
+        session = _sessions.get(master)
+        if session is not None and _alive(session):
+            return session
+        if master.startswith("sc://"):
+            session = SparkSession.builder.remote(master).getOrCreate()
+        else:
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+            session = (
+                SparkSession.builder.master(master)
+                .appName("cdc-lakehouse")
+                .config("spark.driver.host", "127.0.0.1")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.ui.enabled", "false")
+                .config("spark.sql.session.timeZone", "UTC")
+                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+                .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+                .getOrCreate()
+            )
+            session.sparkContext.setLogLevel("ERROR")
+        _sessions[master] = session
+        return session
+
+
+def _alive(session: SparkSession) -> bool:
+    """A stopped local session is replaced (Spark Connect sessions reconnect by themselves)."""
+    from pyspark import SparkContext
+
+    if hasattr(session, "sparkContext") and not session.__class__.__module__.startswith("pyspark.sql.connect"):
+        return SparkContext._active_spark_context is not None
+    return True
+
+
+class SparkSessionResource(ConfigurableResource):
+    """Spark for the change-log and current-state assets (`CDC_SPARK_MASTER`: local[*], spark://…, sc://…)."""
+
+    master: str = Field(default=DEFAULT_SPARK_MASTER, description="Spark master URL or Spark Connect remote.")
+    shuffle_partitions: int = Field(default=4, description="spark.sql.shuffle.partitions for the CDC jobs.")
+
+    def get_session(self) -> SparkSession:
+        return spark_session(self.master, self.shuffle_partitions)
