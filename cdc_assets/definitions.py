@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-from dagster import AssetSelection, Definitions, EnvVar, define_asset_job
+from dagster import AssetSelection, Definitions, EnvVar, define_asset_job, in_process_executor
 
 from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
+from cdc_assets.checks import change_log_seq_unique, raw_batches_contiguous
 from cdc_assets.resources import BinlogResource, LakehouseResource
 from cdc_assets.settings import DEFAULT_LAKEHOUSE, DEFAULT_SERVER_ID
 from spark_resources import SparkSessionResource
@@ -36,19 +37,23 @@ def build_resources() -> dict[str, object]:
     }
 
 
+def initialized_resources() -> dict[str, object]:
+    """The same resources with EnvVar values resolved, for use outside a run (CLI verify, status)."""
+    return {name: r.process_config_and_initialize() for name, r in build_resources().items()}  # type: ignore[attr-defined]
+
+
 sync_job = define_asset_job(
     SYNC_JOB_NAME,
     selection=AssetSelection.all(),
     description="Capture new binlog batches, then update the change logs and current-state tables they touch.",
-    executor_def=None,
 )
 
 
 def build_definitions() -> Definitions:
-    from dagster import in_process_executor
-
+    # One process per run: the Spark session (a JVM) is started once and shared by the steps.
     return Definitions(
         assets=[raw_binlog_batches, table_changes, current_tables],
+        asset_checks=[raw_batches_contiguous, change_log_seq_unique],
         jobs=[sync_job],
         resources=build_resources(),
         executor=in_process_executor,

@@ -1,6 +1,7 @@
 """Changes: new raw batches split into per-table change logs, one Spark job over all their tables."""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +84,7 @@ def _table_slices(keyed: pa.Table) -> list[tuple[TableRef, int, int]]:
     return slices
 
 
-def process_new_batches(lakehouse: Lakehouse, spark: Any, log: Any | None = None) -> ChangesReport:
+def process_new_batches(lakehouse: Lakehouse, spark: Callable[[], Any], log: Any | None = None) -> ChangesReport:
     """Append the changes of every raw batch after the cursor to the change logs, then move the cursor."""
     began = time.monotonic()
     store = lakehouse.store
@@ -105,7 +106,7 @@ def process_new_batches(lakehouse: Lakehouse, spark: Any, log: Any | None = None
         rows = pa.concat_tables(parts)
         report.rows_in += rows.num_rows
         if rows.num_rows:
-            keyed = keyed_changes(spark, rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
+            keyed = keyed_changes(spark(), rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
             for table, offset, length in _table_slices(keyed):
                 result = _append_table(lakehouse, table, keyed.slice(offset, length), versions)
                 previous = report.appended.get(str(table))
@@ -152,7 +153,7 @@ def _sum(a: AppendResult | None, b: AppendResult) -> AppendResult:
 def table_changes(
     context: AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkSessionResource
 ) -> MaterializeResult:
-    report = process_new_batches(lakehouse.get(), spark.get_session(), log=context.log)
+    report = process_new_batches(lakehouse.get(), spark.get_session, log=context.log)
     per_table = {
         name: {"changes": r.appended, "inserts": r.inserts, "updates": r.updates, "deletes": r.deletes}
         for name, r in sorted(report.appended.items())

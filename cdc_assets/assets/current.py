@@ -1,6 +1,7 @@
 """Current state: every change log's pending changes applied to current/<schema>/<table>."""
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +38,7 @@ def pending_tables(lakehouse: Lakehouse, only: set[str] | None = None) -> list[P
     return pending
 
 
-def apply_pending(lakehouse: Lakehouse, spark: Any, log: Any | None = None) -> CurrentReport:
+def apply_pending(lakehouse: Lakehouse, spark: Callable[[], Any], log: Any | None = None) -> CurrentReport:
     """Apply the newest pending change per key of every table; one Spark job picks them all."""
     began = time.monotonic()
     report = CurrentReport()
@@ -57,7 +58,7 @@ def apply_pending(lakehouse: Lakehouse, spark: Any, log: Any | None = None) -> C
                 for i, p in enumerate(pending)
             ]
         )
-        latest = latest_change_per_key(spark, key_events)
+        latest = latest_change_per_key(spark(), key_events)
         for i, table in enumerate(pending):
             result = apply_changes(lakehouse, table, latest.filter(pc.equal(latest.column("table_id"), i)))
             report.applied.append(result)
@@ -81,7 +82,7 @@ def apply_pending(lakehouse: Lakehouse, spark: Any, log: Any | None = None) -> C
 def current_tables(
     context: AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkSessionResource
 ) -> MaterializeResult:
-    report = apply_pending(lakehouse.get(), spark.get_session(), log=context.log)
+    report = apply_pending(lakehouse.get(), spark.get_session, log=context.log)
     per_table = {
         str(r.table): {
             "changes_in": r.changes_in,

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +125,11 @@ def start(base_dir: Path = DEFAULT_BASE_DIR, port: int | None = None, timeout_s:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        (base_dir / "reader.password").unlink(missing_ok=True)
+        (base_dir / "instance_id").unlink(missing_ok=True)
+    instance_file = base_dir / "instance_id"
+    if not instance_file.exists():  # names this data directory's binlog history (see the demo's guard)
+        instance_file.write_text(uuid.uuid4().hex + "\n")
     (data_dir / "binlog").mkdir(exist_ok=True)
 
     if port is None:
