@@ -136,6 +136,10 @@ class BatchBuilder:
         self._gtid = None
         self.committed_end = end
 
+    def advance_idle_to(self, position: BinlogPosition) -> None:
+        if not self._transaction and self._gtid is None and self.committed_end < position:
+            self.committed_end = position
+
     # -- batches --------------------------------------------------------------------------------------
     @property
     def rows(self) -> int:
@@ -300,6 +304,11 @@ def capture_batches(
                     break
                 if builder.is_full():
                     yield builder.cut()
+        else:
+            # The stream ran dry before a transaction ended at or after `end`: what lies between the
+            # last boundary and `end` holds no transaction (a rotation, file headers), so `end` is a
+            # boundary too, unless a transaction is still open.
+            builder.advance_idle_to(end)
         if builder.has_progress():
             yield builder.cut()
     finally:

@@ -48,7 +48,7 @@ class MySQLUrl:
         return f"mysql://{self.user}@{self.host}:{self.port}"
 
     def connection_settings(self) -> dict[str, object]:
-        return {"host": self.host, "port": self.port, "user": self.user, "passwd": self.password}
+        return {"host": self.host, "port": self.port, "user": self.user, "password": self.password}
 
 
 def local_source_dir() -> Path:

@@ -212,6 +212,11 @@ def stop(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child: reap it, or it lingers as a zombie
+                return True
+        except ChildProcessError:
+            pass
+        try:
             os.kill(pid, 0)
         except ProcessLookupError:
             return True

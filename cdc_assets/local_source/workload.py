@@ -23,9 +23,10 @@ EMOJI = ["🚀", "🐘", "🌶️", "✅", "👩🏽‍💻", "🎉", ""]
 CITIES = ["Zürich", "São Paulo", "Kraków", "Reykjavík", "東京", None]
 
 
-def load_sample_schema(conn: pymysql.Connection) -> None:
-    """Create the sample databases and tables (idempotent)."""
+def load_sample_schema(conn: pymysql.Connection, shop: str = "shop", inventory: str = "inventory") -> None:
+    """Create the sample databases and tables (idempotent), under the given database names."""
     sql = resources.files("cdc_assets.local_source").joinpath("sample_schema.sql").read_text()
+    sql = sql.replace("shop", shop).replace("inventory", inventory)
     statements = [s.strip() for s in sql.split(";")]
     with conn.cursor() as cur:
         for statement in statements:
@@ -49,8 +50,12 @@ class WorkloadStats:
 class Workload:
     """Deterministic (seeded) generator of realistic shop transactions."""
 
-    def __init__(self, conn: pymysql.Connection, seed: int = 0) -> None:
+    def __init__(
+        self, conn: pymysql.Connection, seed: int = 0, shop: str = "shop", inventory: str = "inventory"
+    ) -> None:
         self.conn = conn
+        self.shop = shop
+        self.inventory = inventory
         self.rng = random.Random(seed)
         self.stats = WorkloadStats()
         self._sku_counter = 0
@@ -58,10 +63,10 @@ class Workload:
     # -- seed data -------------------------------------------------------------------------------------
     def seed(self, customers: int = 50, products: int = 30) -> None:
         with self.conn.cursor() as cur:
-            cur.execute("SELECT COUNT(*) FROM inventory.warehouses")
+            cur.execute(f"SELECT COUNT(*) FROM {self.inventory}.warehouses")
             if cur.fetchone()[0] == 0:
                 cur.executemany(
-                    "INSERT INTO inventory.warehouses (code, name, opens_at, founded) VALUES (%s,%s,%s,%s)",
+                    f"INSERT INTO {self.inventory}.warehouses (code, name, opens_at, founded) VALUES (%s,%s,%s,%s)",
                     [
                         ("ZRH", "Zürich Nord 🏔️", "07:30:00", 1998),
                         ("GRU", "São Paulo Leste", "06:00:00", 2011),
@@ -90,7 +95,7 @@ class Workload:
                 )
             )
         cur.executemany(
-            "INSERT INTO shop.products (sku, title, price, stock, weight_kg, thumbnail) VALUES (%s,%s,%s,%s,%s,%s)",
+            f"INSERT INTO {self.shop}.products (sku, title, price, stock, weight_kg, thumbnail) VALUES (%s,%s,%s,%s,%s,%s)",
             rows,
         )
 
@@ -104,7 +109,7 @@ class Workload:
             )
             rows.append((name, email, self.rng.choice(CITIES), self.rng.randint(-128, 127), created))
         cur.executemany(
-            "INSERT INTO shop.customers (name, email, city, loyalty, created_at) VALUES (%s,%s,%s,%s,%s)",
+            f"INSERT INTO {self.shop}.customers (name, email, city, loyalty, created_at) VALUES (%s,%s,%s,%s,%s)",
             rows,
         )
 
@@ -156,17 +161,17 @@ class Workload:
 
     def place_order(self, cur: pymysql.cursors.Cursor) -> None:
         """A multi-table transaction: order, its lines, stock, stock moves and the customer's balance."""
-        customers = self._pick(cur, "SELECT id FROM shop.customers ORDER BY id DESC LIMIT 200")
-        products = self._pick(cur, "SELECT sku, price FROM shop.products ORDER BY sku LIMIT 500")
+        customers = self._pick(cur, f"SELECT id FROM {self.shop}.customers ORDER BY id DESC LIMIT 200")
+        products = self._pick(cur, f"SELECT sku, price FROM {self.shop}.products ORDER BY sku LIMIT 500")
         if not customers or not products:
             return
-        cur.execute("SELECT COALESCE(MAX(id), %s) + 1 FROM shop.orders", (FIRST_ORDER_ID,))
+        cur.execute(f"SELECT COALESCE(MAX(id), %s) + 1 FROM {self.shop}.orders", (FIRST_ORDER_ID,))
         order_id = int(cur.fetchone()[0])
         customer_id = customers[0][0]
         placed_on = dt.date(2024, 1, 1) + dt.timedelta(days=self.rng.randint(0, 700))
         note = self.rng.choice([None, "", "leave at the door 🚪", "Geschenk: bitte einpacken"])
         cur.execute(
-            "INSERT INTO shop.orders (id, customer_id, placed_on, status, note) VALUES (%s,%s,%s,'new',%s)",
+            f"INSERT INTO {self.shop}.orders (id, customer_id, placed_on, status, note) VALUES (%s,%s,%s,'new',%s)",
             (order_id, customer_id, placed_on, note),
         )
         total = 0.0
@@ -177,20 +182,24 @@ class Workload:
             total += float(price) * qty
             items.append((order_id, line_no, sku, qty, price))
         cur.executemany(
-            "INSERT INTO shop.order_items (order_id, line_no, sku, quantity, unit_price) VALUES (%s,%s,%s,%s,%s)",
+            f"INSERT INTO {self.shop}.order_items (order_id, line_no, sku, quantity, unit_price) VALUES (%s,%s,%s,%s,%s)",
             items,
         )
         moved_at = dt.datetime(2024, 6, 1) + dt.timedelta(microseconds=self.rng.randint(0, 10**13))
         for _, _, sku, qty, _ in items:
-            cur.execute("UPDATE shop.products SET stock = GREATEST(stock, %s) - %s WHERE sku = %s", (qty, qty, sku))
             cur.execute(
-                "INSERT IGNORE INTO inventory.stock_moves (warehouse, sku, moved_at, delta, reason) "
+                f"UPDATE {self.shop}.products SET stock = GREATEST(stock, %s) - %s WHERE sku = %s", (qty, qty, sku)
+            )
+            cur.execute(
+                f"INSERT IGNORE INTO {self.inventory}.stock_moves (warehouse, sku, moved_at, delta, reason) "
                 "VALUES (%s,%s,%s,%s,%s)",
                 (self.rng.choice(["ZRH", "GRU", "NRT"]), sku, moved_at, -qty, f"order {order_id}"),
             )
-        cur.execute("UPDATE shop.orders SET total = %s, status = 'paid' WHERE id = %s", (f"{total:.2f}", order_id))
         cur.execute(
-            "UPDATE shop.customers SET balance = balance - %s, loyalty = LEAST(loyalty + 1, 127) WHERE id = %s",
+            f"UPDATE {self.shop}.orders SET total = %s, status = 'paid' WHERE id = %s", (f"{total:.2f}", order_id)
+        )
+        cur.execute(
+            f"UPDATE {self.shop}.customers SET balance = balance - %s, loyalty = LEAST(loyalty + 1, 127) WHERE id = %s",
             (f"{total:.2f}", customer_id),
         )
 
@@ -198,56 +207,60 @@ class Workload:
         """A multi-row update."""
         digit = str(self.rng.randint(0, 9))
         cur.execute(
-            "UPDATE shop.products SET price = ROUND(price * %s, 2) WHERE sku LIKE %s",
+            f"UPDATE {self.shop}.products SET price = ROUND(price * %s, 2) WHERE sku LIKE %s",
             (self.rng.choice(["1.05", "0.95", "1.10"]), f"SKU-{digit}%"),
         )
 
     def ship_orders(self, cur: pymysql.cursors.Cursor) -> None:
         cur.execute(
-            "UPDATE shop.orders SET status = 'shipped', note = CONCAT(COALESCE(note, ''), ' 📦') "
+            f"UPDATE {self.shop}.orders SET status = 'shipped', note = CONCAT(COALESCE(note, ''), ' 📦') "
             "WHERE status = 'paid' ORDER BY id LIMIT %s",
             (self.rng.randint(1, 10),),
         )
 
     def cancel_order(self, cur: pymysql.cursors.Cursor) -> None:
         """Deletes: the lines of an order and the order itself."""
-        orders = self._pick(cur, "SELECT id FROM shop.orders ORDER BY id DESC LIMIT 100")
+        orders = self._pick(cur, f"SELECT id FROM {self.shop}.orders ORDER BY id DESC LIMIT 100")
         if not orders:
             return
         order_id = orders[0][0]
-        cur.execute("DELETE FROM shop.order_items WHERE order_id = %s", (order_id,))
-        cur.execute("DELETE FROM shop.orders WHERE id = %s", (order_id,))
+        cur.execute(f"DELETE FROM {self.shop}.order_items WHERE order_id = %s", (order_id,))
+        cur.execute(f"DELETE FROM {self.shop}.orders WHERE id = %s", (order_id,))
 
     def rename_sku(self, cur: pymysql.cursors.Cursor) -> None:
         """A primary-key-changing update, and the rows that reference the key."""
-        products = self._pick(cur, "SELECT sku FROM shop.products ORDER BY sku LIMIT 500")
+        products = self._pick(cur, f"SELECT sku FROM {self.shop}.products ORDER BY sku LIMIT 500")
         if not products:
             return
         old = products[0][0]
         self._sku_counter += 1
         new = f"{old.split('-r')[0]}-r{self._sku_counter}"
-        cur.execute("UPDATE shop.products SET sku = %s, title = CONCAT(title, ' (renamed)') WHERE sku = %s", (new, old))
-        cur.execute("UPDATE shop.order_items SET sku = %s WHERE sku = %s", (new, old))
+        cur.execute(
+            f"UPDATE {self.shop}.products SET sku = %s, title = CONCAT(title, ' (renamed)') WHERE sku = %s", (new, old)
+        )
+        cur.execute(f"UPDATE {self.shop}.order_items SET sku = %s WHERE sku = %s", (new, old))
 
     def renumber_lines(self, cur: pymysql.cursors.Cursor) -> None:
         """A key-changing multi-row update on a composite primary key."""
-        orders = self._pick(cur, "SELECT DISTINCT order_id FROM shop.order_items ORDER BY order_id DESC LIMIT 100")
+        orders = self._pick(
+            cur, f"SELECT DISTINCT order_id FROM {self.shop}.order_items ORDER BY order_id DESC LIMIT 100"
+        )
         if not orders:
             return
         cur.execute(
-            "UPDATE shop.order_items SET line_no = line_no + 100 WHERE order_id = %s AND line_no < 60000 "
+            f"UPDATE {self.shop}.order_items SET line_no = line_no + 100 WHERE order_id = %s AND line_no < 60000 "
             "ORDER BY line_no DESC",
             (orders[0][0],),
         )
 
     def delete_customers(self, cur: pymysql.cursors.Cursor) -> None:
         cur.execute(
-            "DELETE FROM shop.customers WHERE id NOT IN (SELECT customer_id FROM shop.orders) ORDER BY id LIMIT %s",
+            f"DELETE FROM {self.shop}.customers WHERE id NOT IN (SELECT customer_id FROM {self.shop}.orders) ORDER BY id LIMIT %s",
             (self.rng.randint(1, 3),),
         )
 
     def touch_warehouse(self, cur: pymysql.cursors.Cursor) -> None:
         cur.execute(
-            "UPDATE inventory.warehouses SET opens_at = ADDTIME(opens_at, '00:15:00') WHERE code = %s",
+            f"UPDATE {self.inventory}.warehouses SET opens_at = ADDTIME(opens_at, '00:15:00') WHERE code = %s",
             (self.rng.choice(["ZRH", "GRU", "NRT"]),),
         )

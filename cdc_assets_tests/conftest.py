@@ -1,0 +1,104 @@
+"""Shared real parts: one MariaDB (the project's own script) and one SparkSession per test session.
+
+Each test gets its own database, its own lakehouse directory and a table filter for its database,
+so tests share the server's binlog without seeing each other's tables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from cdc_assets.lakehouse import Lakehouse
+from cdc_assets.local_source import server as local_server
+
+
+@pytest.fixture(scope="session")
+def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_server.LocalServer]:
+    base = tmp_path_factory.mktemp("mariadb")
+    started = local_server.start(base)
+    yield started
+    local_server.stop(base)
+
+
+@pytest.fixture(scope="session")
+def spark() -> object:
+    from spark_resources import spark_session
+
+    return spark_session("local[2]")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dagster_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("dagster_home")
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    previous = os.environ.get("DAGSTER_HOME")
+    os.environ["DAGSTER_HOME"] = str(home)
+    yield home
+    if previous is None:
+        os.environ.pop("DAGSTER_HOME", None)
+    else:
+        os.environ["DAGSTER_HOME"] = previous
+
+
+@dataclass
+class CdcEnv:
+    """One test's source database and lakehouse, with the environment the CLI reads pointing at them."""
+
+    server: local_server.LocalServer
+    database: str
+    lakehouse_dir: Path
+
+    def admin(self) -> pymysql.Connection:
+        return self.server.admin_connection(database=self.database)
+
+    def execute(self, *statements: str, params: tuple | None = None) -> None:
+        with self.admin() as conn, conn.cursor() as cur:
+            for statement in statements:
+                cur.execute(statement, params)
+
+    @property
+    def lakehouse(self) -> Lakehouse:
+        return Lakehouse(str(self.lakehouse_dir))
+
+    def sync(self, *extra: str) -> int:
+        from cdc_assets.cli import main
+
+        return main(["sync", *extra])
+
+    def verify(self) -> list:
+        from cdc_assets.cli import run_verify
+
+        return run_verify()
+
+
+def _database_name(node_name: str) -> str:
+    return "t_" + re.sub(r"[^a-z0-9]+", "_", node_name.lower())[:50]
+
+
+@pytest.fixture
+def cdc(
+    mariadb: local_server.LocalServer,
+    spark: object,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+) -> CdcEnv:
+    database = _database_name(request.node.name)
+    with mariadb.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
+        cur.execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+    env = CdcEnv(mariadb, database, tmp_path / "lakehouse")
+    monkeypatch.setenv("CDC_MYSQL_URL", mariadb.reader_url())
+    monkeypatch.setenv("CDC_LAKEHOUSE", str(env.lakehouse_dir))
+    monkeypatch.setenv("CDC_TABLES", f"{database}.*")
+    monkeypatch.setenv("CDC_SPARK_MASTER", "local[2]")
+    for name in ("CDC_EXCLUDE_TABLES", "CDC_SERVER_ID", "CDC_MAX_BATCH_ROWS"):
+        monkeypatch.delenv(name, raising=False)
+    return env

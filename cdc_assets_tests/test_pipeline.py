@@ -1,0 +1,237 @@
+"""End to end against the real parts: MariaDB binlog -> raw batches -> change logs -> current state."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_assets.change_log import open_table, read_query
+from cdc_assets.checks import batch_chain_breaks, duplicate_seqs
+from cdc_assets.current_state import read_current
+from cdc_assets.lakehouse import CHANGES, TableRef
+from cdc_assets.local_source import Workload, load_sample_schema
+from cdc_assets.raw_batch import list_batches, read_manifest, read_rows
+from cdc_assets.state import load_checkpoint
+from cdc_assets_tests.conftest import CdcEnv
+
+
+def _sample(cdc: CdcEnv, monkeypatch, transactions: int, seed: int = 1) -> Workload:
+    shop, inventory = f"{cdc.database}_shop", f"{cdc.database}_inventory"
+    monkeypatch.setenv("CDC_TABLES", f"{shop}.*,{inventory}.*")
+    with cdc.server.admin_connection(autocommit=False) as conn:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{shop}`")
+            cur.execute(f"DROP DATABASE IF EXISTS `{inventory}`")
+        load_sample_schema(conn, shop, inventory)
+        workload = Workload(conn, seed=seed, shop=shop, inventory=inventory)
+        workload.seed()
+        workload.run(transactions)
+    return workload
+
+
+def _run_workload(cdc: CdcEnv, transactions: int, seed: int) -> None:
+    shop, inventory = f"{cdc.database}_shop", f"{cdc.database}_inventory"
+    with cdc.server.admin_connection(autocommit=False) as conn:
+        Workload(conn, seed=seed, shop=shop, inventory=inventory).run(transactions)
+
+
+def _assert_all_equal(cdc: CdcEnv, expected_tables: int) -> None:
+    diffs = cdc.verify()
+    assert len(diffs) == expected_tables
+    assert [d.describe() for d in diffs if not d.ok] == []
+    assert all(d.source_rows == d.lakehouse_rows for d in diffs)
+
+
+def _all_change_seqs(cdc: CdcEnv) -> list[int]:
+    seqs: list[int] = []
+    for table in cdc.lakehouse.tables(CHANGES):
+        log = open_table(cdc.lakehouse.table_uri(CHANGES, table), None)
+        seqs += read_query(log, "SELECT _cdc_seq FROM changes", "changes").column(0).to_pylist()
+    return sorted(seqs)
+
+
+def _raw_seqs(cdc: CdcEnv) -> list[int]:
+    store = cdc.lakehouse.store
+    seqs: list[int] = []
+    for name in list_batches(store):
+        seqs += read_rows(store, read_manifest(store, name)).column("seq").to_pylist()
+    return sorted(seqs)
+
+
+def test_workload_catch_up_then_more_changes_then_nothing(cdc: CdcEnv, monkeypatch) -> None:
+    _sample(cdc, monkeypatch, transactions=300)
+    assert cdc.sync() == 0
+    _assert_all_equal(cdc, expected_tables=6)
+
+    _run_workload(cdc, transactions=300, seed=7)
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "200")  # several batches, cut only at transaction boundaries
+    assert cdc.sync() == 0
+    _assert_all_equal(cdc, expected_tables=6)
+    assert batch_chain_breaks(cdc.lakehouse) == []
+    assert duplicate_seqs(cdc.lakehouse) == {}
+    assert _all_change_seqs(cdc) == _raw_seqs(cdc)
+
+    # A sync with no new source changes changes nothing: no batch, no Delta commit.
+    store = cdc.lakehouse.store
+    batches_before = list_batches(store)
+    checkpoint_before = load_checkpoint(store)
+    versions_before = {
+        str(t): open_table(cdc.lakehouse.table_uri(CHANGES, t), None).version() for t in cdc.lakehouse.tables(CHANGES)
+    }
+    assert cdc.sync() == 0
+    assert list_batches(store) == batches_before
+    assert load_checkpoint(store) == checkpoint_before
+    versions_after = {
+        str(t): open_table(cdc.lakehouse.table_uri(CHANGES, t), None).version() for t in cdc.lakehouse.tables(CHANGES)
+    }
+    assert versions_after == versions_before
+    _assert_all_equal(cdc, expected_tables=6)
+
+
+def test_batches_end_at_transaction_boundaries(cdc: CdcEnv, monkeypatch) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)")
+    with cdc.admin() as conn, conn.cursor() as cur:
+        for txn in range(10):  # ten transactions of 7 rows each
+            cur.execute("BEGIN")
+            cur.executemany("INSERT INTO t VALUES (%s, %s)", [(txn * 7 + i, i) for i in range(7)])
+            cur.execute("COMMIT")
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "10")
+    assert cdc.sync() == 0
+    store = cdc.lakehouse.store
+    manifests = [read_manifest(store, n) for n in list_batches(store)]
+    with_rows = [m for m in manifests if m.rows]
+    # 10 rows is reached inside the second transaction: each batch holds exactly two whole transactions.
+    assert [m.rows for m in with_rows] == [14, 14, 14, 14, 14]
+    assert all(m.transactions == 2 for m in with_rows)
+    assert batch_chain_breaks(cdc.lakehouse) == []
+    _assert_all_equal(cdc, expected_tables=1)
+
+
+def test_values_survive_exactly(cdc: CdcEnv) -> None:
+    cdc.execute(
+        """CREATE TABLE v (
+            id INT PRIMARY KEY,
+            ti TINYINT, si SMALLINT, mi MEDIUMINT, i INT, bi BIGINT,
+            tiu TINYINT UNSIGNED, siu SMALLINT UNSIGNED, miu MEDIUMINT UNSIGNED, iu INT UNSIGNED,
+            biu BIGINT UNSIGNED,
+            d DECIMAL(12,4), dw DECIMAL(38,10),
+            dt6 DATETIME(6), ts TIMESTAMP(6) NULL, da DATE, tm TIME, tm6 TIME(6),
+            vc VARCHAR(100), tx TEXT, bl BLOB, vb VARBINARY(16)
+        ) CHARACTER SET utf8mb4"""
+    )
+    row = (
+        1, -128, -32768, -8388608, -2147483648, -9223372036854775808,
+        255, 65535, 16777215, 4294967295, 18446744073709551615,
+        "-12345678.1234", "1234567890123456789012345678.0123456789",
+        "2024-02-29 23:59:59.999999", "2038-01-19 03:14:07.654321", "1000-01-01", "-12:30:00", "838:59:59.500000",
+        "naïve café 🚀👩🏽‍💻", "Zürich 東京 🎉" * 50, b"\x00\xff\x10binary\x00", b"",
+    )  # fmt: skip
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SET time_zone = '+00:00'")
+        cur.execute(f"INSERT INTO v VALUES ({','.join(['%s'] * len(row))})", row)
+        cur.execute("INSERT INTO v (id) VALUES (2)")  # every other column NULL
+    assert cdc.sync() == 0
+
+    current = read_current(cdc.lakehouse, TableRef(cdc.database, "v"))
+    assert current is not None
+    by_id = {r["id"]: r for r in current.to_pylist()}
+    one = by_id[1]
+    assert (one["ti"], one["si"], one["mi"], one["i"], one["bi"]) == row[1:6]
+    assert (one["tiu"], one["siu"], one["miu"], one["iu"]) == row[6:10]
+    assert one["biu"] == Decimal("18446744073709551615")
+    assert one["d"] == Decimal("-12345678.1234")
+    assert one["dw"] == Decimal("1234567890123456789012345678.0123456789")
+    assert one["dt6"] == dt.datetime(2024, 2, 29, 23, 59, 59, 999999)
+    assert one["ts"] == dt.datetime(2038, 1, 19, 3, 14, 7, 654321, tzinfo=dt.UTC)
+    assert one["da"] == dt.date(1000, 1, 1)
+    assert one["tm"] == "-12:30:00"
+    assert one["tm6"] == "838:59:59.500000"
+    assert one["vc"] == "naïve café 🚀👩🏽‍💻"
+    assert one["tx"] == "Zürich 東京 🎉" * 50
+    assert one["bl"] == b"\x00\xff\x10binary\x00"
+    assert one["vb"] == b""
+    two = by_id[2]
+    assert all(two[c] is None for c in two if c not in ("id", "_cdc_seq", "_cdc_commit_ts"))
+
+    schema = current.schema
+    expected_types = {
+        "ti": pa.int8(), "si": pa.int16(), "mi": pa.int32(), "i": pa.int32(), "bi": pa.int64(),
+        "tiu": pa.int16(), "siu": pa.int32(), "miu": pa.int64(), "iu": pa.int64(), "biu": pa.decimal128(20, 0),
+        "d": pa.decimal128(12, 4), "dw": pa.decimal128(38, 10), "dt6": pa.timestamp("us"),
+        "ts": pa.timestamp("us", tz="UTC"), "da": pa.date32(), "tm": pa.string(), "vc": pa.string(),
+        "bl": pa.binary(), "_cdc_seq": pa.int64(), "_cdc_commit_ts": pa.timestamp("us", tz="UTC"),
+    }  # fmt: skip
+    assert {name: schema.field(name).type for name in expected_types} == expected_types
+    source_columns = [c for c in schema.names if not c.startswith("_cdc_")]
+    assert source_columns == ["id", "ti", "si", "mi", "i", "bi", "tiu", "siu", "miu", "iu", "biu", "d", "dw", "dt6",
+                              "ts", "da", "tm", "tm6", "vc", "tx", "bl", "vb"]  # fmt: skip
+    _assert_all_equal(cdc, expected_tables=1)
+
+
+def test_composite_keys_and_key_changing_updates(cdc: CdcEnv) -> None:
+    cdc.execute(
+        "CREATE TABLE item (order_id BIGINT UNSIGNED, line SMALLINT, sku VARCHAR(20), qty INT, "
+        "PRIMARY KEY (order_id, line))"
+    )
+    cdc.execute("INSERT INTO item VALUES (18446744073709551615, 1, 'a', 1), (18446744073709551615, 2, 'b', 2)")
+    assert cdc.sync() == 0
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("UPDATE item SET line = line + 10 ORDER BY line DESC")  # both keys move
+        cur.execute("UPDATE item SET qty = qty * 100 WHERE line = 12")
+        cur.execute("INSERT INTO item VALUES (7, 1, 'c', 3)")
+        cur.execute("DELETE FROM item WHERE line = 11")
+        cur.execute("UPDATE item SET order_id = 8, line = 1 WHERE order_id = 7")  # moves onto a fresh key
+        cur.execute("COMMIT")
+    assert cdc.sync() == 0
+    current = read_current(cdc.lakehouse, TableRef(cdc.database, "item"), ["order_id", "line", "sku", "qty"])
+    rows = sorted(current.to_pylist(), key=lambda r: (r["order_id"], r["line"]))
+    assert rows == [
+        {"order_id": Decimal(8), "line": 1, "sku": "c", "qty": 3},
+        {"order_id": Decimal("18446744073709551615"), "line": 12, "sku": "b", "qty": 200},
+    ]
+    log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "item")), None)
+    changes = read_query(log, "SELECT _cdc_op, _cdc_before FROM changes ORDER BY _cdc_seq", "changes")
+    assert changes.column("_cdc_op").to_pylist() == ["insert"] * 2 + ["update"] * 3 + ["insert", "delete", "update"]
+    key_move = changes.column("_cdc_before").to_pylist()[2]
+    assert (key_move["line"], key_move["sku"]) == (2, "b")
+    _assert_all_equal(cdc, expected_tables=1)
+
+
+def test_ordering_survives_binlog_rotation(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE r (id INT PRIMARY KEY, v VARCHAR(10))")
+    with cdc.server.admin_connection(database=cdc.database) as conn, conn.cursor() as cur:
+        for i in range(3):
+            cur.execute("INSERT INTO r VALUES (1, %s) ON DUPLICATE KEY UPDATE v = %s", (f"v{i}", f"v{i}"))
+            cur.execute("FLUSH BINARY LOGS")
+    assert cdc.sync() == 0
+    log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "r")), None)
+    changes = read_query(log, "SELECT _cdc_seq, v FROM changes ORDER BY _cdc_seq", "changes")
+    assert changes.column("v").to_pylist() == ["v0", "v1", "v2"]
+    store = cdc.lakehouse.store
+    first = read_manifest(store, list_batches(store)[0])
+    assert load_checkpoint(store).position.sort_key[0] >= first.start.sort_key[0] + 3  # read across 3 rotations
+    current = read_current(cdc.lakehouse, TableRef(cdc.database, "r"))
+    assert current.column("v").to_pylist() == ["v2"]
+
+
+def test_raw_batches_are_self_describing(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE s (id INT PRIMARY KEY, name VARCHAR(20) CHARACTER SET utf8mb4)")
+    cdc.execute("INSERT INTO s VALUES (1, 'x')")
+    assert cdc.sync() == 0
+    store = cdc.lakehouse.store
+    [name] = [n for n in list_batches(store) if read_manifest(store, n).rows]
+    manifest = json.loads(store.get(f"raw/{name}/manifest.json"))
+    assert manifest["name"] == name
+    assert manifest["start"]["file"].startswith("mysql-bin.")
+    assert manifest["end_gtid"] and manifest["end_gtid"].startswith("0-1-")
+    [table] = [t for t in manifest["tables"] if t["table"] == "s"]
+    assert table["primary_key"] == ["id"]
+    assert [(c["name"], c["type"]) for c in table["columns"]] == [("id", "int"), ("name", "varchar")]
+    rows = read_rows(store, read_manifest(store, name))
+    assert rows.column("after").to_pylist() == [["1", "x"]]
+    assert pc.all(pc.equal(rows.column("op"), "insert")).as_py()
