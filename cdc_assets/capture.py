@@ -31,9 +31,25 @@ from cdc_assets.source import ServerInfo
 
 # Statements that manage accounts can carry passwords: they never enter a raw batch.
 _ACCOUNT_STATEMENT = re.compile(
-    r"^\s*(/\*.*?\*/\s*)*(CREATE|ALTER|DROP|RENAME)\s+(USER|ROLE)|^\s*(GRANT|REVOKE|SET\s+PASSWORD|SET\s+ROLE)",
+    r"^\s*(/\*.*?\*/\s*)*("
+    r"(CREATE|ALTER|DROP|RENAME)\s+(OR\s+REPLACE\s+)?(DEFINER\s*=\s*\S+\s+)?(USER|ROLE)\b"
+    r"|GRANT\b|REVOKE\b|SET\s+(PASSWORD|ROLE|DEFAULT\s+ROLE)\b|CHANGE\s+(MASTER|REPLICATION)\b)",
     re.IGNORECASE | re.DOTALL,
 )
+# Belt and braces: any other statement that mentions a password has its string literals blanked.
+_SECRET_HINT = re.compile(r"IDENTIFIED|PASSWORD", re.IGNORECASE)
+_STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"")
+
+
+def redact_statement(query: str) -> str | None:
+    """The statement as it may be stored in a raw batch: None for account management, secrets blanked."""
+    if _ACCOUNT_STATEMENT.search(query):
+        return None
+    if _SECRET_HINT.search(query):
+        return _STRING_LITERAL.sub("'<redacted>'", query)
+    return query
+
+
 _TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "XA ")
 
 
@@ -103,7 +119,8 @@ class BatchBuilder:
 
     def statement(self, schema: str | None, query: str) -> None:
         """A DDL or TRUNCATE: recorded (secrets excluded), with a `_cdc_seq` of its own to order it."""
-        if _ACCOUNT_STATEMENT.search(query):
+        query = redact_statement(query)
+        if query is None:
             return
         seq = self.next_seq
         self.next_seq += 1

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     sync = sub.add_parser("sync", help="capture to the binlog end, update change logs and current state, run checks")
     sync.add_argument("--max-batch-rows", type=int, help="row changes per raw batch (CDC_MAX_BATCH_ROWS)")
     verify = sub.add_parser("verify", help="compare current-state tables with the source row for row")
-    verify.add_argument("tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
+    verify.add_argument("verify_tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
     status = sub.add_parser("status", help="checkpoint, lag, tables, last batch and freshness")
     status.add_argument("--json", action="store_true", help="print JSON")
     demo = sub.add_parser("demo", help="local source + live workload + sync until caught up + verify")
@@ -74,6 +74,19 @@ def _dagster_home() -> Path:
     return home
 
 
+_instances: dict[str, object] = {}
+
+
+def _instance() -> object:
+    """The persistent Dagster instance of DAGSTER_HOME, opened once per process and kept open."""
+    from dagster import DagsterInstance
+
+    home = str(_dagster_home())
+    if home not in _instances:
+        _instances[home] = DagsterInstance.get()
+    return _instances[home]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _apply_overrides(args)
@@ -100,25 +113,22 @@ class SyncOutcome:
     seconds: float
 
 
-def _user_error_in(exc: BaseException) -> BaseException | None:
-    """The CdcUserError behind a Dagster step failure, if the failure was one."""
-    from cdc_assets.errors import CdcUserError
-
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, CdcUserError):
-            return seen
-        inner = getattr(seen, "user_exception", None)
-        seen = inner if inner is not None else seen.__cause__
+def _user_error_message(error: object) -> str | None:
+    """The sentence of the CdcUserError behind a Dagster step failure (walking the error's causes)."""
+    while error is not None:
+        if getattr(error, "cls_name", None) == "CdcUserError":
+            message = str(getattr(error, "message", "")).strip()
+            return message.split(": ", 1)[1] if message.startswith(("CdcUserError", "cdc_assets.")) else message
+        error = getattr(error, "cause", None) or getattr(error, "context", None)
     return None
 
 
 def run_sync(verbose: bool = False) -> SyncOutcome:
     """One run of the sync job on the persistent instance; raises CdcUserError for what a user can fix."""
-    from dagster import DagsterInstance
-    from dagster._core.errors import DagsterExecutionStepExecutionError
+    from dagster import DagsterEventType
 
     from cdc_assets.definitions import SYNC_JOB_NAME, build_definitions, initialized_resources
+    from cdc_assets.errors import CdcUserError
 
     _dagster_home()
     resources = initialized_resources()
@@ -127,27 +137,29 @@ def run_sync(verbose: bool = False) -> SyncOutcome:
     job = build_definitions().resolve_job_def(SYNC_JOB_NAME)
     began = time.monotonic()
     log_level = "INFO" if verbose else "CRITICAL"
-    with DagsterInstance.get() as instance:
-        try:
-            result = job.execute_in_process(
-                instance=instance,
-                run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-                raise_on_error=True,
-            )
-        except DagsterExecutionStepExecutionError as exc:
-            user_error = _user_error_in(exc)
-            if user_error is not None:
-                raise user_error from None
-            raise
+    result = job.execute_in_process(
+        instance=_instance(),
+        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
+        raise_on_error=False,
+    )
+    failures = []
+    for event in result.all_events:
+        if event.event_type == DagsterEventType.STEP_FAILURE:
+            error = event.step_failure_data.error
+            user_message = _user_error_message(error)
+            if user_message:
+                raise CdcUserError(user_message)
+            failures.append(f"{event.step_key}: {error.message.strip() if error else 'failed'}")
     metadata = {}
     for event in result.get_asset_materialization_events():
         metadata[event.asset_key.to_user_string()] = {
             k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()
         }
-    failed = [
+    failed_checks = [
         f"{e.asset_key.to_user_string()}:{e.check_name}" for e in result.get_asset_check_evaluations() if not e.passed
     ]
-    return SyncOutcome(result.success and not failed, metadata, failed, time.monotonic() - began)
+    success = result.success and not failed_checks
+    return SyncOutcome(success, metadata, failed_checks + failures, time.monotonic() - began)
 
 
 def _print_sync(outcome: SyncOutcome) -> None:
@@ -166,8 +178,8 @@ def _print_sync(outcome: SyncOutcome) -> None:
         f"current state: {current.get('tables', 0)} tables updated ({current.get('rows_inserted', 0)} rows inserted, "
         f"{current.get('rows_updated', 0)} updated, {current.get('rows_deleted', 0)} deleted)"
     )
-    for check in outcome.failed_checks:
-        print(f"check failed: {check}")
+    for problem in outcome.failed_checks:
+        print(f"failed: {problem}")
     print(f"sync {'succeeded' if outcome.success else 'FAILED'} in {outcome.seconds:.1f}s")
 
 
@@ -194,7 +206,7 @@ def run_verify(tables: list[str] | None = None) -> list:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    diffs = run_verify(args.tables or None)
+    diffs = run_verify(args.verify_tables or None)
     if not diffs:
         print("no tables to verify yet: run `cdc-lakehouse sync` first")
         return EXIT_OK
@@ -209,7 +221,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def collect_status() -> dict[str, object]:
-    from dagster import AssetKey, DagsterInstance
+    from dagster import AssetKey
 
     from cdc_assets import source
     from cdc_assets.definitions import initialized_resources
@@ -233,10 +245,10 @@ def collect_status() -> dict[str, object]:
         lag_seconds = max(time.time() - checkpoint.last_commit_ts, 0.0)
     batches = list_batches(lakehouse.store)
     freshness = {}
-    with DagsterInstance.get() as instance:
-        for key in ("raw_binlog_batches", "table_changes", "current_tables"):
-            event = instance.get_latest_materialization_event(AssetKey(key))
-            freshness[key] = None if event is None else round(time.time() - event.timestamp, 1)
+    instance = _instance()
+    for key in ("raw_binlog_batches", "table_changes", "current_tables"):
+        event = instance.get_latest_materialization_event(AssetKey(key))  # type: ignore[attr-defined]
+        freshness[key] = None if event is None else round(time.time() - event.timestamp, 1)
     return {
         "lakehouse": str(lakehouse),
         "checkpoint": str(checkpoint.position) if checkpoint else None,

@@ -1,0 +1,211 @@
+"""The `cdc-lakehouse` command: errors a user can fix, verify's differences, status, and secrets."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from cdc_assets.change_log import open_table
+from cdc_assets.cli import main
+from cdc_assets.lakehouse import CHANGES, RAW, TableRef
+from cdc_assets.positions import BinlogPosition
+from cdc_assets.raw_batch import DATA_FILE, list_batches
+from cdc_assets.state import CHANGES_CURSOR_KEY, CHECKPOINT_KEY, Checkpoint, save_checkpoint
+from cdc_assets_tests.conftest import CdcEnv
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _assert_user_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err  # one sentence, no traceback
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def _nothing_written(cdc: CdcEnv) -> None:
+    assert not (cdc.lakehouse_dir / RAW).exists()
+    assert not (cdc.lakehouse_dir / CHECKPOINT_KEY).exists()
+
+
+@contextmanager
+def _global(cdc: CdcEnv, name: str, value: str) -> Iterator[None]:
+    with cdc.server.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT @@GLOBAL.{name}")
+        previous = cur.fetchone()[0]
+        cur.execute(f"SET GLOBAL {name} = %s", (value,))
+    try:
+        yield
+    finally:
+        with cdc.server.admin_connection() as conn, conn.cursor() as cur:
+            cur.execute(f"SET GLOBAL {name} = %s", (previous,))
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_bad_url(cdc: CdcEnv, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("CDC_MYSQL_URL", "postgres://nobody")
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "CDC_MYSQL_URL", "mysql://user:password@host:port")
+    _nothing_written(cdc)
+
+
+def test_unreachable_server(cdc: CdcEnv, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("CDC_MYSQL_URL", f"mysql://someone:secret@127.0.0.1:{_closed_port()}")
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "Cannot reach the MySQL server", "CDC_MYSQL_URL")
+    _nothing_written(cdc)
+
+
+def test_wrong_password_in_a_real_process(cdc: CdcEnv, monkeypatch) -> None:
+    url = cdc.server.reader_url()
+    wrong = url.replace("@127.0.0.1", "x-wrong-pw@127.0.0.1")
+    monkeypatch.setenv("CDC_MYSQL_URL", wrong)
+    done = subprocess.run(
+        [sys.executable, "-m", "cdc_assets.cli", "sync"], env=dict(os.environ), capture_output=True, text=True
+    )
+    _assert_user_error(done.returncode, done.stderr, "rejected user 'cdc_reader'", "fix the credentials")
+    assert "x-wrong-pw" not in done.stderr + done.stdout
+    _nothing_written(cdc)
+
+
+def test_missing_replication_privilege(cdc: CdcEnv, monkeypatch, capsys) -> None:
+    cdc.execute(
+        "CREATE OR REPLACE USER 'reader_no_repl'@'127.0.0.1' IDENTIFIED BY 'pw'",
+        "GRANT SELECT ON *.* TO 'reader_no_repl'@'127.0.0.1'",
+    )
+    monkeypatch.setenv("CDC_MYSQL_URL", f"mysql://reader_no_repl:pw@127.0.0.1:{cdc.server.port}")
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "cannot read the binlog", "GRANT REPLICATION SLAVE")
+    _nothing_written(cdc)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "fragment"),
+    [
+        ("binlog_format", "STATEMENT", "binlog_format=ROW"),
+        ("binlog_row_image", "MINIMAL", "binlog_row_image=FULL"),
+        ("binlog_row_metadata", "MINIMAL", "binlog_row_metadata=FULL"),
+    ],
+)
+def test_server_not_set_up_for_cdc(cdc: CdcEnv, capsys, variable: str, value: str, fragment: str) -> None:
+    with _global(cdc, variable, value):
+        code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, fragment)
+    _nothing_written(cdc)
+
+
+def test_server_id_clash(cdc: CdcEnv, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("CDC_SERVER_ID", "1")
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "CDC_SERVER_ID=1", "server_id")
+    _nothing_written(cdc)
+
+
+def test_purged_checkpoint(cdc: CdcEnv, capsys) -> None:
+    save_checkpoint(cdc.lakehouse.store, Checkpoint(BinlogPosition("mysql-bin.000000", 4)))
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "no longer on the source", "re-initialise")
+    assert not (cdc.lakehouse_dir / RAW).exists()
+
+
+def test_unwritable_lakehouse(cdc: CdcEnv, monkeypatch, capsys, tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("CDC_LAKEHOUSE", str(blocker / "lakehouse"))
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "Cannot write to the lakehouse", "CDC_LAKEHOUSE")
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+def test_corrupt_or_missing_batch(cdc: CdcEnv, capsys, damage: str) -> None:
+    cdc.execute("CREATE TABLE k (id INT PRIMARY KEY)", "INSERT INTO k VALUES (1), (2)")
+    assert cdc.sync() == 0
+    store = cdc.lakehouse.store
+    changes_version = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "k")), None).version()
+    # Processing starts over from the first batch, which has been damaged.
+    (cdc.lakehouse_dir / CHANGES_CURSOR_KEY).unlink()
+    data = cdc.lakehouse_dir / RAW / list_batches(store)[-1] / DATA_FILE
+    if damage == "corrupt":
+        data.write_bytes(data.read_bytes()[:-10] + b"0123456789")
+    else:
+        data.unlink()
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "restore raw/")
+    assert ("is corrupt" if damage == "corrupt" else "missing its data file") in err
+    after = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "k")), None).version()
+    assert after == changes_version  # nothing half-written
+
+
+def test_verify_reports_differing_keys(cdc: CdcEnv, capsys) -> None:
+    cdc.execute(
+        "CREATE TABLE p (a INT, b VARCHAR(10), note TEXT, PRIMARY KEY (a, b))",
+        "INSERT INTO p VALUES (1, 'x', 'one'), (2, 'y', 'two'), (3, 'z', 'three')",
+    )
+    assert cdc.sync() == 0
+    code, out, _ = _run(["verify"], capsys)
+    assert code == 0
+    assert f"ok       {cdc.database}.p: 3 rows match" in out
+
+    cdc.execute(
+        "UPDATE p SET note = 'changed' WHERE a = 2", "DELETE FROM p WHERE a = 3", "INSERT INTO p VALUES (4, 'w', '')"
+    )
+    code, out, _ = _run(["verify", f"{cdc.database}.p"], capsys)
+    assert code == 1
+    assert "1 missing: (4, 'w')" in out
+    assert "1 extra: (3, 'z')" in out
+    assert "1 different: (2, 'y')" in out
+
+    assert cdc.sync() == 0
+    code, out, _ = _run(["verify"], capsys)
+    assert code == 0, out
+
+
+def test_status_reports_checkpoint_and_lag(cdc: CdcEnv, capsys) -> None:
+    cdc.execute("CREATE TABLE st (id INT PRIMARY KEY)", "INSERT INTO st VALUES (1)")
+    assert cdc.sync() == 0
+    capsys.readouterr()
+    code, out, _ = _run(["status", "--json"], capsys)
+    assert code == 0
+    status = json.loads(out)
+    assert status["lag_bytes"] == 0
+    assert status["checkpoint"] == status["binlog_end"]
+    assert f"{cdc.database}.st" in status["tables"]
+    assert status["seconds_since_materialized"]["current_tables"] is not None
+    cdc.execute("INSERT INTO st VALUES (2)")
+    code, out, _ = _run(["status", "--json"], capsys)
+    assert json.loads(out)["lag_bytes"] > 0
+
+
+def test_no_password_in_lakehouse_or_dagster_storage(cdc: CdcEnv, dagster_home: Path) -> None:
+    password = cdc.server.reader_password_file.read_text().strip()
+    cdc.execute(
+        "CREATE TABLE sec (id INT PRIMARY KEY)",
+        "CREATE OR REPLACE USER 'app_user'@'127.0.0.1' IDENTIFIED BY 'AppSecret-123'",
+        "INSERT INTO sec VALUES (1)",
+    )
+    assert cdc.sync() == 0
+    for root in (cdc.lakehouse_dir, dagster_home):
+        for path in root.rglob("*"):
+            if path.is_file():
+                content = path.read_bytes()
+                assert password.encode() not in content, path
+                assert b"AppSecret-123" not in content, path
