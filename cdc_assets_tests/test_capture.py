@@ -1,0 +1,74 @@
+"""Batch assembly: transactions, `_cdc_seq` numbering and batch cuts, without a server."""
+
+from cdc_assets.capture import BatchBuilder, parse_gtid_state, redact_statement
+from cdc_assets.lakehouse import TableRef
+from cdc_assets.mysql_types import ColumnSpec
+from cdc_assets.positions import BinlogPosition
+
+
+def _builder(max_rows: int = 3) -> tuple[BatchBuilder, object]:
+    builder = BatchBuilder(start=BinlogPosition("b.000001", 4), next_seq=10, max_rows=max_rows)
+    version = builder.version_of(TableRef("s", "t"), (ColumnSpec("id", "int"),), ("id",))
+    return builder, version
+
+
+def test_seq_counts_committed_changes_in_binlog_order() -> None:
+    builder, version = _builder()
+    builder.begin("0-1-5")
+    builder.row_change(version, "insert", None, ["1"])
+    builder.row_change(version, "update", ["1"], ["2"])
+    builder.commit(BinlogPosition("b.000001", 500), 1_700_000_000)
+    batch = builder.cut()
+    assert batch.rows.column("seq").to_pylist() == [10, 11]
+    assert (batch.first_seq, batch.next_seq) == (10, 12)
+    assert batch.end == BinlogPosition("b.000001", 500)
+    assert batch.end_gtid == "0-1-5"
+    assert batch.rows.column("gtid").to_pylist() == ["0-1-5", "0-1-5"]
+
+
+def test_an_uncommitted_transaction_never_enters_a_batch() -> None:
+    builder, version = _builder()
+    builder.begin("0-1-6")
+    builder.row_change(version, "insert", None, ["1"])
+    builder.advance_idle_to(BinlogPosition("b.000002", 4))  # a transaction is open: no advance
+    assert not builder.has_progress()
+    builder.begin("0-1-7")  # the open one never committed (e.g. the stream stopped mid-way)
+    builder.commit(BinlogPosition("b.000001", 900), 1)
+    batch = builder.cut()
+    assert batch.rows.num_rows == 0 and batch.next_seq == 10
+
+
+def test_a_batch_is_full_only_after_whole_transactions() -> None:
+    builder, version = _builder(max_rows=3)
+    builder.begin(None)
+    for i in range(2):
+        builder.row_change(version, "insert", None, [str(i)])
+    builder.commit(BinlogPosition("b.000001", 100), 1)
+    assert not builder.is_full()
+    builder.begin(None)
+    for i in range(5):
+        builder.row_change(version, "insert", None, [str(i)])
+    assert not builder.is_full()  # rows of an open transaction do not count
+    builder.commit(BinlogPosition("b.000001", 200), 2)
+    assert builder.is_full()
+    first = builder.cut()
+    assert first.rows.num_rows == 7 and first.transactions == 2
+    assert builder.batch_start == first.end and builder.batch_first_seq == first.next_seq
+
+
+def test_account_statements_and_passwords_stay_out() -> None:
+    builder, _ = _builder()
+    builder.statement("db", "CREATE USER 'u'@'%' IDENTIFIED BY 'hunter2'")
+    builder.statement("db", "ALTER TABLE t ADD COLUMN c INT")
+    builder.statement("db", "TRUNCATE TABLE t")
+    assert [s["query"] for s in builder.statements] == ["ALTER TABLE t ADD COLUMN c INT", "TRUNCATE TABLE t"]
+    assert [s["kind"] for s in builder.statements] == ["ddl", "truncate"]
+    assert redact_statement("SET PASSWORD = PASSWORD('x')") is None
+    assert "hunter2" not in (redact_statement("CREATE TABLE t (c TEXT DEFAULT 'IDENTIFIED BY hunter2')") or "")
+
+
+def test_gtid_state_round_trip() -> None:
+    assert parse_gtid_state("0-1-18,1-2-5") == {"0": "0-1-18", "1": "1-2-5"}
+    assert parse_gtid_state("3E11FA47-71CA-11E1-9E33-C80AA9429562:23") == {
+        "3E11FA47-71CA-11E1-9E33-C80AA9429562": "3E11FA47-71CA-11E1-9E33-C80AA9429562:23"
+    }
