@@ -34,6 +34,7 @@ demo: install
 
 test: install
 	$(BIN)/ruff check cdc_assets cdc_assets_tests spark_resources benchmarks
+	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/pytest cdc_assets_tests
 
 dev: install

@@ -21,6 +21,7 @@ def spark_session(master: str = DEFAULT_SPARK_MASTER, shuffle_partitions: int = 
         if session is not None and _alive(session):
             return session
         if master.startswith("sc://"):
+            # A process is either a Spark Connect client or a local driver, never both.
             session = SparkSession.builder.remote(master).getOrCreate()
         else:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -58,3 +59,4 @@ class SparkSessionResource(ConfigurableResource):
 
     def get_session(self) -> SparkSession:
         return spark_session(self.master, self.shuffle_partitions)
+

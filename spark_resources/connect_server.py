@@ -1,0 +1,82 @@
+"""A local Spark Connect server (it ships in the pyspark wheel), for `CDC_SPARK_MASTER=sc://…`.
+
+A long-lived server saves every run the JVM start-up; the tests use one to prove the Connect path.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyspark
+
+
+@dataclass(frozen=True)
+class ConnectServer:
+    port: int
+    state_dir: Path
+
+    @property
+    def remote(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+
+def _environment(state_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        SPARK_HOME=str(Path(pyspark.__file__).parent),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_PID_DIR=str(state_dir / "pid"),
+        SPARK_LOG_DIR=str(state_dir / "log"),
+        SPARK_IDENT_STRING=f"cdc-{state_dir.name}",
+    )
+    return env
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start(state_dir: Path, port: int, master: str = "local[2]", timeout_s: float = 60.0) -> ConnectServer:
+    """Start a Spark Connect server bound to 127.0.0.1:`port` and wait until it listens."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    env = _environment(state_dir)
+    script = Path(env["SPARK_HOME"]) / "sbin" / "start-connect-server.sh"
+    subprocess.run(
+        [
+            "bash",
+            str(script),
+            "--master",
+            master,
+            "--conf",
+            "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf",
+            f"spark.connect.grpc.binding.port={port}",
+            "--conf",
+            "spark.sql.session.timeZone=UTC",
+            "--conf",
+            "spark.ui.enabled=false",
+        ],  # fmt: skip
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + timeout_s
+    while not _listening(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"Spark Connect did not listen on 127.0.0.1:{port}: see {state_dir / 'log'}")
+        time.sleep(0.2)
+    return ConnectServer(port, state_dir)
+
+
+def stop(server: ConnectServer) -> None:
+    env = _environment(server.state_dir)
+    script = Path(env["SPARK_HOME"]) / "sbin" / "stop-connect-server.sh"
+    subprocess.run(["bash", str(script)], env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
