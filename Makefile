@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 install: system-deps $(STAMP)
+	@mkdir -p "$(DAGSTER_HOME)"
+	@[ -f "$(DAGSTER_HOME)/dagster.yaml" ] || printf 'telemetry:\n  enabled: false\n' > "$(DAGSTER_HOME)/dagster.yaml"
 
 demo: install
 	$(BIN)/cdc-lakehouse demo
@@ -38,7 +40,6 @@ test: install
 	$(BIN)/pytest cdc_assets_tests
 
 dev: install
-	@mkdir -p "$(DAGSTER_HOME)"
 	$(BIN)/python -m cdc_assets.local_source start
 	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
