@@ -50,7 +50,10 @@ def redact_statement(query: str) -> str | None:
     return query
 
 
-_TRANSACTION_CONTROL = ("BEGIN", "COMMIT", "ROLLBACK", "XA ")
+# The GTID event has already begun the transaction these open; these end it (ROLLBACK too: what a
+# non-transactional table changed stays changed, and the binlog holds those rows).
+_TRANSACTION_START = ("BEGIN", "XA START", "XA END", "XA PREPARE")
+_TRANSACTION_END = ("COMMIT", "XA COMMIT", "ROLLBACK", "XA ROLLBACK")
 
 
 @dataclass
@@ -305,11 +308,9 @@ def capture_batches(
             elif isinstance(event, QueryEvent):
                 query = _decode(event.query) or ""
                 word = query.lstrip().upper()
-                if word.startswith("BEGIN") or word.startswith("XA START"):
-                    pass  # the GTID event (or the first row event) already began it
-                elif word.startswith("COMMIT") or word.startswith("XA COMMIT") or word.startswith("ROLLBACK"):
+                if word.startswith(_TRANSACTION_END):
                     boundary = True
-                else:
+                elif not word.startswith(_TRANSACTION_START):  # DDL or TRUNCATE: a transaction of its own
                     schema = _decode(event.schema)
                     if options.table_filter.matches_schema(schema or "") or not schema:
                         builder.statement(schema, query)

@@ -5,7 +5,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_c
 from cdc_assets.assets import raw_binlog_batches, table_changes
 from cdc_assets.change_log import open_table, read_query
 from cdc_assets.lakehouse import CHANGES, Lakehouse, TableRef
-from cdc_assets.raw_batch import list_batches, read_manifest
+from cdc_assets.raw_batch import chain_break, list_batches, read_manifest
 from cdc_assets.resources import LakehouseResource
 from cdc_assets.state import load_catalog
 
@@ -16,11 +16,9 @@ def batch_chain_breaks(lakehouse: Lakehouse) -> list[str]:
     previous = None
     for name in list_batches(lakehouse.store):
         manifest = read_manifest(lakehouse.store, name)
-        if previous is not None and (manifest.start != previous.end or manifest.first_seq != previous.next_seq):
-            breaks.append(
-                f"{name} starts at {manifest.start} (seq {manifest.first_seq}) but {previous.name} ends at "
-                f"{previous.end} (next seq {previous.next_seq})"
-            )
+        problem = chain_break(previous, manifest) if previous is not None else None
+        if problem:
+            breaks.append(problem)
         previous = manifest
     return breaks
 

@@ -168,6 +168,16 @@ class BatchManifest:
         )
 
 
+def chain_break(previous: BatchManifest, batch: BatchManifest) -> str | None:
+    """Why `batch` does not follow `previous` exactly (a gap or an overlap), or None when it does."""
+    if batch.start == previous.end and batch.first_seq == previous.next_seq:
+        return None
+    return (
+        f"{batch.name} starts at {batch.start} (seq {batch.first_seq}) but {previous.name} ends at "
+        f"{previous.end} (next seq {previous.next_seq})"
+    )
+
+
 def _key(name: str, file: str) -> str:
     return f"{RAW}/{name}/{file}"
 

@@ -13,7 +13,7 @@ from cdc_assets.assets.raw import raw_binlog_batches
 from cdc_assets.change_log import AppendResult, append_changes, build_change_table
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import Lakehouse, TableRef
-from cdc_assets.raw_batch import BatchManifest, TableVersion, list_batches, read_manifest, read_rows
+from cdc_assets.raw_batch import BatchManifest, TableVersion, chain_break, list_batches, read_manifest, read_rows
 from cdc_assets.resources import LakehouseResource
 from cdc_assets.state import load_catalog, load_changes_cursor, save_catalog, save_changes_cursor
 from spark_resources import SparkSessionResource
@@ -41,7 +41,7 @@ class ChangesReport:
         return sum(r.appended for r in self.appended.values())
 
 
-def new_batches(lakehouse: Lakehouse) -> tuple[list[BatchManifest], str | None]:
+def new_batches(lakehouse: Lakehouse) -> list[BatchManifest]:
     """Visible raw batches after the change-log cursor, checked to follow on without a gap."""
     store = lakehouse.store
     cursor = load_changes_cursor(store)
@@ -49,13 +49,14 @@ def new_batches(lakehouse: Lakehouse) -> tuple[list[BatchManifest], str | None]:
     manifests = [read_manifest(store, n) for n in names]
     previous = read_manifest(store, cursor) if cursor else None
     for manifest in manifests:
-        if previous is not None and (manifest.start != previous.end or manifest.first_seq != previous.next_seq):
+        problem = chain_break(previous, manifest) if previous is not None else None
+        if problem:
             raise CdcUserError(
-                f"Raw batch {manifest.name} starts at {manifest.start} but the batch before it ends at "
-                f"{previous.end}: restore the missing raw batch, or re-initialise the lakehouse."
+                f"The raw batches have a gap or an overlap ({problem}): restore the missing raw batch from a "
+                "backup, or re-initialise the lakehouse."
             )
         previous = manifest
-    return manifests, cursor
+    return manifests
 
 
 def _chunks(manifests: list[BatchManifest]) -> list[list[BatchManifest]]:
@@ -89,7 +90,7 @@ def process_new_batches(lakehouse: Lakehouse, spark: Callable[[], Any], log: Any
     began = time.monotonic()
     store = lakehouse.store
     report = ChangesReport()
-    manifests, _ = new_batches(lakehouse)
+    manifests = new_batches(lakehouse)
     catalog = load_catalog(store)
     for chunk in _chunks(manifests):
         versions: dict[tuple[str, int], TableVersion] = {}
@@ -101,7 +102,8 @@ def process_new_batches(lakehouse: Lakehouse, spark: Callable[[], Any], log: Any
                 versions[(manifest.name, version.id)] = version
                 keys.append({"batch": manifest.name, "table_version": version.id, "key_idx": version.key_indexes()})
                 catalog[str(version.table)] = version.to_json()
-        # Newest table versions first in the catalog, so the current-state layer can read them.
+        # Each table's newest version is recorded before its changes land, so the current-state layer
+        # always finds the columns and key of every change log.
         save_catalog(store, catalog)
         rows = pa.concat_tables(parts)
         report.rows_in += rows.num_rows
