@@ -214,6 +214,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(("ok       " if diff.ok else "DIFFERS  ") + diff.describe())
     bad = [d for d in diffs if not d.ok]
     print(f"{len(diffs) - len(bad)} of {len(diffs)} tables match the source")
+    if bad:
+        behind = collect_status()["lag_bytes"]
+        if behind:
+            print(f"note: the lakehouse is {behind} bytes of binlog behind the source; run `cdc-lakehouse sync` first")
     return EXIT_FAILED if bad else EXIT_OK
 
 

@@ -173,6 +173,7 @@ def test_verify_reports_differing_keys(cdc: CdcEnv, capsys) -> None:
     assert "1 missing: (4, 'w')" in out
     assert "1 extra: (3, 'z')" in out
     assert "1 different: (2, 'y')" in out
+    assert "the lakehouse is" in out and "bytes of binlog behind the source" in out
 
     assert cdc.sync() == 0
     code, out, _ = _run(["verify"], capsys)

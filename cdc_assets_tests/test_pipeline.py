@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from decimal import Decimal
 
 import pyarrow as pa
@@ -235,3 +236,53 @@ def test_raw_batches_are_self_describing(cdc: CdcEnv) -> None:
     rows = read_rows(store, read_manifest(store, name))
     assert rows.column("after").to_pylist() == [["1", "x"]]
     assert pc.all(pc.equal(rows.column("op"), "insert")).as_py()
+
+
+def test_sync_while_the_source_keeps_writing(cdc: CdcEnv, monkeypatch) -> None:
+    _sample(cdc, monkeypatch, transactions=50, seed=3)
+    stop = threading.Event()
+    shop, inventory = f"{cdc.database}_shop", f"{cdc.database}_inventory"
+
+    def write() -> None:
+        with cdc.server.admin_connection(autocommit=False) as conn:
+            Workload(conn, seed=4, shop=shop, inventory=inventory).run_until(stop, pause_s=0.002)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        for _ in range(3):  # each sync reads to the binlog end as of its start while the end keeps moving
+            assert cdc.sync() == 0
+    finally:
+        stop.set()
+        writer.join()
+    assert cdc.sync() == 0
+    _assert_all_equal(cdc, expected_tables=6)
+    assert batch_chain_breaks(cdc.lakehouse) == []
+    assert _all_change_seqs(cdc) == _raw_seqs(cdc)
+
+
+def test_change_log_metadata(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE m (id INT PRIMARY KEY, v INT)")
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SET TIMESTAMP = 1700000000")  # the commit time the binlog records
+        cur.execute("INSERT INTO m VALUES (1, 1), (2, 2)")
+        cur.execute("SET TIMESTAMP = 1700000123")
+        cur.execute("UPDATE m SET v = 10 WHERE id = 1")
+        cur.execute("SELECT @@gtid_binlog_pos")
+        gtid = cur.fetchone()[0]
+    assert cdc.sync() == 0
+    log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "m")), None)
+    rows = read_query(log, "SELECT * FROM changes ORDER BY _cdc_seq", "changes").to_pylist()
+    assert [r["_cdc_op"] for r in rows] == ["insert", "insert", "update"]
+    assert [r["_cdc_commit_ts"] for r in rows] == [
+        dt.datetime.fromtimestamp(1700000000, dt.UTC),
+        dt.datetime.fromtimestamp(1700000000, dt.UTC),
+        dt.datetime.fromtimestamp(1700000123, dt.UTC),
+    ]
+    assert rows[2]["_cdc_gtid"] == gtid and rows[0]["_cdc_gtid"] != gtid
+    assert rows[2]["_cdc_before"] == {"id": 1, "v": 1} and rows[0]["_cdc_before"] is None
+    assert rows[2]["_cdc_seq"] == rows[1]["_cdc_seq"] + 1
+    assert all(r["_cdc_batch"] in list_batches(cdc.lakehouse.store) for r in rows)
+    current = read_current(cdc.lakehouse, TableRef(cdc.database, "m")).to_pylist()
+    one = next(r for r in current if r["id"] == 1)
+    assert (one["v"], one["_cdc_seq"], one["_cdc_commit_ts"]) == (10, rows[2]["_cdc_seq"], rows[2]["_cdc_commit_ts"])
