@@ -1,4 +1,4 @@
-"""`cdc-lakehouse`: sync, verify, status and demo, driving the same Dagster definitions as the UI.
+"""`cdc-lakehouse`: sync, verify, status, snapshot and demo, driving the same Dagster definitions as the UI.
 
 Runs go to the persistent instance in DAGSTER_HOME (default `.local/dagster_home`), so `make dev`
 shows them. Errors a user can fix end with one sentence and exit code 2, never a traceback.
@@ -40,6 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     sync.add_argument("--max-batch-rows", type=int, help="row changes per raw batch (CDC_MAX_BATCH_ROWS)")
     verify = sub.add_parser("verify", help="compare current-state tables with the source row for row")
     verify.add_argument("verify_tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
+    snapshot = sub.add_parser("snapshot", help="load existing rows into current state at a consistent binlog position")
+    snapshot.add_argument("snapshot_tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
     status = sub.add_parser("status", help="checkpoint, lag, tables, last batch and freshness")
     status.add_argument("--json", action="store_true", help="print JSON")
     demo = sub.add_parser("demo", help="local source + live workload + sync until caught up + verify")
@@ -123,25 +125,25 @@ def _user_error_message(error: object) -> str | None:
     return None
 
 
-def run_sync(verbose: bool = False) -> SyncOutcome:
-    """One run of the sync job on the persistent instance; raises CdcUserError for what a user can fix."""
+def run_job(job_name: str, verbose: bool = False, op_config: dict[str, object] | None = None) -> SyncOutcome:
+    """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix."""
     from dagster import DagsterEventType
 
-    from cdc_assets.definitions import SYNC_JOB_NAME, build_definitions, initialized_resources
+    from cdc_assets.definitions import build_definitions, initialized_resources
     from cdc_assets.errors import CdcUserError
 
     _dagster_home()
     resources = initialized_resources()
     resources["binlog"].preflight()  # type: ignore[attr-defined]
     resources["lakehouse"].get().check_writable()  # type: ignore[attr-defined]
-    job = build_definitions().resolve_job_def(SYNC_JOB_NAME)
+    job = build_definitions().resolve_job_def(job_name)
     began = time.monotonic()
-    log_level = "INFO" if verbose else "CRITICAL"
-    result = job.execute_in_process(
-        instance=_instance(),
-        run_config={"loggers": {"console": {"config": {"log_level": log_level}}}},
-        raise_on_error=False,
-    )
+    run_config: dict[str, object] = {
+        "loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}}
+    }
+    if op_config:
+        run_config["ops"] = op_config
+    result = job.execute_in_process(instance=_instance(), run_config=run_config, raise_on_error=False)
     failures = []
     for event in result.all_events:
         if event.event_type == DagsterEventType.STEP_FAILURE:
@@ -151,15 +153,23 @@ def run_sync(verbose: bool = False) -> SyncOutcome:
                 raise CdcUserError(user_message)
             failures.append(f"{event.step_key}: {error.message.strip() if error else 'failed'}")
     metadata = {}
-    for event in result.get_asset_materialization_events():
-        metadata[event.asset_key.to_user_string()] = {
-            k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()
-        }
+    for event in result.all_events:
+        if event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
+            materialization = event.step_materialization_data.materialization
+            metadata[materialization.asset_key.to_user_string()] = {
+                k: getattr(v, "value", v) for k, v in materialization.metadata.items()
+            }
     failed_checks = [
         f"{e.asset_key.to_user_string()}:{e.check_name}" for e in result.get_asset_check_evaluations() if not e.passed
     ]
     success = result.success and not failed_checks
     return SyncOutcome(success, metadata, failed_checks + failures, time.monotonic() - began)
+
+
+def run_sync(verbose: bool = False) -> SyncOutcome:
+    from cdc_assets.definitions import SYNC_JOB_NAME
+
+    return run_job(SYNC_JOB_NAME, verbose)
 
 
 def _print_sync(outcome: SyncOutcome) -> None:
@@ -186,6 +196,28 @@ def _print_sync(outcome: SyncOutcome) -> None:
 def cmd_sync(args: argparse.Namespace) -> int:
     outcome = run_sync(args.verbose)
     _print_sync(outcome)
+    return EXIT_OK if outcome.success else EXIT_FAILED
+
+
+# -- snapshot ------------------------------------------------------------------------------------------
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from cdc_assets.definitions import SNAPSHOT_JOB_NAME
+
+    outcome = run_job(
+        SNAPSHOT_JOB_NAME, args.verbose, {"snapshot_tables": {"config": {"tables": args.snapshot_tables}}}
+    )
+    current = outcome.metadata.get("current_tables", {})
+    per_table = current.get("per_table") or {}
+    for table, rows in sorted(per_table.items()):  # type: ignore[union-attr]
+        print(f"{table}: {rows} rows loaded")
+    for problem in outcome.failed_checks:
+        print(f"failed: {problem}")
+    print(
+        f"snapshot {'succeeded' if outcome.success else 'FAILED'} at {current.get('snapshot_position', '?')} "
+        f"({current.get('tables', 0)} tables, {current.get('rows', 0)} rows) in {outcome.seconds:.1f}s"
+    )
     return EXIT_OK if outcome.success else EXIT_FAILED
 
 
@@ -401,6 +433,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "sync": cmd_sync,
     "verify": cmd_verify,
     "status": cmd_status,
+    "snapshot": cmd_snapshot,
     "demo": cmd_demo,
 }
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 
-from dagster import AssetSelection, Definitions, EnvVar, define_asset_job, in_process_executor
+from dagster import Definitions, EnvVar, in_process_executor
 
 from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.checks import change_log_seq_unique, raw_batches_contiguous
+from cdc_assets.jobs import SNAPSHOT_JOB_NAME, SYNC_JOB_NAME, snapshot_job, sync_job
 from cdc_assets.resources import BinlogResource, LakehouseResource
 from cdc_assets.settings import DEFAULT_LAKEHOUSE, DEFAULT_SERVER_ID
 from spark_resources import SparkSessionResource
 from spark_resources.session import DEFAULT_SPARK_MASTER
 
-SYNC_JOB_NAME = "sync"
+__all__ = ["SNAPSHOT_JOB_NAME", "SYNC_JOB_NAME", "build_definitions", "defs", "initialized_resources"]
 
 
 def _env(name: str, default: object, kind: str = "str") -> object:
@@ -42,19 +43,12 @@ def initialized_resources() -> dict[str, object]:
     return {name: r.process_config_and_initialize() for name, r in build_resources().items()}  # type: ignore[attr-defined]
 
 
-sync_job = define_asset_job(
-    SYNC_JOB_NAME,
-    selection=AssetSelection.all(),
-    description="Capture new binlog batches, then update the change logs and current-state tables they touch.",
-)
-
-
 def build_definitions() -> Definitions:
     # One process per run: the Spark session (a JVM) is started once and shared by the steps.
     return Definitions(
         assets=[raw_binlog_batches, table_changes, current_tables],
         asset_checks=[raw_batches_contiguous, change_log_seq_unique],
-        jobs=[sync_job],
+        jobs=[sync_job, snapshot_job],
         resources=build_resources(),
         executor=in_process_executor,
     )

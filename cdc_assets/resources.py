@@ -99,8 +99,11 @@ class BinlogResource(ConfigurableResource):
         finally:
             conn.close()
 
-    def capture(self, lakehouse: Lakehouse, log: Any | None = None) -> CaptureReport:
-        """Write raw batches from the checkpoint to the binlog end as of now, advancing the checkpoint."""
+    def capture(
+        self, lakehouse: Lakehouse, log: Any | None = None, until: BinlogPosition | None = None
+    ) -> CaptureReport:
+        """Write raw batches from the checkpoint to the binlog end as of now (or to `until`, a transaction
+        boundary such as a snapshot's position), advancing the checkpoint."""
         began = time.monotonic()
         url = self.url()
         options = CaptureOptions(self.table_filter(), self.server_id, self.max_batch_rows)
@@ -111,7 +114,7 @@ class BinlogResource(ConfigurableResource):
             checkpoint = load_checkpoint(lakehouse.store)
             start = checkpoint.position if checkpoint else source.oldest_position(conn)
             source.check_available(conn, start)
-            target = source.binlog_end(conn)
+            target = until or source.binlog_end(conn)
             report = CaptureReport(start=start, target=target)
             checkpoint = checkpoint or Checkpoint(start)
             while checkpoint.position < target:

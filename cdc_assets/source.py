@@ -6,14 +6,17 @@ Every problem a user can fix becomes a `CdcUserError` whose one sentence names t
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pymysql
 import pymysql.cursors
 
 from cdc_assets.errors import CdcUserError
+from cdc_assets.lakehouse import TableRef
 from cdc_assets.positions import BinlogPosition
-from cdc_assets.settings import MySQLUrl
+from cdc_assets.settings import MySQLUrl, TableFilter
 
 MIN_MARIADB = (10, 5)
 MIN_MYSQL = (5, 7)
@@ -211,3 +214,46 @@ def lag_bytes(conn: pymysql.Connection, position: BinlogPosition) -> int:
         else:
             total += max(size - 4, 0)
     return total
+
+
+@contextmanager
+def consistent_snapshot(conn: pymysql.Connection, server: ServerInfo) -> Iterator[BinlogPosition]:
+    """A read transaction whose view is exactly the binlog up to the yielded position.
+
+    MariaDB reports the binlog position of a consistent snapshot without any lock; MySQL needs a
+    moment of FLUSH TABLES WITH READ LOCK (the RELOAD privilege) to pair the two.
+    """
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        try:
+            if server.flavor == "mariadb":
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                cur.execute("SHOW STATUS WHERE Variable_name IN ('binlog_snapshot_file', 'binlog_snapshot_position')")
+                status = {name.lower(): value for name, value in cur.fetchall()}
+                position = BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
+            else:
+                cur.execute("FLUSH TABLES WITH READ LOCK")
+                try:
+                    position = binlog_end(conn)
+                    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                finally:
+                    cur.execute("UNLOCK TABLES")
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] in (1227, 1044):
+                raise CdcUserError(
+                    "The source user may not take a consistent snapshot: on MySQL GRANT RELOAD ON *.* to it "
+                    "(MariaDB needs no extra privilege)."
+                ) from exc
+            raise
+        try:
+            yield position
+        finally:
+            cur.execute("ROLLBACK")
+
+
+def source_tables(conn: pymysql.Connection, table_filter: TableFilter) -> list[TableRef]:
+    """Base tables of the source that the filter includes."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'")
+        rows = cur.fetchall()
+    return sorted((TableRef(s, t) for s, t in rows if table_filter.matches(s, t)), key=str)

@@ -1,0 +1,123 @@
+"""Snapshots: a table's existing rows loaded into current state, consistently with the binlog position.
+
+The rows are read inside one consistent snapshot whose binlog position P is known. Capture then
+runs to exactly P, so the `_cdc_seq` of the last change at or before P is known: the snapshot rows
+get that seq and the table's applied watermark is set to it. Every change after P is newer and
+applies on top; every change up to P is already contained in the snapshot and is skipped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, write_deltalake
+
+from cdc_assets import source
+from cdc_assets.change_log import COMMIT_TS_TYPE, SEQ_TYPE, open_table, stats_configuration
+from cdc_assets.current_state import APPLIED_SEQ_KEY, current_schema
+from cdc_assets.errors import CdcUserError
+from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
+from cdc_assets.raw_batch import TableVersion
+from cdc_assets.resources import BinlogResource, CaptureReport
+from cdc_assets.state import load_catalog, load_checkpoint, save_catalog
+from cdc_assets.verify import read_source_table, source_table_schema
+
+
+@dataclass
+class SnapshotReport:
+    position: str = ""
+    seq: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    capture: CaptureReport | None = None
+    seconds: float = 0.0
+
+
+def _tables(conn: Any, binlog: BinlogResource, requested: list[str]) -> list[TableRef]:
+    table_filter = binlog.table_filter()
+    if not requested:
+        return source.source_tables(conn, table_filter)
+    tables = [TableRef.parse(t) for t in requested]
+    for table in tables:
+        if not table_filter.matches(table.schema, table.table):
+            raise CdcUserError(
+                f"{table} is excluded by CDC_TABLES / CDC_EXCLUDE_TABLES, so its changes would never follow the "
+                "snapshot: include it there first."
+            )
+    return tables
+
+
+def take_snapshot(
+    binlog: BinlogResource, lakehouse: Lakehouse, requested: list[str], log: Any | None = None
+) -> SnapshotReport:
+    began = time.monotonic()
+    url = binlog.url()
+    conn = source.connect(url)
+    report = SnapshotReport()
+    try:
+        server = source.preflight(conn, url, binlog.server_id)
+        lakehouse.check_writable()
+        tables = _tables(conn, binlog, requested)
+        loaded: dict[TableRef, tuple[TableVersion, pa.Table]] = {}
+        with source.consistent_snapshot(conn, server) as position:
+            checkpoint = load_checkpoint(lakehouse.store)
+            if checkpoint is not None and position < checkpoint.position:
+                raise CdcUserError(
+                    f"A sync moved the checkpoint past the snapshot's position {position}: run the snapshot again "
+                    "when no sync is running."
+                )
+            taken_at = dt.datetime.now(dt.UTC)
+            for table in tables:
+                columns, key = source_table_schema(conn, table)
+                if not columns:
+                    raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
+                loaded[table] = (
+                    TableVersion(0, table, tuple(columns), tuple(key)),
+                    read_source_table(conn, table, columns),
+                )
+                if log is not None:
+                    log.info(f"{table}: {loaded[table][1].num_rows} rows read at {position}")
+    finally:
+        conn.close()
+
+    report.capture = binlog.capture(lakehouse, log=log, until=position)
+    checkpoint = load_checkpoint(lakehouse.store)
+    if checkpoint is None or checkpoint.position != position:
+        raise CdcUserError(
+            f"Capture did not stop at the snapshot's position {position}: run the snapshot again when no sync is running."
+        )
+    seq = checkpoint.next_seq - 1
+    catalog = load_catalog(lakehouse.store)
+    for table, (version, rows) in loaded.items():
+        catalog.setdefault(str(table), version.to_json())
+        _replace_current(lakehouse, version, rows, seq, taken_at)
+        report.rows[str(table)] = rows.num_rows
+    save_catalog(lakehouse.store, catalog)
+    report.position, report.seq = str(position), seq
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _replace_current(
+    lakehouse: Lakehouse, version: TableVersion, rows: pa.Table, seq: int, taken_at: dt.datetime
+) -> None:
+    """Replace the table's current state with the snapshot rows in one Delta commit."""
+    schema = current_schema(version)
+    table = rows.append_column("_cdc_seq", pa.array([seq] * rows.num_rows, SEQ_TYPE)).append_column(
+        "_cdc_commit_ts", pa.array([taken_at] * rows.num_rows, COMMIT_TS_TYPE)
+    )
+    uri = lakehouse.table_uri(CURRENT, version.table)
+    options = lakehouse.storage_options()
+    exists = open_table(uri, options) is not None
+    write_deltalake(
+        uri,
+        table.cast(schema),
+        mode="overwrite",
+        schema_mode="overwrite",
+        storage_options=options,
+        configuration=None if exists else stats_configuration(schema),
+        commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(seq)}),
+    )
