@@ -36,8 +36,9 @@ _ACCOUNT_STATEMENT = re.compile(
     r"|GRANT\b|REVOKE\b|SET\s+(PASSWORD|ROLE|DEFAULT\s+ROLE)\b|CHANGE\s+(MASTER|REPLICATION)\b)",
     re.IGNORECASE | re.DOTALL,
 )
-# Belt and braces: any other statement that mentions a password has its string literals blanked.
-_SECRET_HINT = re.compile(r"IDENTIFIED|PASSWORD", re.IGNORECASE)
+# Belt and braces: any other statement that may carry a credential (a password, a FEDERATED or CONNECT
+# table's CONNECTION string, a URL with user:password@) has its string literals blanked.
+_SECRET_HINT = re.compile(r"IDENTIFIED|PASSWORD|CONNECTION\s*=?\s*['\"]|://[^\s/'\"]*:[^\s@'\"]*@", re.IGNORECASE)
 _STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"")
 
 
@@ -50,10 +51,25 @@ def redact_statement(query: str) -> str | None:
     return query
 
 
-# The GTID event has already begun the transaction these open; these end it (ROLLBACK too: what a
-# non-transactional table changed stays changed, and the binlog holds those rows).
-_TRANSACTION_START = ("BEGIN", "XA START", "XA END", "XA PREPARE")
-_TRANSACTION_END = ("COMMIT", "XA COMMIT", "ROLLBACK", "XA ROLLBACK")
+_BEGIN = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION|XA\s+START)\b", re.IGNORECASE)
+# A ROLLBACK in the binlog ends a transaction whose non-transactional changes stay made (their rows are
+# in the binlog); a rolled-back transactional change never reaches the binlog at all.
+_END = re.compile(r"^\s*(COMMIT|XA\s+COMMIT|XA\s+ROLLBACK|ROLLBACK(\s+WORK)?\s*$)", re.IGNORECASE)
+_IN_TRANSACTION_MARKER = re.compile(
+    r"^\s*(SAVEPOINT|RELEASE\s+SAVEPOINT|ROLLBACK(\s+WORK)?\s+TO|XA\s+END|XA\s+PREPARE)\b", re.IGNORECASE
+)
+MARIADB_GTID_STANDALONE = 0x01  # FL_STANDALONE: the group is one statement (DDL) with no COMMIT of its own
+
+
+def classify_query(query: str) -> str:
+    """What a QueryEvent is to transaction tracking: begin, end, marker (inside a transaction) or ddl."""
+    if _BEGIN.match(query):
+        return "begin"
+    if _END.match(query):
+        return "end"
+    if _IN_TRANSACTION_MARKER.match(query):
+        return "marker"
+    return "ddl"
 
 
 @dataclass
@@ -87,7 +103,8 @@ class BatchBuilder:
         self.batch_first_seq = self.next_seq
         self.committed_end = start
         self._columns: dict[str, list[Any]] = {f.name: [] for f in RAW_ROWS_SCHEMA}
-        self._versions: dict[tuple, TableVersion] = {}
+        self._versions: dict[int, TableVersion] = {}
+        self._latest: dict[TableRef, TableVersion] = {}
         self.statements: list[dict[str, Any]] = []
         self.events = 0
         self.transactions = 0
@@ -103,12 +120,14 @@ class BatchBuilder:
         self._gtid = gtid
 
     def version_of(self, table: TableRef, columns: tuple, primary_key: tuple[str, ...]) -> TableVersion:
-        """The batch-local id of a table version (the same columns and key share one)."""
-        ident = (table, columns, primary_key)
-        version = self._versions.get(ident)
-        if version is None:
-            version = TableVersion(len(self._versions), table, columns, primary_key)
-            self._versions[ident] = version
+        """The batch-local version of a table: a new id whenever its columns or key change, so a
+        table's highest id in a batch is its newest shape (even when it changes back)."""
+        latest = self._latest.get(table)
+        if latest is not None and latest.columns == columns and latest.primary_key == primary_key:
+            return latest
+        version = TableVersion(len(self._versions), table, columns, primary_key)
+        self._versions[version.id] = version
+        self._latest[table] = version
         return version
 
     def row_change(
@@ -268,16 +287,24 @@ def capture_batches(
         enable_logging=False,
     )
     versions: dict[int, TableVersion | None] = {}  # binlog table_id -> version, None when filtered out
+    in_transaction = False  # between BEGIN (or a non-standalone MariaDB GTID) and its COMMIT / Xid
     try:
         for event in stream:
             if isinstance(event, RotateEvent):
                 continue
-            builder.count_event()
             log_file = stream.log_file
             end_pos = event.packet.log_pos
+            if not in_transaction and not BinlogPosition(log_file, end_pos - event.packet.event_size) < end:
+                # `end` is a boundary and this event starts at or after it (say, after a rotation's
+                # file headers): stop before the next transaction rather than overshoot.
+                builder.advance_idle_to(end)
+                break
+            builder.count_event()
             boundary = False
             if isinstance(event, MariadbGtidEvent | GtidEvent):
                 builder.begin(event.gtid)
+                flags = getattr(event, "flags", MARIADB_GTID_STANDALONE) if isinstance(event, MariadbGtidEvent) else 1
+                in_transaction = not flags & MARIADB_GTID_STANDALONE
             elif isinstance(event, TableMapEvent):
                 table = TableRef(event.schema, event.table)
                 if options.table_filter.matches(table.schema, table.table):
@@ -307,15 +334,19 @@ def capture_batches(
                 boundary = True
             elif isinstance(event, QueryEvent):
                 query = _decode(event.query) or ""
-                word = query.lstrip().upper()
-                if word.startswith(_TRANSACTION_END):
+                kind = classify_query(query)
+                if kind == "begin":
+                    in_transaction = True
+                elif kind == "end":
                     boundary = True
-                elif not word.startswith(_TRANSACTION_START):  # DDL or TRUNCATE: a transaction of its own
+                elif kind == "ddl":
                     schema = _decode(event.schema)
                     if options.table_filter.matches_schema(schema or "") or not schema:
                         builder.statement(schema, query)
-                    boundary = True
+                    # A DDL is a transaction of its own, unless it opens one (CREATE TABLE ... SELECT).
+                    boundary = not in_transaction
             if boundary:
+                in_transaction = False
                 position = BinlogPosition(log_file, end_pos)
                 builder.commit(position, int(event.timestamp))
                 if not position < end:

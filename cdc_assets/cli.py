@@ -225,14 +225,19 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def run_verify(tables: list[str] | None = None) -> list:
+    import pymysql
+
     from cdc_assets import source
     from cdc_assets.definitions import initialized_resources
     from cdc_assets.verify import verify
 
     resources = initialized_resources()
-    conn = source.connect(resources["binlog"].url())  # type: ignore[attr-defined]
+    url = resources["binlog"].url()  # type: ignore[attr-defined]
+    conn = source.connect(url)
     try:
         return verify(conn, resources["lakehouse"].get(), tables)  # type: ignore[attr-defined]
+    except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege
+        raise source.describe_error(exc, url) from exc
     finally:
         conn.close()
 

@@ -168,12 +168,34 @@ def _encode_common(col: ColumnSpec, value: Any) -> str:
     return str(value)
 
 
+_EPOCH = dt.datetime(1970, 1, 1)
+_YEAR_ZERO_FROM_BINLOG = 1900  # python-mysql-replication adds 1900 to the stored byte; YEAR 0000 is byte 0
+
+
+def _negative_time_fraction_fixed(value: dt.timedelta) -> dt.timedelta:
+    """python-mysql-replication 1.0.17 decodes a negative TIME2 with fraction f as fraction 1 - f
+    (`-12:30:00.01` arrives as `-12:30:00.99`): put the fraction back."""
+    micros = value // dt.timedelta(microseconds=1)
+    if micros >= 0:
+        return value
+    whole, fraction = divmod(-micros, 1_000_000)
+    if fraction == 0:
+        return value
+    return -dt.timedelta(microseconds=whole * 1_000_000 + (1_000_000 - fraction))
+
+
 def encode_binlog_value(col: ColumnSpec, value: Any, none_source: str | None = None) -> str | None:
     """Canonical text of a value as python-mysql-replication decodes it from a row image."""
     if value is None:
         if col.type == "set" and none_source == "empty set":
             return ""
         return None
+    if col.type == "time":
+        value = _negative_time_fraction_fixed(value)
+    elif col.type == "year" and value == _YEAR_ZERO_FROM_BINLOG:
+        value = 0
+    elif col.type == "timestamp" and value == _EPOCH:
+        return None  # the zero TIMESTAMP (MySQL's smallest real one is 1970-01-01 00:00:01 UTC)
     if col.type == "bit":
         return str(_bit_to_long(int(value, 2) if isinstance(value, str) else int(value)))
     if col.type == "set":
@@ -192,6 +214,8 @@ def encode_sql_value(col: ColumnSpec, value: Any) -> str | None:
         return value if isinstance(value, str) else ",".join(sorted(value))
     if col.type == "time" and isinstance(value, str):
         return value
+    if col.type in ("date", "datetime", "timestamp") and isinstance(value, str):
+        return None  # PyMySQL returns zero and partly-zero dates ('0000-00-00') as text; the binlog has NULL
     return _encode_common(col, value)
 
 

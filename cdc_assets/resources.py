@@ -124,11 +124,15 @@ class BinlogResource(ConfigurableResource):
                 if finished or self._enough(report):
                     break
             report.end = checkpoint.position
-            report.lag_bytes = source.lag_bytes(conn, checkpoint.position)
         except pymysql.err.MySQLError as exc:  # from the replication stream, e.g. a purged binlog
             raise source.describe_error(exc, url) from exc
         finally:
             conn.close()
+        lag_conn = source.connect(url)  # a fresh one: a long capture may have outlived the first
+        try:
+            report.lag_bytes = source.lag_bytes(lag_conn, checkpoint.position)
+        finally:
+            lag_conn.close()
         last_ts = checkpoint.last_commit_ts
         report.lag_seconds = max(time.time() - last_ts, 0.0) if (last_ts and report.lag_bytes) else 0.0
         report.seconds = time.monotonic() - began

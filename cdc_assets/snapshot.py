@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pymysql
 from deltalake import CommitProperties, write_deltalake
 
 from cdc_assets import source
@@ -80,6 +81,8 @@ def take_snapshot(
                 )
                 if log is not None:
                     log.info(f"{table}: {loaded[table][1].num_rows} rows read at {position}")
+    except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, a table dropped meanwhile
+        raise source.describe_error(exc, url) from exc
     finally:
         conn.close()
 

@@ -58,10 +58,19 @@ def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:
             "BINLOG MONITOR (MariaDB) or REPLICATION CLIENT (MySQL), and SELECT ON *.* TO that user."
         )
     if code == 1236:
-        return CdcUserError(
-            "The MySQL server can no longer serve the binlog from the checkpoint (it was purged): "
-            "re-initialise the lakehouse (remove its _state/, changes/ and current/) and sync again."
-        )
+        text = str(exc.args[1] if len(exc.args) > 1 else exc).lower()
+        if "server_id" in text or "server_uuid" in text:
+            return CdcUserError(
+                "Another replica already reads the binlog with the same server id: set CDC_SERVER_ID to an id "
+                "no other replica uses."
+            )
+        if "purged" in text or "could not find" in text or "not find first log" in text:
+            return CdcUserError(
+                "The MySQL server can no longer serve the binlog from the checkpoint (it was purged): "
+                "re-initialise the lakehouse (remove its _state/, changes/ and current/), run "
+                "`cdc-lakehouse snapshot`, and keep binlogs longer than the pipeline can be down."
+            )
+        return CdcUserError(f"The MySQL server stopped serving the binlog ({exc.args[-1]}): check its error log.")
     return CdcUserError(f"The MySQL server at {url.host}:{url.port} refused the request ({exc}).")
 
 
@@ -103,7 +112,8 @@ def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) ->
             )
         names = [
             "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
-            "gtid_mode", "gtid_binlog_pos",
+            "gtid_mode", "gtid_binlog_pos", "log_bin_compress", "binlog_transaction_compression",
+            "binlog_row_value_options",
         ]  # fmt: skip
         v = _variables(cur, names)
     if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
@@ -121,10 +131,29 @@ def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) ->
             f"The source logs partial rows (binlog_row_image={v.get('binlog_row_image')}): set "
             "binlog_row_image=FULL in the server configuration (SET GLOBAL binlog_row_image='FULL')."
         )
-    if "binlog_row_metadata" in v and v["binlog_row_metadata"].upper() != "FULL":
+    if "binlog_row_metadata" not in v:
+        raise CdcUserError(
+            f"The source ({flavor} {version}) cannot log column names in the binlog (binlog_row_metadata), "
+            "so old events could not be read with the columns they had: upgrade it to MySQL 8.0.1+ or MariaDB 10.5+."
+        )
+    if v["binlog_row_metadata"].upper() != "FULL":
         raise CdcUserError(
             f"The source does not log column names (binlog_row_metadata={v['binlog_row_metadata']}): set "
             "binlog_row_metadata=FULL in the server configuration (SET GLOBAL binlog_row_metadata='FULL')."
+        )
+    for variable, fix in (
+        ("log_bin_compress", "SET GLOBAL log_bin_compress=OFF"),
+        ("binlog_transaction_compression", "SET GLOBAL binlog_transaction_compression=OFF"),
+    ):
+        if v.get(variable, "OFF").upper() in ("ON", "1"):
+            raise CdcUserError(
+                f"The source compresses its binlog ({variable}=ON), which the binlog reader cannot decode: "
+                f"turn it off in the server configuration ({fix})."
+            )
+    if "PARTIAL_JSON" in v.get("binlog_row_value_options", "").upper():
+        raise CdcUserError(
+            "The source logs partial JSON updates (binlog_row_value_options=PARTIAL_JSON): set "
+            "binlog_row_value_options='' in the server configuration."
         )
     source_id = int(v.get("server_id", "0"))
     if source_id == reader_server_id:

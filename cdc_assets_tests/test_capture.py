@@ -72,3 +72,19 @@ def test_gtid_state_round_trip() -> None:
     assert parse_gtid_state("3E11FA47-71CA-11E1-9E33-C80AA9429562:23") == {
         "3E11FA47-71CA-11E1-9E33-C80AA9429562": "3E11FA47-71CA-11E1-9E33-C80AA9429562:23"
     }
+
+
+def test_query_events_and_transactions() -> None:
+    from cdc_assets.capture import classify_query
+
+    assert [classify_query(q) for q in ("BEGIN", "XA START 'x'", "START TRANSACTION")] == ["begin"] * 3
+    assert [classify_query(q) for q in ("COMMIT", "ROLLBACK", "XA COMMIT 'x'", "XA ROLLBACK 'x'")] == ["end"] * 4
+    markers = ("SAVEPOINT `s1`", "ROLLBACK TO `s1`", "ROLLBACK TO SAVEPOINT s1", "RELEASE SAVEPOINT s1", "XA END 'x'")
+    assert [classify_query(q) for q in markers] == ["marker"] * 5
+    assert classify_query("ALTER TABLE t ADD c INT") == "ddl"
+    assert classify_query("TRUNCATE TABLE t") == "ddl"
+
+
+def test_credentials_in_table_definitions_are_blanked() -> None:
+    federated = "CREATE TABLE f (id INT) ENGINE=FEDERATED CONNECTION='mysql://u:pw@h:3306/db/t'"
+    assert "pw" not in redact_statement(federated)

@@ -133,3 +133,17 @@ def test_information_schema_columns() -> None:
     }
     assert column_from_information_schema(row) == ColumnSpec("price", "decimal", unsigned=True, precision=10, scale=2)
     assert _members("set('a','it''s','c,d')") == ("a", "it's", "c,d")
+
+
+def test_binlog_decoder_quirks_for_time_year_and_zero_timestamp() -> None:
+    time2 = ColumnSpec("t", "time", fsp=2)
+    # python-mysql-replication 1.0.17 hands -12:30:00.01 over as -12:30:00.99
+    as_decoded = -dt.timedelta(hours=12, minutes=30, microseconds=990_000)
+    assert encode_binlog_value(time2, as_decoded) == "-12:30:00.01"
+    assert encode_binlog_value(time2, -dt.timedelta(hours=1)) == "-01:00:00.00"
+    assert encode_binlog_value(time2, dt.timedelta(hours=1, microseconds=10_000)) == "01:00:00.01"
+    assert encode_binlog_value(ColumnSpec("y", "year"), 1900) == "0"
+    assert encode_binlog_value(ColumnSpec("y", "year"), 2155) == "2155"
+    assert encode_binlog_value(ColumnSpec("ts", "timestamp"), dt.datetime(1970, 1, 1)) is None
+    assert encode_sql_value(ColumnSpec("d", "datetime"), "0000-00-00 00:00:00") is None
+    assert encode_sql_value(ColumnSpec("d", "date"), "2024-00-00") is None

@@ -173,6 +173,54 @@ def test_values_survive_exactly(cdc: CdcEnv) -> None:
     _assert_all_equal(cdc, expected_tables=1)
 
 
+def test_time_year_and_zero_timestamp_edges(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE e (id INT PRIMARY KEY, t2 TIME(2), t6 TIME(6), y YEAR, ts TIMESTAMP NULL)")
+    rows = [
+        (1, "-12:30:00.01", "-00:00:00.000001", 0, "0000-00-00 00:00:00"),
+        (2, "-838:59:59.99", "-10:00:00.999999", 2155, "2038-01-19 03:14:07"),
+        (3, "838:59:59.99", "00:00:00.5", 1901, "1970-01-01 00:00:01"),
+    ]
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SET sql_mode = '', time_zone = '+00:00'")
+        cur.executemany("INSERT INTO e VALUES (%s, %s, %s, %s, %s)", rows)
+    assert cdc.sync() == 0
+    current = {r["id"]: r for r in read_current(cdc.lakehouse, TableRef(cdc.database, "e")).to_pylist()}
+    assert [(current[i]["t2"], current[i]["t6"], current[i]["y"]) for i in (1, 2, 3)] == [
+        ("-12:30:00.01", "-00:00:00.000001", 0),
+        ("-838:59:59.99", "-10:00:00.999999", 2155),
+        ("838:59:59.99", "00:00:00.500000", 1901),
+    ]
+    assert current[1]["ts"] is None  # the zero TIMESTAMP
+    assert current[3]["ts"] == dt.datetime(1970, 1, 1, 0, 0, 1, tzinfo=dt.UTC)
+    _assert_all_equal(cdc, expected_tables=1)
+
+
+def test_savepoints_stay_inside_their_transaction(cdc: CdcEnv, monkeypatch) -> None:
+    cdc.execute("CREATE TABLE sp (id INT PRIMARY KEY, v INT)")
+    with cdc.admin() as conn, conn.cursor() as cur:
+        for txn in range(4):
+            cur.execute("BEGIN")
+            cur.execute("INSERT INTO sp VALUES (%s, 1), (%s, 1)", (txn * 10, txn * 10 + 1))
+            cur.execute("SAVEPOINT s1")
+            cur.execute("INSERT INTO sp VALUES (%s, 2)", (txn * 10 + 2,))
+            cur.execute("ROLLBACK TO SAVEPOINT s1")  # the InnoDB row is gone, and never reaches the binlog
+            cur.execute("SAVEPOINT s2")
+            cur.execute("INSERT INTO sp VALUES (%s, 3), (%s, 3)", (txn * 10 + 3, txn * 10 + 4))
+            cur.execute("RELEASE SAVEPOINT s2")
+            cur.execute("COMMIT")
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "1")  # a batch wherever a transaction may end
+    assert cdc.sync() == 0
+    store = cdc.lakehouse.store
+    with_rows = [m for m in (read_manifest(store, n) for n in list_batches(store)) if m.rows]
+    assert [(m.rows, m.transactions) for m in with_rows] == [(4, 1)] * 4  # never a cut inside one
+    log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "sp")), None)
+    gtids = read_query(log, "SELECT _cdc_gtid FROM changes ORDER BY _cdc_seq", "changes").column(0).to_pylist()
+    assert None not in gtids and len(set(gtids)) == 4
+    statements = [st["query"] for m in with_rows for st in m.raw["statements"]]
+    assert not [q for q in statements if q.upper().startswith(("SAVEPOINT", "ROLLBACK", "RELEASE"))]
+    _assert_all_equal(cdc, expected_tables=1)
+
+
 def test_composite_keys_and_key_changing_updates(cdc: CdcEnv) -> None:
     cdc.execute(
         "CREATE TABLE item (order_id BIGINT UNSIGNED, line SMALLINT, sku VARCHAR(20), qty INT, "

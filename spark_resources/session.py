@@ -59,4 +59,3 @@ class SparkSessionResource(ConfigurableResource):
 
     def get_session(self) -> SparkSession:
         return spark_session(self.master, self.shuffle_partitions)
-
