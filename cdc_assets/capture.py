@@ -26,7 +26,7 @@ from cdc_assets.lakehouse import TableRef
 from cdc_assets.mysql_types import column_from_binlog, encode_binlog_value
 from cdc_assets.positions import FIRST_SEQ, BinlogPosition
 from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, RawBatch, TableVersion
-from cdc_assets.settings import MySQLUrl, TableFilter
+from cdc_assets.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
 from cdc_assets.source import ServerInfo
 
 # Statements that manage accounts can carry passwords: they never enter a raw batch.
@@ -89,7 +89,7 @@ class BatchBuilder:
     start: BinlogPosition
     next_seq: int = FIRST_SEQ
     gtid_state: dict[str, str] = field(default_factory=dict)
-    max_rows: int = 100_000
+    max_rows: int = DEFAULT_MAX_BATCH_ROWS
     server: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

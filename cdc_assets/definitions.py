@@ -10,7 +10,7 @@ from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.checks import change_log_seq_unique, raw_batches_contiguous
 from cdc_assets.jobs import SNAPSHOT_JOB_NAME, SYNC_JOB_NAME, snapshot_job, sync_job
 from cdc_assets.resources import BinlogResource, LakehouseResource
-from cdc_assets.settings import DEFAULT_LAKEHOUSE, DEFAULT_SERVER_ID
+from cdc_assets.settings import DEFAULT_LAKEHOUSE, DEFAULT_MAX_BATCH_ROWS, DEFAULT_SERVER_ID
 from spark_resources import SparkSessionResource
 from spark_resources.session import DEFAULT_SPARK_MASTER
 
@@ -31,7 +31,7 @@ def build_resources() -> dict[str, object]:
             server_id=_env("CDC_SERVER_ID", DEFAULT_SERVER_ID, "int"),
             tables=_env("CDC_TABLES", None),
             exclude_tables=_env("CDC_EXCLUDE_TABLES", None),
-            max_batch_rows=_env("CDC_MAX_BATCH_ROWS", 100_000, "int"),
+            max_batch_rows=_env("CDC_MAX_BATCH_ROWS", DEFAULT_MAX_BATCH_ROWS, "int"),
         ),
         "lakehouse": LakehouseResource(location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE)),
         "spark": SparkSessionResource(master=_env("CDC_SPARK_MASTER", DEFAULT_SPARK_MASTER)),

@@ -5,9 +5,3 @@ from __future__ import annotations
 
 class CdcUserError(Exception):
     """Bad configuration, credentials, server set-up or lakehouse: the message names cause and fix."""
-
-    exit_code = 2
-
-
-class SourceDiffers(Exception):
-    """verify found current-state rows that differ from the source."""

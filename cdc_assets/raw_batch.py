@@ -102,9 +102,6 @@ class RawBatch:
     def name(self) -> str:
         return self.start.batch_name()
 
-    def tables(self) -> list[TableRef]:
-        return sorted({v.table for v in self.table_versions}, key=str)
-
     def manifest(self, data_sha256: str, data_bytes: int) -> dict[str, Any]:
         return {
             "format_version": FORMAT_VERSION,

@@ -15,7 +15,6 @@ from cdc_assets.errors import CdcUserError
 
 DEFAULT_SERVER_ID = 4_200_001  # the reader's replica id; the demo source uses 1
 DEFAULT_LAKEHOUSE = "./lakehouse"
-DEFAULT_SPARK_MASTER = "local[*]"
 DEFAULT_MAX_BATCH_ROWS = 100_000
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,6 @@ the binlog decoding, then both sides are compared as Python values of the Delta 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 import pymysql
@@ -164,14 +163,3 @@ def tables_to_verify(lakehouse: Lakehouse, requested: list[str] | None) -> list[
 
 def verify(conn: pymysql.Connection, lakehouse: Lakehouse, requested: list[str] | None = None) -> list[TableDiff]:
     return [verify_table(conn, lakehouse, t) for t in tables_to_verify(lakehouse, requested)]
-
-
-def describe_all(diffs: list[TableDiff]) -> list[str]:
-    return [d.describe() for d in diffs]
-
-
-def as_json(diffs: list[TableDiff]) -> list[dict[str, Any]]:
-    return [
-        {"table": str(d.table), "ok": d.ok, "source_rows": d.source_rows, "lakehouse_rows": d.lakehouse_rows}
-        for d in diffs
-    ]

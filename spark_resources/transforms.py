@@ -8,7 +8,7 @@ afterwards, vectorised in Arrow.
 from __future__ import annotations
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, SparkSession, Window
 from pyspark.sql import functions as F
 
 KEY_EVENTS_SCHEMA = pa.schema(
@@ -20,10 +20,6 @@ KEY_EVENTS_SCHEMA = pa.schema(
         pa.field("before_key", pa.string()),
     ]
 )
-
-
-def _to_arrow(df: DataFrame) -> pa.Table:
-    return df.toArrow()
 
 
 def _key_json(image: Column) -> Column:
@@ -46,7 +42,7 @@ def keyed_changes(spark: SparkSession, rows: pa.Table, table_keys: pa.Table) -> 
         _key_json(F.coalesce(F.col("after"), F.col("before"))).alias("key"),
         _key_json(F.col("before")).alias("before_key"),
     )
-    return _to_arrow(keyed.orderBy("schema", "table", "seq"))
+    return keyed.orderBy("schema", "table", "seq").toArrow()
 
 
 def latest_change_per_key(spark: SparkSession, key_events: pa.Table) -> pa.Table:
@@ -69,4 +65,4 @@ def latest_change_per_key(spark: SparkSession, key_events: pa.Table) -> pa.Table
         .where(F.col("rank") == 1)
         .drop("rank")
     )
-    return _to_arrow(latest.orderBy("table_id", "seq"))
+    return latest.orderBy("table_id", "seq").toArrow()

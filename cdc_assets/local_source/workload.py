@@ -16,7 +16,6 @@ from importlib import resources
 
 import pymysql
 
-SAMPLE_SCHEMAS = ("shop", "inventory")
 FIRST_ORDER_ID = 10_000_000_000_000_000_000  # above the signed BIGINT range: exercises BIGINT UNSIGNED
 NAMES = ["Zoë", "Łukasz", "Ngozi", "Søren", "美咲", "Ahmed", "Chloé", "Dmitri", "Aroha", "Inés"]
 EMOJI = ["🚀", "🐘", "🌶️", "✅", "👩🏽‍💻", "🎉", ""]
