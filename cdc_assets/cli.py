@@ -281,9 +281,7 @@ def collect_status() -> dict[str, object]:
         lag_bytes = source.lag_bytes(conn, position)
     finally:
         conn.close()
-    lag_seconds = 0.0
-    if lag_bytes and checkpoint and checkpoint.last_commit_ts:
-        lag_seconds = max(time.time() - checkpoint.last_commit_ts, 0.0)
+    lag_seconds = checkpoint.lag_seconds(lag_bytes, time.time()) if checkpoint else 0.0
     batches = list_batches(lakehouse.store)
     freshness = {}
     instance = _instance()

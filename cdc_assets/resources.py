@@ -133,8 +133,7 @@ class BinlogResource(ConfigurableResource):
             report.lag_bytes = source.lag_bytes(lag_conn, checkpoint.position)
         finally:
             lag_conn.close()
-        last_ts = checkpoint.last_commit_ts
-        report.lag_seconds = max(time.time() - last_ts, 0.0) if (last_ts and report.lag_bytes) else 0.0
+        report.lag_seconds = checkpoint.lag_seconds(report.lag_bytes, time.time())
         report.seconds = time.monotonic() - began
         return report
 

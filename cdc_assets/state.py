@@ -27,6 +27,12 @@ class Checkpoint:
     last_commit_ts: int | None = None
     next_seq: int = FIRST_SEQ  # `_cdc_seq` of the next change captured
 
+    def lag_seconds(self, lag_bytes: int, now: float) -> float:
+        """While the binlog holds more than the checkpoint, the age of the newest captured commit; else 0."""
+        if not lag_bytes or not self.last_commit_ts:
+            return 0.0
+        return max(now - self.last_commit_ts, 0.0)
+
     def to_json(self) -> dict[str, object]:
         return {
             "position": self.position.to_json(),
