@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 from cdc_assets.change_log import open_table
 from cdc_assets.cli import main
 from cdc_assets.lakehouse import CHANGES, RAW, TableRef
+from cdc_assets.local_source.server import free_port
 from cdc_assets.positions import BinlogPosition
 from cdc_assets.raw_batch import DATA_FILE, list_batches
 from cdc_assets.state import CHANGES_CURSOR_KEY, CHECKPOINT_KEY, Checkpoint, save_checkpoint
@@ -55,12 +55,6 @@ def _global(cdc: CdcEnv, name: str, value: str) -> Iterator[None]:
             cur.execute(f"SET GLOBAL {name} = %s", (previous,))
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_bad_url(cdc: CdcEnv, monkeypatch, capsys) -> None:
     monkeypatch.setenv("CDC_MYSQL_URL", "postgres://nobody")
     code, _, err = _run(["sync"], capsys)
@@ -69,7 +63,7 @@ def test_bad_url(cdc: CdcEnv, monkeypatch, capsys) -> None:
 
 
 def test_unreachable_server(cdc: CdcEnv, monkeypatch, capsys) -> None:
-    monkeypatch.setenv("CDC_MYSQL_URL", f"mysql://someone:secret@127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("CDC_MYSQL_URL", f"mysql://someone:secret@127.0.0.1:{free_port()}")
     code, _, err = _run(["sync"], capsys)
     _assert_user_error(code, err, "Cannot reach the MySQL server", "CDC_MYSQL_URL")
     _nothing_written(cdc)

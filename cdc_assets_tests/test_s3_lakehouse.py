@@ -13,6 +13,7 @@ import boto3
 import pytest
 
 from cdc_assets.lakehouse import Lakehouse
+from cdc_assets.local_source.server import free_port
 from cdc_assets.raw_batch import list_batches
 from cdc_assets.state import load_checkpoint
 from cdc_assets_tests.conftest import CdcEnv
@@ -27,9 +28,7 @@ def _listening(port: int) -> bool:
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server in its own process: delta-rs holds the GIL while it waits on some requests, so an
     in-process (threaded) server could not answer them."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from cdc_assets.local_source.server import free_port
 from cdc_assets_tests.conftest import CdcEnv
 from spark_resources import connect_server
 
 
 @pytest.fixture(scope="module")
 def spark_connect(tmp_path_factory: pytest.TempPathFactory) -> Iterator[connect_server.ConnectServer]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = connect_server.start(Path(tmp_path_factory.mktemp("spark-connect")), port)
+    server = connect_server.start(Path(tmp_path_factory.mktemp("spark-connect")), free_port())
     yield server
     connect_server.stop(server)
 

@@ -64,7 +64,8 @@ def _find_binary(name: str) -> str:
     return found
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -134,7 +135,7 @@ def start(base_dir: Path = DEFAULT_BASE_DIR, port: int | None = None, timeout_s:
 
     if port is None:
         previous = int(port_file.read_text()) if port_file.exists() else None
-        port = previous if previous and _port_is_free(previous) else _free_port()
+        port = previous if previous and _port_is_free(previous) else free_port()
     port_file.write_text(str(port))
     server = LocalServer(base_dir, port)
 
