@@ -1,46 +1,104 @@
-"""Asset checks run after each materialization (and by `cdc-lakehouse sync`)."""
+"""Asset checks: they run after each materialization, in every run the sensor, the schedule, the UI or
+`cdc-lakehouse sync` starts. Blocking checks stop downstream work when a layer is wrong."""
 
-from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
+import time
 
-from cdc_assets.assets import raw_binlog_batches, table_changes
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetKey,
+    MetadataValue,
+    asset_check,
+)
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    PARTITION_NAME_TAG,
+)
+
+from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
+from cdc_assets.assets.raw import RAW_ASSET_KEY
 from cdc_assets.change_log import open_table, read_query
+from cdc_assets.freshness import freshness_windows
+from cdc_assets.lag import table_lags
 from cdc_assets.lakehouse import CHANGES, Lakehouse, TableRef
+from cdc_assets.partitions import TABLES_PARTITIONS_NAME
 from cdc_assets.raw_batch import chain_break, list_batches, read_manifest
-from cdc_assets.resources import LakehouseResource
-from cdc_assets.state import load_catalog
+from cdc_assets.resources import BinlogResource, LakehouseResource
+from cdc_assets.schema_match import schema_differences
+from cdc_assets.state import known_tables, load_checkpoint
+
+MAX_DETAILS = 50
 
 
-def batch_chain_breaks(lakehouse: Lakehouse) -> list[str]:
-    """Places where a raw batch does not start exactly where the one before it ended."""
+def run_tables(context: AssetCheckExecutionContext, lakehouse: Lakehouse) -> list[str]:
+    """The tables (partitions) the check's run materialized that the lakehouse knows; all of them when the
+    run names no partition."""
+    known = known_tables(lakehouse.store)
+    tags = context.run.tags
+    if PARTITION_NAME_TAG in tags:
+        return [t for t in known if t == tags[PARTITION_NAME_TAG]]
+    if ASSET_PARTITION_RANGE_START_TAG in tags and ASSET_PARTITION_RANGE_END_TAG in tags:
+        keys = list(context.instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME))
+        first, last = tags[ASSET_PARTITION_RANGE_START_TAG], tags[ASSET_PARTITION_RANGE_END_TAG]
+        if first in keys and last in keys:
+            wanted = set(keys[keys.index(first) : keys.index(last) + 1])
+            return [t for t in known if t in wanted]
+    return known
+
+
+def batch_chain_breaks(lakehouse: Lakehouse, since: str | None = None) -> list[str]:
+    """Places where a raw batch does not start exactly where the one before it ended.
+
+    With `since`, only from the batch before it on (what a capture run added); the checkpoint must
+    sit at the end of the last batch.
+    """
+    store = lakehouse.store
+    names = list_batches(store)
+    if since in names:
+        names = names[max(names.index(since) - 1, 0) :]
     breaks = []
     previous = None
-    for name in list_batches(lakehouse.store):
-        manifest = read_manifest(lakehouse.store, name)
+    for name in names:
+        manifest = read_manifest(store, name)
         problem = chain_break(previous, manifest) if previous is not None else None
         if problem:
             breaks.append(problem)
         previous = manifest
+    checkpoint = load_checkpoint(store)
+    if previous is not None and checkpoint is not None and checkpoint.last_batch == previous.name:
+        if checkpoint.position != previous.end:
+            breaks.append(f"the checkpoint {checkpoint.position} is not the end {previous.end} of {previous.name}")
     return breaks
 
 
 @asset_check(
     asset=raw_binlog_batches,
     blocking=True,
-    description="Raw batches are contiguous: each starts where the previous ended (no gap, no overlap).",
+    description=(
+        "Raw batches are contiguous: each starts where the previous ended (no gap, no overlap in binlog "
+        "position or _cdc_seq), and the checkpoint sits at the end of the last one. Checks what the run added."
+    ),
 )
-def raw_batches_contiguous(lakehouse: LakehouseResource) -> AssetCheckResult:
-    breaks = batch_chain_breaks(lakehouse.get())
+def raw_batches_contiguous(context: AssetCheckExecutionContext, lakehouse: LakehouseResource) -> AssetCheckResult:
+    event = context.instance.get_latest_materialization_event(AssetKey(RAW_ASSET_KEY))
+    materialization = event.asset_materialization if event is not None else None
+    first = materialization.metadata.get("first_batch") if materialization is not None else None
+    since = first.value if first is not None and first.value else None
+    breaks = batch_chain_breaks(lakehouse.get(), since if isinstance(since, str) else None)
     return AssetCheckResult(
         passed=not breaks,
         severity=AssetCheckSeverity.ERROR,
-        metadata={"breaks": len(breaks), "details": MetadataValue.json(breaks[:50])},
+        description="; ".join(breaks[:3]) if breaks else "contiguous",
+        metadata={"breaks": len(breaks), "checked_from": since or "the first batch", "details": MetadataValue.json(breaks[:MAX_DETAILS])},
     )
 
 
-def duplicate_seqs(lakehouse: Lakehouse) -> dict[str, int]:
+def duplicate_seqs(lakehouse: Lakehouse, tables: list[str] | None = None) -> dict[str, int]:
     """Change logs in which some `_cdc_seq` appears more than once, with how many extra rows."""
     found = {}
-    for name in sorted(load_catalog(lakehouse.store)):
+    for name in tables if tables is not None else known_tables(lakehouse.store):
         log = open_table(lakehouse.table_uri(CHANGES, TableRef.parse(name)), lakehouse.storage_options())
         if log is None:
             continue
@@ -54,12 +112,114 @@ def duplicate_seqs(lakehouse: Lakehouse) -> dict[str, int]:
 @asset_check(
     asset=table_changes,
     blocking=True,
-    description="Every change log has each _cdc_seq once: no row change was appended twice.",
+    description="Every change log of the run's tables has each _cdc_seq once: no row change was appended twice.",
 )
-def change_log_seq_unique(lakehouse: LakehouseResource) -> AssetCheckResult:
-    duplicates = duplicate_seqs(lakehouse.get())
+def change_log_seq_unique(context: AssetCheckExecutionContext, lakehouse: LakehouseResource) -> AssetCheckResult:
+    house = lakehouse.get()
+    tables = run_tables(context, house)
+    duplicates = duplicate_seqs(house, tables)
     return AssetCheckResult(
         passed=not duplicates,
         severity=AssetCheckSeverity.ERROR,
-        metadata={"tables_with_duplicates": MetadataValue.json(duplicates)},
+        description=", ".join(f"{t}: {n} duplicate changes" for t, n in duplicates.items()) or "unique",
+        metadata={"tables_checked": len(tables), "tables_with_duplicates": MetadataValue.json(duplicates)},
     )
+
+
+@asset_check(
+    asset=current_tables,
+    description=(
+        "Every current-state table of the run equals its source table at one consistent point: the source is "
+        "read inside a consistent snapshot, keys changed after the table's applied _cdc_seq are left out on "
+        "both sides, and row counts and content checksums are compared."
+    ),
+)
+def current_matches_source(
+    context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    from cdc_assets.consistency import compare_at_consistent_point
+
+    house = lakehouse.get()
+    tables = run_tables(context, house)
+    results = {}
+    failing = []
+    for name in tables:
+        comparison = compare_at_consistent_point(binlog, house, TableRef.parse(name))
+        results[name] = {
+            "position": comparison.position,
+            "source_rows": comparison.source_rows,
+            "lakehouse_rows": comparison.lakehouse_rows,
+            "compared_rows": comparison.compared_rows,
+            "in_flight_keys": comparison.in_flight_keys,
+            "source_checksum": comparison.source_checksum,
+            "lakehouse_checksum": comparison.lakehouse_checksum,
+        }
+        if not comparison.ok:
+            failing.append(comparison.diff.describe())
+        context.log.info(f"{name}: {comparison.compared_rows} rows compared, {'equal' if comparison.ok else 'DIFFERENT'}")
+    return AssetCheckResult(
+        passed=not failing,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(failing[:5]) if failing else f"{len(tables)} tables equal to the source",
+        metadata={"tables": len(tables), "differing": len(failing), "per_table": MetadataValue.json(results)},
+    )
+
+
+@asset_check(
+    asset=current_tables,
+    description=(
+        "Every current-state table of the run has the source table's columns, in the same order, with the "
+        "Delta types of the type mapping, followed only by _cdc_ columns."
+    ),
+)
+def current_schema_matches_source(
+    context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
+) -> AssetCheckResult:
+    house = lakehouse.get()
+    tables = run_tables(context, house)
+    problems = schema_differences(binlog, house, tables)
+    return AssetCheckResult(
+        passed=not problems,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(f"{t}: {p}" for t, p in list(problems.items())[:5]) or f"{len(tables)} schemas match",
+        metadata={"tables": len(tables), "mismatches": MetadataValue.json(problems)},
+    )
+
+
+@asset_check(
+    asset=current_tables,
+    description=(
+        "Per-table lag: for every table, how long ago the oldest change not yet in its current state was "
+        "committed (or, while capture is behind the binlog, the capture lag). Warns past the freshness warn "
+        "window and fails past the fail window, naming each table that is behind."
+    ),
+)
+def table_lag(binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
+    warn, fail = freshness_windows()
+    lags = table_lags(binlog, lakehouse.get(), time.time())
+    failing = {t: s for t, s in lags.items() if s >= fail * 60}
+    warning = {t: s for t, s in lags.items() if warn * 60 <= s < fail * 60}
+    behind = failing or warning
+    described = ", ".join(f"{t} is {s:.0f} s behind" for t, s in sorted(behind.items(), key=lambda kv: -kv[1])[:10])
+    return AssetCheckResult(
+        passed=not behind,
+        severity=AssetCheckSeverity.ERROR if failing else AssetCheckSeverity.WARN,
+        description=described or f"all {len(lags)} tables within {warn:g} min",
+        metadata={
+            "max_lag_seconds": round(max(lags.values(), default=0.0), 1),
+            "tables_failing": MetadataValue.json(sorted(failing)),
+            "tables_warning": MetadataValue.json(sorted(warning)),
+            "warn_after_seconds": warn * 60,
+            "fail_after_seconds": fail * 60,
+            "per_table_lag_seconds": MetadataValue.json({t: round(s, 1) for t, s in sorted(lags.items())}),
+        },
+    )
+
+
+ALL_CHECKS = [
+    raw_batches_contiguous,
+    change_log_seq_unique,
+    current_matches_source,
+    current_schema_matches_source,
+    table_lag,
+]

@@ -125,7 +125,13 @@ def _user_error_message(error: object) -> str | None:
     return None
 
 
-def run_job(job_name: str, verbose: bool = False, op_config: dict[str, object] | None = None) -> SyncOutcome:
+def run_job(
+    job_name: str,
+    verbose: bool = False,
+    op_config: dict[str, object] | None = None,
+    tags: dict[str, str] | None = None,
+    partition_key: str | None = None,
+) -> SyncOutcome:
     """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix."""
     from dagster import DagsterEventType
 
@@ -143,7 +149,13 @@ def run_job(job_name: str, verbose: bool = False, op_config: dict[str, object] |
     }
     if op_config:
         run_config["ops"] = op_config
-    result = job.execute_in_process(instance=_instance(), run_config=run_config, raise_on_error=False)
+    result = job.execute_in_process(
+        instance=_instance(),  # type: ignore[arg-type]
+        run_config=run_config,
+        raise_on_error=False,
+        tags={"cdc/trigger": "cli", **(tags or {})},
+        partition_key=partition_key,
+    )
     failures = []
     for event in result.all_events:
         if event.event_type == DagsterEventType.STEP_FAILURE:
@@ -166,10 +178,56 @@ def run_job(job_name: str, verbose: bool = False, op_config: dict[str, object] |
     return SyncOutcome(success, metadata, failed_checks + failures, time.monotonic() - began)
 
 
-def run_sync(verbose: bool = False) -> SyncOutcome:
-    from cdc_assets.definitions import SYNC_JOB_NAME
+def tables_to_apply(lakehouse: object) -> list[str]:
+    """Tables with captured changes their current state has not taken in."""
+    from cdc_assets.stages import CURRENT_STAGE
+    from cdc_assets.state import load_progress, load_registry, needs_work
 
-    return run_job(SYNC_JOB_NAME, verbose)
+    store = lakehouse.store  # type: ignore[attr-defined]
+    registry = load_registry(store)
+    return [t for t, entry in sorted(registry.items()) if needs_work(entry, load_progress(store, CURRENT_STAGE, t))]
+
+
+def run_sync(verbose: bool = False) -> SyncOutcome:
+    """Capture, then one apply run per consecutive range of the tables with new changes, each with its checks."""
+    from cdc_assets.definitions import APPLY_JOB_NAME, CAPTURE_JOB_NAME, initialized_resources
+    from cdc_assets.partitions import TABLES_PARTITIONS_NAME, touched_ranges
+    from cdc_assets.sensors import apply_run_request
+    from cdc_assets.state import known_tables
+
+    outcome = run_job(CAPTURE_JOB_NAME, verbose)
+    if not outcome.success:
+        return outcome
+    lakehouse = initialized_resources()["lakehouse"].get()  # type: ignore[attr-defined]
+    instance = _instance()
+    existing = list(instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME))  # type: ignore[attr-defined]
+    new = [t for t in known_tables(lakehouse.store) if t not in existing]
+    if new:
+        instance.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)  # type: ignore[attr-defined]
+    pending = set(tables_to_apply(lakehouse))
+    for first, last in touched_ranges(existing + new, pending):
+        request = apply_run_request(first, last, run_key="cli")
+        applied = run_job(APPLY_JOB_NAME, verbose, tags=dict(request.tags), partition_key=request.partition_key)
+        outcome = _combine(outcome, applied)
+        if not applied.success:
+            break
+    return outcome
+
+
+def _combine(a: SyncOutcome, b: SyncOutcome) -> SyncOutcome:
+    """Two runs' outcomes as one: numbers added, per-table details merged."""
+    metadata = {k: dict(v) for k, v in a.metadata.items()}
+    for asset, values in b.metadata.items():
+        merged = metadata.setdefault(asset, {})
+        for key, value in values.items():
+            old = merged.get(key)
+            if isinstance(value, dict) and isinstance(old, dict):
+                merged[key] = {**old, **value}
+            elif isinstance(value, int | float) and isinstance(old, int | float) and not isinstance(value, bool):
+                merged[key] = old + value
+            else:
+                merged[key] = value
+    return SyncOutcome(a.success and b.success, metadata, a.failed_checks + b.failed_checks, a.seconds + b.seconds)
 
 
 def _print_sync(outcome: SyncOutcome) -> None:
@@ -181,11 +239,11 @@ def _print_sync(outcome: SyncOutcome) -> None:
         f"{raw.get('table_count', 0)} tables) up to {raw.get('last_position', '?')}"
     )
     print(
-        f"change logs: {changes.get('rows_out', 0)} changes appended to {changes.get('tables', 0)} tables "
+        f"change logs: {changes.get('rows_out', 0)} changes appended to {changes.get('tables_changed', 0)} tables "
         f"({changes.get('inserts', 0)} inserts, {changes.get('updates', 0)} updates, {changes.get('deletes', 0)} deletes)"
     )
     print(
-        f"current state: {current.get('tables', 0)} tables updated ({current.get('rows_inserted', 0)} rows inserted, "
+        f"current state: {current.get('tables_changed', 0)} tables updated ({current.get('rows_inserted', 0)} rows inserted, "
         f"{current.get('rows_updated', 0)} updated, {current.get('rows_deleted', 0)} deleted)"
     )
     for problem in outcome.failed_checks:
@@ -266,8 +324,10 @@ def collect_status() -> dict[str, object]:
 
     from cdc_assets import source
     from cdc_assets.definitions import initialized_resources
+    from cdc_assets.freshness import freshness_windows
+    from cdc_assets.lag import table_lags
     from cdc_assets.raw_batch import list_batches
-    from cdc_assets.state import load_catalog, load_checkpoint
+    from cdc_assets.state import known_tables, load_checkpoint
 
     _dagster_home()
     resources = initialized_resources()
@@ -296,7 +356,9 @@ def collect_status() -> dict[str, object]:
         "lag_seconds": round(lag_seconds, 1),
         "next_seq": checkpoint.next_seq if checkpoint else None,
         "gtid": checkpoint.gtid if checkpoint else None,
-        "tables": sorted(load_catalog(lakehouse.store)),
+        "tables": known_tables(lakehouse.store),
+        "table_lag_seconds": {t: round(v, 1) for t, v in table_lags(binlog, lakehouse).items()},  # type: ignore[arg-type]
+        "freshness_windows_minutes": dict(zip(("warn", "fail"), freshness_windows(), strict=True)),
         "raw_batches": len(batches),
         "last_batch": batches[-1] if batches else None,
         "seconds_since_materialized": freshness,
@@ -315,9 +377,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"raw batches: {status['raw_batches']} (last: {status['last_batch'] or '-'})")
     tables = status["tables"]
     print(f"tables:      {len(tables)}" + (f" ({', '.join(tables)})" if tables else ""))  # type: ignore[arg-type]
+    windows = status["freshness_windows_minutes"]
     fresh = status["seconds_since_materialized"]
     for key, age in fresh.items():  # type: ignore[union-attr]
         print(f"freshness:   {key} " + ("never materialized" if age is None else f"materialized {age:.0f}s ago"))
+    print(f"             (warn after {windows['warn']:g} min, fail after {windows['fail']:g} min)")  # type: ignore[index]
+    for table, lag in status["table_lag_seconds"].items():  # type: ignore[union-attr]
+        print(f"lag:         {table} {lag:.0f} s behind")
     return EXIT_OK
 
 

@@ -7,14 +7,32 @@ import os
 from dagster import Definitions, EnvVar, in_process_executor
 
 from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
-from cdc_assets.checks import change_log_seq_unique, raw_batches_contiguous
-from cdc_assets.jobs import SNAPSHOT_JOB_NAME, SYNC_JOB_NAME, snapshot_job, sync_job
+from cdc_assets.checks import ALL_CHECKS
+from cdc_assets.errors import CdcUserError
+from cdc_assets.jobs import (
+    APPLY_JOB_NAME,
+    CAPTURE_JOB_NAME,
+    SNAPSHOT_JOB_NAME,
+    apply_job,
+    capture_job,
+    lag_check_job,
+    snapshot_job,
+)
 from cdc_assets.resources import BinlogResource, LakehouseResource
-from cdc_assets.settings import DEFAULT_LAKEHOUSE, DEFAULT_MAX_BATCH_ROWS, DEFAULT_SERVER_ID
+from cdc_assets.schedules import build_capture_schedule, lag_check_schedule
+from cdc_assets.sensors import raw_batch_sensor
+from cdc_assets.settings import DEFAULT_LAKEHOUSE, DEFAULT_LOCK_WAIT_SECONDS, DEFAULT_MAX_BATCH_ROWS, DEFAULT_SERVER_ID
 from spark_resources import SparkSessionResource
 from spark_resources.session import DEFAULT_SPARK_MASTER
 
-__all__ = ["SNAPSHOT_JOB_NAME", "SYNC_JOB_NAME", "build_definitions", "defs", "initialized_resources"]
+__all__ = [
+    "APPLY_JOB_NAME",
+    "CAPTURE_JOB_NAME",
+    "SNAPSHOT_JOB_NAME",
+    "build_definitions",
+    "defs",
+    "initialized_resources",
+]
 
 
 def _env(name: str, default: object, kind: str = "str") -> object:
@@ -22,6 +40,17 @@ def _env(name: str, default: object, kind: str = "str") -> object:
     if not os.environ.get(name):
         return default
     return EnvVar.int(name) if kind == "int" else EnvVar(name)
+
+
+def lock_wait_seconds() -> float:
+    text = os.environ.get("CDC_LOCK_WAIT_SECONDS")
+    try:
+        value = float(text) if text else DEFAULT_LOCK_WAIT_SECONDS
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise CdcUserError(f"CDC_LOCK_WAIT_SECONDS={text!r} is not a number of seconds: set it to e.g. 120.")
+    return value
 
 
 def build_resources() -> dict[str, object]:
@@ -33,7 +62,9 @@ def build_resources() -> dict[str, object]:
             exclude_tables=_env("CDC_EXCLUDE_TABLES", None),
             max_batch_rows=_env("CDC_MAX_BATCH_ROWS", DEFAULT_MAX_BATCH_ROWS, "int"),
         ),
-        "lakehouse": LakehouseResource(location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE)),
+        "lakehouse": LakehouseResource(
+            location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE), lock_wait_seconds=lock_wait_seconds()
+        ),
         "spark": SparkSessionResource(master=_env("CDC_SPARK_MASTER", DEFAULT_SPARK_MASTER)),
     }
 
@@ -47,8 +78,10 @@ def build_definitions() -> Definitions:
     # One process per run: the Spark session (a JVM) is started once and shared by the steps.
     return Definitions(
         assets=[raw_binlog_batches, table_changes, current_tables],
-        asset_checks=[raw_batches_contiguous, change_log_seq_unique],
-        jobs=[sync_job, snapshot_job],
+        asset_checks=ALL_CHECKS,
+        jobs=[capture_job, apply_job, lag_check_job, snapshot_job],
+        schedules=[build_capture_schedule(), lag_check_schedule],
+        sensors=[raw_batch_sensor],
         resources=build_resources(),
         executor=in_process_executor,
     )

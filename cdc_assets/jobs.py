@@ -13,18 +13,45 @@ from dagster import (
 )
 from pydantic import Field
 
+from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.assets.raw import RAW_ASSET_KEY, capture_metadata
+from cdc_assets.checks import table_lag
+from cdc_assets.partitions import run_owner
 from cdc_assets.resources import BinlogResource, LakehouseResource
 from cdc_assets.snapshot import take_snapshot
 
-SYNC_JOB_NAME = "sync"
+CAPTURE_JOB_NAME = "capture"
+APPLY_JOB_NAME = "apply_changes"
+LAG_JOB_NAME = "check_lag"
 SNAPSHOT_JOB_NAME = "snapshot"
 CURRENT_ASSET_KEY = "current_tables"
+STAGE_TAG = "cdc/stage"  # runs that capture carry STAGE_TAG=capture: the schedule and the run queue look for it
 
-sync_job = define_asset_job(
-    SYNC_JOB_NAME,
-    selection=AssetSelection.all(),
-    description="Capture new binlog batches, then update the change logs and current-state tables they touch.",
+capture_job = define_asset_job(
+    CAPTURE_JOB_NAME,
+    selection=AssetSelection.assets(raw_binlog_batches),
+    tags={STAGE_TAG: "capture"},
+    description=(
+        "Capture: raw batches from the checkpoint to the binlog end as of the run's start, then the contiguity "
+        "check. Holds the lakehouse's capture lock, so two captures never run at once."
+    ),
+)
+
+apply_job = define_asset_job(
+    APPLY_JOB_NAME,
+    selection=AssetSelection.assets(table_changes, current_tables),
+    tags={STAGE_TAG: "apply"},
+    description=(
+        "For the run's tables (one partition or a range): append new raw-batch changes to their change logs, "
+        "apply them to their current state, then check both against the source."
+    ),
+)
+
+lag_check_job = define_asset_job(
+    LAG_JOB_NAME,
+    selection=AssetSelection.checks(table_lag),
+    tags={STAGE_TAG: "check"},
+    description="Evaluates the per-table lag check alone, so a stopped pipeline is reported even when nothing runs.",
 )
 
 
@@ -41,9 +68,11 @@ class SnapshotConfig(Config):
 def snapshot_tables(
     context: OpExecutionContext, config: SnapshotConfig, binlog: BinlogResource, lakehouse: LakehouseResource
 ) -> None:
-    report = take_snapshot(binlog, lakehouse.get(), config.tables, log=context.log)
+    report = take_snapshot(binlog, lakehouse.get(), config.tables, log=context.log, owner=run_owner(context.run.run_id))
     if report.capture is not None:
-        context.log_event(AssetMaterialization(RAW_ASSET_KEY, metadata=capture_metadata(report.capture)))
+        context.log_event(
+            AssetMaterialization(RAW_ASSET_KEY, metadata=capture_metadata(report.capture, binlog.max_batch_rows))
+        )
     context.log_event(
         AssetMaterialization(
             CURRENT_ASSET_KEY,

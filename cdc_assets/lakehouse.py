@@ -29,7 +29,7 @@ class ObjectStore(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
     def get(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
-    def list_keys(self, prefix: str) -> list[str]: ...
+    def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]: ...
     def list_dirs(self, prefix: str) -> list[str]: ...
 
 
@@ -70,13 +70,14 @@ class LocalStore:
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def list_keys(self, prefix: str) -> list[str]:
+    def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]:
         base = self._path(prefix)
         if not base.exists():
             return []
-        return sorted(
+        keys = sorted(
             str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")
         )
+        return keys if start_after is None else [k for k in keys if k > start_after]
 
     def list_dirs(self, prefix: str) -> list[str]:
         base = self._path(prefix)
@@ -114,21 +115,25 @@ class S3Store:
             raise
         return True
 
-    def _list(self, prefix: str, delimiter: str | None) -> tuple[list[str], list[str]]:
+    def _list(
+        self, prefix: str, delimiter: str | None, start_after: str | None = None
+    ) -> tuple[list[str], list[str]]:
         full = self._key(prefix).rstrip("/") + "/"
         keys: list[str] = []
         dirs: list[str] = []
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
         if delimiter:
             kwargs["Delimiter"] = delimiter
+        if start_after:
+            kwargs["StartAfter"] = self._key(start_after)
         for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
             keys.extend(o["Key"] for o in page.get("Contents", []))
             dirs.extend(p["Prefix"] for p in page.get("CommonPrefixes", []))
         strip = len(self._key("")) if self.prefix else 0
         return sorted(k[strip:] for k in keys), sorted(d[len(full) :].rstrip("/") for d in dirs)
 
-    def list_keys(self, prefix: str) -> list[str]:
-        return self._list(prefix, None)[0]
+    def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]:
+        return self._list(prefix, None, start_after)[0]
 
     def list_dirs(self, prefix: str) -> list[str]:
         return self._list(prefix, "/")[1]
@@ -155,7 +160,8 @@ class TableRef:
 class Lakehouse:
     """Where everything lives; `location` is a local directory or `s3://bucket/prefix`."""
 
-    def __init__(self, location: str, s3_client: Any | None = None) -> None:
+    def __init__(self, location: str, s3_client: Any | None = None, lock_wait_seconds: float = 120.0) -> None:
+        self.lock_wait_seconds = lock_wait_seconds  # how long a stage waits for another run of itself
         self.location = location.rstrip("/") if location.startswith("s3://") else location
         if self.is_s3:
             bucket, _, prefix = self.location[len("s3://") :].partition("/")

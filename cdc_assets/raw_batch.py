@@ -195,9 +195,12 @@ def write_batch(store: ObjectStore, batch: RawBatch) -> BatchManifest:
     return BatchManifest.from_json(manifest)
 
 
-def list_batches(store: ObjectStore) -> list[str]:
-    """Names of visible batches (those with a manifest), in binlog order."""
-    return sorted(name for name in store.list_dirs(RAW) if store.exists(_key(name, MANIFEST_FILE)))
+def list_batches(store: ObjectStore, after: str | None = None) -> list[str]:
+    """Names of visible batches (those with a manifest) after `after`, in binlog order, from one listing."""
+    start_after = _key(after, MANIFEST_FILE) if after else None
+    suffix = f"/{MANIFEST_FILE}"
+    names = (key[len(RAW) + 1 : -len(suffix)] for key in store.list_keys(RAW, start_after) if key.endswith(suffix))
+    return sorted(name for name in names if "/" not in name and (after is None or name > after))
 
 
 def read_manifest(store: ObjectStore, name: str) -> BatchManifest:

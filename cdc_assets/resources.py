@@ -13,30 +13,37 @@ from pydantic import Field
 from cdc_assets import source
 from cdc_assets.capture import CaptureOptions, capture_batches
 from cdc_assets.lakehouse import Lakehouse
+from cdc_assets.locks import Lease, lakehouse_lock
 from cdc_assets.positions import BinlogPosition
 from cdc_assets.raw_batch import BatchManifest, read_manifest, write_batch
 from cdc_assets.settings import (
     DEFAULT_LAKEHOUSE,
+    DEFAULT_LOCK_WAIT_SECONDS,
     DEFAULT_MAX_BATCH_ROWS,
     DEFAULT_SERVER_ID,
     MySQLUrl,
     TableFilter,
     resolve_mysql_url,
 )
-from cdc_assets.state import Checkpoint, load_checkpoint, save_checkpoint
+from cdc_assets.stages import CAPTURE_LOCK
+from cdc_assets.state import Checkpoint, load_checkpoint, load_registry, register_batch, save_checkpoint, save_registry
 
 
 class LakehouseResource(ConfigurableResource):
     """Where raw batches, state and Delta tables live (`CDC_LAKEHOUSE`: a directory or s3://bucket/prefix)."""
 
     location: str = Field(default=DEFAULT_LAKEHOUSE, description="Local directory or s3://bucket/prefix.")
+    lock_wait_seconds: float = Field(
+        default=DEFAULT_LOCK_WAIT_SECONDS,
+        description="How long a stage waits for another run of the same stage to finish (CDC_LOCK_WAIT_SECONDS).",
+    )
 
     def get(self) -> Lakehouse:
         if self.location.startswith("s3://"):
             from dagster_aws.s3 import S3Resource
 
-            return Lakehouse(self.location, s3_client=S3Resource().get_client())
-        return Lakehouse(self.location)
+            return Lakehouse(self.location, S3Resource().get_client(), self.lock_wait_seconds)
+        return Lakehouse(self.location, lock_wait_seconds=self.lock_wait_seconds)
 
 
 @dataclass
@@ -100,10 +107,18 @@ class BinlogResource(ConfigurableResource):
             conn.close()
 
     def capture(
-        self, lakehouse: Lakehouse, log: Any | None = None, until: BinlogPosition | None = None
+        self,
+        lakehouse: Lakehouse,
+        log: Any | None = None,
+        until: BinlogPosition | None = None,
+        owner: str = "cdc-lakehouse",
     ) -> CaptureReport:
         """Write raw batches from the checkpoint to the binlog end as of now (or to `until`, a transaction
-        boundary such as a snapshot's position), advancing the checkpoint."""
+        boundary such as a snapshot's position), advancing the checkpoint.
+
+        Holds the lakehouse's capture lock throughout: two captures never run at once, whoever starts
+        them, because both would write batches from the same checkpoint.
+        """
         began = time.monotonic()
         url = self.url()
         options = CaptureOptions(self.table_filter(), self.server_id, self.max_batch_rows)
@@ -111,19 +126,10 @@ class BinlogResource(ConfigurableResource):
         try:
             server = source.preflight(conn, url, self.server_id)
             lakehouse.check_writable()
-            checkpoint = load_checkpoint(lakehouse.store)
-            start = checkpoint.position if checkpoint else source.oldest_position(conn)
-            source.check_available(conn, start)
-            target = until or source.binlog_end(conn)
-            report = CaptureReport(start=start, target=target)
-            checkpoint = checkpoint or Checkpoint(start)
-            while checkpoint.position < target:
-                checkpoint, finished = self._capture_from(
-                    url, server, checkpoint, target, options, lakehouse, report, log
-                )
-                if finished or self._enough(report):
-                    break
-            report.end = checkpoint.position
+            with lakehouse_lock(
+                lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log
+            ) as lease:
+                checkpoint, report = self._capture_locked(conn, url, server, lakehouse, until, options, lease, log)
         except pymysql.err.MySQLError as exc:  # from the replication stream, e.g. a purged binlog
             raise source.describe_error(exc, url) from exc
         finally:
@@ -137,6 +143,33 @@ class BinlogResource(ConfigurableResource):
         report.seconds = time.monotonic() - began
         return report
 
+    def _capture_locked(
+        self,
+        conn: pymysql.Connection,
+        url: MySQLUrl,
+        server: source.ServerInfo,
+        lakehouse: Lakehouse,
+        until: BinlogPosition | None,
+        options: CaptureOptions,
+        lease: Lease,
+        log: Any | None,
+    ) -> tuple[Checkpoint, CaptureReport]:
+        checkpoint = load_checkpoint(lakehouse.store)
+        start = checkpoint.position if checkpoint else source.oldest_position(conn)
+        source.check_available(conn, start)
+        target = until or source.binlog_end(conn)
+        report = CaptureReport(start=start, target=target)
+        checkpoint = checkpoint or Checkpoint(start)
+        registry = load_registry(lakehouse.store)
+        while checkpoint.position < target:
+            checkpoint, finished = self._capture_from(
+                url, server, checkpoint, target, options, lakehouse, report, registry, lease, log
+            )
+            if finished or self._enough(report):
+                break
+        report.end = checkpoint.position
+        return checkpoint, report
+
     def _enough(self, report: CaptureReport) -> bool:
         return self.max_batches is not None and len(report.batches) >= self.max_batches
 
@@ -149,6 +182,8 @@ class BinlogResource(ConfigurableResource):
         options: CaptureOptions,
         lakehouse: Lakehouse,
         report: CaptureReport,
+        registry: dict[str, dict[str, str | None]],
+        lease: Lease,
         log: Any | None,
     ) -> tuple[Checkpoint, bool]:
         """Capture from `checkpoint`; returns the new checkpoint and whether the target was reached.
@@ -167,6 +202,11 @@ class BinlogResource(ConfigurableResource):
             else:
                 manifest = write_batch(store, batch)
                 adopted = False
+            # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
+            # can miss a table whose changes are captured.
+            if register_batch(registry, manifest.name, sorted({str(v.table) for v in manifest.table_versions})):
+                save_registry(store, registry)
+            lease.check()
             checkpoint = Checkpoint(
                 position=manifest.end,
                 gtid=manifest.end_gtid,

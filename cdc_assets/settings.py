@@ -16,6 +16,10 @@ from cdc_assets.errors import CdcUserError
 DEFAULT_SERVER_ID = 4_200_001  # the reader's replica id; the demo source uses 1
 DEFAULT_LAKEHOUSE = "./lakehouse"
 DEFAULT_MAX_BATCH_ROWS = 100_000
+DEFAULT_LOCK_WAIT_SECONDS = 120.0  # how long a stage waits for another run of the same stage to finish
+DEFAULT_CAPTURE_CRON = "* * * * *"
+DEFAULT_FRESHNESS_WARN_MINUTES = 2.0
+DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOCAL_SOURCE_DIR = Path(".local") / "mariadb"

@@ -22,9 +22,18 @@ from cdc_assets.change_log import COMMIT_TS_TYPE, SEQ_TYPE, open_table, stats_co
 from cdc_assets.current_state import APPLIED_SEQ_KEY, current_schema
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
+from cdc_assets.locks import lakehouse_lock
 from cdc_assets.raw_batch import TableVersion
-from cdc_assets.resources import BinlogResource, CaptureReport
-from cdc_assets.state import load_catalog, load_checkpoint, save_catalog
+from cdc_assets.resources import CAPTURE_LOCK, BinlogResource, CaptureReport
+from cdc_assets.stages import CHANGES_LOCK, CHANGES_STAGE, CURRENT_LOCK
+from cdc_assets.state import (
+    TableProgress,
+    load_checkpoint,
+    load_progress,
+    load_registry,
+    save_progress,
+    save_registry,
+)
 from cdc_assets.verify import read_source_table, source_table_schema
 
 
@@ -52,7 +61,11 @@ def _tables(conn: Any, binlog: BinlogResource, requested: list[str]) -> list[Tab
 
 
 def take_snapshot(
-    binlog: BinlogResource, lakehouse: Lakehouse, requested: list[str], log: Any | None = None
+    binlog: BinlogResource,
+    lakehouse: Lakehouse,
+    requested: list[str],
+    log: Any | None = None,
+    owner: str = "cdc-lakehouse",
 ) -> SnapshotReport:
     began = time.monotonic()
     url = binlog.url()
@@ -86,19 +99,30 @@ def take_snapshot(
     finally:
         conn.close()
 
-    report.capture = binlog.capture(lakehouse, log=log, until=position)
+    report.capture = binlog.capture(lakehouse, log=log, until=position, owner=owner)
     checkpoint = load_checkpoint(lakehouse.store)
     if checkpoint is None or checkpoint.position != position:
         raise CdcUserError(
             f"Capture did not stop at the snapshot's position {position}: run the snapshot again when no sync is running."
         )
     seq = checkpoint.next_seq - 1
-    catalog = load_catalog(lakehouse.store)
-    for table, (version, rows) in loaded.items():
-        catalog.setdefault(str(table), version.to_json())
-        _replace_current(lakehouse, version, rows, seq, taken_at)
-        report.rows[str(table)] = rows.num_rows
-    save_catalog(lakehouse.store, catalog)
+    store = lakehouse.store
+    wait = lakehouse.lock_wait_seconds
+    with (
+        lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log),
+        lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log),
+    ):
+        for table, (version, rows) in loaded.items():
+            progress = load_progress(store, CHANGES_STAGE, str(table))
+            if progress.version is None:  # no change log yet: the current state needs the columns and key
+                save_progress(store, CHANGES_STAGE, str(table), TableProgress(progress.batch, version.to_json()))
+            _replace_current(lakehouse, version, rows, seq, taken_at)
+            report.rows[str(table)] = rows.num_rows
+    with lakehouse_lock(lakehouse, CAPTURE_LOCK, "capture", owner, wait, log=log):
+        registry = load_registry(store)
+        for table in loaded:
+            registry.setdefault(str(table), {"first_batch": None, "last_batch": None})
+        save_registry(store, registry)
     report.position, report.seq = str(position), seq
     report.seconds = time.monotonic() - began
     return report

@@ -1,4 +1,4 @@
-"""Pipeline state under `_state/`: the binlog checkpoint and the change-log cursor.
+"""Pipeline state under `_state/`: the binlog checkpoint, the table registry and per-table progress.
 
 The checkpoint is only ever a transaction boundary and is written only after the batch that ends
 there is durable (CONTRACT §6). Each state object is one small JSON file replaced atomically.
@@ -14,7 +14,6 @@ from cdc_assets.lakehouse import STATE, MissingObject, ObjectStore
 from cdc_assets.positions import FIRST_SEQ, BinlogPosition
 
 CHECKPOINT_KEY = f"{STATE}/checkpoint.json"
-CHANGES_CURSOR_KEY = f"{STATE}/changes_cursor.json"
 
 
 @dataclass(frozen=True)
@@ -74,23 +73,70 @@ def save_checkpoint(store: ObjectStore, checkpoint: Checkpoint) -> None:
     store.put(CHECKPOINT_KEY, json.dumps(checkpoint.to_json(), indent=1).encode())
 
 
-def load_changes_cursor(store: ObjectStore) -> str | None:
-    """Name of the last raw batch whose changes are in every change log."""
-    d = _load_json(store, CHANGES_CURSOR_KEY)
-    return None if d is None else d.get("last_batch")
+TABLES_KEY = f"{STATE}/tables.json"
 
 
-def save_changes_cursor(store: ObjectStore, last_batch: str) -> None:
-    store.put(CHANGES_CURSOR_KEY, json.dumps({"last_batch": last_batch}).encode())
+def load_registry(store: ObjectStore) -> dict[str, dict[str, str | None]]:
+    """`schema.table` -> {"first_batch", "last_batch"}: the first and newest raw batch with a change of the table.
+
+    Written only by capture (and snapshot) under the capture lock, so it has a single writer; it
+    tells every later stage which tables exist and which have changes they have not taken in.
+    """
+    return _load_json(store, TABLES_KEY) or {}
 
 
-CATALOG_KEY = f"{STATE}/tables.json"
+def save_registry(store: ObjectStore, registry: dict[str, dict[str, str | None]]) -> None:
+    store.put(TABLES_KEY, json.dumps(registry, indent=1, sort_keys=True).encode())
 
 
-def load_catalog(store: ObjectStore) -> dict[str, dict]:
-    """`schema.table` -> the newest table version seen (columns and primary key), as JSON."""
-    return _load_json(store, CATALOG_KEY) or {}
+def register_batch(registry: dict[str, dict[str, str | None]], batch: str, tables: list[str]) -> bool:
+    """Record that `batch` changes `tables`; returns whether the registry changed."""
+    changed = False
+    for table in tables:
+        entry = registry.setdefault(table, {"first_batch": None, "last_batch": None})
+        if entry.get("first_batch") is None:
+            entry["first_batch"] = batch
+            changed = True
+        if entry.get("last_batch") is None or entry["last_batch"] < batch:
+            entry["last_batch"] = batch
+            changed = True
+    return changed
 
 
-def save_catalog(store: ObjectStore, catalog: dict[str, dict]) -> None:
-    store.put(CATALOG_KEY, json.dumps(catalog, indent=1, sort_keys=True).encode())
+def known_tables(store: ObjectStore) -> list[str]:
+    return sorted(load_registry(store))
+
+
+@dataclass(frozen=True)
+class TableProgress:
+    """How far one stage has taken one table: the last raw batch it has fully taken in.
+
+    The change-log stage also keeps the table version (columns and key) of the newest changes it
+    appended, which the current-state stage needs; it is saved only after those changes landed.
+    """
+
+    batch: str | None
+    version: dict | None = None
+
+
+def _progress_key(stage: str, table: str) -> str:
+    schema, _, name = table.partition(".")
+    return f"{STATE}/progress/{stage}/{schema}/{name}.json"
+
+
+def load_progress(store: ObjectStore, stage: str, table: str) -> TableProgress:
+    d = _load_json(store, _progress_key(stage, table))
+    if d is None:
+        return TableProgress(None)
+    return TableProgress(d.get("batch"), d.get("version"))
+
+
+def save_progress(store: ObjectStore, stage: str, table: str, progress: TableProgress) -> None:
+    body = {"batch": progress.batch, "version": progress.version}
+    store.put(_progress_key(stage, table), json.dumps(body, indent=1, sort_keys=True).encode())
+
+
+def needs_work(registry_entry: dict[str, str | None], progress: TableProgress) -> bool:
+    """Whether a raw batch newer than the stage's progress changes the table."""
+    last = registry_entry.get("last_batch")
+    return last is not None and (progress.batch is None or progress.batch < last)

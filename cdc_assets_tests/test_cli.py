@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,11 +15,11 @@ import pytest
 
 from cdc_assets.change_log import open_table
 from cdc_assets.cli import main
-from cdc_assets.lakehouse import CHANGES, RAW, TableRef
+from cdc_assets.lakehouse import CHANGES, RAW, STATE, TableRef
 from cdc_assets.local_source.server import free_port
 from cdc_assets.positions import BinlogPosition
 from cdc_assets.raw_batch import DATA_FILE, list_batches
-from cdc_assets.state import CHANGES_CURSOR_KEY, CHECKPOINT_KEY, Checkpoint, save_checkpoint
+from cdc_assets.state import CHECKPOINT_KEY, Checkpoint, save_checkpoint
 from cdc_assets_tests.conftest import CdcEnv
 
 
@@ -137,7 +138,7 @@ def test_corrupt_or_missing_batch(cdc: CdcEnv, capsys, damage: str) -> None:
     store = cdc.lakehouse.store
     changes_version = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "k")), None).version()
     # Processing starts over from the first batch, which has been damaged.
-    (cdc.lakehouse_dir / CHANGES_CURSOR_KEY).unlink()
+    shutil.rmtree(cdc.lakehouse_dir / STATE / "progress")
     data = cdc.lakehouse_dir / RAW / list_batches(store)[-1] / DATA_FILE
     if damage == "corrupt":
         data.write_bytes(data.read_bytes()[:-10] + b"0123456789")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 from cdc_assets.checks import batch_chain_breaks, duplicate_seqs
-from cdc_assets.lakehouse import CHANGES, RAW
+from cdc_assets.lakehouse import CHANGES, RAW, STATE
 from cdc_assets.raw_batch import list_batches
-from cdc_assets.state import CHANGES_CURSOR_KEY, CHECKPOINT_KEY
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_pipeline import _all_change_seqs, _assert_all_equal, _raw_seqs
 
@@ -50,17 +50,19 @@ def test_rerun_after_a_crash_at_any_point_of_a_sync(cdc: CdcEnv, monkeypatch) ->
     _write_transactions(cdc, transactions=40, rows_each=5)
     monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "30")
     assert cdc.sync() == 0
-    store = cdc.lakehouse.store
-    saved = {key: store.get(key) for key in (CHECKPOINT_KEY, CHANGES_CURSOR_KEY)}
+    state = cdc.lakehouse_dir / STATE
+    saved = {p: p.read_bytes() for p in state.rglob("*.json") if "locks" not in p.parts}
 
     _write_transactions(cdc, transactions=40, rows_each=5, start=40)
     assert cdc.sync() == 0
     raw_before = _raw_digests(cdc)
 
     # The second sync "crashes" after writing everything but before moving any state: its raw batches,
-    # change-log appends and current-state merges are all there, its checkpoint and cursor are not.
-    for key, value in saved.items():
-        store.put(key, value)
+    # change-log appends and current-state merges are all there, its checkpoint and progress are not.
+    shutil.rmtree(state)
+    for path, value in saved.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(value)
     # Re-capturing with another batch size cuts differently: existing batches must be kept, not rewritten.
     monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "45")
     assert cdc.sync() == 0
@@ -68,8 +70,7 @@ def test_rerun_after_a_crash_at_any_point_of_a_sync(cdc: CdcEnv, monkeypatch) ->
     _assert_exactly_once(cdc)
 
     # And once more from the very start of the pipeline state: still nothing twice.
-    for key in (CHECKPOINT_KEY, CHANGES_CURSOR_KEY):
-        (cdc.lakehouse_dir / key).unlink()
+    shutil.rmtree(state)
     assert cdc.sync() == 0
     _assert_exactly_once(cdc)
 

@@ -2,56 +2,16 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from pathlib import Path
-
 import boto3
-import pytest
 
 from cdc_assets.lakehouse import Lakehouse
-from cdc_assets.local_source.server import free_port
 from cdc_assets.raw_batch import list_batches
 from cdc_assets.state import load_checkpoint
-from cdc_assets_tests.conftest import CdcEnv
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server in its own process: delta-rs holds the GIL while it waits on some requests, so an
-    in-process (threaded) server could not answer them."""
-    port = free_port()
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while not _listening(port):
-        assert time.monotonic() < deadline and server.poll() is None, "moto_server did not start"
-        time.sleep(0.1)
-    yield f"http://127.0.0.1:{port}"
-    server.terminate()
-    server.wait(timeout=10)
+from cdc_assets_tests.conftest import CdcEnv, use_s3
 
 
 def test_whole_pipeline_on_s3(cdc: CdcEnv, monkeypatch, s3_endpoint: str) -> None:
-    for name, value in {
-        "AWS_ENDPOINT_URL": s3_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
+    use_s3(monkeypatch, s3_endpoint)
     boto3.client("s3").create_bucket(Bucket="lake")
     monkeypatch.setenv("CDC_LAKEHOUSE", "s3://lake/cdc/prod")
     cdc.execute(

@@ -1,21 +1,24 @@
 """Changes: new raw batches split into per-table change logs, one Spark job over all their tables."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, MetadataValue, asset
 
 from cdc_assets.assets.raw import raw_binlog_batches
 from cdc_assets.change_log import AppendResult, append_changes, build_change_table
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import Lakehouse, TableRef
+from cdc_assets.locks import lakehouse_lock
+from cdc_assets.partitions import run_owner, tables_partitions
 from cdc_assets.raw_batch import BatchManifest, TableVersion, chain_break, list_batches, read_manifest, read_rows
 from cdc_assets.resources import LakehouseResource
-from cdc_assets.state import load_catalog, load_changes_cursor, save_catalog, save_changes_cursor
+from cdc_assets.stages import CHANGES_LOCK, CHANGES_STAGE
+from cdc_assets.state import TableProgress, load_progress, load_registry, save_progress
 from spark_resources import SparkSessionResource
 from spark_resources.transforms import keyed_changes
 
@@ -41,13 +44,39 @@ class ChangesReport:
         return sum(r.appended for r in self.appended.values())
 
 
-def new_batches(lakehouse: Lakehouse) -> list[BatchManifest]:
-    """Visible raw batches after the change-log cursor, checked to follow on without a gap."""
+def target_tables(lakehouse: Lakehouse, tables: Collection[str] | None) -> list[str]:
+    """The tables a run works on: those asked for that the lakehouse has seen, else every table it has seen."""
+    known = load_registry(lakehouse.store)
+    return sorted(known if tables is None else set(tables) & set(known))
+
+
+def _starts(lakehouse: Lakehouse, tables: list[str]) -> dict[str, str | None]:
+    """Per table, the last batch its change log has taken in (None: it starts from the beginning)."""
+    registry = load_registry(lakehouse.store)
+    starts: dict[str, str | None] = {}
+    for table in tables:
+        progress = load_progress(lakehouse.store, CHANGES_STAGE, table)
+        first = registry.get(table, {}).get("first_batch")
+        # A table that has never been processed starts just before its first batch, not at the beginning.
+        starts[table] = progress.batch if progress.batch is not None else _just_before(first)
+    return starts
+
+
+def _just_before(batch: str | None) -> str | None:
+    """A name that sorts after every batch before `batch` and before `batch` itself.
+
+    Batch names are fixed-width digits, so lowering the last character and appending '~' does it.
+    """
+    return None if batch is None else batch[:-1] + chr(ord(batch[-1]) - 1) + "~"
+
+
+def new_batches(lakehouse: Lakehouse, after: str | None) -> list[BatchManifest]:
+    """Visible raw batches after `after`, checked to follow on from each other without a gap."""
     store = lakehouse.store
-    cursor = load_changes_cursor(store)
-    names = [n for n in list_batches(store) if cursor is None or n > cursor]
-    manifests = [read_manifest(store, n) for n in names]
-    previous = read_manifest(store, cursor) if cursor else None
+    manifests = [read_manifest(store, n) for n in list_batches(store, after)]
+    previous = None
+    if after is not None and store.exists(f"raw/{after}/manifest.json"):
+        previous = read_manifest(store, after)
     for manifest in manifests:
         problem = chain_break(previous, manifest) if previous is not None else None
         if problem:
@@ -85,40 +114,84 @@ def _table_slices(keyed: pa.Table) -> list[tuple[TableRef, int, int]]:
     return slices
 
 
-def process_new_batches(lakehouse: Lakehouse, spark: Callable[[], Any], log: Any | None = None) -> ChangesReport:
-    """Append the changes of every raw batch after the cursor to the change logs, then move the cursor."""
+def _rows_for_tables(rows: pa.Table, starts: dict[str, str | None]) -> pa.Table:
+    """Rows of the wanted tables in batches after each table's own start."""
+    names = list(starts)
+    index = pc.index_in(pc.binary_join_element_wise(rows.column("schema"), rows.column("table"), "."), pa.array(names))
+    start_after = pc.take(pa.array([starts[n] or "" for n in names], pa.string()), index)
+    wanted = pc.and_(pc.is_valid(index), pc.greater(rows.column("batch"), start_after))
+    return rows.filter(pc.fill_null(wanted, False))
+
+
+def process_new_batches(
+    lakehouse: Lakehouse,
+    spark: Callable[[], Any],
+    tables: Collection[str] | None = None,
+    log: Any | None = None,
+    owner: str = "cdc-lakehouse",
+) -> ChangesReport:
+    """Append the changes of `tables` (default: all) from raw batches they have not taken in yet.
+
+    Holds the lakehouse's change-log lock, so two runs never append the same changes; each table's
+    progress is saved only after its append, and the change log's own `_cdc_seq` watermark makes a
+    repeat after a crash append nothing twice.
+    """
     began = time.monotonic()
-    store = lakehouse.store
     report = ChangesReport()
-    manifests = new_batches(lakehouse)
-    catalog = load_catalog(store)
+    with lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, lakehouse.lock_wait_seconds, log=log):
+        targets = target_tables(lakehouse, tables)
+        starts = _starts(lakehouse, targets)
+        if targets:
+            earliest = None if None in starts.values() else min(s for s in starts.values() if s is not None)
+            _process(lakehouse, spark, new_batches(lakehouse, earliest), starts, report, log)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _process(
+    lakehouse: Lakehouse,
+    spark: Callable[[], Any],
+    manifests: list[BatchManifest],
+    starts: dict[str, str | None],
+    report: ChangesReport,
+    log: Any | None,
+) -> None:
+    store = lakehouse.store
+    progress = {t: load_progress(store, CHANGES_STAGE, t) for t in starts}
     for chunk in _chunks(manifests):
         versions: dict[tuple[str, int], TableVersion] = {}
+        newest: dict[str, dict] = {}
         parts, keys = [], []
         for manifest in chunk:
+            touched = [v for v in manifest.table_versions if str(v.table) in starts]
+            if not touched:
+                continue
             rows = read_rows(store, manifest)
             parts.append(rows.append_column("batch", pa.array([manifest.name] * rows.num_rows, pa.string())))
-            for version in manifest.table_versions:
+            for version in touched:
                 versions[(manifest.name, version.id)] = version
                 keys.append({"batch": manifest.name, "table_version": version.id, "key_idx": version.key_indexes()})
-                catalog[str(version.table)] = version.to_json()
-        # Each table's newest version is recorded before its changes land, so the current-state layer
-        # always finds the columns and key of every change log.
-        save_catalog(store, catalog)
-        rows = pa.concat_tables(parts)
-        report.rows_in += rows.num_rows
-        if rows.num_rows:
+                newest[str(version.table)] = version.to_json()
+        rows = _rows_for_tables(pa.concat_tables(parts), starts) if parts else None
+        if rows is not None and rows.num_rows:
+            report.rows_in += rows.num_rows
             keyed = keyed_changes(spark(), rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
             for table, offset, length in _table_slices(keyed):
                 result = _append_table(lakehouse, table, keyed.slice(offset, length), versions)
-                previous = report.appended.get(str(table))
-                report.appended[str(table)] = _sum(previous, result)
+                report.appended[str(table)] = _sum(report.appended.get(str(table)), result)
                 if log is not None:
                     log.info(f"{table}: {result.appended} changes appended")
-        save_changes_cursor(store, chunk[-1].name)
+        last = chunk[-1].name
+        for table in starts:
+            # Progress moves past every batch read, also those without changes of the table; the table
+            # version is the newest whose changes have landed.
+            if starts[table] is None or starts[table] < last:
+                version = newest.get(table, progress[table].version)
+                progress[table] = TableProgress(last, version)
+                save_progress(store, CHANGES_STAGE, table, progress[table])
         report.batches.extend(m.name for m in chunk)
-    report.seconds = time.monotonic() - began
-    return report
+        if log is not None:
+            log.info(f"change logs: {len(report.batches)} of {len(manifests)} batches done, {report.rows_in} rows")
 
 
 def _append_table(
@@ -147,19 +220,30 @@ def _sum(a: AppendResult | None, b: AppendResult) -> AppendResult:
 @asset(
     group_name="changes",
     deps=[raw_binlog_batches],
+    partitions_def=tables_partitions,
+    backfill_policy=BackfillPolicy.single_run(),
     description=(
-        "Per-table change logs under changes/<schema>/<table> (Delta): one row per row change with _cdc_op, "
-        "_cdc_seq, _cdc_commit_ts, _cdc_gtid, _cdc_batch and the before-image, from every new raw batch."
+        "Per-table change logs under changes/<schema>/<table> (Delta), one partition per source table: one row "
+        "per row change with _cdc_op, _cdc_seq, _cdc_commit_ts, _cdc_gtid, _cdc_batch and the before-image, "
+        "from every raw batch the table has not taken in yet."
     ),
 )
 def table_changes(
     context: AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkSessionResource
 ) -> MaterializeResult:
-    report = process_new_batches(lakehouse.get(), spark.get_session, log=context.log)
-    per_table = {
-        name: {"changes": r.appended, "inserts": r.inserts, "updates": r.updates, "deletes": r.deletes}
-        for name, r in sorted(report.appended.items())
-    }
+    tables = context.partition_keys
+    report = process_new_batches(
+        lakehouse.get(), spark.get_session, tables=tables, log=context.log, owner=run_owner(context.run.run_id)
+    )
+    per_table = {}
+    for name in sorted(tables):
+        r = report.appended.get(name)
+        per_table[name] = {
+            "changes": r.appended if r else 0,
+            "inserts": r.inserts if r else 0,
+            "updates": r.updates if r else 0,
+            "deletes": r.deletes if r else 0,
+        }
     return MaterializeResult(
         metadata={
             "batches": len(report.batches),
@@ -167,7 +251,8 @@ def table_changes(
             "last_batch": report.batches[-1] if report.batches else "",
             "rows_in": report.rows_in,
             "rows_out": report.rows_out,
-            "tables": len(report.appended),
+            "tables": len(tables),
+            "tables_changed": len(report.appended),
             "inserts": sum(r.inserts for r in report.appended.values()),
             "updates": sum(r.updates for r in report.appended.values()),
             "deletes": sum(r.deletes for r in report.appended.values()),

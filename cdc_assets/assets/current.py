@@ -1,20 +1,25 @@
 """Current state: every change log's pending changes applied to current/<schema>/<table>."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, MetadataValue, asset
 
-from cdc_assets.assets.changes import table_changes
+from cdc_assets.assets.changes import table_changes, target_tables
+from cdc_assets.change_log import open_table
 from cdc_assets.current_state import ApplyResult, PendingTable, apply_changes, read_pending
-from cdc_assets.lakehouse import Lakehouse, TableRef
+from cdc_assets.freshness import current_freshness_policy
+from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
+from cdc_assets.locks import lakehouse_lock
+from cdc_assets.partitions import run_owner, tables_partitions
 from cdc_assets.raw_batch import TableVersion
 from cdc_assets.resources import LakehouseResource
-from cdc_assets.state import load_catalog
+from cdc_assets.stages import CHANGES_STAGE, CURRENT_LOCK, CURRENT_STAGE
+from cdc_assets.state import TableProgress, load_progress, save_progress
 from spark_resources import SparkSessionResource
 from spark_resources.transforms import latest_change_per_key
 
@@ -22,83 +27,128 @@ from spark_resources.transforms import latest_change_per_key
 @dataclass
 class CurrentReport:
     applied: list[ApplyResult] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
-def pending_tables(lakehouse: Lakehouse, only: set[str] | None = None) -> list[PendingTable]:
+def pending_tables(lakehouse: Lakehouse, tables: list[str]) -> list[PendingTable]:
     """Tables whose change log has changes their current state has not taken in."""
     pending = []
-    for name, version_json in sorted(load_catalog(lakehouse.store).items()):
-        if only is not None and name not in only:
+    for name in tables:
+        version_json = load_progress(lakehouse.store, CHANGES_STAGE, name).version
+        if version_json is None:  # no change log yet
             continue
-        table = TableRef.parse(name)
-        found = read_pending(lakehouse, table, TableVersion.from_json(version_json))
+        found = read_pending(lakehouse, TableRef.parse(name), TableVersion.from_json(version_json))
         if found is not None:
             pending.append(found)
     return pending
 
 
-def apply_pending(lakehouse: Lakehouse, spark: Callable[[], Any], log: Any | None = None) -> CurrentReport:
-    """Apply the newest pending change per key of every table; one Spark job picks them all."""
+def apply_pending(
+    lakehouse: Lakehouse,
+    spark: Callable[[], Any],
+    tables: Collection[str] | None = None,
+    log: Any | None = None,
+    owner: str = "cdc-lakehouse",
+) -> CurrentReport:
+    """Apply the newest pending change per key of `tables` (default: all); one Spark job picks them all.
+
+    Holds the lakehouse's current-state lock so two runs never merge into the same table at once.
+    """
     began = time.monotonic()
     report = CurrentReport()
-    pending = pending_tables(lakehouse)
-    if pending:
-        key_events = pa.concat_tables(
-            [
-                pa.table(
-                    {
-                        "table_id": pa.array([i] * p.changes.num_rows, pa.int32()),
-                        "seq": p.changes.column("_cdc_seq"),
-                        "op": p.changes.column("_cdc_op"),
-                        "key": p.changes.column("_cdc_key"),
-                        "before_key": p.changes.column("_cdc_before_key"),
-                    }
-                )
-                for i, p in enumerate(pending)
-            ]
-        )
-        latest = latest_change_per_key(spark(), key_events)
-        for i, table in enumerate(pending):
-            result = apply_changes(lakehouse, table, latest.filter(pc.equal(latest.column("table_id"), i)))
-            report.applied.append(result)
-            if log is not None:
-                log.info(
-                    f"{result.table}: {result.changes_in} changes -> {result.inserted} inserted, "
-                    f"{result.updated} updated, {result.removed} deleted"
-                )
+    store = lakehouse.store
+    with lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, lakehouse.lock_wait_seconds, log=log):
+        targets = target_tables(lakehouse, tables)
+        # What the change logs hold now; recorded as this stage's progress once it is applied.
+        reached = {t: load_progress(store, CHANGES_STAGE, t).batch for t in targets}
+        pending = pending_tables(lakehouse, targets)
+        if pending:
+            _apply(lakehouse, spark, pending, report, log)
+        for table, batch in reached.items():
+            if batch is not None:
+                save_progress(store, CURRENT_STAGE, table, TableProgress(batch))
+        report.tables = targets
     report.seconds = time.monotonic() - began
     return report
+
+
+def _apply(
+    lakehouse: Lakehouse, spark: Callable[[], Any], pending: list[PendingTable], report: CurrentReport, log: Any | None
+) -> None:
+    key_events = pa.concat_tables(
+        [
+            pa.table(
+                {
+                    "table_id": pa.array([i] * p.changes.num_rows, pa.int32()),
+                    "seq": p.changes.column("_cdc_seq"),
+                    "op": p.changes.column("_cdc_op"),
+                    "key": p.changes.column("_cdc_key"),
+                    "before_key": p.changes.column("_cdc_before_key"),
+                }
+            )
+            for i, p in enumerate(pending)
+        ]
+    )
+    latest = latest_change_per_key(spark(), key_events)
+    for i, table in enumerate(pending):
+        result = apply_changes(lakehouse, table, latest.filter(pc.equal(latest.column("table_id"), i)))
+        report.applied.append(result)
+        if log is not None:
+            log.info(
+                f"{result.table}: {result.changes_in} changes -> {result.inserted} inserted, "
+                f"{result.updated} updated, {result.removed} deleted ({i + 1} of {len(pending)} tables)"
+            )
+
+
+def current_row_count(lakehouse: Lakehouse, table: str) -> int | None:
+    """Rows in a current-state table, from the Delta log's file statistics (no data read)."""
+    dt = open_table(lakehouse.table_uri(CURRENT, TableRef.parse(table)), lakehouse.storage_options())
+    if dt is None:
+        return None
+    actions = pa.table(dt.get_add_actions(flatten=True))
+    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
 
 
 @asset(
     group_name="current",
     deps=[table_changes],
+    partitions_def=tables_partitions,
+    backfill_policy=BackfillPolicy.single_run(),
+    freshness_policy=current_freshness_policy(),
     description=(
-        "Current-state tables under current/<schema>/<table> (Delta): one row per source row, the source's "
-        "columns plus _cdc_seq and _cdc_commit_ts, rebuilt by applying each change log in _cdc_seq order."
+        "Current-state tables under current/<schema>/<table> (Delta), one partition per source table: one row "
+        "per source row, the source's columns plus _cdc_seq and _cdc_commit_ts, rebuilt by applying the "
+        "newest change per key from the change log in _cdc_seq order."
     ),
 )
 def current_tables(
     context: AssetExecutionContext, lakehouse: LakehouseResource, spark: SparkSessionResource
 ) -> MaterializeResult:
-    report = apply_pending(lakehouse.get(), spark.get_session, log=context.log)
-    per_table = {
-        str(r.table): {
-            "changes_in": r.changes_in,
-            "inserted": r.inserted,
-            "updated": r.updated,
-            "deleted": r.removed,
+    house = lakehouse.get()
+    report = apply_pending(
+        house, spark.get_session, tables=context.partition_keys, log=context.log, owner=run_owner(context.run.run_id)
+    )
+    applied = {str(r.table): r for r in report.applied}
+    per_table = {}
+    for name in report.tables:
+        r = applied.get(name)
+        per_table[name] = {
+            "changes_in": r.changes_in if r else 0,
+            "inserted": r.inserted if r else 0,
+            "updated": r.updated if r else 0,
+            "deleted": r.removed if r else 0,
+            "rows": current_row_count(house, name),
         }
-        for r in report.applied
-    }
     return MaterializeResult(
         metadata={
-            "tables": len(report.applied),
+            "tables": len(report.tables),
+            "tables_changed": len(report.applied),
             "changes_in": sum(r.changes_in for r in report.applied),
             "rows_inserted": sum(r.inserted for r in report.applied),
             "rows_updated": sum(r.updated for r in report.applied),
             "rows_deleted": sum(r.removed for r in report.applied),
+            "rows_out": sum(v["rows"] or 0 for v in per_table.values()),
             "per_table": MetadataValue.json(per_table),
             "duration_seconds": round(report.seconds, 3),
         }

@@ -1,0 +1,53 @@
+"""Whether each current-state table has its source table's columns, order and Delta types (CONTRACT §4, §5)."""
+
+import pyarrow as pa
+
+from cdc_assets import source
+from cdc_assets.change_log import _plain_type, open_table
+from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
+from cdc_assets.mysql_types import arrow_type
+from cdc_assets.resources import BinlogResource
+from cdc_assets.verify import source_table_schema
+
+
+def schema_difference(source_fields: list[pa.Field], current: pa.Schema) -> str | None:
+    """What is wrong with `current` against the source's columns, or None when it matches."""
+    names = current.names
+    source_names = [f.name for f in source_fields]
+    if names[: len(source_names)] != source_names:
+        return f"columns are {names[: len(source_names)]}, the source has {source_names}"
+    extra = [n for n in names[len(source_names) :] if not n.startswith("_cdc_")]
+    if extra:
+        return f"columns {extra} are not in the source"
+    wrong = [
+        f"{f.name} is {current.field(f.name).type}, expected {f.type}"
+        for f in source_fields
+        if current.field(f.name).type != f.type
+    ]
+    return "; ".join(wrong) or None
+
+
+def schema_differences(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[str]) -> dict[str, str]:
+    """Per table with a problem, one sentence about it."""
+    problems = {}
+    conn = source.connect(binlog.url())
+    try:
+        for name in tables:
+            table = TableRef.parse(name)
+            columns, _ = source_table_schema(conn, table)
+            dt = open_table(lakehouse.table_uri(CURRENT, table), lakehouse.storage_options())
+            if not columns:
+                if dt is not None:
+                    problems[name] = "the table no longer exists in the source"
+                continue
+            if dt is None:
+                problems[name] = "there is no current-state table yet"
+                continue
+            arrow = pa.schema(dt.schema().to_arrow())
+            current = pa.schema([f.with_type(_plain_type(f.type)) for f in arrow])
+            problem = schema_difference([pa.field(c.name, arrow_type(c)) for c in columns], current)
+            if problem:
+                problems[name] = problem
+    finally:
+        conn.close()
+    return problems

@@ -1,0 +1,90 @@
+"""The sensor on new raw batches: it turns each new batch into change-log and current-state runs for exactly
+the tables the batch touched, registering tables it has not seen as partitions first."""
+
+import time
+
+from dagster import (
+    AssetKey,
+    DefaultSensorStatus,
+    RunRequest,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+
+from cdc_assets.assets.raw import RAW_ASSET_KEY
+from cdc_assets.freshness import freshness_windows
+from cdc_assets.jobs import CURRENT_ASSET_KEY, apply_job
+from cdc_assets.partitions import TABLES_PARTITIONS_NAME, tables_partitions, touched_ranges
+from cdc_assets.raw_batch import list_batches, read_manifest
+from cdc_assets.resources import LakehouseResource
+from cdc_assets.state import load_registry
+
+MAX_BATCHES_PER_TICK = 500
+SENSOR_INTERVAL_SECONDS = 15
+
+
+def apply_run_request(first: str, last: str, run_key: str) -> RunRequest:
+    """A run of the apply job for one table, or for a range of consecutive tables."""
+    if first == last:
+        return RunRequest(run_key=run_key, partition_key=first)
+    return RunRequest(
+        run_key=run_key, tags={ASSET_PARTITION_RANGE_START_TAG: first, ASSET_PARTITION_RANGE_END_TAG: last}
+    )
+
+
+def _confirmation(context: SensorEvaluationContext, partitions: list[str]) -> RunRequest | None:
+    """A run over every table when capture keeps succeeding but no table changed for a while.
+
+    Freshness is judged by the current-state layer's last materialization; without changes to
+    apply it would go stale although it is current. After each successful capture that found the
+    source quiet, the apply job confirms every table is up to date, so freshness fails only when
+    capture itself stops.
+    """
+    if not partitions:
+        return None
+    raw = context.instance.get_latest_materialization_event(AssetKey(RAW_ASSET_KEY))
+    current = context.instance.get_latest_materialization_event(AssetKey(CURRENT_ASSET_KEY))
+    if raw is None or (current is not None and current.timestamp >= raw.timestamp):
+        return None
+    warn_minutes, _ = freshness_windows()
+    if current is not None and time.time() - current.timestamp < warn_minutes * 60 / 2:
+        return None
+    return apply_run_request(partitions[0], partitions[-1], f"confirm-current-{raw.timestamp:.3f}")
+
+
+@sensor(
+    job=apply_job,
+    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        "Watches raw/ in the lakehouse (local or S3) for batches after its cursor (the last batch name it "
+        "handled). Registers newly seen tables as partitions of the change and current-state layers and "
+        "requests apply runs for exactly the tables those batches touched (one run per consecutive range of "
+        "table partitions). When capture succeeds but nothing changed, it confirms every table as current."
+    ),
+)
+def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
+    store = lakehouse.get().store
+    names = list_batches(store, after=context.cursor or None)[:MAX_BATCHES_PER_TICK]
+    existing = list(context.instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME))
+    registry = load_registry(store)
+    touched: set[str] = set()
+    for name in names:
+        touched.update(str(v.table) for v in read_manifest(store, name).table_versions)
+    new = sorted((touched | set(registry)) - set(existing))
+    ordered = existing + new
+    partition_requests = [tables_partitions.build_add_request(new)] if new else []
+    if not names:
+        confirmation = _confirmation(context, ordered)
+        if confirmation is None and not partition_requests:
+            return SkipReason(f"No raw batch after {context.cursor or 'the start'}.")
+        return SensorResult(
+            run_requests=[confirmation] if confirmation else [], dynamic_partitions_requests=partition_requests
+        )
+    last = names[-1]
+    runs = [apply_run_request(first, end, f"{last}:{first}..{end}") for first, end in touched_ranges(ordered, touched)]
+    context.log.info(f"{len(names)} new raw batches up to {last}: {len(touched)} tables in {len(runs)} runs")
+    return SensorResult(run_requests=runs, dynamic_partitions_requests=partition_requests, cursor=last)
