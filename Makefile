@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.local/dagster_home
+SPARK_CONNECT_PORT ?= 15002
 
-.PHONY: demo test dev lint system-deps install local-source-start local-source-stop clean
+.PHONY: demo test dev workload lint system-deps install local-source-start local-source-stop clean
 
 ## System packages: a MariaDB server (run as our own dedicated instance) and a Java 17+ runtime for Spark.
 system-deps:
@@ -28,8 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 install: system-deps $(STAMP)
-	@mkdir -p "$(DAGSTER_HOME)"
-	@[ -f "$(DAGSTER_HOME)/dagster.yaml" ] || printf 'telemetry:\n  enabled: false\n' > "$(DAGSTER_HOME)/dagster.yaml"
+	@$(BIN)/python -m cdc_assets.instance >/dev/null
 
 demo: install
 	$(BIN)/cdc-lakehouse demo
@@ -39,9 +39,17 @@ test: install
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/pytest cdc_assets_tests
 
+## The UI and the daemon (schedules, sensors, freshness). Runs share one long-lived Spark Connect server, so
+## no run pays for a JVM start; set CDC_SPARK_MASTER to use another Spark. `make workload` writes to the source.
 dev: install
 	$(BIN)/python -m cdc_assets.local_source start
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(BIN)/python -m spark_resources.connect_server start --port $(SPARK_CONNECT_PORT)
+	CDC_SPARK_MASTER="$${CDC_SPARK_MASTER:-sc://127.0.0.1:$(SPARK_CONNECT_PORT)}" \
+		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+## The demo's live workload against the local source, until Ctrl-C (run it beside `make dev`).
+workload: install
+	$(BIN)/python -m cdc_assets.local_source live
 
 lint: install
 	$(BIN)/ruff check cdc_assets cdc_assets_tests spark_resources benchmarks
@@ -53,4 +61,5 @@ local-source-stop: install
 	$(BIN)/python -m cdc_assets.local_source stop
 
 clean: local-source-stop
+	-$(BIN)/python -m spark_resources.connect_server stop --port $(SPARK_CONNECT_PORT)
 	rm -rf .local lakehouse

@@ -20,7 +20,7 @@ from dagster._core.storage.tags import (
 from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.assets.raw import RAW_ASSET_KEY
 from cdc_assets.change_log import open_table, read_query
-from cdc_assets.freshness import freshness_windows
+from cdc_assets.freshness import lag_thresholds
 from cdc_assets.lag import table_lags
 from cdc_assets.lakehouse import CHANGES, Lakehouse, TableRef
 from cdc_assets.partitions import TABLES_PARTITIONS_NAME
@@ -137,31 +137,36 @@ def change_log_seq_unique(context: AssetCheckExecutionContext, lakehouse: Lakeho
 def current_matches_source(
     context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
 ) -> AssetCheckResult:
-    from cdc_assets.consistency import compare_at_consistent_point
+    from cdc_assets.consistency import compare_many
 
     house = lakehouse.get()
     tables = run_tables(context, house)
+    comparisons = compare_many(binlog, house, [TableRef.parse(t) for t in tables])
     results = {}
-    failing = []
-    for name in tables:
-        comparison = compare_at_consistent_point(binlog, house, TableRef.parse(name))
-        results[name] = {
+    for comparison in comparisons:
+        results[str(comparison.table)] = {
             "position": comparison.position,
+            "applied_seq": comparison.applied_seq,
             "source_rows": comparison.source_rows,
             "lakehouse_rows": comparison.lakehouse_rows,
             "compared_rows": comparison.compared_rows,
             "in_flight_keys": comparison.in_flight_keys,
             "source_checksum": comparison.source_checksum,
             "lakehouse_checksum": comparison.lakehouse_checksum,
+            "not_compared": comparison.not_compared,
         }
-        if not comparison.ok:
-            failing.append(comparison.diff.describe())
-        context.log.info(f"{name}: {comparison.compared_rows} rows compared, {'equal' if comparison.ok else 'DIFFERENT'}")
+        context.log.info(comparison.describe())
+    failing = [c.describe() for c in comparisons if not c.ok]
     return AssetCheckResult(
         passed=not failing,
         severity=AssetCheckSeverity.ERROR,
         description="; ".join(failing[:5]) if failing else f"{len(tables)} tables equal to the source",
-        metadata={"tables": len(tables), "differing": len(failing), "per_table": MetadataValue.json(results)},
+        metadata={
+            "tables": len(tables),
+            "differing": len(failing),
+            "not_compared": sum(1 for c in comparisons if c.not_compared),
+            "per_table": MetadataValue.json(results),
+        },
     )
 
 
@@ -190,27 +195,27 @@ def current_schema_matches_source(
     asset=current_tables,
     description=(
         "Per-table lag: for every table, how long ago the oldest change not yet in its current state was "
-        "committed (or, while capture is behind the binlog, the capture lag). Warns past the freshness warn "
-        "window and fails past the fail window, naming each table that is behind."
+        "committed (or, while capture is behind the binlog, the capture lag). Warns past CDC_LAG_WARN_SECONDS and "
+        "fails past CDC_LAG_FAIL_SECONDS (default: the freshness windows), naming each table that is behind."
     ),
 )
 def table_lag(binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
-    warn, fail = freshness_windows()
+    warn, fail = lag_thresholds()
     lags = table_lags(binlog, lakehouse.get(), time.time())
-    failing = {t: s for t, s in lags.items() if s >= fail * 60}
-    warning = {t: s for t, s in lags.items() if warn * 60 <= s < fail * 60}
+    failing = {t: s for t, s in lags.items() if s >= fail}
+    warning = {t: s for t, s in lags.items() if warn <= s < fail}
     behind = failing or warning
     described = ", ".join(f"{t} is {s:.0f} s behind" for t, s in sorted(behind.items(), key=lambda kv: -kv[1])[:10])
     return AssetCheckResult(
         passed=not behind,
         severity=AssetCheckSeverity.ERROR if failing else AssetCheckSeverity.WARN,
-        description=described or f"all {len(lags)} tables within {warn:g} min",
+        description=described or f"all {len(lags)} tables within {warn:g} s",
         metadata={
             "max_lag_seconds": round(max(lags.values(), default=0.0), 1),
             "tables_failing": MetadataValue.json(sorted(failing)),
             "tables_warning": MetadataValue.json(sorted(warning)),
-            "warn_after_seconds": warn * 60,
-            "fail_after_seconds": fail * 60,
+            "warn_after_seconds": warn,
+            "fail_after_seconds": fail,
             "per_table_lag_seconds": MetadataValue.json({t: round(s, 1) for t, s in sorted(lags.items())}),
         },
     )

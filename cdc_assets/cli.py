@@ -19,7 +19,6 @@ from pathlib import Path
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
-DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
 DEMO_TRANSACTIONS_PER_SECOND = 40
 
 
@@ -67,13 +66,9 @@ def _apply_overrides(args: argparse.Namespace) -> None:
 
 
 def _dagster_home() -> Path:
-    home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_DAGSTER_HOME).resolve()
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text("telemetry:\n  enabled: false\n")
-    os.environ["DAGSTER_HOME"] = str(home)
-    return home
+    from cdc_assets.instance import ensure_dagster_home
+
+    return ensure_dagster_home()
 
 
 _instances: dict[str, object] = {}
@@ -117,10 +112,17 @@ class SyncOutcome:
 
 def _user_error_message(error: object) -> str | None:
     """The sentence of the CdcUserError behind a Dagster step failure (walking the error's causes)."""
+    from cdc_assets.errors import CdcUserError
+
+    def subclasses(cls: type) -> set[str]:
+        return {cls.__name__}.union(*(subclasses(c) for c in cls.__subclasses__()))
+
+    user_errors = subclasses(CdcUserError)
     while error is not None:
-        if getattr(error, "cls_name", None) == "CdcUserError":
+        if getattr(error, "cls_name", None) in user_errors:
             message = str(getattr(error, "message", "")).strip()
-            return message.split(": ", 1)[1] if message.startswith(("CdcUserError", "cdc_assets.")) else message
+            prefixes = tuple(user_errors) + ("cdc_assets.",)
+            return message.split(": ", 1)[1] if message.startswith(prefixes) else message
         error = getattr(error, "cause", None) or getattr(error, "context", None)
     return None
 
@@ -287,17 +289,14 @@ def run_verify(tables: list[str] | None = None) -> list:
 
     from cdc_assets import source
     from cdc_assets.definitions import initialized_resources
-    from cdc_assets.verify import verify
+    from cdc_assets.verify import verify_consistent
 
     resources = initialized_resources()
     url = resources["binlog"].url()  # type: ignore[attr-defined]
-    conn = source.connect(url)
     try:
-        return verify(conn, resources["lakehouse"].get(), tables)  # type: ignore[attr-defined]
+        return verify_consistent(resources["binlog"], resources["lakehouse"].get(), tables)  # type: ignore[arg-type, attr-defined]
     except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege
         raise source.describe_error(exc, url) from exc
-    finally:
-        conn.close()
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

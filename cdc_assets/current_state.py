@@ -102,7 +102,10 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
     if keys:
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
     else:  # no primary key: the whole row is the key
-        on = " AND ".join(f"t.{quote(c.name)} IS NOT DISTINCT FROM s.{quote(c.name)}" for c in pending.version.columns)
+        # each term in parentheses: DataFusion would otherwise parse `a IS NOT DISTINCT FROM b AND c ...` wrongly
+        on = " AND ".join(
+            f"(t.{quote(c.name)} IS NOT DISTINCT FROM s.{quote(c.name)})" for c in pending.version.columns
+        )
     assignments = {quote(f.name): f"s.{quote(f.name)}" for f in current_schema(pending.version)}
     newer = "s._cdc_seq > t._cdc_seq"
     metrics = (

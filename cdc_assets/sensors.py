@@ -15,7 +15,7 @@ from dagster import (
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
 from cdc_assets.assets.raw import RAW_ASSET_KEY
-from cdc_assets.freshness import freshness_windows
+from cdc_assets.freshness import lag_thresholds
 from cdc_assets.jobs import CURRENT_ASSET_KEY, apply_job
 from cdc_assets.partitions import TABLES_PARTITIONS_NAME, tables_partitions, touched_ranges
 from cdc_assets.raw_batch import list_batches, read_manifest
@@ -49,8 +49,8 @@ def _confirmation(context: SensorEvaluationContext, partitions: list[str]) -> Ru
     current = context.instance.get_latest_materialization_event(AssetKey(CURRENT_ASSET_KEY))
     if raw is None or (current is not None and current.timestamp >= raw.timestamp):
         return None
-    warn_minutes, _ = freshness_windows()
-    if current is not None and time.time() - current.timestamp < warn_minutes * 60 / 2:
+    warn_seconds, _ = lag_thresholds()
+    if current is not None and time.time() - current.timestamp < warn_seconds / 2:
         return None
     return apply_run_request(partitions[0], partitions[-1], f"confirm-current-{raw.timestamp:.3f}")
 

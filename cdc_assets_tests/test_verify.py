@@ -21,3 +21,30 @@ def test_tables_without_a_key_compare_duplicates() -> None:
     source = pa.table({"v": ["a", "a", "b"]})
     assert compare_tables(T, source, pa.table({"v": ["a", "b", "a"]}), []).ok
     assert not compare_tables(T, source, pa.table({"v": ["a", "b"]}), []).ok
+
+
+def test_verify_consistent_reports_every_table_at_one_point(cdc, spark) -> None:
+    from cdc_assets.assets.changes import process_new_batches
+    from cdc_assets.assets.current import apply_pending
+    from cdc_assets.resources import BinlogResource
+    from cdc_assets.verify import verify_consistent
+
+    cdc.execute(
+        "CREATE TABLE a (id INT PRIMARY KEY, v INT)",
+        "CREATE TABLE b (v VARCHAR(5))",
+        "INSERT INTO a VALUES (1, 1), (2, 2), (3, 3)",
+        "INSERT INTO b VALUES ('x'), ('y')",
+    )
+    binlog = BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*")
+    binlog.capture(cdc.lakehouse)
+    process_new_batches(cdc.lakehouse, lambda: spark)
+    apply_pending(cdc.lakehouse, lambda: spark)
+    cdc.execute("UPDATE a SET v = 20 WHERE id = 2", "INSERT INTO b VALUES ('z')")  # busy: not captured yet
+
+    results = verify_consistent(binlog, cdc.lakehouse, None)
+    assert [str(r.table) for r in results] == [f"{cdc.database}.a", f"{cdc.database}.b"]
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    assert len({r.position for r in results}) == 1  # one snapshot for all tables
+    assert [(r.compared_rows, r.in_flight_keys) for r in results] == [(2, 1), (2, 1)]
+    only_a = verify_consistent(binlog, cdc.lakehouse, [f"{cdc.database}.a"])
+    assert [r.describe().split(":")[0] for r in only_a] == [f"{cdc.database}.a"]

@@ -80,3 +80,30 @@ def stop(server: ConnectServer) -> None:
     env = _environment(server.state_dir)
     script = Path(env["SPARK_HOME"]) / "sbin" / "stop-connect-server.sh"
     subprocess.run(["bash", str(script)], env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+DEFAULT_PORT = 15002
+DEFAULT_STATE_DIR = Path(".local") / "spark_connect"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m spark_resources.connect_server start|stop [--port P]`: the long-lived server `make dev` uses."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m spark_resources.connect_server")
+    parser.add_argument("command", choices=["start", "stop"])
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args(argv)
+    server = ConnectServer(args.port, DEFAULT_STATE_DIR.resolve())
+    if args.command == "start":
+        if not _listening(args.port):
+            server = start(server.state_dir, args.port, args.master)
+        print(server.remote)
+    else:
+        stop(server)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,9 +1,10 @@
-"""`python -m cdc_assets.local_source start|stop|status|workload N`: manage the demo source."""
+"""`python -m cdc_assets.local_source start|stop|status|workload N|live`: manage the demo source."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
 from cdc_assets.local_source import server
 from cdc_assets.local_source.workload import Workload, load_sample_schema
@@ -18,6 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     work = sub.add_parser("workload", help="load the sample schema and run N transactions")
     work.add_argument("transactions", type=int, nargs="?", default=500)
     work.add_argument("--seed", type=int, default=0)
+    live = sub.add_parser("live", help="load the sample schema and keep writing, as the demo does (Ctrl-C stops)")
+    live.add_argument("--seconds", type=float, default=None, help="stop after this long (default: never)")
+    live.add_argument("--tps", type=float, default=40.0, help="transactions per second, about")
+    live.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     if args.command == "start":
@@ -35,6 +40,21 @@ def main(argv: list[str] | None = None) -> int:
             workload = Workload(conn, seed=args.seed)
             workload.seed()
             stats = workload.run(args.transactions)
+        print(f"ran {stats.total} transactions: {dict(stats.transactions)}")
+    elif args.command == "live":
+        local = server.start()
+        stop = threading.Event()
+        if args.seconds is not None:
+            threading.Timer(args.seconds, stop.set).start()
+        with local.admin_connection(autocommit=False) as conn:
+            load_sample_schema(conn)
+            workload = Workload(conn, seed=args.seed)
+            workload.seed()
+            print(f"writing about {args.tps:g} transactions/s to 127.0.0.1:{local.port} (Ctrl-C stops)", flush=True)
+            try:
+                stats = workload.run_until(stop, pause_s=1.0 / args.tps)
+            except KeyboardInterrupt:
+                stats = workload.stats
         print(f"ran {stats.total} transactions: {dict(stats.transactions)}")
     return 0
 

@@ -1,0 +1,369 @@
+"""Current state against the source at one consistent point, without false differences while the source writes.
+
+A current-state table holds its source table as of its applied `_cdc_seq` A; a consistent read snapshot of the
+source holds it as of a binlog position S. Between the two lie the changes "in flight": captured after A (raw
+batches) or not captured yet (the binlog from the checkpoint to S). Every key such a change touches, before or
+after it, is left out on both sides; every other row must be equal, which is proved by row counts, an
+order-independent checksum per side and the row-for-row comparison of `verify`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pymysql
+from deltalake import DeltaTable
+
+from cdc_assets import source
+from cdc_assets.capture import CaptureOptions, capture_batches
+from cdc_assets.change_log import max_seq, open_table, read_query
+from cdc_assets.current_state import APPLIED_SEQ_KEY
+from cdc_assets.lakehouse import CURRENT, Lakehouse, ObjectStore, TableRef
+from cdc_assets.mysql_types import ColumnSpec, arrow_type, decode_column
+from cdc_assets.positions import BinlogPosition
+from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, BatchManifest, TableVersion, list_batches, read_manifest, read_rows
+from cdc_assets.settings import TableFilter
+from cdc_assets.state import Checkpoint, load_checkpoint
+from cdc_assets.verify import TableDiff, align_current, compare_tables, read_source_table, source_table_schema
+
+if TYPE_CHECKING:
+    from cdc_assets.resources import BinlogResource
+
+CHECKSUM_MODULUS = 1 << 64
+EMPTY_CHECKSUM = f"{0:016x}"
+MAX_SERVER_ID = (1 << 32) - 1
+SEQ_NONE = 0  # "after seq 0": every captured change of a table without an applied seq is in flight
+
+
+def row_hash(row: tuple[Any, ...]) -> int:
+    """64-bit hash of one row's Python values; repr keeps types apart (1 vs '1' vs Decimal('1'))."""
+    return int.from_bytes(hashlib.blake2b(repr(row).encode(), digest_size=8).digest(), "big")
+
+
+def content_checksum(rows: Iterable[tuple[Any, ...]]) -> str:
+    """Sum of row hashes mod 2**64, hex: independent of row order, and duplicates count (keyless tables)."""
+    return f"{sum(row_hash(r) for r in rows) % CHECKSUM_MODULUS:016x}"
+
+
+def table_rows(table: pa.Table) -> list[tuple[Any, ...]]:
+    """A table's rows as tuples of Python values, in its column order."""
+    if not table.num_rows:
+        return []
+    return list(zip(*(table.column(n).to_pylist() for n in table.column_names), strict=True))
+
+
+@dataclass
+class ConsistentComparison:
+    """A current-state table compared with its source at one consistent point, in-flight keys left out."""
+
+    table: TableRef
+    position: str  # the source snapshot's binlog position (str(BinlogPosition))
+    applied_seq: int | None  # current-state table's applied _cdc_seq that was compared
+    source_rows: int  # rows in the source snapshot
+    lakehouse_rows: int
+    compared_rows: int  # source rows compared after leaving out keys changed in flight
+    in_flight_keys: int  # distinct keys changed after applied_seq up to the snapshot (left out on both sides)
+    source_checksum: str  # order-independent checksum over the compared rows (hex), same algorithm both sides
+    lakehouse_checksum: str
+    diff: TableDiff  # from verify.py, computed over the compared rows only
+    not_compared: str | None = None  # why no row could be compared now (a TRUNCATE or DDL of the table in flight)
+
+    @property
+    def ok(self) -> bool:
+        return self.diff.ok and self.source_checksum == self.lakehouse_checksum
+
+    def describe(self) -> str:
+        left_out = f"{self.in_flight_keys} keys changed in flight left out" if self.in_flight_keys else ""
+        if self.not_compared:
+            return f"{self.table}: not compared at {self.position}: {self.not_compared}"
+        if self.ok:
+            tail = f"; {left_out}" if left_out else ""
+            matched = f"{self.compared_rows} rows match at {self.position} (checksum {self.source_checksum})"
+            return f"{self.table}: {matched}{tail}"
+        text = self.diff.describe()
+        if self.diff.ok:  # equal keys and values, yet the checksums differ: a value whose repr differs
+            text = f"{self.table}: checksums differ over {self.compared_rows} rows"
+        else:
+            text += f"; checksums {self.source_checksum} / {self.lakehouse_checksum}"
+        return f"{text} (at {self.position}" + (f"; {left_out})" if left_out else ")")
+
+
+@dataclass
+class _Target:
+    """One table under comparison: what is in flight for it, and the keys found in flight so far."""
+
+    table: TableRef
+    columns: list[ColumnSpec]  # the source's columns in the snapshot (empty: the table does not exist)
+    key: list[str]  # the source's primary key (empty: the whole row is the key)
+    applied_seq: int | None
+    current: DeltaTable | None
+    after_seq: int = SEQ_NONE  # changes with a larger `_cdc_seq` are in flight
+    keys: set[tuple[Any, ...]] = field(default_factory=set)
+    not_compared: str | None = None
+
+    @property
+    def key_names(self) -> list[str]:
+        return self.key or [c.name for c in self.columns]
+
+    def key_types(self) -> list[pa.DataType]:
+        by_name = {c.name: c for c in self.columns}
+        return [arrow_type(by_name[n]) for n in self.key_names]
+
+
+def verify_server_id(reader_id: int, source_id: int) -> int:
+    """Replica id for verify's own binlog reading: not the pipeline's, so a running sync keeps its stream."""
+    candidate = reader_id
+    while candidate in (reader_id, source_id, 0):
+        candidate = candidate % MAX_SERVER_ID + 1
+    return candidate
+
+
+def _literal_glob(name: str) -> str:
+    """A TableFilter glob matching exactly `name`."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _image_keys(rows: pa.Table, version: TableVersion, target: _Target) -> set[tuple[Any, ...]] | None:
+    """Keys in the before- and after-images of one table version's changes, typed like the source's (None: the
+    version lacks a key column or its types do not convert, i.e. the table's shape changed)."""
+    by_name = {c.name: (i, c) for i, c in enumerate(version.columns)}
+    names = target.key_names
+    if not names or any(n not in by_name for n in names):
+        return None
+    keys: set[tuple[Any, ...]] = set()
+    for image in ("before", "after"):
+        images = rows.column(image).combine_chunks() if rows.num_rows else pa.array([], rows.schema.field(image).type)
+        images = images.filter(pc.is_valid(images))
+        if not len(images):
+            continue
+        values = []
+        for name, target_type in zip(names, target.key_types(), strict=True):
+            index, column = by_name[name]
+            try:
+                values.append(decode_column(column, pc.list_element(images, index)).cast(target_type).to_pylist())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                return None
+        keys.update(zip(*values, strict=True))
+    return keys
+
+
+def _statement_unsettles(statement: dict[str, Any], table: TableRef) -> bool:
+    """Whether a recorded DDL or TRUNCATE may change `table` other than row by row (conservative: its name
+    appears in it). A plain CREATE TABLE of it does not: every row it gets later is a row change in flight."""
+    query = str(statement.get("query") or "")
+    name = r"`?" + re.escape(table.table) + r"`?(?![\w$`])"
+    if not re.search(r"(?<![\w$])" + name, query, re.IGNORECASE):
+        return False
+    schema = statement.get("schema")
+    if schema and schema != table.schema and table.schema.lower() not in query.lower():
+        return False
+    creates = r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s+(IF\s+NOT\s+EXISTS\s+)?(`?" + re.escape(table.schema) + r"`?\.)?"
+    return not re.match(creates + name, query, re.IGNORECASE)
+
+
+def _collect(
+    rows: pa.Table, versions: dict[int, TableVersion], statements: list[dict[str, Any]], targets: list[_Target]
+) -> None:
+    """Add the in-flight keys and statements of one batch (raw or read from the binlog now) to the targets."""
+    for target in targets:
+        for statement in statements:
+            if int(statement["seq"]) > target.after_seq and _statement_unsettles(statement, target.table):
+                target.not_compared = (
+                    f"a {statement.get('kind', 'ddl')} of the table is in flight ({statement['query'][:80]!r})"
+                )
+        if target.not_compared or not rows.num_rows:
+            continue
+        mine = rows.filter(
+            pc.and_(
+                pc.and_(
+                    pc.equal(rows.column("schema"), target.table.schema),
+                    pc.equal(rows.column("table"), target.table.table),
+                ),
+                pc.greater(rows.column("seq"), pa.scalar(target.after_seq, pa.int64())),
+            )
+        )
+        for version_id in pc.unique(mine.column("table_version")).to_pylist():
+            part = mine.filter(pc.equal(mine.column("table_version"), version_id))
+            keys = _image_keys(part, versions[version_id], target)
+            if keys is None:
+                target.not_compared = (
+                    "it changed in flight and is gone from the source"
+                    if not target.columns
+                    else "its changes in flight have other columns or another key than the source now"
+                )
+                break
+            target.keys |= keys
+
+
+class _Manifests:
+    """Manifests of visible batches, read once each (they are immutable)."""
+
+    def __init__(self, store: ObjectStore, names: list[str]) -> None:
+        self.store = store
+        self.names = names
+        self._read: dict[str, BatchManifest] = {}
+
+    def __getitem__(self, index: int) -> BatchManifest:
+        name = self.names[index]
+        if name not in self._read:
+            self._read[name] = read_manifest(self.store, name)
+        return self._read[name]
+
+    def first_after(self, seq: int) -> int:
+        """Index of the first batch holding a `_cdc_seq` above `seq` (seqs grow with batch names)."""
+        low, high = 0, len(self.names)
+        while low < high:
+            middle = (low + high) // 2
+            if self[middle].next_seq - 1 > seq:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def seq_floor_at(self, position: BinlogPosition) -> int:
+        """A seq that every change after `position` exceeds: the batch holding `position` counts as after it."""
+        index = bisect.bisect_right(self.names, position.batch_name()) - 1
+        if index < 0:
+            return SEQ_NONE
+        manifest = self[index]
+        return manifest.next_seq - 1 if manifest.end <= position else manifest.first_seq - 1
+
+
+def _scan_raw_batches(store: ObjectStore, manifests: _Manifests, targets: list[_Target]) -> None:
+    """In-flight keys from raw batches past each table's applied seq; rows only of batches that list the table."""
+    if not targets:
+        return
+    for index in range(manifests.first_after(min(t.after_seq for t in targets)), len(manifests.names)):
+        manifest = manifests[index]
+        wanted = [t for t in targets if manifest.next_seq - 1 > t.after_seq]
+        listed = {v.table for v in manifest.table_versions} & {t.table for t in wanted}
+        rows = read_rows(store, manifest) if listed else RAW_ROWS_SCHEMA.empty_table()
+        _collect(rows, {v.id: v for v in manifest.table_versions}, manifest.raw.get("statements", []), wanted)
+
+
+def _scan_binlog(
+    binlog: BinlogResource,
+    conn: pymysql.Connection,
+    server: source.ServerInfo,
+    checkpoint: Checkpoint,
+    position: BinlogPosition,
+    targets: list[_Target],
+) -> None:
+    """In-flight keys from the binlog between the checkpoint and the snapshot, read in memory (nothing written)."""
+    base = binlog.table_filter()
+    captured = [t for t in targets if base.matches(t.table.schema, t.table.table)]
+    if not captured or not checkpoint.position < position:
+        return
+    source.check_available(conn, checkpoint.position)
+    only = TableFilter(tuple(_literal_glob(str(t.table)) for t in captured), base.exclude)
+    options = CaptureOptions(only, verify_server_id(binlog.server_id, server.server_id), binlog.max_batch_rows)
+    for batch in capture_batches(
+        binlog.url(), server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, position, options
+    ):
+        _collect(batch.rows, {v.id: v for v in batch.table_versions}, batch.statements, captured)
+
+
+def _open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | None, int | None]:
+    """The current-state table (one object) and an applied seq its rows hold at least.
+
+    delta-rs reads commit history from the newest commit even on a table loaded at an older version, so the
+    seq could be newer than the loaded rows; moving the object to the newest version after reading the seq
+    makes the rows at least as new. Applied seqs only grow, so the seq never overstates what the rows hold.
+    """
+    current = open_table(lakehouse.table_uri(CURRENT, table), lakehouse.storage_options())
+    if current is None:
+        return None, None
+    applied = max_seq(current, APPLIED_SEQ_KEY)
+    current.update_incremental()
+    return current, applied
+
+
+def _keep_mask(rows: list[tuple[Any, ...]], key_index: list[int], in_flight: set[tuple[Any, ...]]) -> list[bool]:
+    return [tuple(r[i] for i in key_index) not in in_flight for r in rows]
+
+
+def _compare(conn: pymysql.Connection, position: BinlogPosition, target: _Target) -> ConsistentComparison:
+    """Both sides with the in-flight keys left out: counts, checksums and the row-for-row diff."""
+    table = target.table
+    lake = read_query(target.current, "SELECT * FROM current", "current") if target.current is not None else None
+    lake_rows = lake.num_rows if lake is not None else 0
+    source_table = read_source_table(conn, table, target.columns) if target.columns else None
+    source_rows = source_table.num_rows if source_table is not None else 0
+
+    def result(diff: TableDiff, compared: int, source_sum: str, lake_sum: str) -> ConsistentComparison:
+        return ConsistentComparison(
+            table, str(position), target.applied_seq, source_rows, lake_rows, compared, len(target.keys),
+            source_sum, lake_sum, diff, target.not_compared,
+        )  # fmt: skip
+
+    if target.not_compared:
+        return result(TableDiff(table, source_rows, lake_rows), 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
+    if source_table is None:
+        if not lake_rows:
+            return result(TableDiff(table), 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
+        assert lake is not None
+        data = lake.select([n for n in lake.column_names if not n.startswith("_cdc_")])
+        diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
+        return result(diff, 0, EMPTY_CHECKSUM, content_checksum(table_rows(data)))
+    aligned = source_table.schema.empty_table() if lake is None else align_current(table, source_table, lake)
+    names = target.key_names
+    key_index = [source_table.column_names.index(n) for n in names]
+    source_list = table_rows(source_table)
+    source_keep = _keep_mask(source_list, key_index, target.keys)
+    kept_source = [r for r, keep in zip(source_list, source_keep, strict=True) if keep]
+    if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
+        assert lake is not None
+        data = lake.select([n for n in lake.column_names if not n.startswith("_cdc_")])
+        return result(aligned, len(kept_source), content_checksum(kept_source), content_checksum(table_rows(data)))
+    lake_list = table_rows(aligned)
+    lake_keep = _keep_mask(lake_list, key_index, target.keys)
+    kept_lake = [r for r, keep in zip(lake_list, lake_keep, strict=True) if keep]
+    diff = compare_tables(
+        table,
+        source_table.filter(pa.array(source_keep, pa.bool_())),
+        aligned.filter(pa.array(lake_keep, pa.bool_())),
+        target.key,
+    )
+    return result(diff, len(kept_source), content_checksum(kept_source), content_checksum(kept_lake))
+
+
+def compare_many(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:
+    """Tables compared at one consistent point: one source snapshot, one pass over raw batches and the binlog."""
+    url = binlog.url()
+    conn = source.connect(url)
+    try:
+        server = source.preflight(conn, url, binlog.server_id)
+        with source.consistent_snapshot(conn, server) as position:
+            targets = []
+            for table in tables:
+                columns, key = source_table_schema(conn, table)
+                current, applied = _open_current(lakehouse, table)
+                targets.append(_Target(table, columns, key, applied, current))
+            # Read after the current-state tables: the checkpoint and the batches cover every applied seq.
+            checkpoint = load_checkpoint(lakehouse.store)
+            manifests = _Manifests(lakehouse.store, list_batches(lakehouse.store))
+            # A sync may have captured (and applied) past the snapshot: changes after it are in flight too.
+            floor = manifests.seq_floor_at(position) if checkpoint and position < checkpoint.position else None
+            for target in targets:
+                applied = SEQ_NONE if target.applied_seq is None else target.applied_seq
+                target.after_seq = applied if floor is None else min(applied, floor)
+            _scan_raw_batches(lakehouse.store, manifests, targets)
+            if checkpoint is not None:
+                _scan_binlog(binlog, conn, server, checkpoint, position, targets)
+            return [_compare(conn, position, t) for t in targets]
+    except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, or the binlog reader refused
+        raise source.describe_error(exc, url) from exc
+    finally:
+        conn.close()
+
+
+def compare_at_consistent_point(binlog: BinlogResource, lakehouse: Lakehouse, table: TableRef) -> ConsistentComparison:
+    """One current-state table against its source at one consistent point (see the module docstring)."""
+    return compare_many(binlog, lakehouse, [table])[0]

@@ -1,0 +1,100 @@
+"""The asset checks fail when the lakehouse is wrong, pass when it is right, and fail `cdc-lakehouse sync`."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+from dagster import AssetCheckEvaluation
+from deltalake import DeltaTable, write_deltalake
+
+from cdc_assets.cli import _instance, run_sync
+from cdc_assets.definitions import APPLY_JOB_NAME, build_definitions
+from cdc_assets.jobs import LAG_JOB_NAME
+from cdc_assets.lakehouse import CURRENT, RAW, TableRef
+from cdc_assets.raw_batch import list_batches
+from cdc_assets.resources import BinlogResource
+from cdc_assets_tests.conftest import CdcEnv
+
+
+def _checks(job_name: str, partition_key: str | None = None) -> dict[str, AssetCheckEvaluation]:
+    job = build_definitions().resolve_job_def(job_name)
+    result = job.execute_in_process(instance=_instance(), partition_key=partition_key, raise_on_error=False)
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def test_checks_pass_on_a_correct_lakehouse_and_sync_reports_them(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v DECIMAL(10,2))", "INSERT INTO t VALUES (1, 1.50), (2, NULL)")
+    outcome = run_sync()
+    assert outcome.success and outcome.failed_checks == []
+    checks = _checks(APPLY_JOB_NAME, f"{cdc.database}.t")
+    assert set(checks) == {"change_log_seq_unique", "current_matches_source", "current_schema_matches_source", "table_lag"}
+    assert all(c.passed for c in checks.values())
+    per_table = checks["current_matches_source"].metadata["per_table"].value[f"{cdc.database}.t"]
+    assert per_table["compared_rows"] == 2 and per_table["source_checksum"] == per_table["lakehouse_checksum"]
+
+
+def test_a_current_state_row_changed_behind_the_pipelines_back_fails_equality_and_sync(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    assert cdc.sync() == 0
+    DeltaTable(str(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "t")))).update(
+        predicate="id = 2", updates={"v": "'tampered'"}
+    )
+    cdc.execute("INSERT INTO t VALUES (3, 'c')")  # so the next sync runs the apply job for t
+    outcome = run_sync()
+    assert not outcome.success
+    assert any(f.endswith(":current_matches_source") for f in outcome.failed_checks)
+    cdc.execute("INSERT INTO t VALUES (4, 'd')")
+    assert cdc.sync() == 1  # CONTRACT §3: exit 0 only if every check passed
+    check = _checks(APPLY_JOB_NAME, f"{cdc.database}.t")["current_matches_source"]
+    assert not check.passed and "1 different: 2" in check.description
+    per_table = check.metadata["per_table"].value[f"{cdc.database}.t"]
+    assert per_table["source_checksum"] != per_table["lakehouse_checksum"]
+
+
+def test_a_current_state_column_of_the_wrong_type_fails_the_schema_check(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", "INSERT INTO t VALUES (1, 'a')")
+    assert cdc.sync() == 0
+    uri = str(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "t")))
+    wrong = pa.table({"id": pa.array([1], pa.int64()), "v": ["a"], "_cdc_seq": pa.array([1], pa.int64())})
+    write_deltalake(uri, wrong, mode="overwrite", schema_mode="overwrite")
+    check = _checks(APPLY_JOB_NAME, f"{cdc.database}.t")["current_schema_matches_source"]
+    assert not check.passed
+    assert check.description == f"{cdc.database}.t: id is int64, expected int32"
+
+
+def test_a_missing_raw_batch_fails_the_contiguity_check(cdc: CdcEnv, monkeypatch) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)")
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "1")
+    for i in range(4):
+        cdc.execute(f"INSERT INTO t VALUES ({i})")
+    assert cdc.sync() == 0
+    names = list_batches(cdc.lakehouse.store)
+    (cdc.lakehouse_dir / RAW / names[-2] / "manifest.json").unlink()
+    from cdc_assets.checks import batch_chain_breaks
+
+    breaks = batch_chain_breaks(cdc.lakehouse)
+    assert len(breaks) == 1 and breaks[0].startswith(f"{names[-1]} starts at")
+
+
+def test_lag_check_names_the_table_that_falls_behind(cdc: CdcEnv, monkeypatch) -> None:
+    monkeypatch.setenv("CDC_LAG_WARN_SECONDS", "0.5")
+    monkeypatch.setenv("CDC_LAG_FAIL_SECONDS", "1")
+    cdc.execute(
+        "CREATE TABLE fast (id INT PRIMARY KEY)",
+        "CREATE TABLE slow (id INT PRIMARY KEY)",
+        "INSERT INTO fast VALUES (1)",
+        "INSERT INTO slow VALUES (1)",
+    )
+    assert cdc.sync() == 0
+    assert _checks(LAG_JOB_NAME)["table_lag"].passed
+    # slow gets changes that are captured but never applied; fast is applied
+    cdc.execute("INSERT INTO slow VALUES (2)")
+    BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*").capture(cdc.lakehouse)
+    time.sleep(1.5)
+    check = _checks(LAG_JOB_NAME)["table_lag"]
+    assert not check.passed
+    assert check.description.startswith(f"{cdc.database}.slow is ") and "fast" not in check.description
+    assert check.metadata["tables_failing"].value == [f"{cdc.database}.slow"]
+    assert cdc.sync() == 0  # applying it brings the table back
+    assert _checks(LAG_JOB_NAME)["table_lag"].passed

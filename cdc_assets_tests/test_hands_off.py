@@ -1,0 +1,102 @@
+"""Hands-off, bounded end to end: `dagster dev` with its daemon, nobody clicking. While the source is written
+to, the schedule captures, the sensor applies, and the current-state tables catch up; once capture stops,
+the daemon turns the current-state layer's freshness to failing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from dagster import AssetKey, DagsterInstance
+from dagster._core.definitions.freshness import FreshnessState
+
+from cdc_assets.instance import ensure_dagster_home
+from cdc_assets.local_source.server import free_port
+from cdc_assets_tests.conftest import CdcEnv
+
+REPO = Path(__file__).resolve().parent.parent
+CURRENT = AssetKey("current_tables")
+
+
+def _write(cdc: CdcEnv, stop: threading.Event) -> int:
+    written = 0
+    with cdc.admin() as conn, conn.cursor() as cur:
+        while not stop.is_set():
+            cur.execute("INSERT INTO orders (item, qty) VALUES (%s, %s)", (f"item {written} 🛒", written % 7))
+            cur.execute("UPDATE stock SET qty = qty - 1 WHERE id = %s", (written % 5,))
+            written += 1
+            stop.wait(0.2)
+    return written
+
+
+def _wait_for(what: str, condition, timeout_s: float, every_s: float = 3.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(every_s)
+
+
+def _freshness(instance: DagsterInstance) -> FreshnessState | None:
+    record = instance.get_freshness_state_records([CURRENT]).get(CURRENT)
+    return None if record is None else record.freshness_state
+
+
+def test_make_dev_catches_up_by_itself_and_fails_freshness_when_capture_stops(
+    cdc: CdcEnv, tmp_path: Path, monkeypatch
+) -> None:
+    cdc.execute(
+        "CREATE TABLE orders (id INT AUTO_INCREMENT PRIMARY KEY, item VARCHAR(40), qty INT)",
+        "CREATE TABLE stock (id INT PRIMARY KEY, qty INT)",
+        "INSERT INTO stock VALUES (0, 100), (1, 100), (2, 100), (3, 100), (4, 100)",
+    )
+    home = tmp_path / "dagster_home"
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("CDC_FRESHNESS_WARN_MINUTES", "1")
+    monkeypatch.setenv("CDC_FRESHNESS_FAIL_MINUTES", "2")
+    monkeypatch.setenv("CDC_SPARK_MASTER", "local[1]")
+    ensure_dagster_home()
+    port = free_port()
+    dev = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "dagster-dev.log").open("wb"),
+        start_new_session=True,
+        # dagster dev started from a script ignores SIGINT/SIGTERM unless they are reset to the default
+        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)],
+    )
+    stop = threading.Event()
+    writer = threading.Thread(target=_write, args=(cdc, stop))
+    try:
+        writer.start()
+        time.sleep(40)  # the workload keeps writing while the schedule ticks and the sensor reacts
+        stop.set()
+        writer.join()
+
+        def caught_up() -> bool:
+            results = cdc.verify()
+            return len(results) == 2 and all(r.ok and r.in_flight_keys == 0 and r.compared_rows for r in results)
+
+        _wait_for("the current-state tables to equal the source", caught_up, timeout_s=240)
+        instance = DagsterInstance.get()
+        _wait_for("freshness to pass", lambda: _freshness(instance) == FreshnessState.PASS, timeout_s=90)
+
+        # Capture stops (its schedule is switched off): freshness must turn to failing by itself.
+        subprocess.run(
+            [str(Path(sys.executable).parent / "dagster"), "schedule", "stop", "capture_schedule", "-w", "workspace.yaml"],
+            cwd=REPO,
+            env=dict(os.environ),
+            check=True,
+            capture_output=True,
+        )
+        _wait_for("freshness to fail", lambda: _freshness(instance) == FreshnessState.FAIL, timeout_s=270)
+    finally:
+        stop.set()
+        os.killpg(dev.pid, signal.SIGKILL)
+        dev.wait(timeout=30)

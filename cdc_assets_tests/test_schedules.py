@@ -1,0 +1,96 @@
+"""The capture schedule, and captures kept apart whoever starts them: schedule, CLI, UI or another machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from dagster import DagsterRunStatus, RunRequest, build_schedule_context
+from dagster._core.test_utils import create_run_for_test
+
+from cdc_assets.cli import _instance
+from cdc_assets.errors import CdcUserError
+from cdc_assets.jobs import CAPTURE_JOB_NAME, STAGE_TAG
+from cdc_assets.lakehouse import RAW
+from cdc_assets.locks import lakehouse_lock
+from cdc_assets.schedules import build_capture_schedule
+from cdc_assets.stages import CAPTURE_LOCK
+from cdc_assets.state import CHECKPOINT_KEY
+from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.test_restart import _assert_exactly_once, _write_transactions
+
+
+def test_capture_schedule_runs_every_minute_by_default_and_is_configurable(monkeypatch) -> None:
+    monkeypatch.delenv("CDC_CAPTURE_CRON", raising=False)
+    assert build_capture_schedule().cron_schedule == "* * * * *"
+    monkeypatch.setenv("CDC_CAPTURE_CRON", "*/5 * * * *")
+    schedule = build_capture_schedule()
+    assert schedule.cron_schedule == "*/5 * * * *" and schedule.job_name == CAPTURE_JOB_NAME
+    monkeypatch.setenv("CDC_CAPTURE_CRON", "every minute")
+    with pytest.raises(CdcUserError, match="CDC_CAPTURE_CRON='every minute' is not a cron expression"):
+        build_capture_schedule()
+
+
+def test_capture_schedule_skips_while_a_capture_run_is_in_progress(monkeypatch) -> None:
+    monkeypatch.delenv("CDC_CAPTURE_CRON", raising=False)
+    instance = _instance()
+    schedule = build_capture_schedule()
+    assert isinstance(schedule.evaluate_tick(build_schedule_context(instance)).run_requests[0], RunRequest)
+
+    run = create_run_for_test(
+        instance, job_name=CAPTURE_JOB_NAME, status=DagsterRunStatus.STARTED, tags={STAGE_TAG: "capture"}
+    )
+    try:
+        tick = schedule.evaluate_tick(build_schedule_context(instance))
+        assert not tick.run_requests
+        assert run.run_id[:8] in tick.skip_message and "two captures never run at once" in tick.skip_message
+    finally:
+        instance.report_run_failed(run)
+    assert schedule.evaluate_tick(build_schedule_context(instance)).run_requests
+
+
+def test_sync_waits_for_a_capture_held_elsewhere_then_fails_with_the_holder(cdc: CdcEnv, monkeypatch, capsys) -> None:
+    from cdc_assets.cli import main
+
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    monkeypatch.setenv("CDC_LOCK_WAIT_SECONDS", "1")
+    with lakehouse_lock(cdc.lakehouse, CAPTURE_LOCK, "capture", "another machine's sync"):
+        began = time.monotonic()
+        code = main(["sync"])
+        waited = time.monotonic() - began
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and waited >= 1
+    assert err.startswith("error: Another capture is running (another machine's sync") and "\n" not in err
+    assert "CDC_LOCK_WAIT_SECONDS" in err
+    assert not (cdc.lakehouse_dir / CHECKPOINT_KEY).exists()
+    assert not list((cdc.lakehouse_dir / RAW).glob("*/manifest.json")) if (cdc.lakehouse_dir / RAW).exists() else True
+    assert main(["sync"]) == 0  # once released, the next sync captures
+    assert all(d.ok for d in cdc.verify())
+
+
+def test_two_syncs_started_together_never_capture_at_once(cdc: CdcEnv, monkeypatch) -> None:
+    cdc.execute("CREATE TABLE acct (id INT PRIMARY KEY, owner VARCHAR(40), balance INT)")
+    _write_transactions(cdc, transactions=600, rows_each=5)
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "50")
+    monkeypatch.setenv("CDC_LOCK_WAIT_SECONDS", "120")
+    # Both start while a third party holds the capture lock, so both are waiting when it is released and
+    # race for it, and then for the change-log and current-state locks.
+    with lakehouse_lock(cdc.lakehouse, CAPTURE_LOCK, "capture", "the test"):
+        processes = [
+            subprocess.Popen(
+                [sys.executable, "-m", "cdc_assets.cli", "sync"],
+                env=dict(os.environ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        time.sleep(12)  # both processes start (about 5 s) and block on the lock
+    results = [p.communicate(timeout=300) for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], results
+    # Both captured from the same checkpoint only one after the other: batches chain, no change twice.
+    _assert_exactly_once(cdc)
