@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 
-from dagster import Definitions, EnvVar, in_process_executor
+from dagster import Definitions, EnvVar, apply_freshness_policy, in_process_executor
 
 from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.checks import ALL_CHECKS
 from cdc_assets.errors import CdcUserError
+from cdc_assets.freshness import current_freshness_policy
 from cdc_assets.jobs import (
     APPLY_JOB_NAME,
     CAPTURE_JOB_NAME,
@@ -76,8 +77,11 @@ def initialized_resources() -> dict[str, object]:
 
 def build_definitions() -> Definitions:
     # One process per run: the Spark session (a JVM) is started once and shared by the steps.
+    # Freshness windows come from the environment when the definitions load (CDC_FRESHNESS_*).
+    policy = current_freshness_policy()
+    fresh = [a.map_asset_specs(lambda spec: apply_freshness_policy(spec, policy)) for a in (raw_binlog_batches, current_tables)]
     return Definitions(
-        assets=[raw_binlog_batches, table_changes, current_tables],
+        assets=[fresh[0], table_changes, fresh[1]],
         asset_checks=ALL_CHECKS,
         jobs=[capture_job, apply_job, lag_check_job, snapshot_job],
         schedules=[build_capture_schedule(), lag_check_schedule],

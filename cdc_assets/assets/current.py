@@ -12,7 +12,6 @@ from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, Me
 from cdc_assets.assets.changes import table_changes, target_tables
 from cdc_assets.change_log import open_table
 from cdc_assets.current_state import ApplyResult, PendingTable, apply_changes, read_pending
-from cdc_assets.freshness import current_freshness_policy
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.locks import lakehouse_lock
 from cdc_assets.partitions import run_owner, tables_partitions
@@ -115,7 +114,6 @@ def current_row_count(lakehouse: Lakehouse, table: str) -> int | None:
     deps=[table_changes],
     partitions_def=tables_partitions,
     backfill_policy=BackfillPolicy.single_run(),
-    freshness_policy=current_freshness_policy(),
     description=(
         "Current-state tables under current/<schema>/<table> (Delta), one partition per source table: one row "
         "per source row, the source's columns plus _cdc_seq and _cdc_commit_ts, rebuilt by applying the "

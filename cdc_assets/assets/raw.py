@@ -2,7 +2,6 @@
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from cdc_assets.freshness import current_freshness_policy
 from cdc_assets.partitions import run_owner
 from cdc_assets.resources import BinlogResource, CaptureReport, LakehouseResource
 
@@ -36,7 +35,6 @@ def capture_metadata(report: CaptureReport, max_batch_rows: int | None = None) -
 @asset(
     name=RAW_ASSET_KEY,
     group_name="capture",
-    freshness_policy=current_freshness_policy(),
     description=(
         "Immutable raw binlog batches under raw/: everything committed from the checkpoint to the binlog end "
         "as of the run's start, cut at transaction boundaries. Advances the checkpoint in _state/."
