@@ -3,6 +3,7 @@
 import os
 
 from dagster import (
+    DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
     RunsFilter,
@@ -11,12 +12,15 @@ from dagster import (
     SkipReason,
     schedule,
 )
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES
 from dagster._utils.schedules import is_valid_cron_string
 
 from cdc_assets.errors import CdcUserError
 from cdc_assets.jobs import STAGE_TAG, capture_job, lag_check_job
+from cdc_assets.lakehouse import Lakehouse
+from cdc_assets.locks import read_holder
+from cdc_assets.resources import LakehouseResource
 from cdc_assets.settings import DEFAULT_CAPTURE_CRON
+from cdc_assets.stages import CAPTURE_LOCK
 
 
 def capture_cron() -> str:
@@ -26,14 +30,23 @@ def capture_cron() -> str:
     return cron
 
 
-def capture_in_progress(context: ScheduleEvaluationContext) -> str | None:
-    """Why a new capture must wait: a capture run (from the schedule, the CLI or the UI) is queued or running."""
-    runs = context.instance.get_runs(
-        filters=RunsFilter(tags={STAGE_TAG: "capture"}, statuses=list(IN_PROGRESS_RUN_STATUSES)), limit=1
-    )
-    if not runs:
-        return None
-    return f"Capture run {runs[0].run_id[:8]} is {runs[0].status.value.lower()}; two captures never run at once."
+WAITING_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
+
+
+def capture_in_progress(context: ScheduleEvaluationContext, lakehouse: Lakehouse) -> str | None:
+    """Why a new capture must wait: one holds the lakehouse's capture lock (started by the schedule, the CLI,
+    the UI or another machine), or a capture run is already waiting to start.
+
+    The lock, not the run's status, says whether a capture is running: a process killed mid-capture
+    leaves its run marked as started, but the lock is released with it.
+    """
+    holder = read_holder(lakehouse, CAPTURE_LOCK)
+    if holder is not None:
+        return f"A capture is running ({holder.describe()}); two captures never run at once."
+    runs = context.instance.get_runs(filters=RunsFilter(tags={STAGE_TAG: "capture"}, statuses=WAITING_STATUSES), limit=1)
+    if runs:
+        return f"Capture run {runs[0].run_id[:8]} is {runs[0].status.value.lower()}; two captures never run at once."
+    return None
 
 
 def build_capture_schedule() -> ScheduleDefinition:
@@ -44,12 +57,12 @@ def build_capture_schedule() -> ScheduleDefinition:
         default_status=DefaultScheduleStatus.RUNNING,
         description=(
             "Captures new binlog changes into raw batches on a cron (CDC_CAPTURE_CRON, default every minute). A "
-            "tick is skipped while another capture run is queued or running; the lakehouse's capture lock "
-            "keeps captures apart even when they are started elsewhere."
+            "tick is skipped while a capture holds the lakehouse's capture lock or a capture run waits to start; "
+            "the lock also keeps apart captures started elsewhere."
         ),
     )
-    def capture_schedule(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
-        busy = capture_in_progress(context)
+    def capture_schedule(context: ScheduleEvaluationContext, lakehouse: LakehouseResource) -> RunRequest | SkipReason:
+        busy = capture_in_progress(context, lakehouse.get())
         if busy:
             return SkipReason(busy)
         return RunRequest()

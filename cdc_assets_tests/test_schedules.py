@@ -16,6 +16,7 @@ from cdc_assets.errors import CdcUserError
 from cdc_assets.jobs import CAPTURE_JOB_NAME, STAGE_TAG
 from cdc_assets.lakehouse import RAW
 from cdc_assets.locks import lakehouse_lock
+from cdc_assets.resources import LakehouseResource
 from cdc_assets.schedules import build_capture_schedule
 from cdc_assets.stages import CAPTURE_LOCK
 from cdc_assets.state import CHECKPOINT_KEY
@@ -34,22 +35,35 @@ def test_capture_schedule_runs_every_minute_by_default_and_is_configurable(monke
         build_capture_schedule()
 
 
-def test_capture_schedule_skips_while_a_capture_run_is_in_progress(monkeypatch) -> None:
+def test_capture_schedule_skips_while_a_capture_runs_or_waits(cdc: CdcEnv, monkeypatch) -> None:
     monkeypatch.delenv("CDC_CAPTURE_CRON", raising=False)
     instance = _instance()
     schedule = build_capture_schedule()
-    assert isinstance(schedule.evaluate_tick(build_schedule_context(instance)).run_requests[0], RunRequest)
+    resources = {"lakehouse": LakehouseResource(location=str(cdc.lakehouse_dir))}
 
+    def tick():  # noqa: ANN202
+        return schedule.evaluate_tick(build_schedule_context(instance, resources=resources))
+
+    assert isinstance(tick().run_requests[0], RunRequest)
+
+    # A capture running anywhere (here: holding the lock from this process) makes the tick skip.
+    with lakehouse_lock(cdc.lakehouse, CAPTURE_LOCK, "capture", "cdc-lakehouse sync on another machine"):
+        skipped = tick()
+    assert not skipped.run_requests
+    assert "cdc-lakehouse sync on another machine" in skipped.skip_message
+    assert "two captures never run at once" in skipped.skip_message
+    assert tick().run_requests  # released: the next tick captures
+
+    # A capture run waiting to start: no second one is queued behind it.
     run = create_run_for_test(
-        instance, job_name=CAPTURE_JOB_NAME, status=DagsterRunStatus.STARTED, tags={STAGE_TAG: "capture"}
+        instance, job_name=CAPTURE_JOB_NAME, status=DagsterRunStatus.NOT_STARTED, tags={STAGE_TAG: "capture"}
     )
     try:
-        tick = schedule.evaluate_tick(build_schedule_context(instance))
-        assert not tick.run_requests
-        assert run.run_id[:8] in tick.skip_message and "two captures never run at once" in tick.skip_message
+        skipped = tick()
+        assert not skipped.run_requests and run.run_id[:8] in skipped.skip_message
     finally:
         instance.report_run_failed(run)
-    assert schedule.evaluate_tick(build_schedule_context(instance)).run_requests
+    assert tick().run_requests
 
 
 def test_sync_waits_for_a_capture_held_elsewhere_then_fails_with_the_holder(cdc: CdcEnv, monkeypatch, capsys) -> None:
