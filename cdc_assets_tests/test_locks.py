@@ -5,13 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,6 @@ import pytest
 
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import Lakehouse, TableRef
-from cdc_assets.local_source.server import free_port
 from cdc_assets.locks import (
     LockHeld,
     LockHolder,
@@ -73,31 +70,6 @@ def _acquire_in_thread(lakehouse: Lakehouse, name: str, purpose: str, owner: str
         return pool.submit(attempt).exception(timeout=10)
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server in its own process, with one bucket."""
-    port = free_port()
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while not _listening(port):
-        assert time.monotonic() < deadline and server.poll() is None, "moto_server did not start"
-        time.sleep(0.1)
-    endpoint = f"http://127.0.0.1:{port}"
-    _client(endpoint).create_bucket(Bucket=BUCKET)
-    yield endpoint
-    server.terminate()
-    server.wait(timeout=10)
-
-
 def _client(endpoint: str) -> Any:
     return boto3.client(
         "s3",
@@ -110,8 +82,11 @@ def _client(endpoint: str) -> Any:
 
 @pytest.fixture
 def s3_lake(s3_endpoint: str) -> Lakehouse:
-    """A fresh prefix in the bucket for each test."""
-    return Lakehouse(f"s3://{BUCKET}/{uuid.uuid4().hex}", s3_client=_client(s3_endpoint))
+    """A fresh prefix in the bucket for each test (moto_server from conftest)."""
+    client = _client(s3_endpoint)
+    if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=BUCKET)
+    return Lakehouse(f"s3://{BUCKET}/{uuid.uuid4().hex}", s3_client=client)
 
 
 @pytest.fixture
