@@ -82,7 +82,13 @@ def load_registry(store: ObjectStore) -> dict[str, dict[str, str | None]]:
     Written only by capture (and snapshot) under the capture lock, so it has a single writer; it
     tells every later stage which tables exist and which have changes they have not taken in.
     """
-    return _load_json(store, TABLES_KEY) or {}
+    registry = _load_json(store, TABLES_KEY) or {}
+    if any(not isinstance(e, dict) or "columns" in e for e in registry.values()):
+        raise CdcUserError(
+            f"{TABLES_KEY} in the lakehouse was written by an earlier cdc-lakehouse (a catalog of table versions): "
+            "point CDC_LAKEHOUSE at a new location, or delete the lakehouse to capture again from the oldest binlog."
+        )
+    return registry
 
 
 def save_registry(store: ObjectStore, registry: dict[str, dict[str, str | None]]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -192,3 +193,47 @@ def current_rows_like(table: DeltaTable, **values: object) -> pa.Table:
     return pa.table(row).cast(schema)
 
 
+
+
+def test_status_reports_checkpoint_and_lag(cdc: CdcEnv, capsys) -> None:
+    cdc.execute("CREATE TABLE st (id INT PRIMARY KEY)", "INSERT INTO st VALUES (1)")
+    assert cdc.sync() == 0
+    capsys.readouterr()
+    code, out, _ = _run(["status", "--json"], capsys)
+    assert code == 0
+    status = json.loads(out)
+    assert status["lag_bytes"] == 0
+    assert status["checkpoint"] == status["binlog_end"]
+    assert f"{cdc.database}.st" in status["tables"]
+    assert status["seconds_since_materialized"]["current_tables"] is not None
+    assert status["table_lag_seconds"] == {f"{cdc.database}.st": 0.0}
+    assert status["freshness_windows_minutes"] == {"warn": 2.0, "fail": 5.0}
+    cdc.execute("INSERT INTO st VALUES (2)")
+    code, out, _ = _run(["status", "--json"], capsys)
+    assert json.loads(out)["lag_bytes"] > 0
+
+
+def test_no_password_in_lakehouse_or_dagster_storage(cdc: CdcEnv, dagster_home: Path) -> None:
+    password = cdc.server.reader_password_file.read_text().strip()
+    cdc.execute(
+        "CREATE TABLE sec (id INT PRIMARY KEY)",
+        "CREATE OR REPLACE USER 'app_user'@'127.0.0.1' IDENTIFIED BY 'AppSecret-123'",
+        "INSERT INTO sec VALUES (1)",
+    )
+    assert cdc.sync() == 0
+    for root in (cdc.lakehouse_dir, dagster_home):
+        for path in root.rglob("*"):
+            if path.is_file():
+                content = path.read_bytes()
+                assert password.encode() not in content, path
+                assert b"AppSecret-123" not in content, path
+
+
+def test_a_lakehouse_from_the_earlier_layout_is_refused(cdc: CdcEnv, capsys) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    (cdc.lakehouse_dir / STATE).mkdir(parents=True)
+    old_catalog = {f"{cdc.database}.t": {"id": 0, "schema": cdc.database, "table": "t", "columns": [], "primary_key": []}}
+    (cdc.lakehouse_dir / STATE / "tables.json").write_text(json.dumps(old_catalog))
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "written by an earlier cdc-lakehouse", "CDC_LAKEHOUSE")
+    assert not (cdc.lakehouse_dir / CHECKPOINT_KEY).exists()
