@@ -42,7 +42,8 @@ def test_capture_schedule_skips_while_a_capture_runs_or_waits(cdc: CdcEnv, monke
     resources = {"lakehouse": LakehouseResource(location=str(cdc.lakehouse_dir))}
 
     def tick():  # noqa: ANN202
-        return schedule.evaluate_tick(build_schedule_context(instance, resources=resources))
+        with build_schedule_context(instance, resources=resources) as context:
+            return schedule.evaluate_tick(context)
 
     assert isinstance(tick().run_requests[0], RunRequest)
 

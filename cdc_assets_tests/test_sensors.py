@@ -24,10 +24,10 @@ def _capture(cdc: CdcEnv, location: str) -> None:
 
 
 def _evaluate(instance: DagsterInstance, location: str, cursor: str | None) -> SensorResult | SkipReason:
-    context = build_sensor_context(
+    with build_sensor_context(
         instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(location=location)}
-    )
-    return raw_batch_sensor(context)
+    ) as context:
+        return raw_batch_sensor(context)
 
 
 def _covered(instance: DagsterInstance, result: SensorResult) -> list[str]:
