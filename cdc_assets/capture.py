@@ -22,12 +22,15 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
+from cdc_assets import mysql_charsets
 from cdc_assets.lakehouse import TableRef
 from cdc_assets.mysql_types import column_from_binlog, encode_binlog_value
 from cdc_assets.positions import FIRST_SEQ, BinlogPosition
 from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, RawBatch, TableVersion
 from cdc_assets.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
 from cdc_assets.source import ServerInfo
+
+mysql_charsets.install()
 
 # Statements that manage accounts can carry passwords: they never enter a raw batch.
 _ACCOUNT_STATEMENT = re.compile(

@@ -54,11 +54,14 @@ class ColumnSpec:
     fsp: int = 0  # fractional seconds digits of time, datetime, timestamp
     charset: str | None = None
     members: tuple[str, ...] = field(default_factory=tuple)  # enum and set members, in order
+    length: int | None = None  # BINARY(n): the binlog drops trailing 0x00 bytes, which the value has
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["members"] = list(self.members)
-        return {k: v for k, v in d.items() if v not in (None, False, [], 0) or k in ("name", "type")}
+        # zero is kept for precision and scale: DECIMAL(5,0) has a scale, and 0 is not "unknown"
+        keep = ("name", "type", "precision", "scale")
+        return {k: v for k, v in d.items() if (v is not None and k in keep) or v not in (None, False, [], 0)}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> ColumnSpec:
@@ -196,6 +199,9 @@ def encode_binlog_value(col: ColumnSpec, value: Any, none_source: str | None = N
         value = 0
     elif col.type == "timestamp" and value == _EPOCH:
         return None  # the zero TIMESTAMP (MySQL's smallest real one is 1970-01-01 00:00:01 UTC)
+    elif col.type == "binary" and col.length:
+        value = value.encode("latin-1") if isinstance(value, str) else value
+        value = value.ljust(col.length, b"\0")  # the row image stores BINARY(n) without its trailing zeros
     if col.type == "bit":
         return str(_bit_to_long(int(value, 2) if isinstance(value, str) else int(value)))
     if col.type == "set":
@@ -289,6 +295,7 @@ def column_from_binlog(column: Any) -> ColumnSpec:
         fsp=int(getattr(column, "fsp", 0) or 0) if kind in ("time", "datetime", "timestamp") else 0,
         charset=charset if kind in TEXT_TYPES else None,
         members=members if kind in ("enum", "set") else (),
+        length=getattr(column, "max_length", None) if kind == "binary" else None,
     )
 
 
@@ -336,4 +343,5 @@ def column_from_information_schema(row: dict[str, Any]) -> ColumnSpec:
         fsp=int(row["DATETIME_PRECISION"] or 0) if kind in ("time", "datetime", "timestamp") else 0,
         charset=row.get("CHARACTER_SET_NAME") if kind in TEXT_TYPES else None,
         members=_members(str(row["COLUMN_TYPE"])) if kind in ("enum", "set") else (),
+        length=int(row["CHARACTER_OCTET_LENGTH"]) if kind == "binary" and row.get("CHARACTER_OCTET_LENGTH") else None,
     )

@@ -98,18 +98,24 @@ def _version_tuple(version: str) -> tuple[int, int]:
     return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
 
 
+def supported_flavor(version: str) -> str:
+    """"mariadb" or "mysql" for a server version string (SELECT VERSION()); refuses versions too old."""
+    flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
+    minimum = MIN_MARIADB if flavor == "mariadb" else MIN_MYSQL
+    if _version_tuple(version) < minimum:
+        raise CdcUserError(
+            f"The source runs {flavor} {version}, which is not supported: upgrade it to "
+            f"{'MariaDB' if flavor == 'mariadb' else 'MySQL'} {minimum[0]}.{minimum[1]} or later."
+        )
+    return flavor
+
+
 def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) -> ServerInfo:
     """Check the server is set up for row-based CDC and the user may read its binlog."""
     with conn.cursor() as cur:
         cur.execute("SELECT VERSION()")
         version = str(cur.fetchone()[0])
-        flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
-        minimum = MIN_MARIADB if flavor == "mariadb" else MIN_MYSQL
-        if _version_tuple(version) < minimum:
-            raise CdcUserError(
-                f"The source runs {flavor} {version}, which is not supported: upgrade it to "
-                f"{'MariaDB' if flavor == 'mariadb' else 'MySQL'} {minimum[0]}.{minimum[1]} or later."
-            )
+        flavor = supported_flavor(version)
         names = [
             "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
             "gtid_mode", "gtid_binlog_pos", "log_bin_compress", "binlog_transaction_compression",

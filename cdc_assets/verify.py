@@ -71,7 +71,7 @@ def source_table_schema(conn: pymysql.Connection, table: TableRef) -> tuple[list
     with conn.cursor(pymysql.cursors.DictCursor) as cur:
         cur.execute(
             "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, DATETIME_PRECISION, "
-            "CHARACTER_SET_NAME, COLUMN_KEY FROM information_schema.COLUMNS "
+            "CHARACTER_SET_NAME, CHARACTER_OCTET_LENGTH, COLUMN_KEY FROM information_schema.COLUMNS "
             "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
             (table.schema, table.table),
         )

@@ -97,8 +97,13 @@ def _answers(server: LocalServer) -> bool:
     return True
 
 
-def start(base_dir: Path = DEFAULT_BASE_DIR, port: int | None = None, timeout_s: float = 30.0) -> LocalServer:
-    """Start (or reuse) the dedicated server under `base_dir` and make sure the reader user exists."""
+def start(
+    base_dir: Path = DEFAULT_BASE_DIR, port: int | None = None, timeout_s: float = 30.0, binlog: bool = True
+) -> LocalServer:
+    """Start (or reuse) the dedicated server under `base_dir` and make sure the reader user exists.
+
+    `binlog=False` starts it without a binary log, as a server not set up for CDC (for the preflight tests).
+    """
     base_dir = Path(base_dir).resolve()
     data_dir = base_dir / "data"
     port_file = base_dir / "port"
@@ -152,10 +157,16 @@ def start(base_dir: Path = DEFAULT_BASE_DIR, port: int | None = None, timeout_s:
             f"--pid-file={pid_file}",
             f"--log-error={base_dir / 'mysqld.err'}",
             f"--server-id={SOURCE_SERVER_ID}",
-            f"--log-bin={data_dir / 'binlog' / 'mysql-bin'}",
-            "--binlog-format=ROW",
-            "--binlog-row-image=FULL",
-            "--binlog-row-metadata=FULL",
+            *(
+                [
+                    f"--log-bin={data_dir / 'binlog' / 'mysql-bin'}",
+                    "--binlog-format=ROW",
+                    "--binlog-row-image=FULL",
+                    "--binlog-row-metadata=FULL",
+                ]
+                if binlog
+                else []
+            ),
             "--character-set-server=utf8mb4",
             "--collation-server=utf8mb4_unicode_ci",
             "--innodb-buffer-pool-size=128M",
