@@ -39,6 +39,7 @@ TEXT_TYPES = ("char", "varchar", "text", "enum", "set", "json")
 BINARY_TYPES = ("binary", "varbinary", "blob", "geometry")
 MAX_DELTA_DECIMAL_PRECISION = 38
 BIT64_WRAP = 1 << 64
+GEOMETRY_SRID_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,8 @@ def _encode_common(col: ColumnSpec, value: Any) -> str:
     if t in BINARY_TYPES:
         if isinstance(value, str):  # the binlog decoder returns '' for an empty BLOB
             value = value.encode("latin-1")
+        if t == "geometry":  # MySQL stores a 4-byte SRID before the WKB; the lakehouse keeps plain WKB
+            value = value[GEOMETRY_SRID_BYTES:]
         return base64.b64encode(value).decode("ascii")
     if t == "json":
         if isinstance(value, str | bytes):

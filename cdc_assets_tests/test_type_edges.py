@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from cdc_assets.current_state import read_current
+from cdc_assets.lakehouse import TableRef
 from cdc_assets_tests.conftest import CdcEnv
 
 EDGE_TABLE = """
@@ -75,6 +77,12 @@ def test_every_type_at_its_edges_matches_the_source(cdc: CdcEnv) -> None:
     assert [r.describe() for r in results if not r.ok] == []
     assert synced == 0
     assert [(str(r.table), r.compared_rows) for r in results] == [(f"{cdc.database}.edges", 5)]
+    # GEOMETRY is plain WKB, as ST_AsBinary gives it
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, ST_AsBinary(geo) FROM edges WHERE geo IS NOT NULL ORDER BY id")
+        wkb = dict(cur.fetchall())
+    current = read_current(cdc.lakehouse, TableRef(cdc.database, "edges"), ["id", "geo"]).to_pylist()
+    assert {r["id"]: r["geo"] for r in current if r["geo"] is not None} == wkb
 
 
 def test_zero_dates_where_the_server_allows_them(cdc: CdcEnv) -> None:
