@@ -64,6 +64,24 @@ _IN_TRANSACTION_MARKER = re.compile(
 MARIADB_GTID_STANDALONE = 0x01  # FL_STANDALONE: the group is one statement (DDL) with no COMMIT of its own
 
 
+_TRUNCATE = re.compile(
+    r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:(`(?:[^`]|``)+`|[^\s.`;]+)\s*\.\s*)?(`(?:[^`]|``)+`|[^\s.`;]+)", re.IGNORECASE
+)
+
+
+def _identifier(text: str) -> str:
+    return text[1:-1].replace("``", "`") if text.startswith("`") else text
+
+
+def truncated_table(query: str, default_schema: str | None) -> TableRef | None:
+    """The table a TRUNCATE statement empties (None for any other statement)."""
+    match = _TRUNCATE.match(query)
+    if match is None:
+        return None
+    schema = _identifier(match.group(1)) if match.group(1) else default_schema
+    return TableRef(schema, _identifier(match.group(2))) if schema else None
+
+
 def classify_query(query: str) -> str:
     """What a QueryEvent is to transaction tracking: begin, end, marker (inside a transaction) or ddl."""
     if _BEGIN.match(query):
@@ -142,15 +160,21 @@ class BatchBuilder:
     ) -> None:
         self._transaction.append(_PendingRow(version.table, version, op, self._gtid, before, after))
 
-    def statement(self, schema: str | None, query: str) -> None:
+    def statement(self, schema: str | None, query: str, commit_ts: int | None = None) -> None:
         """A DDL or TRUNCATE: recorded (secrets excluded), with a `_cdc_seq` of its own to order it."""
+        truncated = truncated_table(query, schema)
         query = redact_statement(query)
         if query is None:
             return
         seq = self.next_seq
         self.next_seq += 1
-        kind = "truncate" if query.lstrip().upper().startswith("TRUNCATE") else "ddl"
-        self.statements.append({"seq": str(seq), "schema": schema, "query": query, "kind": kind, "gtid": self._gtid})
+        entry: dict[str, Any] = {"seq": str(seq), "schema": schema, "query": query, "gtid": self._gtid}
+        entry["kind"] = "truncate" if truncated is not None else "ddl"
+        if truncated is not None:
+            entry["table"] = str(truncated)
+        if commit_ts is not None:
+            entry["commit_ts"] = commit_ts
+        self.statements.append(entry)
 
     def commit(self, end: BinlogPosition, commit_ts: int) -> None:
         """The transaction ending at `end` committed at `commit_ts` (epoch seconds)."""
@@ -344,8 +368,12 @@ def capture_batches(
                     boundary = True
                 elif kind == "ddl":
                     schema = _decode(event.schema)
-                    if options.table_filter.matches_schema(schema or "") or not schema:
-                        builder.statement(schema, query)
+                    truncated = truncated_table(query, schema)
+                    if truncated is not None:
+                        if options.table_filter.matches(truncated.schema, truncated.table):
+                            builder.statement(schema, query, int(event.timestamp))
+                    elif options.table_filter.matches_schema(schema or "") or not schema:
+                        builder.statement(schema, query, int(event.timestamp))
                     # A DDL is a transaction of its own, unless it opens one (CREATE TABLE ... SELECT).
                     boundary = not in_transaction
             if boundary:

@@ -27,9 +27,26 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so each row has a key of its own
+DUP_TYPE = pa.int32()
+
+
 def current_schema(version: TableVersion) -> pa.Schema:
     source = arrow_schema(list(version.columns))
-    return pa.schema(list(source) + [pa.field("_cdc_seq", SEQ_TYPE), pa.field("_cdc_commit_ts", COMMIT_TS_TYPE)])
+    meta = [pa.field("_cdc_seq", SEQ_TYPE), pa.field("_cdc_commit_ts", COMMIT_TS_TYPE)]
+    if not version.primary_key:
+        meta.append(pa.field(DUP_COLUMN, DUP_TYPE))
+    return pa.schema(list(source) + meta)
+
+
+def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
+    """`_cdc_dup` for rows of a keyless table: the ordinal of each row among the rows identical to it."""
+    counts: dict[tuple, int] = {}
+    ordinals = []
+    for values in zip(*(rows.column(c).to_pylist() for c in columns), strict=True) if rows.num_rows else []:
+        ordinals.append(counts.get(values, 0))
+        counts[values] = ordinals[-1] + 1
+    return pa.array(ordinals, DUP_TYPE)
 
 
 @dataclass
@@ -40,6 +57,12 @@ class PendingTable:
     version: TableVersion
     changes: pa.Table
     applied_seq: int | None
+
+    @property
+    def truncate_seq(self) -> int | None:
+        """`_cdc_seq` of the last pending TRUNCATE: every row written before it goes."""
+        seqs = self.changes.filter(pc.equal(self.changes.column("_cdc_op"), "truncate")).column("_cdc_seq")
+        return None if len(seqs) == 0 else int(pc.max(seqs).as_py())
 
 
 def read_pending(lakehouse: Lakehouse, table: TableRef, version: TableVersion) -> PendingTable | None:
@@ -108,7 +131,7 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
         )
     assignments = {quote(f.name): f"s.{quote(f.name)}" for f in current_schema(pending.version)}
     newer = "s._cdc_seq > t._cdc_seq"
-    metrics = (
+    merge = (
         target.merge(
             source,
             predicate=on,
@@ -120,8 +143,11 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
         .when_matched_delete(predicate=f"s._cdc_action = 'delete' AND {newer}")
         .when_matched_update(updates=assignments, predicate=f"s._cdc_action = 'upsert' AND {newer}")
         .when_not_matched_insert(updates=assignments, predicate="s._cdc_action = 'upsert'")
-        .execute()
     )
+    truncated = pending.truncate_seq
+    if truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
+        merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
+    metrics = merge.execute()
     return ApplyResult(
         table=pending.table,
         changes_in=pending.changes.num_rows,
@@ -129,6 +155,91 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
         deleted=deletes.num_rows,
         inserted=int(metrics.get("num_target_rows_inserted", 0)),
         updated=int(metrics.get("num_target_rows_updated", 0)),
+        removed=int(metrics.get("num_target_rows_deleted", 0)),
+        applied_seq=new_applied,
+    )
+
+
+def _images(changes: pa.Table, columns: list[str], image: str, weight: int) -> pa.Table:
+    """Row images of changes with a weight: +1 for each row an insert or update writes, -1 for each it removes."""
+    if image == "after":
+        chosen = changes.filter(pc.is_in(changes.column("_cdc_op"), pa.array(["insert", "update"])))
+        data = {c: chosen.column(c) for c in columns}
+    else:
+        chosen = changes.filter(pc.is_in(changes.column("_cdc_op"), pa.array(["delete", "update"])))
+        before = chosen.column("_cdc_before").combine_chunks()
+        data = {c: before.field(c) for c in columns}
+    data["_cdc_weight"] = pa.array([weight] * chosen.num_rows, pa.int64())
+    data["_cdc_seq"] = chosen.column("_cdc_seq")
+    data["_cdc_commit_ts"] = chosen.column("_cdc_commit_ts")
+    return pa.table(data)
+
+
+def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyResult:
+    """Apply a keyless table's changes with duplicates kept as the source keeps them.
+
+    Per distinct row, the pending changes add or remove copies (an update removes one copy of its
+    before-image and adds one of its after-image); the current state then holds exactly that many
+    copies, told apart by `_cdc_dup`. A TRUNCATE first empties the table: only changes after it count.
+    """
+    uri = lakehouse.table_uri(CURRENT, pending.table)
+    options = lakehouse.storage_options()
+    schema = current_schema(pending.version)
+    target = open_table(uri, options)
+    if target is None:
+        target = DeltaTable.create(uri, schema=schema, storage_options=options, configuration=stats_configuration(schema))
+    columns = [c.name for c in pending.version.columns]
+    truncated = pending.truncate_seq
+    changes = pending.changes
+    if truncated is not None:
+        changes = changes.filter(pc.greater(changes.column("_cdc_seq"), truncated))
+    moves = pa.concat_tables([_images(changes, columns, "after", 1), _images(changes, columns, "before", -1)])
+    net = moves.group_by(columns, use_threads=False).aggregate(
+        [("_cdc_weight", "sum"), ("_cdc_seq", "max"), ("_cdc_commit_ts", "max")]
+    )
+    existing: dict[tuple, int] = {}
+    if truncated is None and net.num_rows:
+        current = read_query(target, f"SELECT {', '.join(quote(c) for c in columns)} FROM current", "current")
+        for values in zip(*(current.column(c).to_pylist() for c in columns), strict=True) if current.num_rows else []:
+            existing[values] = existing.get(values, 0) + 1
+    inserts: list[dict] = []
+    deletes: list[dict] = []
+    for row in net.to_pylist():
+        values = tuple(row[c] for c in columns)
+        have = existing.get(values, 0)
+        want = max(have + int(row["_cdc_weight_sum"]), 0)
+        image = {c: row[c] for c in columns}
+        meta = {"_cdc_seq": row["_cdc_seq_max"], "_cdc_commit_ts": row["_cdc_commit_ts_max"]}
+        inserts += [{**image, **meta, DUP_COLUMN: n, "_cdc_action": "upsert"} for n in range(have, want)]
+        deletes += [{**image, **meta, DUP_COLUMN: n, "_cdc_action": "delete"} for n in range(want, have)]
+    source_schema = pa.schema(list(schema) + [pa.field("_cdc_action", pa.string())])
+    source = pa.Table.from_pylist(inserts + deletes, schema=source_schema)
+    new_applied = int(pc.max(pending.changes.column("_cdc_seq")).as_py())
+    same_row = " AND ".join(f"(t.{quote(c)} IS NOT DISTINCT FROM s.{quote(c)})" for c in columns)
+    merge = (
+        target.merge(
+            source,
+            predicate=f"{same_row} AND t.{DUP_COLUMN} = s.{DUP_COLUMN}",
+            source_alias="s",
+            target_alias="t",
+            merge_schema=True,
+            commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(new_applied)}),
+        )
+        .when_matched_delete(predicate="s._cdc_action = 'delete'")
+        .when_not_matched_insert(
+            updates={quote(f.name): f"s.{quote(f.name)}" for f in schema}, predicate="s._cdc_action = 'upsert'"
+        )
+    )
+    if truncated is not None:
+        merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
+    metrics = merge.execute()
+    return ApplyResult(
+        table=pending.table,
+        changes_in=pending.changes.num_rows,
+        upserted=len(inserts),
+        deleted=len(deletes),
+        inserted=int(metrics.get("num_target_rows_inserted", 0)),
+        updated=0,
         removed=int(metrics.get("num_target_rows_deleted", 0)),
         applied_seq=new_applied,
     )

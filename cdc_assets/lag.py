@@ -49,6 +49,6 @@ def _first_pending(store, table: str, after: str | None, cache: dict[str, BatchM
     for name in list_batches(store, after):
         manifest = cache.get(name) or read_manifest(store, name)
         cache[name] = manifest
-        if any(str(v.table) == table for v in manifest.table_versions):
+        if table in manifest.tables():
             return manifest
     return None

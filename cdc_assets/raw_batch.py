@@ -145,6 +145,14 @@ class BatchManifest:
     data_bytes: int
     raw: dict[str, Any]
 
+    def truncates(self) -> list[dict[str, Any]]:
+        """The batch's TRUNCATE statements, each with the `table` it empties and its `seq`."""
+        return [s for s in self.raw.get("statements", []) if s.get("kind") == "truncate" and s.get("table")]
+
+    def tables(self) -> list[str]:
+        """Every table the batch changes: row changes and TRUNCATEs."""
+        return sorted({str(v.table) for v in self.table_versions} | {s["table"] for s in self.truncates()})
+
     @staticmethod
     def from_json(d: dict[str, Any]) -> BatchManifest:
         return BatchManifest(

@@ -72,7 +72,7 @@ class CaptureReport:
 
     @property
     def tables(self) -> list[str]:
-        return sorted({str(v.table) for b in self.batches for v in b.table_versions})
+        return sorted({t for b in self.batches for t in b.tables()})
 
 
 class BinlogResource(ConfigurableResource):
@@ -204,7 +204,7 @@ class BinlogResource(ConfigurableResource):
                 adopted = False
             # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
             # can miss a table whose changes are captured.
-            if register_batch(registry, manifest.name, sorted({str(v.table) for v in manifest.table_versions})):
+            if register_batch(registry, manifest.name, manifest.tables()):
                 save_registry(store, registry)
             lease.check()
             checkpoint = Checkpoint(

@@ -73,7 +73,7 @@ def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResou
     registry = load_registry(store)
     touched: set[str] = set()
     for name in names:
-        touched.update(str(v.table) for v in read_manifest(store, name).table_versions)
+        touched.update(read_manifest(store, name).tables())
     new = sorted((touched | set(registry)) - set(existing))
     ordered = existing + new
     partition_requests = [tables_partitions.build_add_request(new)] if new else []

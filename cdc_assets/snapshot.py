@@ -19,7 +19,7 @@ from deltalake import CommitProperties, write_deltalake
 
 from cdc_assets import source
 from cdc_assets.change_log import COMMIT_TS_TYPE, SEQ_TYPE, open_table, stats_configuration
-from cdc_assets.current_state import APPLIED_SEQ_KEY, current_schema
+from cdc_assets.current_state import APPLIED_SEQ_KEY, DUP_COLUMN, current_schema, number_duplicates
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.locks import lakehouse_lock
@@ -136,6 +136,8 @@ def _replace_current(
     table = rows.append_column("_cdc_seq", pa.array([seq] * rows.num_rows, SEQ_TYPE)).append_column(
         "_cdc_commit_ts", pa.array([taken_at] * rows.num_rows, COMMIT_TS_TYPE)
     )
+    if not version.primary_key:  # identical rows of a keyless table are told apart by their ordinal
+        table = table.append_column(DUP_COLUMN, number_duplicates(rows, [c.name for c in version.columns]))
     uri = lakehouse.table_uri(CURRENT, version.table)
     options = lakehouse.storage_options()
     exists = open_table(uri, options) is not None

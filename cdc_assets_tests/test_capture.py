@@ -88,3 +88,14 @@ def test_query_events_and_transactions() -> None:
 def test_credentials_in_table_definitions_are_blanked() -> None:
     federated = "CREATE TABLE f (id INT) ENGINE=FEDERATED CONNECTION='mysql://u:pw@h:3306/db/t'"
     assert "pw" not in redact_statement(federated)
+
+
+def test_truncated_table_is_read_from_the_statement() -> None:
+    from cdc_assets.capture import truncated_table
+    from cdc_assets.lakehouse import TableRef
+
+    assert truncated_table("TRUNCATE TABLE t", "db") == TableRef("db", "t")
+    assert truncated_table("truncate `my db`.`we``ird`", "db") == TableRef("my db", "we`ird")
+    assert truncated_table("  TRUNCATE other.t2;", None) == TableRef("other", "t2")
+    assert truncated_table("TRUNCATE t", None) is None  # no schema to place it in
+    assert truncated_table("ALTER TABLE t ADD c INT", "db") is None

@@ -15,7 +15,15 @@ from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import Lakehouse, TableRef
 from cdc_assets.locks import lakehouse_lock
 from cdc_assets.partitions import run_owner, tables_partitions
-from cdc_assets.raw_batch import BatchManifest, TableVersion, chain_break, list_batches, read_manifest, read_rows
+from cdc_assets.raw_batch import (
+    RAW_ROWS_SCHEMA,
+    BatchManifest,
+    TableVersion,
+    chain_break,
+    list_batches,
+    read_manifest,
+    read_rows,
+)
 from cdc_assets.resources import LakehouseResource
 from cdc_assets.stages import CHANGES_LOCK, CHANGES_STAGE
 from cdc_assets.state import TableProgress, load_progress, load_registry, save_progress
@@ -114,6 +122,26 @@ def _table_slices(keyed: pa.Table) -> list[tuple[TableRef, int, int]]:
     return slices
 
 
+TRUNCATE_VERSION_IDS = -1
+
+
+def _truncate_row(batch: str, version: TableVersion, version_id: int, statement: dict) -> pa.Table:
+    """A TRUNCATE as a change: `_cdc_op = 'truncate'` at the statement's `_cdc_seq`, with no row image."""
+    row = {
+        "seq": int(statement["seq"]),
+        "schema": version.table.schema,
+        "table": version.table.table,
+        "table_version": version_id,
+        "op": "truncate",
+        "gtid": statement.get("gtid"),
+        "commit_ts": int(statement.get("commit_ts") or 0) * 1_000_000,
+        "before": None,
+        "after": None,
+    }
+    table = pa.Table.from_pylist([row], schema=RAW_ROWS_SCHEMA)
+    return table.append_column("batch", pa.array([batch], pa.string()))
+
+
 def _rows_for_tables(rows: pa.Table, starts: dict[str, str | None]) -> pa.Table:
     """Rows of the wanted tables in batches after each table's own start."""
     names = list(starts)
@@ -164,14 +192,24 @@ def _process(
         parts, keys = [], []
         for manifest in chunk:
             touched = [v for v in manifest.table_versions if str(v.table) in starts]
-            if not touched:
+            truncates = [t for t in manifest.truncates() if t["table"] in starts]
+            if not touched and not truncates:
                 continue
-            rows = read_rows(store, manifest)
+            rows = read_rows(store, manifest) if touched else RAW_ROWS_SCHEMA.empty_table()
             parts.append(rows.append_column("batch", pa.array([manifest.name] * rows.num_rows, pa.string())))
             for version in touched:
                 versions[(manifest.name, version.id)] = version
                 keys.append({"batch": manifest.name, "table_version": version.id, "key_idx": version.key_indexes()})
                 newest[str(version.table)] = version.to_json()
+            for index, statement in enumerate(truncates):
+                known = newest.get(statement["table"]) or progress[statement["table"]].version
+                if known is None:  # a table never seen with a row: it has no rows to empty, nor a change log
+                    continue
+                version = TableVersion.from_json(known)
+                version_id = TRUNCATE_VERSION_IDS - index  # batch-local ids below every real version's
+                versions[(manifest.name, version_id)] = version
+                keys.append({"batch": manifest.name, "table_version": version_id, "key_idx": version.key_indexes()})
+                parts.append(_truncate_row(manifest.name, version, version_id, statement))
         rows = _rows_for_tables(pa.concat_tables(parts), starts) if parts else None
         if rows is not None and rows.num_rows:
             report.rows_in += rows.num_rows

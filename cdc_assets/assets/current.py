@@ -11,7 +11,7 @@ from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, Me
 
 from cdc_assets.assets.changes import table_changes, target_tables
 from cdc_assets.change_log import open_table
-from cdc_assets.current_state import ApplyResult, PendingTable, apply_changes, read_pending
+from cdc_assets.current_state import ApplyResult, PendingTable, apply_changes, apply_keyless_changes, read_pending
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.locks import lakehouse_lock
 from cdc_assets.partitions import run_owner, tables_partitions
@@ -75,23 +75,30 @@ def apply_pending(
 def _apply(
     lakehouse: Lakehouse, spark: Callable[[], Any], pending: list[PendingTable], report: CurrentReport, log: Any | None
 ) -> None:
-    key_events = pa.concat_tables(
-        [
-            pa.table(
-                {
-                    "table_id": pa.array([i] * p.changes.num_rows, pa.int32()),
-                    "seq": p.changes.column("_cdc_seq"),
-                    "op": p.changes.column("_cdc_op"),
-                    "key": p.changes.column("_cdc_key"),
-                    "before_key": p.changes.column("_cdc_before_key"),
-                }
+    # After a TRUNCATE only the changes that follow it decide a key's row; the rows before it go.
+    keyed = {i: p for i, p in enumerate(pending) if p.version.primary_key}
+    latest = None
+    if keyed:
+        events = []
+        for i, p in keyed.items():
+            changes = p.changes.filter(pc.greater(p.changes.column("_cdc_seq"), p.truncate_seq or -1))
+            events.append(
+                pa.table(
+                    {
+                        "table_id": pa.array([i] * changes.num_rows, pa.int32()),
+                        "seq": changes.column("_cdc_seq"),
+                        "op": changes.column("_cdc_op"),
+                        "key": changes.column("_cdc_key"),
+                        "before_key": changes.column("_cdc_before_key"),
+                    }
+                )
             )
-            for i, p in enumerate(pending)
-        ]
-    )
-    latest = latest_change_per_key(spark(), key_events)
+        latest = latest_change_per_key(spark(), pa.concat_tables(events))
     for i, table in enumerate(pending):
-        result = apply_changes(lakehouse, table, latest.filter(pc.equal(latest.column("table_id"), i)))
+        if table.version.primary_key and latest is not None:
+            result = apply_changes(lakehouse, table, latest.filter(pc.equal(latest.column("table_id"), i)))
+        else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
+            result = apply_keyless_changes(lakehouse, table)
         report.applied.append(result)
         if log is not None:
             log.info(
