@@ -3,7 +3,7 @@
 import time
 
 from cdc_assets import source
-from cdc_assets.lakehouse import Lakehouse
+from cdc_assets.lakehouse import Lakehouse, ObjectStore
 from cdc_assets.raw_batch import BatchManifest, list_batches, read_manifest
 from cdc_assets.resources import BinlogResource
 from cdc_assets.stages import CURRENT_STAGE
@@ -44,7 +44,9 @@ def table_lags(binlog: BinlogResource, lakehouse: Lakehouse, now: float | None =
     return lags
 
 
-def _first_pending(store, table: str, after: str | None, cache: dict[str, BatchManifest]) -> BatchManifest | None:  # noqa: ANN001
+def _first_pending(
+    store: ObjectStore, table: str, after: str | None, cache: dict[str, BatchManifest]
+) -> BatchManifest | None:
     """The first raw batch after `after` with a change of `table`."""
     for name in list_batches(store, after):
         manifest = cache.get(name) or read_manifest(store, name)

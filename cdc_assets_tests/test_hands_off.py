@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance
@@ -34,7 +35,7 @@ def _write(cdc: CdcEnv, stop: threading.Event) -> int:
     return written
 
 
-def _wait_for(what: str, condition, timeout_s: float, every_s: float = 3.0) -> None:  # noqa: ANN001
+def _wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_s: float = 3.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"

@@ -9,6 +9,7 @@ import time
 
 import pytest
 from dagster import DagsterRunStatus, RunRequest, build_schedule_context
+from dagster._core.definitions.schedule_definition import ScheduleExecutionData
 from dagster._core.test_utils import create_run_for_test
 
 from cdc_assets.cli import _instance
@@ -41,7 +42,7 @@ def test_capture_schedule_skips_while_a_capture_runs_or_waits(cdc: CdcEnv, monke
     schedule = build_capture_schedule()
     resources = {"lakehouse": LakehouseResource(location=str(cdc.lakehouse_dir))}
 
-    def tick():  # noqa: ANN202
+    def tick() -> ScheduleExecutionData:
         with build_schedule_context(instance, resources=resources) as context:
             return schedule.evaluate_tick(context)
 
