@@ -65,6 +65,8 @@ def _starts(lakehouse: Lakehouse, tables: list[str]) -> dict[str, str | None]:
     for table in tables:
         progress = load_progress(lakehouse.store, CHANGES_STAGE, table)
         first = registry.get(table, {}).get("first_batch")
+        if progress.batch is None and first is None:
+            continue  # no change of it was ever captured (a table known from a snapshot only)
         # A table that has never been processed starts just before its first batch, not at the beginning.
         starts[table] = progress.batch if progress.batch is not None else _just_before(first)
     return starts
@@ -169,7 +171,7 @@ def process_new_batches(
     with lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, lakehouse.lock_wait_seconds, log=log):
         targets = target_tables(lakehouse, tables)
         starts = _starts(lakehouse, targets)
-        if targets:
+        if starts:
             earliest = None if None in starts.values() else min(s for s in starts.values() if s is not None)
             _process(lakehouse, spark, new_batches(lakehouse, earliest), starts, report, log)
     report.seconds = time.monotonic() - began
