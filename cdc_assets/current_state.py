@@ -226,6 +226,10 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
             commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(new_applied)}),
         )
         .when_matched_delete(predicate="s._cdc_action = 'delete'")
+        # a copy written again after a TRUNCATE matches its old self: it takes the new change's seq and time
+        .when_matched_update(
+            updates={"_cdc_seq": "s._cdc_seq", "_cdc_commit_ts": "s._cdc_commit_ts"}, predicate="s._cdc_action = 'upsert'"
+        )
         .when_not_matched_insert(
             updates={quote(f.name): f"s.{quote(f.name)}" for f in schema}, predicate="s._cdc_action = 'upsert'"
         )

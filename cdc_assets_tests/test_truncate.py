@@ -62,6 +62,10 @@ def test_truncate_alone_in_its_batch_and_twice_in_a_row(cdc: CdcEnv, monkeypatch
 def test_truncate_of_a_keyless_table(cdc: CdcEnv) -> None:
     cdc.execute("CREATE TABLE k (id INT, v VARCHAR(5))", "INSERT INTO k VALUES (1, 'x'), (2, 'y')")
     assert cdc.sync() == 0
-    cdc.execute("TRUNCATE `k`", "INSERT INTO k VALUES (3, 'z')")
+    cdc.execute("TRUNCATE `k`", "INSERT INTO k VALUES (3, 'z'), (1, 'x'), (1, 'x')")
     assert cdc.sync() == 0
-    assert _ids(cdc, "k") == [3]
+    assert _ids(cdc, "k") == [1, 1, 3]  # the same values written again after the TRUNCATE: two copies, not three
+    log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "k")), None)
+    truncate_seq = read_query(log, "SELECT _cdc_seq FROM changes WHERE _cdc_op = 'truncate'", "changes").column(0)[0]
+    current = read_current(cdc.lakehouse, TableRef(cdc.database, "k"), ["_cdc_seq"])
+    assert min(current.column("_cdc_seq").to_pylist()) > truncate_seq.as_py()
