@@ -65,7 +65,8 @@ MARIADB_GTID_STANDALONE = 0x01  # FL_STANDALONE: the group is one statement (DDL
 
 
 _TRUNCATE = re.compile(
-    r"^\s*TRUNCATE\s+(?:TABLE\s+)?(?:(`(?:[^`]|``)+`|[^\s.`;]+)\s*\.\s*)?(`(?:[^`]|``)+`|[^\s.`;]+)", re.IGNORECASE
+    r"^\s*(?:/\*.*?\*/\s*)*TRUNCATE\s+(?:TABLE\s+)?(?:(`(?:[^`]|``)+`|[^\s.`;]+)\s*\.\s*)?(`(?:[^`]|``)+`|[^\s.`;]+)",
+    re.IGNORECASE | re.DOTALL,
 )
 
 

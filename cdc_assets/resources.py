@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,6 +155,7 @@ class BinlogResource(ConfigurableResource):
         lease: Lease,
         log: Any | None,
     ) -> tuple[Checkpoint, CaptureReport]:
+        began_at = time.time()
         checkpoint = load_checkpoint(lakehouse.store)
         start = checkpoint.position if checkpoint else source.oldest_position(conn)
         source.check_available(conn, start)
@@ -167,6 +169,10 @@ class BinlogResource(ConfigurableResource):
             )
             if finished or self._enough(report):
                 break
+        if until is None and not checkpoint.position < target:  # all committed before this capture began is in
+            lease.check()
+            checkpoint = dataclasses.replace(checkpoint, reached_at=began_at)
+            save_checkpoint(lakehouse.store, checkpoint)
         report.end = checkpoint.position
         return checkpoint, report
 
@@ -213,6 +219,7 @@ class BinlogResource(ConfigurableResource):
                 last_batch=manifest.name,
                 last_commit_ts=manifest.last_commit_ts or checkpoint.last_commit_ts,
                 next_seq=manifest.next_seq,
+                reached_at=checkpoint.reached_at,
             )
             save_checkpoint(store, checkpoint)
             report.batches.append(manifest)

@@ -17,12 +17,15 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 from cdc_assets.assets.raw import RAW_ASSET_KEY
 from cdc_assets.freshness import lag_thresholds
 from cdc_assets.jobs import CURRENT_ASSET_KEY, apply_job
+from cdc_assets.lakehouse import ObjectStore
 from cdc_assets.partitions import TABLES_PARTITIONS_NAME, tables_partitions, touched_ranges
 from cdc_assets.raw_batch import list_batches, read_manifest
 from cdc_assets.resources import LakehouseResource
-from cdc_assets.state import load_registry
+from cdc_assets.stages import CURRENT_STAGE
+from cdc_assets.state import load_progress, load_registry, needs_work
 
 MAX_BATCHES_PER_TICK = 500
+RETRY_AFTER_SECONDS = 300  # a table left behind is requested again at most this often
 SENSOR_INTERVAL_SECONDS = 15
 
 
@@ -77,14 +80,37 @@ def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResou
     new = sorted((touched | set(registry)) - set(existing))
     ordered = existing + new
     partition_requests = [tables_partitions.build_add_request(new)] if new else []
+    behind = _left_behind(store, registry, context.cursor or None, touched)
+    retries = [
+        apply_run_request(first, end, f"retry:{first}..{end}:{int(time.time() // RETRY_AFTER_SECONDS)}")
+        for first, end in touched_ranges(ordered, behind)
+    ]
     if not names:
-        confirmation = _confirmation(context, ordered)
-        if confirmation is None and not partition_requests:
+        confirmation = _confirmation(context, ordered) if not retries else None
+        if confirmation is None and not partition_requests and not retries:
             return SkipReason(f"No raw batch after {context.cursor or 'the start'}.")
         return SensorResult(
-            run_requests=[confirmation] if confirmation else [], dynamic_partitions_requests=partition_requests
+            run_requests=[confirmation] if confirmation else retries, dynamic_partitions_requests=partition_requests
         )
     last = names[-1]
     runs = [apply_run_request(first, end, f"{last}:{first}..{end}") for first, end in touched_ranges(ordered, touched)]
-    context.log.info(f"{len(names)} new raw batches up to {last}: {len(touched)} tables in {len(runs)} runs")
-    return SensorResult(run_requests=runs, dynamic_partitions_requests=partition_requests, cursor=last)
+    context.log.info(
+        f"{len(names)} new raw batches up to {last}: {len(touched)} tables in {len(runs)} runs"
+        + (f"; {len(behind)} tables left behind by earlier runs requested again" if behind else "")
+    )
+    return SensorResult(run_requests=runs + retries, dynamic_partitions_requests=partition_requests, cursor=last)
+
+
+def _left_behind(store: ObjectStore, registry: dict, cursor: str | None, touched: set[str]) -> set[str]:
+    """Tables whose batches the sensor already handled but whose current state has not taken them in: their
+    run failed, or ran before capture had registered the table. Requested again at most every few minutes."""
+    if cursor is None:
+        return set()
+    return {
+        table
+        for table, entry in registry.items()
+        if table not in touched
+        and entry.get("last_batch") is not None
+        and entry["last_batch"] <= cursor
+        and needs_work(entry, load_progress(store, CURRENT_STAGE, table))
+    }

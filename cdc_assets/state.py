@@ -25,12 +25,15 @@ class Checkpoint:
     last_batch: str | None = None
     last_commit_ts: int | None = None
     next_seq: int = FIRST_SEQ  # `_cdc_seq` of the next change captured
+    reached_at: float | None = None  # wall time of the start of the last capture that reached its binlog end
 
     def lag_seconds(self, lag_bytes: int, now: float) -> float:
-        """While the binlog holds more than the checkpoint, the age of the newest captured commit; else 0."""
-        if not lag_bytes or not self.last_commit_ts:
+        """While the binlog holds more than the checkpoint, how long ago capture last had everything (all
+        committed before the start of the last capture that reached its end is in); else 0."""
+        if not lag_bytes:
             return 0.0
-        return max(now - self.last_commit_ts, 0.0)
+        since = self.reached_at or self.last_commit_ts
+        return max(now - since, 0.0) if since else 0.0
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -39,6 +42,7 @@ class Checkpoint:
             "last_batch": self.last_batch,
             "last_commit_ts": self.last_commit_ts,
             "next_seq": self.next_seq,
+            "reached_at": self.reached_at,
         }
 
 
@@ -66,6 +70,7 @@ def load_checkpoint(store: ObjectStore) -> Checkpoint | None:
         last_batch=d.get("last_batch"),
         last_commit_ts=d.get("last_commit_ts"),
         next_seq=int(d.get("next_seq", FIRST_SEQ)),
+        reached_at=d.get("reached_at"),
     )
 
 

@@ -97,5 +97,6 @@ def test_truncated_table_is_read_from_the_statement() -> None:
     assert truncated_table("TRUNCATE TABLE t", "db") == TableRef("db", "t")
     assert truncated_table("truncate `my db`.`we``ird`", "db") == TableRef("my db", "we`ird")
     assert truncated_table("  TRUNCATE other.t2;", None) == TableRef("other", "t2")
+    assert truncated_table("/* app: cleanup */ TRUNCATE TABLE t", "db") == TableRef("db", "t")
     assert truncated_table("TRUNCATE t", None) is None  # no schema to place it in
     assert truncated_table("ALTER TABLE t ADD c INT", "db") is None

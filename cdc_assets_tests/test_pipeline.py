@@ -85,7 +85,9 @@ def test_workload_catch_up_then_more_changes_then_nothing(cdc: CdcEnv, monkeypat
     }
     assert cdc.sync() == 0
     assert list_batches(store) == batches_before
-    assert load_checkpoint(store) == checkpoint_before
+    checkpoint_after = load_checkpoint(store)
+    assert checkpoint_after.position == checkpoint_before.position and checkpoint_after.next_seq == checkpoint_before.next_seq
+    assert checkpoint_after.reached_at > checkpoint_before.reached_at  # only when capture last had everything moves
     versions_after = {
         str(t): open_table(cdc.lakehouse.table_uri(CHANGES, t), None).version() for t in cdc.lakehouse.tables(CHANGES)
     }

@@ -142,3 +142,19 @@ def test_sensor_confirms_current_state_when_capture_finds_nothing(cdc: CdcEnv, m
     _execute(instance, result)
     # Confirmed after the last capture: no second confirmation for the same capture.
     assert isinstance(_evaluate(instance, location, cursor), SkipReason)
+
+
+def test_sensor_requests_a_table_again_when_its_run_did_not_apply_it(cdc: CdcEnv) -> None:
+    instance = _instance()
+    location = str(cdc.lakehouse_dir)
+    cdc.execute("CREATE TABLE r (id INT PRIMARY KEY)", "INSERT INTO r VALUES (1), (2)")
+    _capture(cdc, location)
+    first = _evaluate(instance, location, None)
+    assert isinstance(first, SensorResult) and _covered(instance, first) == [f"{cdc.database}.r"]
+    # The requested run failed (here: never ran). The cursor has moved on, yet the table is asked for again.
+    again = _evaluate(instance, location, first.cursor)
+    assert isinstance(again, SensorResult) and _covered(instance, again) == [f"{cdc.database}.r"]
+    assert all(r.run_key.startswith("retry:") for r in again.run_requests)
+    _execute(instance, again)
+    assert all(r.ok and r.compared_rows == 2 for r in cdc.verify())
+    assert isinstance(_evaluate(instance, location, first.cursor), SkipReason)  # applied: nothing to retry

@@ -13,7 +13,7 @@ from cdc_assets.assets.raw import raw_binlog_batches
 from cdc_assets.change_log import AppendResult, append_changes, build_change_table
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import Lakehouse, TableRef
-from cdc_assets.locks import lakehouse_lock
+from cdc_assets.locks import Lease, lakehouse_lock
 from cdc_assets.partitions import run_owner, tables_partitions
 from cdc_assets.raw_batch import (
     RAW_ROWS_SCHEMA,
@@ -168,12 +168,13 @@ def process_new_batches(
     """
     began = time.monotonic()
     report = ChangesReport()
-    with lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, lakehouse.lock_wait_seconds, log=log):
+    wait = lakehouse.lock_wait_seconds
+    with lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log) as lease:
         targets = target_tables(lakehouse, tables)
         starts = _starts(lakehouse, targets)
         if starts:
             earliest = None if None in starts.values() else min(s for s in starts.values() if s is not None)
-            _process(lakehouse, spark, new_batches(lakehouse, earliest), starts, report, log)
+            _process(lakehouse, spark, new_batches(lakehouse, earliest), starts, report, lease, log)
     report.seconds = time.monotonic() - began
     return report
 
@@ -184,6 +185,7 @@ def _process(
     manifests: list[BatchManifest],
     starts: dict[str, str | None],
     report: ChangesReport,
+    lease: Lease,
     log: Any | None,
 ) -> None:
     store = lakehouse.store
@@ -217,11 +219,13 @@ def _process(
             report.rows_in += rows.num_rows
             keyed = keyed_changes(spark(), rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
             for table, offset, length in _table_slices(keyed):
+                lease.check()  # on S3 a lease lost to another run means: append nothing more
                 result = _append_table(lakehouse, table, keyed.slice(offset, length), versions)
                 report.appended[str(table)] = _sum(report.appended.get(str(table)), result)
                 if log is not None:
                     log.info(f"{table}: {result.appended} changes appended")
         last = chunk[-1].name
+        lease.check()
         for table in starts:
             # Progress moves past every batch read, also those without changes of the table; the table
             # version is the newest whose changes have landed.

@@ -13,7 +13,7 @@ from cdc_assets.assets.changes import table_changes, target_tables
 from cdc_assets.change_log import open_table
 from cdc_assets.current_state import ApplyResult, PendingTable, apply_changes, apply_keyless_changes, read_pending
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
-from cdc_assets.locks import lakehouse_lock
+from cdc_assets.locks import Lease, lakehouse_lock
 from cdc_assets.partitions import run_owner, tables_partitions
 from cdc_assets.raw_batch import TableVersion
 from cdc_assets.resources import LakehouseResource
@@ -57,13 +57,15 @@ def apply_pending(
     began = time.monotonic()
     report = CurrentReport()
     store = lakehouse.store
-    with lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, lakehouse.lock_wait_seconds, log=log):
+    wait = lakehouse.lock_wait_seconds
+    with lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log) as lease:
         targets = target_tables(lakehouse, tables)
         # What the change logs hold now; recorded as this stage's progress once it is applied.
         reached = {t: load_progress(store, CHANGES_STAGE, t).batch for t in targets}
         pending = pending_tables(lakehouse, targets)
         if pending:
-            _apply(lakehouse, spark, pending, report, log)
+            _apply(lakehouse, spark, pending, report, lease, log)
+        lease.check()
         for table, batch in reached.items():
             if batch is not None:
                 save_progress(store, CURRENT_STAGE, table, TableProgress(batch))
@@ -73,7 +75,12 @@ def apply_pending(
 
 
 def _apply(
-    lakehouse: Lakehouse, spark: Callable[[], Any], pending: list[PendingTable], report: CurrentReport, log: Any | None
+    lakehouse: Lakehouse,
+    spark: Callable[[], Any],
+    pending: list[PendingTable],
+    report: CurrentReport,
+    lease: Lease,
+    log: Any | None,
 ) -> None:
     # After a TRUNCATE only the changes that follow it decide a key's row; the rows before it go.
     keyed = {i: p for i, p in enumerate(pending) if p.version.primary_key}
@@ -95,6 +102,7 @@ def _apply(
             )
         latest = latest_change_per_key(spark(), pa.concat_tables(events))
     for i, table in enumerate(pending):
+        lease.check()  # on S3 a lease lost to another run means: merge nothing more
         if table.version.primary_key and latest is not None:
             result = apply_changes(lakehouse, table, latest.filter(pc.equal(latest.column("table_id"), i)))
         else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
