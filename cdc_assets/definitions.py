@@ -8,7 +8,6 @@ from dagster import Definitions, EnvVar, apply_freshness_policy, in_process_exec
 
 from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.checks import ALL_CHECKS
-from cdc_assets.errors import CdcUserError
 from cdc_assets.freshness import current_freshness_policy
 from cdc_assets.jobs import (
     APPLY_JOB_NAME,
@@ -22,7 +21,13 @@ from cdc_assets.jobs import (
 from cdc_assets.resources import BinlogResource, LakehouseResource
 from cdc_assets.schedules import build_capture_schedule, lag_check_schedule
 from cdc_assets.sensors import raw_batch_sensor
-from cdc_assets.settings import DEFAULT_LAKEHOUSE, DEFAULT_LOCK_WAIT_SECONDS, DEFAULT_MAX_BATCH_ROWS, DEFAULT_SERVER_ID
+from cdc_assets.settings import (
+    DEFAULT_LAKEHOUSE,
+    DEFAULT_LOCK_WAIT_SECONDS,
+    DEFAULT_MAX_BATCH_ROWS,
+    DEFAULT_SERVER_ID,
+    env_number,
+)
 from spark_resources import SparkSessionResource
 from spark_resources.session import DEFAULT_SPARK_MASTER
 
@@ -44,14 +49,7 @@ def _env(name: str, default: object, kind: str = "str") -> object:
 
 
 def lock_wait_seconds() -> float:
-    text = os.environ.get("CDC_LOCK_WAIT_SECONDS")
-    try:
-        value = float(text) if text else DEFAULT_LOCK_WAIT_SECONDS
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        raise CdcUserError(f"CDC_LOCK_WAIT_SECONDS={text!r} is not a number of seconds: set it to e.g. 120.")
-    return value
+    return env_number("CDC_LOCK_WAIT_SECONDS", DEFAULT_LOCK_WAIT_SECONDS, lambda v: v >= 0, "a number of seconds")
 
 
 def build_resources() -> dict[str, object]:

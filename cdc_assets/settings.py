@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -23,6 +24,31 @@ DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOCAL_SOURCE_DIR = Path(".local") / "mariadb"
+
+
+def env_number(name: str, default: float, valid: Callable[[float], bool], meaning: str) -> float:
+    """A number from the environment (default when unset); anything else ends in one sentence with the fix."""
+    text = os.environ.get(name)
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise CdcUserError(f"{name}={text!r} is not {meaning}: set it to e.g. {default:g}.")
+    return value
+
+
+def env_window(
+    names: tuple[str, str], defaults: tuple[float, float], valid: Callable[[float], bool], meaning: str
+) -> tuple[float, float]:
+    """A (warn, fail) pair of thresholds from the environment, each `valid`, warn below fail."""
+    warn_name, fail_name = names
+    warn, fail = (env_number(n, d, valid, meaning) for n, d in zip(names, defaults, strict=True))
+    if warn >= fail:
+        raise CdcUserError(
+            f"{warn_name} ({warn:g}) must be below {fail_name} ({fail:g}): lower the first or raise the second."
+        )
+    return warn, fail
 
 
 @dataclass(frozen=True)
