@@ -24,7 +24,7 @@ from cdc_assets.freshness import lag_thresholds
 from cdc_assets.lag import table_lags
 from cdc_assets.lakehouse import CHANGES, Lakehouse, TableRef
 from cdc_assets.partitions import TABLES_PARTITIONS_NAME
-from cdc_assets.raw_batch import chain_break, list_batches, read_manifest
+from cdc_assets.raw_batch import chain_breaks, list_batches, read_manifest
 from cdc_assets.resources import BinlogResource, LakehouseResource
 from cdc_assets.schema_match import schema_differences
 from cdc_assets.state import known_tables, load_checkpoint
@@ -58,18 +58,13 @@ def batch_chain_breaks(lakehouse: Lakehouse, since: str | None = None) -> list[s
     names = list_batches(store)
     if since in names:
         names = names[max(names.index(since) - 1, 0) :]
-    breaks = []
-    previous = None
-    for name in names:
-        manifest = read_manifest(store, name)
-        problem = chain_break(previous, manifest) if previous is not None else None
-        if problem:
-            breaks.append(problem)
-        previous = manifest
+    manifests = [read_manifest(store, name) for name in names]
+    breaks = chain_breaks(manifests)
+    last = manifests[-1] if manifests else None
     checkpoint = load_checkpoint(store)
-    if previous is not None and checkpoint is not None and checkpoint.last_batch == previous.name:
-        if checkpoint.position != previous.end:
-            breaks.append(f"the checkpoint {checkpoint.position} is not the end {previous.end} of {previous.name}")
+    if last is not None and checkpoint is not None and checkpoint.last_batch == last.name:
+        if checkpoint.position != last.end:
+            breaks.append(f"the checkpoint {checkpoint.position} is not the end {last.end} of {last.name}")
     return breaks
 
 

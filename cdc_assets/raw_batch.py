@@ -183,6 +183,17 @@ def chain_break(previous: BatchManifest, batch: BatchManifest) -> str | None:
     )
 
 
+def chain_breaks(manifests: list[BatchManifest], previous: BatchManifest | None = None) -> list[str]:
+    """Every place in consecutive batches (after `previous`, if given) where one does not follow the other."""
+    breaks = []
+    for manifest in manifests:
+        problem = chain_break(previous, manifest) if previous is not None else None
+        if problem:
+            breaks.append(problem)
+        previous = manifest
+    return breaks
+
+
 def _key(name: str, file: str) -> str:
     return f"{RAW}/{name}/{file}"
 

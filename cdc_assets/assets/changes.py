@@ -19,7 +19,7 @@ from cdc_assets.raw_batch import (
     RAW_ROWS_SCHEMA,
     BatchManifest,
     TableVersion,
-    chain_break,
+    chain_breaks,
     list_batches,
     read_manifest,
     read_rows,
@@ -87,14 +87,12 @@ def new_batches(lakehouse: Lakehouse, after: str | None) -> list[BatchManifest]:
     previous = None
     if after is not None and store.exists(f"raw/{after}/manifest.json"):
         previous = read_manifest(store, after)
-    for manifest in manifests:
-        problem = chain_break(previous, manifest) if previous is not None else None
-        if problem:
-            raise CdcUserError(
-                f"The raw batches have a gap or an overlap ({problem}): restore the missing raw batch from a "
-                "backup, or re-initialise the lakehouse."
-            )
-        previous = manifest
+    breaks = chain_breaks(manifests, previous)
+    if breaks:
+        raise CdcUserError(
+            f"The raw batches have a gap or an overlap ({breaks[0]}): restore the missing raw batch from a "
+            "backup, or re-initialise the lakehouse."
+        )
     return manifests
 
 
