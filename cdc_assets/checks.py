@@ -21,7 +21,7 @@ from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.assets.raw import RAW_ASSET_KEY
 from cdc_assets.change_log import open_table, read_query
 from cdc_assets.freshness import lag_thresholds
-from cdc_assets.lag import table_lags
+from cdc_assets.lag import capture_lag, table_lags
 from cdc_assets.lakehouse import CHANGES, Lakehouse, TableRef
 from cdc_assets.partitions import TABLES_PARTITIONS_NAME
 from cdc_assets.raw_batch import chain_breaks, list_batches, read_manifest
@@ -196,7 +196,8 @@ def current_schema_matches_source(
 )
 def table_lag(binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
     warn, fail = lag_thresholds()
-    lags = table_lags(binlog, lakehouse.get(), time.time())
+    house, now = lakehouse.get(), time.time()
+    lags = table_lags(house, capture_lag(binlog, house, now).seconds, now)
     failing = {t: s for t, s in lags.items() if s >= fail}
     warning = {t: s for t, s in lags.items() if warn <= s < fail}
     behind = failing or warning

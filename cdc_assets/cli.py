@@ -180,22 +180,13 @@ def run_job(
     return SyncOutcome(success, metadata, failed_checks + failures, time.monotonic() - began)
 
 
-def tables_to_apply(lakehouse: object) -> list[str]:
-    """Tables with captured changes their current state has not taken in."""
-    from cdc_assets.stages import CURRENT_STAGE
-    from cdc_assets.state import load_progress, load_registry, needs_work
-
-    store = lakehouse.store  # type: ignore[attr-defined]
-    registry = load_registry(store)
-    return [t for t, entry in sorted(registry.items()) if needs_work(entry, load_progress(store, CURRENT_STAGE, t))]
-
-
 def run_sync(verbose: bool = False) -> SyncOutcome:
     """Capture, then one apply run per consecutive range of the tables with new changes, each with its checks."""
     from cdc_assets.definitions import APPLY_JOB_NAME, CAPTURE_JOB_NAME, initialized_resources
     from cdc_assets.partitions import TABLES_PARTITIONS_NAME, touched_ranges
     from cdc_assets.sensors import apply_run_request
-    from cdc_assets.state import known_tables
+    from cdc_assets.stages import CURRENT_STAGE
+    from cdc_assets.state import known_tables, tables_behind
 
     outcome = run_job(CAPTURE_JOB_NAME, verbose)
     if not outcome.success:
@@ -206,7 +197,7 @@ def run_sync(verbose: bool = False) -> SyncOutcome:
     new = [t for t in known_tables(lakehouse.store) if t not in existing]
     if new:
         instance.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)  # type: ignore[attr-defined]
-    pending = set(tables_to_apply(lakehouse))
+    pending = set(tables_behind(lakehouse.store, CURRENT_STAGE))  # captured, not yet in current state
     for first, last in touched_ranges(existing + new, pending):
         request = apply_run_request(first, last, run_key="cli")
         applied = run_job(APPLY_JOB_NAME, verbose, tags=dict(request.tags), partition_key=request.partition_key)
@@ -321,26 +312,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def collect_status() -> dict[str, object]:
     from dagster import AssetKey
 
-    from cdc_assets import source
     from cdc_assets.definitions import initialized_resources
     from cdc_assets.freshness import freshness_windows
-    from cdc_assets.lag import table_lags
+    from cdc_assets.lag import capture_lag, table_lags
     from cdc_assets.raw_batch import list_batches
-    from cdc_assets.state import known_tables, load_checkpoint
+    from cdc_assets.state import known_tables
 
     _dagster_home()
     resources = initialized_resources()
     lakehouse = resources["lakehouse"].get()  # type: ignore[attr-defined]
-    binlog = resources["binlog"]
-    checkpoint = load_checkpoint(lakehouse.store)
-    conn = source.connect(binlog.url())  # type: ignore[attr-defined]
-    try:
-        end = source.binlog_end(conn)
-        position = checkpoint.position if checkpoint else source.oldest_position(conn)
-        lag_bytes = source.lag_bytes(conn, position)
-    finally:
-        conn.close()
-    lag_seconds = checkpoint.lag_seconds(lag_bytes, time.time()) if checkpoint else 0.0
+    now = time.time()
+    lag = capture_lag(resources["binlog"], lakehouse, now)  # type: ignore[arg-type]
+    checkpoint = lag.checkpoint
     batches = list_batches(lakehouse.store)
     freshness = {}
     instance = _instance()
@@ -350,13 +333,13 @@ def collect_status() -> dict[str, object]:
     return {
         "lakehouse": str(lakehouse),
         "checkpoint": str(checkpoint.position) if checkpoint else None,
-        "binlog_end": str(end),
-        "lag_bytes": lag_bytes,
-        "lag_seconds": round(lag_seconds, 1),
+        "binlog_end": str(lag.binlog_end),
+        "lag_bytes": lag.lag_bytes,
+        "lag_seconds": round(lag.seconds, 1) if checkpoint else 0.0,
         "next_seq": checkpoint.next_seq if checkpoint else None,
         "gtid": checkpoint.gtid if checkpoint else None,
         "tables": known_tables(lakehouse.store),
-        "table_lag_seconds": {t: round(v, 1) for t, v in table_lags(binlog, lakehouse).items()},  # type: ignore[arg-type]
+        "table_lag_seconds": {t: round(v, 1) for t, v in table_lags(lakehouse, lag.seconds, now).items()},
         "freshness_windows_minutes": dict(zip(("warn", "fail"), freshness_windows(), strict=True)),
         "raw_batches": len(batches),
         "last_batch": batches[-1] if batches else None,

@@ -1,46 +1,58 @@
 """How far behind the source each current-state table is, in seconds."""
 
-import time
+from dataclasses import dataclass
 
 from cdc_assets import source
 from cdc_assets.lakehouse import Lakehouse, ObjectStore
+from cdc_assets.positions import BinlogPosition
 from cdc_assets.raw_batch import BatchManifest, list_batches, read_manifest
 from cdc_assets.resources import BinlogResource
 from cdc_assets.stages import CURRENT_STAGE
-from cdc_assets.state import load_checkpoint, load_progress, load_registry, needs_work
+from cdc_assets.state import Checkpoint, load_checkpoint, load_registry, tables_behind
 
 
-def capture_lag_seconds(binlog: BinlogResource, lakehouse: Lakehouse, now: float) -> float:
-    """While the binlog holds changes past the checkpoint, how old the newest captured commit is; else 0."""
+@dataclass(frozen=True)
+class CaptureLag:
+    """How far capture is behind the source's binlog."""
+
+    checkpoint: Checkpoint | None
+    binlog_end: BinlogPosition
+    lag_bytes: int
+    seconds: float  # see Checkpoint.lag_seconds; unbounded while nothing was ever captured of a non-empty binlog
+
+
+def capture_lag(binlog: BinlogResource, lakehouse: Lakehouse, now: float) -> CaptureLag:
     checkpoint = load_checkpoint(lakehouse.store)
     conn = source.connect(binlog.url())
     try:
+        end = source.binlog_end(conn)
         position = checkpoint.position if checkpoint else source.oldest_position(conn)
         lag_bytes = source.lag_bytes(conn, position)
     finally:
         conn.close()
     if checkpoint is None:
-        return 0.0 if not lag_bytes else float("inf")
-    return checkpoint.lag_seconds(lag_bytes, now)
+        seconds = 0.0 if not lag_bytes else float("inf")
+    else:
+        seconds = checkpoint.lag_seconds(lag_bytes, now)
+    return CaptureLag(checkpoint, end, lag_bytes, seconds)
 
 
-def table_lags(binlog: BinlogResource, lakehouse: Lakehouse, now: float | None = None) -> dict[str, float]:
+def table_lags(lakehouse: Lakehouse, capture_lag_seconds: float, now: float) -> dict[str, float]:
     """Per table: the age of its oldest change captured but not yet in its current state, at least the
     capture lag (changes not captured yet may be any table's)."""
-    now = time.time() if now is None else now
     store = lakehouse.store
-    capture_lag = capture_lag_seconds(binlog, lakehouse, now)
+    registry = load_registry(store)
+    behind = tables_behind(store, CURRENT_STAGE, registry)
     manifests: dict[str, BatchManifest] = {}
     lags = {}
-    for table, entry in sorted(load_registry(store).items()):
-        progress = load_progress(store, CURRENT_STAGE, table)
+    for table in sorted(registry):
         pending = 0.0
-        if needs_work(entry, progress):
-            first = _first_pending(store, table, progress.batch, manifests)
+        if table in behind:
+            first = _first_pending(store, table, behind[table].batch, manifests)
             if first is not None:
                 committed = first.raw.get("first_commit_ts") or first.last_commit_ts
                 pending = max(now - committed, 0.0) if committed else 0.0
-        lags[table] = max(capture_lag, pending)
+        lags[table] = max(capture_lag_seconds, pending)
     return lags
 
 

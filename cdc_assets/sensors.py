@@ -22,7 +22,7 @@ from cdc_assets.partitions import TABLES_PARTITIONS_NAME, tables_partitions, tou
 from cdc_assets.raw_batch import list_batches, read_manifest
 from cdc_assets.resources import LakehouseResource
 from cdc_assets.stages import CURRENT_STAGE
-from cdc_assets.state import load_progress, load_registry, needs_work
+from cdc_assets.state import load_registry, tables_behind
 
 MAX_BATCHES_PER_TICK = 500
 RETRY_AFTER_SECONDS = 300  # a table left behind is requested again at most this often
@@ -106,11 +106,5 @@ def _left_behind(store: ObjectStore, registry: dict, cursor: str | None, touched
     run failed, or ran before capture had registered the table. Requested again at most every few minutes."""
     if cursor is None:
         return set()
-    return {
-        table
-        for table, entry in registry.items()
-        if table not in touched
-        and entry.get("last_batch") is not None
-        and entry["last_batch"] <= cursor
-        and needs_work(entry, load_progress(store, CURRENT_STAGE, table))
-    }
+    behind = tables_behind(store, CURRENT_STAGE, registry)
+    return {t for t in behind if t not in touched and str(registry[t]["last_batch"]) <= cursor}

@@ -151,3 +151,16 @@ def needs_work(registry_entry: dict[str, str | None], progress: TableProgress) -
     """Whether a raw batch newer than the stage's progress changes the table."""
     last = registry_entry.get("last_batch")
     return last is not None and (progress.batch is None or progress.batch < last)
+
+
+def tables_behind(
+    store: ObjectStore, stage: str, registry: dict[str, dict[str, str | None]] | None = None
+) -> dict[str, TableProgress]:
+    """Tables with a raw batch newer than the stage's progress, with that progress."""
+    registry = load_registry(store) if registry is None else registry
+    behind = {}
+    for table, entry in sorted(registry.items()):
+        progress = load_progress(store, stage, table)
+        if needs_work(entry, progress):
+            behind[table] = progress
+    return behind
