@@ -105,16 +105,20 @@ def _rows_for(pending: PendingTable, seqs: pa.Array, image: str) -> pa.Table:
     return pa.table(data).cast(schema)
 
 
-def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table) -> ApplyResult:
-    """Merge the newest change per key (`latest`: key, seq, action for this table) into current state."""
+def _open_or_create(lakehouse: Lakehouse, pending: PendingTable) -> DeltaTable:
+    """The table's current state, created empty (with its statistics settings) the first time."""
     uri = lakehouse.table_uri(CURRENT, pending.table)
     options = lakehouse.storage_options()
     target = open_table(uri, options)
     if target is None:
         schema = current_schema(pending.version)
-        target = DeltaTable.create(
-            uri, schema=schema, storage_options=options, configuration=stats_configuration(schema)
-        )
+        target = DeltaTable.create(uri, schema=schema, storage_options=options, configuration=stats_configuration(schema))
+    return target
+
+
+def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table) -> ApplyResult:
+    """Merge the newest change per key (`latest`: key, seq, action for this table) into current state."""
+    target = _open_or_create(lakehouse, pending)
     actions = latest.column("action")
     upserts = _rows_for(pending, latest.filter(pc.equal(actions, "upsert")).column("seq"), "after")
     deletes = _rows_for(pending, latest.filter(pc.equal(actions, "delete")).column("seq"), "before")
@@ -182,12 +186,8 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
     before-image and adds one of its after-image); the current state then holds exactly that many
     copies, told apart by `_cdc_dup`. A TRUNCATE first empties the table: only changes after it count.
     """
-    uri = lakehouse.table_uri(CURRENT, pending.table)
-    options = lakehouse.storage_options()
     schema = current_schema(pending.version)
-    target = open_table(uri, options)
-    if target is None:
-        target = DeltaTable.create(uri, schema=schema, storage_options=options, configuration=stats_configuration(schema))
+    target = _open_or_create(lakehouse, pending)
     columns = [c.name for c in pending.version.columns]
     truncated = pending.truncate_seq
     changes = pending.changes
