@@ -5,7 +5,6 @@ would keep them apart anyway, but queued runs wait without holding a run slot or
 """
 
 import os
-import sys
 from pathlib import Path
 
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
@@ -44,4 +43,3 @@ def ensure_dagster_home() -> Path:
 
 if __name__ == "__main__":
     print(ensure_dagster_home())
-    sys.exit(0)

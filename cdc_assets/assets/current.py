@@ -30,11 +30,11 @@ class CurrentReport:
     seconds: float = 0.0
 
 
-def pending_tables(lakehouse: Lakehouse, tables: list[str]) -> list[PendingTable]:
+def pending_tables(lakehouse: Lakehouse, changes_progress: dict[str, TableProgress]) -> list[PendingTable]:
     """Tables whose change log has changes their current state has not taken in."""
     pending = []
-    for name in tables:
-        version_json = load_progress(lakehouse.store, CHANGES_STAGE, name).version
+    for name, progress in changes_progress.items():
+        version_json = progress.version
         if version_json is None:  # no change log yet
             continue
         found = read_pending(lakehouse, TableRef.parse(name), TableVersion.from_json(version_json))
@@ -61,14 +61,14 @@ def apply_pending(
     with lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log) as lease:
         targets = target_tables(lakehouse, tables)
         # What the change logs hold now; recorded as this stage's progress once it is applied.
-        reached = {t: load_progress(store, CHANGES_STAGE, t).batch for t in targets}
-        pending = pending_tables(lakehouse, targets)
+        reached = {t: load_progress(store, CHANGES_STAGE, t) for t in targets}
+        pending = pending_tables(lakehouse, reached)
         if pending:
             _apply(lakehouse, spark, pending, report, lease, log)
         lease.check()
-        for table, batch in reached.items():
-            if batch is not None:
-                save_progress(store, CURRENT_STAGE, table, TableProgress(batch))
+        for table, progress in reached.items():
+            if progress.batch is not None:
+                save_progress(store, CURRENT_STAGE, table, TableProgress(progress.batch))
         report.tables = targets
     report.seconds = time.monotonic() - began
     return report
