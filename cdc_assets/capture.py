@@ -23,6 +23,7 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from cdc_assets import mysql_charsets
+from cdc_assets.ddl import DdlParseError, SchemaChange, TableShape, same_layout, schema_changes, shape_json
 from cdc_assets.lakehouse import TableRef
 from cdc_assets.mysql_types import column_from_binlog, encode_binlog_value
 from cdc_assets.positions import FIRST_SEQ, BinlogPosition
@@ -113,6 +114,10 @@ class BatchBuilder:
     gtid_state: dict[str, str] = field(default_factory=dict)
     max_rows: int = DEFAULT_MAX_BATCH_ROWS
     server: dict[str, Any] = field(default_factory=dict)
+    # Every captured table's columns and key as of the current point of the binlog (persisted between
+    # captures under _state/schemas/), so a DDL can be applied to the shape it changes.
+    schemas: dict[TableRef, TableShape] = field(default_factory=dict)
+    table_filter: TableFilter | None = None
 
     def __post_init__(self) -> None:
         self._reset(self.start)
@@ -128,6 +133,7 @@ class BatchBuilder:
         self._versions: dict[int, TableVersion] = {}
         self._latest: dict[TableRef, TableVersion] = {}
         self.statements: list[dict[str, Any]] = []
+        self.changed_schemas: dict[TableRef, TableShape | None] = {}
         self.events = 0
         self.transactions = 0
         self.first_commit_ts: int | None = None
@@ -150,7 +156,27 @@ class BatchBuilder:
         version = TableVersion(len(self._versions), table, columns, primary_key)
         self._versions[version.id] = version
         self._latest[table] = version
+        self._observe(TableShape(table, columns, primary_key))
         return version
+
+    def _observe(self, shape: TableShape) -> None:
+        """A row event's own columns are the truth: a shape no DDL explained (an unreadable statement,
+        or one applied in a way we did not foresee) becomes an `alter` of its own, at this point."""
+        known = self.schemas.get(shape.table)
+        if known is not None and not same_layout(known, shape):
+            self._record_ddl(None, None, "", [SchemaChange(shape.table, "alter", known, shape)], None)
+        elif known != shape:
+            self._set_shape(shape.table, shape)
+
+    def _set_shape(self, table: TableRef, shape: TableShape | None) -> None:
+        if shape is None:
+            self.schemas.pop(table, None)
+        else:
+            self.schemas[table] = shape
+        self.changed_schemas[table] = shape
+
+    def _wanted(self, table: TableRef | None) -> bool:
+        return table is not None and (self.table_filter is None or self.table_filter.matches(table.schema, table.table))
 
     def row_change(
         self,
@@ -162,23 +188,69 @@ class BatchBuilder:
         self._transaction.append(_PendingRow(version.table, version, op, self._gtid, before, after))
 
     def statement(self, schema: str | None, query: str, commit_ts: int | None = None) -> None:
-        """A DDL or TRUNCATE: recorded (secrets excluded), with a `_cdc_seq` of its own to order it."""
-        truncated = truncated_table(query, schema)
-        query = redact_statement(query)
-        if query is None:
+        """A DDL or TRUNCATE of captured tables: recorded (secrets excluded), with a `_cdc_seq` of its own
+        to order it. A DDL also carries the table changes it makes (`ddl.schema_changes`)."""
+        redacted = redact_statement(query)
+        if redacted is None:
             return
+        truncated = truncated_table(query, schema)
+        if truncated is not None:
+            if self._wanted(truncated):
+                entry = self._entry(schema, redacted, commit_ts, "truncate")
+                entry["table"] = str(truncated)
+            return
+        try:
+            changes, problem = schema_changes(query, schema, self.schemas), None
+        except (DdlParseError, IndexError, ValueError) as exc:
+            changes, problem = [], f"{type(exc).__name__}: {exc}"
+        changes = [self._filtered(c) for c in changes if self._wanted(c.table)]
+        in_scope = not schema or self.table_filter is None or self.table_filter.matches_schema(schema)
+        if changes or in_scope:
+            self._record_ddl(schema, redacted, "ddl", changes, commit_ts, problem)
+
+    def _filtered(self, change: SchemaChange) -> SchemaChange:
+        """A rename to or from a table that is not captured is a plain create or drop."""
+        if change.renamed_from is not None and not self._wanted(change.renamed_from):
+            return SchemaChange(change.table, change.action, change.before, change.after)
+        if change.renamed_to is not None and not self._wanted(change.renamed_to):
+            return SchemaChange(change.table, change.action, change.before, change.after)
+        return change
+
+    def _entry(self, schema: str | None, query: str, commit_ts: int | None, kind: str) -> dict[str, Any]:
         seq = self.next_seq
         self.next_seq += 1
-        entry: dict[str, Any] = {"seq": str(seq), "schema": schema, "query": query, "gtid": self._gtid}
-        entry["kind"] = "truncate" if truncated is not None else "ddl"
-        if truncated is not None:
-            entry["table"] = str(truncated)
+        entry: dict[str, Any] = {"seq": str(seq), "schema": schema, "query": query, "gtid": self._gtid, "kind": kind}
         if commit_ts is not None:
             entry["commit_ts"] = commit_ts
         self.statements.append(entry)
+        return entry
+
+    def _record_ddl(
+        self,
+        schema: str | None,
+        query: str | None,
+        kind: str,
+        changes: list[SchemaChange],
+        commit_ts: int | None,
+        problem: str | None = None,
+    ) -> None:
+        entry = self._entry(schema, query or "", commit_ts, "ddl")
+        if query is None:  # seen in a row event's columns, not in a statement
+            entry["implicit"] = True
+        if problem:
+            entry["unparsed"] = problem
+        if changes:
+            # each table change has a `_cdc_seq` of its own (a RENAME of two tables makes four changes)
+            first = int(entry["seq"])
+            self.next_seq += len(changes) - 1
+            entry["changes"] = [{**c.to_json(), "seq": str(first + i)} for i, c in enumerate(changes)]
+        for change in changes:
+            self._set_shape(change.table, change.after)
 
     def commit(self, end: BinlogPosition, commit_ts: int) -> None:
         """The transaction ending at `end` committed at `commit_ts` (epoch seconds)."""
+        for entry in self.statements:
+            entry.setdefault("commit_ts", commit_ts)  # an implicit change learns its commit time here
         if self._transaction:
             self.transactions += 1
             if self.first_commit_ts is None:
@@ -236,6 +308,7 @@ class BatchBuilder:
             first_commit_ts=self.first_commit_ts,
             last_commit_ts=self.last_commit_ts,
             server=self.server,
+            schemas={str(t): shape_json(s) for t, s in self.changed_schemas.items()},
         )
         self._reset(self.committed_end)
         return batch
@@ -279,6 +352,7 @@ def capture_batches(
     next_seq: int,
     end: BinlogPosition,
     options: CaptureOptions,
+    schemas: dict[TableRef, TableShape] | None = None,
 ) -> Iterator[RawBatch]:
     """Batches from `start` up to `end` (a transaction boundary), each ending at a boundary.
 
@@ -293,6 +367,8 @@ def capture_batches(
         gtid_state=parse_gtid_state(start_gtid),
         max_rows=options.max_batch_rows,
         server=server.to_json(),
+        schemas=dict(schemas or {}),
+        table_filter=options.table_filter,
     )
     stream = BinLogStreamReader(
         connection_settings=url.connection_settings(),
@@ -368,13 +444,7 @@ def capture_batches(
                 elif kind == "end":
                     boundary = True
                 elif kind == "ddl":
-                    schema = _decode(event.schema)
-                    truncated = truncated_table(query, schema)
-                    if truncated is not None:
-                        if options.table_filter.matches(truncated.schema, truncated.table):
-                            builder.statement(schema, query, int(event.timestamp))
-                    elif options.table_filter.matches_schema(schema or "") or not schema:
-                        builder.statement(schema, query, int(event.timestamp))
+                    builder.statement(_decode(event.schema), query, int(event.timestamp))
                     # A DDL is a transaction of its own, unless it opens one (CREATE TABLE ... SELECT).
                     boundary = not in_transaction
             if boundary:

@@ -20,6 +20,7 @@ from cdc_assets.raw_batch import TableVersion
 SEQ_TYPE = pa.int64()
 COMMIT_TS_TYPE = pa.timestamp("us", tz="UTC")
 MAX_SEQ_KEY = "cdc_max_seq"
+DDL_COLUMN = "_cdc_ddl"  # on schema-change rows (_cdc_op create, alter, drop): what the DDL did, as JSON
 
 
 def change_log_metadata_fields(source: pa.Schema) -> list[pa.Field]:
@@ -117,6 +118,114 @@ def max_seq(table: DeltaTable | None, metadata_key: str = MAX_SEQ_KEY) -> int | 
     return None
 
 
+def unified_type(old: pa.DataType, new: pa.DataType) -> pa.DataType:
+    """A type that holds every value of both: the change log's column type after a MODIFY COLUMN.
+
+    Widening keeps the wider numeric type; anything else falls back to text, which every value has.
+    """
+    if old == new:
+        return old
+    if pa.types.is_struct(old) and pa.types.is_struct(new):
+        fields = {f.name: f.type for f in old}
+        for f in new:
+            fields[f.name] = unified_type(fields[f.name], f.type) if f.name in fields else f.type
+        return pa.struct([pa.field(name, t) for name, t in fields.items()])
+    ints = [t for t in (old, new) if pa.types.is_integer(t)]
+    if len(ints) == 2:
+        return old if old.bit_width >= new.bit_width else new
+    decimals = [t for t in (old, new) if pa.types.is_decimal(t)]
+    if decimals and len(decimals) + len(ints) == 2:
+        digits = max(t.precision - t.scale if pa.types.is_decimal(t) else 20 for t in (old, new))
+        scale = max(t.scale for t in decimals)
+        if digits + scale <= MAX_DECIMAL_PRECISION:
+            return pa.decimal128(digits + scale, scale)
+    if pa.types.is_floating(old) and pa.types.is_floating(new):
+        return pa.float64()
+    if pa.types.is_timestamp(old) and pa.types.is_timestamp(new) and old.tz == new.tz:
+        return old
+    if pa.types.is_binary(old) and pa.types.is_binary(new):
+        return pa.binary()
+    return pa.string()
+
+
+MAX_DECIMAL_PRECISION = 38
+
+
+def cast_column(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array:
+    """`values` as `target` (struct fields by name, missing ones NULL), for unified_type's targets."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+    if values.type == target:
+        return values
+    if pa.types.is_struct(target):
+        names = [f.name for f in values.type]
+        children = [
+            cast_column(values.field(f.name), f.type) if f.name in names else pa.nulls(len(values), f.type)
+            for f in target
+        ]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=pc.is_null(values))
+    if pa.types.is_string(target) and pa.types.is_binary(values.type):
+        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()], target)
+    return pc.cast(values, target)
+
+
+def _conformed(existing: pa.Schema, incoming: pa.Schema) -> pa.Schema | None:
+    """The change log's schema with every column both have at a type holding both (None: no change needed)."""
+    changed = False
+    fields = []
+    for f in existing:
+        if f.name in incoming.names and incoming.field(f.name).type != f.type:
+            fields.append(f.with_type(unified_type(f.type, incoming.field(f.name).type)))
+            changed = changed or fields[-1].type != f.type
+        else:
+            fields.append(f)
+    return pa.schema(fields) if changed else None
+
+
+def _conform_change_log(
+    uri: str, existing: DeltaTable, incoming: pa.Schema, options: dict[str, str] | None
+) -> pa.Schema:
+    """Rewrite the change log in one commit when a column's type changed (a MODIFY COLUMN): its rows are
+    cast to a type that holds old and new values alike, so every version stays readable in one table."""
+    current = pa.schema([f.with_type(_plain_type(f.type)) for f in pa.schema(existing.schema().to_arrow())])
+    target = _conformed(current, incoming)
+    if target is None:
+        return current
+    rows = read_query(existing, "SELECT * FROM changes", "changes")
+    rewritten = pa.Table.from_arrays([cast_column(rows.column(f.name), f.type) for f in target], schema=target)
+    write_deltalake(
+        uri,
+        rewritten,
+        mode="overwrite",
+        schema_mode="overwrite",
+        storage_options=options,
+        commit_properties=CommitProperties(custom_metadata={MAX_SEQ_KEY: str(max_seq(existing))}),
+    )
+    return target
+
+
+def concat_unified(tables: list[pa.Table]) -> pa.Table:
+    """Tables of several versions of one source table as one: columns are unioned (missing ones NULL) and
+    a column whose type changed takes `unified_type`."""
+    fields: dict[str, pa.DataType] = {}
+    for table in tables:
+        for f in table.schema:
+            fields[f.name] = unified_type(fields[f.name], f.type) if f.name in fields else f.type
+    schema = pa.schema([pa.field(name, t) for name, t in fields.items()])
+    return pa.concat_tables(
+        [
+            pa.Table.from_arrays(
+                [
+                    cast_column(t.column(f.name), f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+                    for f in schema
+                ],
+                schema=schema,
+            )
+            for t in tables
+        ]
+    )
+
+
 @dataclass(frozen=True)
 class AppendResult:
     table: TableRef
@@ -138,6 +247,17 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
     if changes.num_rows == 0:
         return AppendResult(table, 0, 0, 0, 0, watermark)
     changes = changes.sort_by("_cdc_seq")
+    if existing is not None:
+        schema = _conform_change_log(uri, existing, changes.schema, options)
+        changes = pa.Table.from_arrays(
+            [
+                cast_column(changes.column(f.name), schema.field(f.name).type)
+                if f.name in schema.names
+                else changes.column(f.name)
+                for f in changes.schema
+            ],
+            names=changes.column_names,
+        )
     new_max = int(pc.max(changes.column("_cdc_seq")).as_py())
     write_deltalake(
         uri,

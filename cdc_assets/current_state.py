@@ -7,15 +7,18 @@ than the row's `_cdc_seq` is ignored, so replaying changes is a no-op.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from cdc_assets.change_log import COMMIT_TS_TYPE, SEQ_TYPE, max_seq, open_table, read_query, stats_configuration
+from cdc_assets.ddl import Default, SchemaChange, TableShape
+from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import CHANGES, CURRENT, Lakehouse, TableRef
-from cdc_assets.mysql_types import arrow_schema
+from cdc_assets.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.raw_batch import TableVersion
 
 APPLIED_SEQ_KEY = "cdc_applied_seq"
@@ -65,12 +68,19 @@ class PendingTable:
         return None if len(seqs) == 0 else int(pc.max(seqs).as_py())
 
 
-def read_pending(lakehouse: Lakehouse, table: TableRef, version: TableVersion) -> PendingTable | None:
-    """Changes newer than the current-state table's applied `_cdc_seq`, or None when it is up to date."""
+def read_pending(
+    lakehouse: Lakehouse, table: TableRef, version: TableVersion, dropped_seq: int | None = None
+) -> PendingTable | None:
+    """Changes newer than the current-state table's applied `_cdc_seq`, or None when it is up to date.
+
+    A table whose current state was dropped has taken in everything up to its DROP (`dropped_seq`).
+    """
     options = lakehouse.storage_options()
     log = open_table(lakehouse.table_uri(CHANGES, table), options)
     log_max = max_seq(log)
     applied = max_seq(open_table(lakehouse.table_uri(CURRENT, table), options), APPLIED_SEQ_KEY)
+    if applied is None:
+        applied = dropped_seq
     if log is None or log_max is None or (applied is not None and log_max <= applied):
         return None
     where = "" if applied is None else f" WHERE _cdc_seq > {int(applied)}"
@@ -112,7 +122,9 @@ def _open_or_create(lakehouse: Lakehouse, pending: PendingTable) -> DeltaTable:
     target = open_table(uri, options)
     if target is None:
         schema = current_schema(pending.version)
-        target = DeltaTable.create(uri, schema=schema, storage_options=options, configuration=stats_configuration(schema))
+        target = DeltaTable.create(
+            uri, schema=schema, storage_options=options, configuration=stats_configuration(schema)
+        )
     return target
 
 
@@ -228,7 +240,8 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
         .when_matched_delete(predicate="s._cdc_action = 'delete'")
         # a copy written again after a TRUNCATE matches its old self: it takes the new change's seq and time
         .when_matched_update(
-            updates={"_cdc_seq": "s._cdc_seq", "_cdc_commit_ts": "s._cdc_commit_ts"}, predicate="s._cdc_action = 'upsert'"
+            updates={"_cdc_seq": "s._cdc_seq", "_cdc_commit_ts": "s._cdc_commit_ts"},
+            predicate="s._cdc_action = 'upsert'",
         )
         .when_not_matched_insert(
             updates={quote(f.name): f"s.{quote(f.name)}" for f in schema}, predicate="s._cdc_action = 'upsert'"
@@ -256,3 +269,111 @@ def read_current(lakehouse: Lakehouse, table: TableRef, columns: list[str] | Non
         return None
     select = "*" if columns is None else ", ".join(quote(c) for c in columns)
     return read_query(dt, f"SELECT {select} FROM current", "current")
+
+
+# -- schema changes -------------------------------------------------------------------------------------------
+
+
+def version_of_shape(shape: TableShape) -> TableVersion:
+    return TableVersion(0, shape.table, shape.columns, shape.primary_key)
+
+
+def applied_seq(lakehouse: Lakehouse, table: TableRef) -> int | None:
+    """The `_cdc_seq` up to which the table's current state has taken changes in (None: no table)."""
+    return max_seq(open_table(lakehouse.table_uri(CURRENT, table), lakehouse.storage_options()), APPLIED_SEQ_KEY)
+
+
+def _default_column(spec: ColumnSpec, default: Default | None, rows: int, commit_ts: dt.datetime) -> pa.Array:
+    """An added column's values in the rows that were there before it (see ddl.Default)."""
+    target = arrow_type(spec)
+    if default is None or default.kind == "unknown" or (default.kind == "value" and default.text is None):
+        return pa.nulls(rows, target)
+    if default.kind == "now":
+        moment = commit_ts.replace(tzinfo=None)
+        text = {"date": moment.date().isoformat(), "time": moment.time().isoformat()}.get(
+            spec.type, moment.isoformat(sep=" ", timespec="microseconds")
+        )
+    else:
+        text = default.text
+    return decode_column(spec, pa.array([text] * rows, pa.string()))
+
+
+def reshape_rows(
+    rows: pa.Table, change: SchemaChange, after: TableVersion, commit_ts: dt.datetime, table: TableRef
+) -> pa.Table:
+    """Current-state rows of the table before an ALTER, as the ALTER leaves them: renamed columns keep
+    their values, dropped ones go, added ones take their default, modified ones are converted."""
+    schema = current_schema(after)
+    arrays = []
+    for spec in after.columns:
+        old = None if spec.name in change.defaults else change.renames.get(spec.name, spec.name)
+        if old is not None and old in rows.column_names:
+            try:
+                arrays.append(pc.cast(rows.column(old), arrow_type(spec)))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise CdcUserError(
+                    f"{table}: column {old} cannot be converted to {arrow_type(spec)} as the source's ALTER TABLE did "
+                    f"({exc}): run `cdc-lakehouse snapshot {table}` to load the table again."
+                ) from exc
+        else:
+            arrays.append(_default_column(spec, change.defaults.get(spec.name), rows.num_rows, commit_ts))
+    arrays += [rows.column("_cdc_seq"), rows.column("_cdc_commit_ts")]
+    if not after.primary_key:
+        if DUP_COLUMN in rows.column_names:
+            arrays.append(rows.column(DUP_COLUMN))
+        else:
+            arrays.append(number_duplicates(rows, [c.name for c in after.columns]))
+    return pa.Table.from_arrays(
+        [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema
+    )
+
+
+def _replace_current(lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int) -> None:
+    """The table's current state replaced by `rows` in one Delta commit that records `seq` as applied."""
+    uri = lakehouse.table_uri(CURRENT, table)
+    options = lakehouse.storage_options()
+    write_deltalake(
+        uri,
+        rows,
+        mode="overwrite",
+        schema_mode="overwrite",
+        storage_options=options,
+        configuration=stats_configuration(rows.schema),
+        commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(seq)}),
+    )
+
+
+def apply_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int, commit_ts: dt.datetime) -> str:
+    """Apply one table's schema change at `seq` to its current state; returns what was done.
+
+    Idempotent: a current state that has taken in `seq` already is left alone, so a repeat after a
+    crash changes nothing twice.
+    """
+    table = change.table
+    applied = applied_seq(lakehouse, table)
+    if applied is not None and applied >= seq:
+        return "already applied"
+    if change.action == "drop":
+        if applied is None:
+            return "no current state"
+        lakehouse.store.delete_table(f"{CURRENT}/{table.schema}/{table.table}")
+        return "dropped" if change.renamed_to is None else f"renamed to {change.renamed_to}"
+    if change.after is None:  # a shape only the row events will tell (CREATE TABLE ... SELECT, LIKE an unknown)
+        return "shape unknown"
+    after = version_of_shape(change.after)
+    if change.action == "create":
+        rows = None
+        if change.renamed_from is not None:
+            rows = read_current(lakehouse, change.renamed_from)
+        if rows is None:
+            rows = current_schema(after).empty_table()
+        else:
+            rows = reshape_rows(rows, SchemaChange(table, "alter", change.after, change.after), after, commit_ts, table)
+        _replace_current(lakehouse, table, rows, seq)
+        return f"created from {change.renamed_from}" if change.renamed_from else "created"
+    if applied is None:
+        return "no current state"
+    rows = read_current(lakehouse, table)
+    assert rows is not None
+    _replace_current(lakehouse, table, reshape_rows(rows, change, after, commit_ts, table), seq)
+    return "altered"

@@ -7,6 +7,7 @@ made visible atomically (rename locally, a single PUT on S3), so a reader never 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from cdc_assets.errors import CdcUserError
 CHANGES = "changes"
 CURRENT = "current"
 RAW = "raw"
+DELTA_LOG = "_delta_log"
 STATE = "_state"
 
 
@@ -31,6 +33,7 @@ class ObjectStore(Protocol):
     def exists(self, key: str) -> bool: ...
     def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]: ...
     def list_dirs(self, prefix: str) -> list[str]: ...
+    def delete_table(self, prefix: str) -> None: ...
 
 
 class LocalStore:
@@ -85,6 +88,12 @@ class LocalStore:
             return []
         return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
 
+    def delete_table(self, prefix: str) -> None:
+        """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
+        base = self._path(prefix)
+        shutil.rmtree(base / DELTA_LOG, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
 
 class S3Store:
     """Objects in a bucket under a prefix, through a boto3 S3 client (dagster-aws's S3Resource)."""
@@ -115,9 +124,7 @@ class S3Store:
             raise
         return True
 
-    def _list(
-        self, prefix: str, delimiter: str | None, start_after: str | None = None
-    ) -> tuple[list[str], list[str]]:
+    def _list(self, prefix: str, delimiter: str | None, start_after: str | None = None) -> tuple[list[str], list[str]]:
         full = self._key(prefix).rstrip("/") + "/"
         keys: list[str] = []
         dirs: list[str] = []
@@ -137,6 +144,12 @@ class S3Store:
 
     def list_dirs(self, prefix: str) -> list[str]:
         return self._list(prefix, "/")[1]
+
+    def delete_table(self, prefix: str) -> None:
+        """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
+        keys = self.list_keys(prefix)
+        for key in sorted(keys, key=lambda k: f"/{DELTA_LOG}/" not in k):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
 
 @dataclass(frozen=True)

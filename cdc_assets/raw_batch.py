@@ -97,6 +97,7 @@ class RawBatch:
     first_commit_ts: int | None = None  # epoch seconds of the first and last commit in the batch
     last_commit_ts: int | None = None
     server: dict[str, Any] = field(default_factory=dict)
+    schemas: dict[str, Any] = field(default_factory=dict)  # table -> shape at the batch's end, where it changed
 
     @property
     def name(self) -> str:
@@ -120,6 +121,7 @@ class RawBatch:
             "server": self.server,
             "tables": [v.to_json() for v in self.table_versions],
             "statements": self.statements,
+            "schemas": self.schemas,
             "data_file": DATA_FILE,
             "data_sha256": data_sha256,
             "data_bytes": data_bytes,
@@ -149,9 +151,14 @@ class BatchManifest:
         """The batch's TRUNCATE statements, each with the `table` it empties and its `seq`."""
         return [s for s in self.raw.get("statements", []) if s.get("kind") == "truncate" and s.get("table")]
 
+    def schema_changes(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(statement, change) for every table change a DDL of the batch makes (ddl.SchemaChange as JSON)."""
+        return [(s, c) for s in self.raw.get("statements", []) if s.get("kind") == "ddl" for c in s.get("changes", [])]
+
     def tables(self) -> list[str]:
-        """Every table the batch changes: row changes and TRUNCATEs."""
-        return sorted({str(v.table) for v in self.table_versions} | {s["table"] for s in self.truncates()})
+        """Every table the batch changes: row changes, TRUNCATEs and schema changes."""
+        changed = {c["table"] for _, c in self.schema_changes()}
+        return sorted({str(v.table) for v in self.table_versions} | {s["table"] for s in self.truncates()} | changed)
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> BatchManifest:

@@ -13,7 +13,8 @@ from pydantic import Field
 
 from cdc_assets import source
 from cdc_assets.capture import CaptureOptions, capture_batches
-from cdc_assets.lakehouse import Lakehouse
+from cdc_assets.ddl import TableShape, apply_schemas
+from cdc_assets.lakehouse import Lakehouse, TableRef
 from cdc_assets.locks import Lease, lakehouse_lock
 from cdc_assets.positions import BinlogPosition
 from cdc_assets.raw_batch import BatchManifest, read_manifest, write_batch
@@ -27,7 +28,16 @@ from cdc_assets.settings import (
     resolve_mysql_url,
 )
 from cdc_assets.stages import CAPTURE_LOCK
-from cdc_assets.state import Checkpoint, load_checkpoint, load_registry, register_batch, save_checkpoint, save_registry
+from cdc_assets.state import (
+    Checkpoint,
+    load_checkpoint,
+    load_registry,
+    load_schemas,
+    register_batch,
+    save_checkpoint,
+    save_registry,
+    save_schemas,
+)
 
 
 class LakehouseResource(ConfigurableResource):
@@ -163,9 +173,10 @@ class BinlogResource(ConfigurableResource):
         report = CaptureReport(start=start, target=target)
         checkpoint = checkpoint or Checkpoint(start)
         registry = load_registry(lakehouse.store)
+        schemas = load_schemas(lakehouse.store, checkpoint)
         while checkpoint.position < target:
             checkpoint, finished = self._capture_from(
-                url, server, checkpoint, target, options, lakehouse, report, registry, lease, log
+                url, server, checkpoint, target, options, lakehouse, report, registry, schemas, lease, log
             )
             if finished or self._enough(report):
                 break
@@ -189,6 +200,7 @@ class BinlogResource(ConfigurableResource):
         lakehouse: Lakehouse,
         report: CaptureReport,
         registry: dict[str, dict[str, str | None]],
+        schemas: dict[TableRef, TableShape],
         lease: Lease,
         log: Any | None,
     ) -> tuple[Checkpoint, bool]:
@@ -200,7 +212,7 @@ class BinlogResource(ConfigurableResource):
         """
         store = lakehouse.store
         for batch in capture_batches(
-            url, server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, target, options
+            url, server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, target, options, schemas
         ):
             if store.exists(f"raw/{batch.name}/manifest.json"):
                 manifest = read_manifest(store, batch.name)
@@ -212,6 +224,14 @@ class BinlogResource(ConfigurableResource):
             # can miss a table whose changes are captured.
             if register_batch(registry, manifest.name, manifest.tables()):
                 save_registry(store, registry)
+            # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
+            schemas_name = checkpoint.schemas
+            if manifest.raw.get("schemas"):
+                updated = apply_schemas(schemas, manifest.raw["schemas"])
+                schemas.clear()
+                schemas.update(updated)
+                schemas_name = manifest.name
+                save_schemas(store, schemas_name, schemas)
             lease.check()
             checkpoint = Checkpoint(
                 position=manifest.end,
@@ -220,6 +240,7 @@ class BinlogResource(ConfigurableResource):
                 last_commit_ts=manifest.last_commit_ts or checkpoint.last_commit_ts,
                 next_seq=manifest.next_seq,
                 reached_at=checkpoint.reached_at,
+                schemas=schemas_name,
             )
             save_checkpoint(store, checkpoint)
             report.batches.append(manifest)

@@ -8,6 +8,7 @@ applies on top; every change up to P is already contained in the snapshot and is
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from deltalake import CommitProperties, write_deltalake
 from cdc_assets import source
 from cdc_assets.change_log import COMMIT_TS_TYPE, SEQ_TYPE, open_table, stats_configuration
 from cdc_assets.current_state import APPLIED_SEQ_KEY, DUP_COLUMN, current_schema, number_duplicates
+from cdc_assets.ddl import TableShape
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.locks import lakehouse_lock
@@ -31,8 +33,11 @@ from cdc_assets.state import (
     load_checkpoint,
     load_progress,
     load_registry,
+    load_schemas,
+    save_checkpoint,
     save_progress,
     save_registry,
+    save_schemas,
 )
 from cdc_assets.verify import read_source_table, source_table_schema
 
@@ -123,9 +128,28 @@ def take_snapshot(
         for table in loaded:
             registry.setdefault(str(table), {"first_batch": None, "last_batch": None})
         save_registry(store, registry)
+        _remember_shapes(lakehouse, [version for version, _ in loaded.values()], seq)
     report.position, report.seq = str(position), seq
     report.seconds = time.monotonic() - began
     return report
+
+
+def _remember_shapes(lakehouse: Lakehouse, versions: list[TableVersion], seq: int) -> None:
+    """Capture learns the shapes of snapshot tables it has not seen a row of, so that a DDL on such a
+    table before its first row change still reshapes its current state."""
+    store = lakehouse.store
+    checkpoint = load_checkpoint(store)
+    if checkpoint is None:
+        return
+    schemas = load_schemas(store, checkpoint)
+    unknown = [v for v in versions if v.table not in schemas]
+    if not unknown:
+        return
+    for version in unknown:
+        schemas[version.table] = TableShape(version.table, version.columns, version.primary_key)
+    name = f"{checkpoint.last_batch or 'start'}-snapshot-{seq}"
+    save_schemas(store, name, schemas)
+    save_checkpoint(store, dataclasses.replace(checkpoint, schemas=name))
 
 
 def _replace_current(

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from cdc_assets.ddl import TableShape, shape_from_json, shape_json
 from cdc_assets.errors import CdcUserError
-from cdc_assets.lakehouse import STATE, MissingObject, ObjectStore
+from cdc_assets.lakehouse import STATE, MissingObject, ObjectStore, TableRef
 from cdc_assets.positions import FIRST_SEQ, BinlogPosition
 
 CHECKPOINT_KEY = f"{STATE}/checkpoint.json"
@@ -26,6 +27,7 @@ class Checkpoint:
     last_commit_ts: int | None = None
     next_seq: int = FIRST_SEQ  # `_cdc_seq` of the next change captured
     reached_at: float | None = None  # wall time of the start of the last capture that reached its binlog end
+    schemas: str | None = None  # name of the _state/schemas/ file with every table's shape at this position
 
     def lag_seconds(self, lag_bytes: int, now: float) -> float:
         """While the binlog holds more than the checkpoint, how long ago capture last had everything (all
@@ -43,6 +45,7 @@ class Checkpoint:
             "last_commit_ts": self.last_commit_ts,
             "next_seq": self.next_seq,
             "reached_at": self.reached_at,
+            "schemas": self.schemas,
         }
 
 
@@ -71,11 +74,43 @@ def load_checkpoint(store: ObjectStore) -> Checkpoint | None:
         last_commit_ts=d.get("last_commit_ts"),
         next_seq=int(d.get("next_seq", FIRST_SEQ)),
         reached_at=d.get("reached_at"),
+        schemas=d.get("schemas"),
     )
 
 
 def save_checkpoint(store: ObjectStore, checkpoint: Checkpoint) -> None:
     store.put(CHECKPOINT_KEY, json.dumps(checkpoint.to_json(), indent=1).encode())
+
+
+SCHEMAS_PREFIX = f"{STATE}/schemas"
+
+
+def load_schemas(store: ObjectStore, checkpoint: Checkpoint | None) -> dict[TableRef, TableShape]:
+    """Every captured table's columns and key at the checkpoint (what a DDL right after it changes).
+
+    Each file is written once, under a new name, before the checkpoint that names it: the
+    checkpoint switches to it atomically.
+    """
+    if checkpoint is None or checkpoint.schemas is None:
+        return {}
+    d = _load_json(store, f"{SCHEMAS_PREFIX}/{checkpoint.schemas}.json")
+    if d is None:
+        raise CdcUserError(
+            f"The table shapes {SCHEMAS_PREFIX}/{checkpoint.schemas}.json named by the checkpoint are missing from "
+            "the lakehouse: restore them from a backup."
+        )
+    shapes = {}
+    for name, shape in d.items():
+        table = TableRef.parse(name)
+        parsed = shape_from_json(table, shape)
+        if parsed is not None:
+            shapes[table] = parsed
+    return shapes
+
+
+def save_schemas(store: ObjectStore, name: str, schemas: dict[TableRef, TableShape]) -> None:
+    body = {str(t): shape_json(s) for t, s in sorted(schemas.items(), key=lambda kv: str(kv[0]))}
+    store.put(f"{SCHEMAS_PREFIX}/{name}.json", json.dumps(body, indent=1, sort_keys=True).encode())
 
 
 TABLES_KEY = f"{STATE}/tables.json"
@@ -128,6 +163,7 @@ class TableProgress:
 
     batch: str | None
     version: dict | None = None
+    dropped_seq: int | None = None  # current-state stage: the `_cdc_seq` of the DROP that removed the table
 
 
 def _progress_key(stage: str, table: str) -> str:
@@ -139,11 +175,11 @@ def load_progress(store: ObjectStore, stage: str, table: str) -> TableProgress:
     d = _load_json(store, _progress_key(stage, table))
     if d is None:
         return TableProgress(None)
-    return TableProgress(d.get("batch"), d.get("version"))
+    return TableProgress(d.get("batch"), d.get("version"), d.get("dropped_seq"))
 
 
 def save_progress(store: ObjectStore, stage: str, table: str, progress: TableProgress) -> None:
-    body = {"batch": progress.batch, "version": progress.version}
+    body = {"batch": progress.batch, "version": progress.version, "dropped_seq": progress.dropped_seq}
     store.put(_progress_key(stage, table), json.dumps(body, indent=1, sort_keys=True).encode())
 
 

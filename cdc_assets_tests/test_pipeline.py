@@ -51,7 +51,9 @@ def _all_change_seqs(cdc: CdcEnv) -> list[int]:
     seqs: list[int] = []
     for table in cdc.lakehouse.tables(CHANGES):
         log = open_table(cdc.lakehouse.table_uri(CHANGES, table), None)
-        seqs += read_query(log, "SELECT _cdc_seq FROM changes", "changes").column(0).to_pylist()
+        # row changes only: CREATE TABLE and other schema changes have change-log rows of their own
+        row_changes = "SELECT _cdc_seq FROM changes WHERE _cdc_op IN ('insert', 'update', 'delete')"
+        seqs += read_query(log, row_changes, "changes").column(0).to_pylist()
     return sorted(seqs)
 
 

@@ -1,5 +1,6 @@
 """Changes: new raw batches split into per-table change logs, one Spark job over all their tables."""
 
+import json
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ import pyarrow.compute as pc
 from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, MetadataValue, asset
 
 from cdc_assets.assets.raw import raw_binlog_batches
-from cdc_assets.change_log import AppendResult, append_changes, build_change_table
+from cdc_assets.change_log import DDL_COLUMN, AppendResult, append_changes, build_change_table, concat_unified
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import Lakehouse, TableRef
 from cdc_assets.locks import Lease, lakehouse_lock
@@ -125,14 +126,26 @@ def _table_slices(keyed: pa.Table) -> list[tuple[TableRef, int, int]]:
 TRUNCATE_VERSION_IDS = -1
 
 
-def _truncate_row(batch: str, version: TableVersion, version_id: int, statement: dict) -> pa.Table:
-    """A TRUNCATE as a change: `_cdc_op = 'truncate'` at the statement's `_cdc_seq`, with no row image."""
+def rename_partners(manifests: list[BatchManifest], starts: dict[str, str | None]) -> set[str]:
+    """The other side of every RENAME of a table in `starts`, in the batches it has not taken in yet."""
+    partners = set()
+    for manifest in manifests:
+        for _, change in manifest.schema_changes():
+            start = starts.get(change["table"], "~")
+            if start is not None and start >= manifest.name:
+                continue
+            partners |= {t for t in (change.get("renamed_from"), change.get("renamed_to")) if t}
+    return partners
+
+
+def _statement_row(batch: str, version: TableVersion, version_id: int, statement: dict, op: str) -> pa.Table:
+    """A TRUNCATE or a schema change as a change at the statement's `_cdc_seq`, with no row image."""
     row = {
         "seq": int(statement["seq"]),
         "schema": version.table.schema,
         "table": version.table.table,
         "table_version": version_id,
-        "op": "truncate",
+        "op": op,
         "gtid": statement.get("gtid"),
         "commit_ts": int(statement.get("commit_ts") or 0) * 1_000_000,
         "before": None,
@@ -140,6 +153,13 @@ def _truncate_row(batch: str, version: TableVersion, version_id: int, statement:
     }
     table = pa.Table.from_pylist([row], schema=RAW_ROWS_SCHEMA)
     return table.append_column("batch", pa.array([batch], pa.string()))
+
+
+def _version_of_shape(table: str, shape: dict | None) -> TableVersion | None:
+    if shape is None:
+        return None
+    ref = TableRef.parse(table)
+    return TableVersion.from_json({"id": 0, "schema": ref.schema, "table": ref.table, **shape})
 
 
 def _rows_for_tables(rows: pa.Table, starts: dict[str, str | None]) -> pa.Table:
@@ -168,11 +188,18 @@ def process_new_batches(
     report = ChangesReport()
     wait = lakehouse.lock_wait_seconds
     with lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log) as lease:
-        targets = target_tables(lakehouse, tables)
-        starts = _starts(lakehouse, targets)
-        if starts:
+        targets = set(target_tables(lakehouse, tables))
+        while True:
+            starts = _starts(lakehouse, sorted(targets))
+            if not starts:
+                break
             earliest = None if None in starts.values() else min(s for s in starts.values() if s is not None)
-            _process(lakehouse, spark, new_batches(lakehouse, earliest), starts, report, lease, log)
+            manifests = new_batches(lakehouse, earliest)
+            partners = rename_partners(manifests, starts) - targets
+            if not partners:
+                _process(lakehouse, spark, manifests, starts, report, lease, log)
+                break
+            targets |= partners  # a renamed table's rows move with it: both sides are taken in together
     report.seconds = time.monotonic() - began
     return report
 
@@ -190,12 +217,14 @@ def _process(
     progress = {t: load_progress(store, CHANGES_STAGE, t) for t in starts}
     for chunk in _chunks(manifests):
         versions: dict[tuple[str, int], TableVersion] = {}
+        ddl: dict[tuple[str, int], str] = {}
         newest: dict[str, dict] = {}
         parts, keys = [], []
         for manifest in chunk:
             touched = [v for v in manifest.table_versions if str(v.table) in starts]
             truncates = [t for t in manifest.truncates() if t["table"] in starts]
-            if not touched and not truncates:
+            changes = [(s, c) for s, c in manifest.schema_changes() if c["table"] in starts]
+            if not touched and not truncates and not changes:
                 continue
             rows = read_rows(store, manifest) if touched else RAW_ROWS_SCHEMA.empty_table()
             parts.append(rows.append_column("batch", pa.array([manifest.name] * rows.num_rows, pa.string())))
@@ -203,22 +232,34 @@ def _process(
                 versions[(manifest.name, version.id)] = version
                 keys.append({"batch": manifest.name, "table_version": version.id, "key_idx": version.key_indexes()})
                 newest[str(version.table)] = version.to_json()
-            for index, statement in enumerate(truncates):
+            statements: list[tuple[str, dict, TableVersion | None, dict | None]] = []
+            for statement in truncates:
                 known = newest.get(statement["table"]) or progress[statement["table"]].version
-                if known is None:  # a table never seen with a row: it has no rows to empty, nor a change log
+                statements.append(("truncate", statement, TableVersion.from_json(known) if known else None, None))
+            for index, (statement, change) in enumerate(changes):
+                version = _version_of_shape(change["table"], change["after"] or change["before"])
+                own = {**statement, "seq": change.get("seq", statement["seq"])}
+                statements.append((change["action"], own, version, {**change, "index": index}))
+            for index, (op, statement, version, change) in enumerate(statements):
+                if version is None:  # a table never seen with a row or a shape: nothing to empty or reshape
                     continue
-                version = TableVersion.from_json(known)
                 version_id = TRUNCATE_VERSION_IDS - index  # batch-local ids below every real version's
                 versions[(manifest.name, version_id)] = version
                 keys.append({"batch": manifest.name, "table_version": version_id, "key_idx": version.key_indexes()})
-                parts.append(_truncate_row(manifest.name, version, version_id, statement))
+                parts.append(_statement_row(manifest.name, version, version_id, statement, op))
+                if change is not None:
+                    ddl[(manifest.name, version_id)] = json.dumps({"statement": statement["query"], **change})
+                    newest[str(version.table)] = version.to_json()  # also for a dropped table: its last shape
+            for table, shape in manifest.raw.get("schemas", {}).items():
+                if table in starts and shape is not None:  # the table's shape at the batch's end
+                    newest[table] = _version_of_shape(table, shape).to_json()  # type: ignore[union-attr]
         rows = _rows_for_tables(pa.concat_tables(parts), starts) if parts else None
         if rows is not None and rows.num_rows:
             report.rows_in += rows.num_rows
             keyed = keyed_changes(spark(), rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
             for table, offset, length in _table_slices(keyed):
                 lease.check()  # on S3 a lease lost to another run means: append nothing more
-                result = _append_table(lakehouse, table, keyed.slice(offset, length), versions)
+                result = _append_table(lakehouse, table, keyed.slice(offset, length), versions, ddl)
                 report.appended[str(table)] = _sum(report.appended.get(str(table)), result)
                 if log is not None:
                     log.info(f"{table}: {result.appended} changes appended")
@@ -237,9 +278,17 @@ def _process(
 
 
 def _append_table(
-    lakehouse: Lakehouse, table: TableRef, rows: pa.Table, versions: dict[tuple[str, int], TableVersion]
+    lakehouse: Lakehouse,
+    table: TableRef,
+    rows: pa.Table,
+    versions: dict[tuple[str, int], TableVersion],
+    ddl: dict[tuple[str, int], str],
 ) -> AppendResult:
-    """One atomic append per table, whatever number of table versions its rows span."""
+    """One atomic append per table, whatever number of table versions its rows span.
+
+    A schema change's row carries the change in `_cdc_ddl` (JSON: statement, action, shapes before and
+    after, column renames, defaults), so the change log says what happened between its versions.
+    """
     typed = []
     pairs = pc.unique(
         pc.binary_join_element_wise(rows.column("batch"), rows.column("table_version").cast(pa.string()), "\x1f")
@@ -247,8 +296,13 @@ def _append_table(
     for pair in pairs.to_pylist():
         batch, version_id = pair.split("\x1f")
         mask = pc.and_(pc.equal(rows.column("batch"), batch), pc.equal(rows.column("table_version"), int(version_id)))
-        typed.append(build_change_table(versions[(batch, int(version_id))], rows.filter(mask)))
-    return append_changes(lakehouse, table, pa.concat_tables(typed, promote_options="permissive"))
+        part = build_change_table(versions[(batch, int(version_id))], rows.filter(mask))
+        if (batch, int(version_id)) in ddl:
+            part = part.append_column(
+                DDL_COLUMN, pa.array([ddl[(batch, int(version_id))]] * part.num_rows, pa.string())
+            )
+        typed.append(part)
+    return append_changes(lakehouse, table, concat_unified(typed).sort_by("_cdc_seq"))
 
 
 def _sum(a: AppendResult | None, b: AppendResult) -> AppendResult:

@@ -1,5 +1,7 @@
 """Current state: every change log's pending changes applied to current/<schema>/<table>."""
 
+import datetime as dt
+import json
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -10,8 +12,17 @@ import pyarrow.compute as pc
 from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, MetadataValue, asset
 
 from cdc_assets.assets.changes import table_changes, target_tables
-from cdc_assets.change_log import open_table
-from cdc_assets.current_state import ApplyResult, PendingTable, apply_changes, apply_keyless_changes, read_pending
+from cdc_assets.change_log import DDL_COLUMN, open_table
+from cdc_assets.current_state import (
+    ApplyResult,
+    PendingTable,
+    apply_changes,
+    apply_keyless_changes,
+    apply_schema_change,
+    read_pending,
+    version_of_shape,
+)
+from cdc_assets.ddl import SchemaChange
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.locks import Lease, lakehouse_lock
 from cdc_assets.partitions import run_owner, tables_partitions
@@ -27,20 +38,90 @@ from spark_resources.transforms import latest_change_per_key
 class CurrentReport:
     applied: list[ApplyResult] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)
+    schema_changes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
 
-def pending_tables(lakehouse: Lakehouse, changes_progress: dict[str, TableProgress]) -> list[PendingTable]:
+SCHEMA_OPS = ("create", "alter", "drop")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing to do to one current-state table, in `_cdc_seq` order across all tables: apply a segment
+    of changes (all under one table version) or a schema change."""
+
+    seq: int
+    rank: int  # at one seq: statement order (a RENAME creates the new table before dropping the old)
+    table: TableRef
+    segment: PendingTable | None = None
+    change: SchemaChange | None = None
+    commit_ts: dt.datetime | None = None
+
+
+def table_steps(pending: PendingTable) -> list[Step]:
+    """A table's pending changes split at its schema changes, each part under the version then in force."""
+    changes = pending.changes.sort_by("_cdc_seq")
+    is_schema = pc.is_in(changes.column("_cdc_op"), pa.array(SCHEMA_OPS))
+    if not pc.any(is_schema).as_py():
+        return [Step(int(changes.column("_cdc_seq")[0].as_py()), 0, pending.table, segment=pending)]
+    schema_rows = changes.filter(is_schema).to_pylist()
+    events = []
+    for row in schema_rows:
+        detail = json.loads(row[DDL_COLUMN])
+        events.append(
+            (row["_cdc_seq"], int(detail.get("index", 0)), SchemaChange.from_json(detail), row["_cdc_commit_ts"])
+        )
+    events.sort(key=lambda e: (e[0], e[1]))
+    data = changes.filter(pc.invert(is_schema))
+    seqs = data.column("_cdc_seq")
+    steps = []
+    version = pending.version
+    if events[0][2].before is not None:
+        version = version_of_shape(events[0][2].before)
+    bounds = [e[0] for e in events] + [None]
+    lower = None
+    for i, upper in enumerate(bounds):
+        mask = pc.less(seqs, upper) if upper is not None else pc.is_valid(seqs)
+        if lower is not None:
+            mask = pc.and_(mask, pc.greater(seqs, lower))
+        part = data.filter(mask)
+        if part.num_rows:
+            segment = PendingTable(pending.table, version, part, pending.applied_seq)
+            steps.append(Step(int(part.column("_cdc_seq")[0].as_py()), 0, pending.table, segment=segment))
+        if i < len(events):
+            seq, rank, change, commit_ts = events[i]
+            steps.append(Step(seq, 1 + rank, pending.table, change=change, commit_ts=commit_ts))
+            if change.after is not None:
+                version = version_of_shape(change.after)
+            lower = seq
+    return steps
+
+
+def pending_tables(
+    lakehouse: Lakehouse, changes_progress: dict[str, TableProgress], current_progress: dict[str, TableProgress]
+) -> list[PendingTable]:
     """Tables whose change log has changes their current state has not taken in."""
     pending = []
     for name, progress in changes_progress.items():
         version_json = progress.version
         if version_json is None:  # no change log yet
             continue
-        found = read_pending(lakehouse, TableRef.parse(name), TableVersion.from_json(version_json))
+        dropped = current_progress[name].dropped_seq if name in current_progress else None
+        found = read_pending(lakehouse, TableRef.parse(name), TableVersion.from_json(version_json), dropped)
         if found is not None:
             pending.append(found)
     return pending
+
+
+def _rename_partners(pending: list[PendingTable]) -> set[str]:
+    partners: set[str] = set()
+    for p in pending:
+        if DDL_COLUMN not in p.changes.column_names:
+            continue
+        for detail in p.changes.column(DDL_COLUMN).drop_null().to_pylist():
+            change = json.loads(detail)
+            partners |= {t for t in (change.get("renamed_from"), change.get("renamed_to")) if t}
+    return partners
 
 
 def apply_pending(
@@ -53,23 +134,36 @@ def apply_pending(
     """Apply the newest pending change per key of `tables` (default: all); one Spark job picks them all.
 
     Holds the lakehouse's current-state lock so two runs never merge into the same table at once.
+    A renamed table's rows move with it, so both sides of a RENAME are taken in together.
     """
     began = time.monotonic()
     report = CurrentReport()
     store = lakehouse.store
     wait = lakehouse.lock_wait_seconds
     with lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log) as lease:
-        targets = target_tables(lakehouse, tables)
-        # What the change logs hold now; recorded as this stage's progress once it is applied.
-        reached = {t: load_progress(store, CHANGES_STAGE, t) for t in targets}
-        pending = pending_tables(lakehouse, reached)
+        targets = set(target_tables(lakehouse, tables))
+        reached: dict[str, TableProgress] = {}
+        current: dict[str, TableProgress] = {}
+        pending: list[PendingTable] = []
+        while True:
+            # What the change logs hold now; recorded as this stage's progress once it is applied.
+            new = sorted(targets - set(reached))
+            reached.update({t: load_progress(store, CHANGES_STAGE, t) for t in new})
+            current.update({t: load_progress(store, CURRENT_STAGE, t) for t in new})
+            pending += pending_tables(lakehouse, {t: reached[t] for t in new}, current)
+            partners = _rename_partners(pending) - targets
+            if not partners:
+                break
+            targets |= partners
+        dropped: dict[str, int] = {}
         if pending:
-            _apply(lakehouse, spark, pending, report, lease, log)
+            _apply(lakehouse, spark, pending, report, lease, log, dropped)
         lease.check()
         for table, progress in reached.items():
             if progress.batch is not None:
-                save_progress(store, CURRENT_STAGE, table, TableProgress(progress.batch))
-        report.tables = targets
+                floor = dropped.get(table, current[table].dropped_seq)
+                save_progress(store, CURRENT_STAGE, table, TableProgress(progress.batch, dropped_seq=floor))
+        report.tables = sorted(targets)
     report.seconds = time.monotonic() - began
     return report
 
@@ -81,9 +175,12 @@ def _apply(
     report: CurrentReport,
     lease: Lease,
     log: Any | None,
+    dropped: dict[str, int],
 ) -> None:
+    steps = sorted((s for p in pending for s in table_steps(p)), key=lambda s: (s.seq, s.rank))
+    segments = {i: s.segment for i, s in enumerate(steps) if s.segment is not None}
     # After a TRUNCATE only the changes that follow it decide a key's row; the rows before it go.
-    keyed = {i: p for i, p in enumerate(pending) if p.version.primary_key}
+    keyed = {i: p for i, p in segments.items() if p.version.primary_key}
     latest = None
     if keyed:
         events = []
@@ -101,18 +198,47 @@ def _apply(
                 )
             )
         latest = latest_change_per_key(spark(), pa.concat_tables(events))
-    for i, table in enumerate(pending):
+    results: dict[str, ApplyResult] = {}
+    for i, step in enumerate(steps):
         lease.check()  # on S3 a lease lost to another run means: merge nothing more
-        if table.version.primary_key and latest is not None:
-            result = apply_changes(lakehouse, table, latest.filter(pc.equal(latest.column("table_id"), i)))
+        if step.change is not None:
+            assert step.commit_ts is not None
+            done = apply_schema_change(lakehouse, step.change, step.seq, step.commit_ts)
+            if step.change.action == "drop" and done != "already applied":
+                dropped[str(step.table)] = step.seq
+            elif step.change.action == "create":
+                dropped.pop(str(step.table), None)
+            report.schema_changes.append(f"{step.table} at {step.seq}: {done}")
+            if log is not None:
+                log.info(f"{step.table}: {step.change.action} at _cdc_seq {step.seq}: {done}")
+            continue
+        segment = segments[i]
+        if segment.version.primary_key and latest is not None:
+            result = apply_changes(lakehouse, segment, latest.filter(pc.equal(latest.column("table_id"), i)))
         else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
-            result = apply_keyless_changes(lakehouse, table)
-        report.applied.append(result)
+            result = apply_keyless_changes(lakehouse, segment)
+        results[str(step.table)] = _sum(results.get(str(step.table)), result)
         if log is not None:
             log.info(
                 f"{result.table}: {result.changes_in} changes -> {result.inserted} inserted, "
-                f"{result.updated} updated, {result.removed} deleted ({i + 1} of {len(pending)} tables)"
+                f"{result.updated} updated, {result.removed} deleted ({i + 1} of {len(steps)} steps)"
             )
+    report.applied.extend(results.values())
+
+
+def _sum(a: ApplyResult | None, b: ApplyResult) -> ApplyResult:
+    if a is None:
+        return b
+    return ApplyResult(
+        b.table,
+        a.changes_in + b.changes_in,
+        a.upserted + b.upserted,
+        a.deleted + b.deleted,
+        a.inserted + b.inserted,
+        a.updated + b.updated,
+        a.removed + b.removed,
+        b.applied_seq,
+    )
 
 
 def current_row_count(lakehouse: Lakehouse, table: str) -> int | None:

@@ -1,0 +1,220 @@
+"""Schema changes mid-stream: current state follows the source, change logs stay readable, every
+event is read under the schema in force at its point of the binlog (CONTRACT §6)."""
+
+from __future__ import annotations
+
+import json
+
+from cdc_assets.change_log import open_table, read_query
+from cdc_assets.current_state import read_current
+from cdc_assets.lakehouse import CHANGES, CURRENT, TableRef
+from cdc_assets_tests.conftest import CdcEnv
+
+
+def _current(cdc: CdcEnv, table: str) -> list[dict]:
+    rows = read_current(cdc.lakehouse, TableRef(cdc.database, table))
+    assert rows is not None, f"no current state for {table}"
+    return sorted(rows.to_pylist(), key=lambda r: tuple(str(v) for v in r.values()))
+
+
+def _columns(cdc: CdcEnv, table: str) -> list[str]:
+    dt = open_table(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, table)), None)
+    assert dt is not None, f"no current state for {table}"
+    return [f.name for f in dt.schema().fields if not f.name.startswith("_cdc_")]
+
+
+def _log(cdc: CdcEnv, table: str, columns: str) -> list[dict]:
+    dt = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, table)), None)
+    assert dt is not None
+    return read_query(dt, f"SELECT {columns} FROM changes ORDER BY _cdc_seq", "changes").to_pylist()
+
+
+def _assert_equal_to_source(cdc: CdcEnv) -> None:
+    results = cdc.verify()
+    assert results and all(r.ok for r in results), [r.describe() for r in results]
+
+
+def test_column_changes_in_the_same_batch_as_data(cdc: CdcEnv) -> None:
+    cdc.execute(
+        "CREATE TABLE t (id INT PRIMARY KEY, name VARCHAR(10), qty SMALLINT, old_col INT)",
+        "INSERT INTO t VALUES (1, 'a', 10, 100), (2, 'b', 20, 200), (3, 'c', 30, 300)",
+    )
+    assert cdc.sync() == 0
+    cdc.execute(
+        "INSERT INTO t VALUES (4, 'd', 40, 400)",
+        "ALTER TABLE t ADD COLUMN price DECIMAL(8,2) NOT NULL DEFAULT '9.50' AFTER name, "
+        "ADD COLUMN note VARCHAR(20) NULL, ADD COLUMN flag TINYINT NOT NULL",
+        "UPDATE t SET price = 1.25, note = 'changed' WHERE id = 2",
+        "ALTER TABLE t DROP COLUMN old_col",
+        "ALTER TABLE t MODIFY qty BIGINT NOT NULL",
+        "UPDATE t SET qty = 5000000000 WHERE id = 3",
+        "ALTER TABLE t RENAME COLUMN name TO label",
+        "INSERT INTO t (id, label, price, qty, flag) VALUES (5, 'e', 2.00, 50, 1)",
+        "ALTER TABLE t CHANGE label title VARCHAR(40) FIRST",
+        "DELETE FROM t WHERE id = 1",
+    )
+    assert cdc.sync() == 0
+    assert _columns(cdc, "t") == ["title", "id", "price", "qty", "note", "flag"]
+    rows = {r["id"]: r for r in _current(cdc, "t")}
+    assert sorted(rows) == [2, 3, 4, 5]
+    assert rows[4]["title"] == "d" and str(rows[4]["price"]) == "9.50" and rows[4]["flag"] == 0  # defaults
+    assert rows[3]["qty"] == 5_000_000_000 and rows[2]["note"] == "changed"
+    _assert_equal_to_source(cdc)
+
+    log = _log(cdc, "t", "_cdc_op, _cdc_ddl")
+    ddl = [json.loads(r["_cdc_ddl"]) for r in log if r["_cdc_op"] == "alter"]
+    assert [d["renames"] for d in ddl[-2:]] == [{"label": "name"}, {"title": "label"}]
+    # every version stays readable: the old names and the dropped column keep their values
+    history = _log(cdc, "t", "id, name, label, title, old_col, qty, _cdc_op")
+    assert {"id": 1, "name": "a", "label": None, "title": None, "old_col": 100, "qty": 10, "_cdc_op": "insert"} in history
+    assert any(r["title"] is None and r["label"] == "e" and r["_cdc_op"] == "insert" for r in history)
+
+
+def test_alter_alone_reaches_current_state_without_later_rows(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1), (2, 2)")
+    assert cdc.sync() == 0
+    cdc.execute("ALTER TABLE t ADD COLUMN created DATE NOT NULL DEFAULT '2024-02-29', MODIFY v VARCHAR(12)")
+    assert cdc.sync() == 0
+    assert _columns(cdc, "t") == ["id", "v", "created"]
+    assert [(r["v"], str(r["created"])) for r in _current(cdc, "t")] == [("1", "2024-02-29"), ("2", "2024-02-29")]
+    _assert_equal_to_source(cdc)
+
+
+def test_create_drop_and_rename_tables(cdc: CdcEnv) -> None:
+    cdc.execute(
+        "CREATE TABLE a (id INT PRIMARY KEY, v VARCHAR(5))",
+        "INSERT INTO a VALUES (1, 'x'), (2, 'y')",
+        "CREATE TABLE gone (id INT PRIMARY KEY)",
+        "INSERT INTO gone VALUES (1)",
+    )
+    assert cdc.sync() == 0
+    cdc.execute(
+        "UPDATE a SET v = 'X' WHERE id = 1",
+        "RENAME TABLE a TO b",
+        "INSERT INTO b VALUES (3, 'z')",
+        "CREATE TABLE empty_one (id BIGINT UNSIGNED PRIMARY KEY, d DATETIME(3))",
+        "DROP TABLE gone",
+        "CREATE TABLE c (k VARCHAR(3) PRIMARY KEY)",
+        "INSERT INTO c VALUES ('p')",
+        "ALTER TABLE c RENAME TO d",
+        "INSERT INTO d VALUES ('q')",
+    )
+    assert cdc.sync() == 0
+    house = cdc.lakehouse
+    tables = {str(t) for t in house.tables(CURRENT)}
+    db = cdc.database
+    assert tables == {f"{db}.b", f"{db}.empty_one", f"{db}.d"}
+    assert [(r["id"], r["v"]) for r in _current(cdc, "b")] == [(1, "X"), (2, "y"), (3, "z")]
+    assert _current(cdc, "empty_one") == [] and _columns(cdc, "empty_one") == ["id", "d"]
+    assert [r["k"] for r in _current(cdc, "d")] == ["p", "q"]
+    assert [r["_cdc_op"] for r in _log(cdc, "gone", "_cdc_op")] == ["create", "insert", "drop"]
+    assert [r["_cdc_op"] for r in _log(cdc, "a", "_cdc_op")][-1] == "drop"
+    _assert_equal_to_source(cdc)
+
+    # a table dropped and created again under the same name starts from nothing
+    cdc.execute("DROP TABLE b", "CREATE TABLE b (id INT PRIMARY KEY, w INT)", "INSERT INTO b VALUES (7, 70)")
+    assert cdc.sync() == 0
+    assert [(r["id"], r["w"]) for r in _current(cdc, "b")] == [(7, 70)]
+    _assert_equal_to_source(cdc)
+
+
+def test_primary_key_added_and_dropped(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE k (id INT NOT NULL, v INT)", "INSERT INTO k VALUES (1, 1), (2, 2)")
+    assert cdc.sync() == 0
+    cdc.execute("ALTER TABLE k ADD PRIMARY KEY (id)", "UPDATE k SET v = 20 WHERE id = 2")
+    assert cdc.sync() == 0
+    assert "_cdc_dup" not in [f.name for f in open_table(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "k")), None).schema().fields]
+    cdc.execute("ALTER TABLE k DROP PRIMARY KEY", "INSERT INTO k VALUES (2, 20)")
+    assert cdc.sync() == 0
+    assert [(r["id"], r["v"]) for r in _current(cdc, "k")] == [(1, 1), (2, 20), (2, 20)]
+    _assert_equal_to_source(cdc)
+
+
+def test_added_columns_of_every_kind_take_their_defaults_in_existing_rows(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1), (2)")
+    assert cdc.sync() == 0
+    cdc.execute(
+        "ALTER TABLE t ADD COLUMN i INT UNSIGNED NOT NULL DEFAULT 4294967295, ADD b BIT(5) DEFAULT b'10101', "
+        "ADD bl BOOL NOT NULL DEFAULT TRUE, ADD d DECIMAL(30,10) DEFAULT -12.5, ADD f DOUBLE DEFAULT 1e300, "
+        "ADD dt DATETIME(6) DEFAULT '2038-01-19 03:14:08.123456', ADD dd DATE NOT NULL DEFAULT '1000-01-01', "
+        "ADD tm TIME(3) DEFAULT '-838:59:59', ADD y YEAR DEFAULT 2155, ADD e ENUM('a','😀') NOT NULL, "
+        "ADD e2 ENUM('a','😀') DEFAULT '😀', ADD s SET('x','y','z') DEFAULT 'z,x', ADD s0 SET('x') NOT NULL, "
+        "ADD v VARCHAR(10) CHARACTER SET latin1 DEFAULT 'café', ADD bn BINARY(4) DEFAULT 'ab', "
+        "ADD vb VARBINARY(4) NOT NULL, ADD ts TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP, "
+        "ADD n INT NULL, ADD tx TEXT",
+    )
+    cdc.execute("INSERT INTO t (id, e, s0, vb) VALUES (3, '😀', 'x', 'q')")
+    assert cdc.sync() == 0
+    _assert_equal_to_source(cdc)
+
+
+def test_many_small_batches_and_syncs_between_schema_changes(cdc: CdcEnv, monkeypatch) -> None:
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "1")
+    cdc.execute("CREATE TABLE p (id INT PRIMARY KEY, a INT)", "CREATE TABLE q (id INT, v VARCHAR(5))")
+    steps = [
+        ["INSERT INTO p VALUES (1, 1), (2, 2)", "INSERT INTO q VALUES (1, 'x'), (1, 'x')"],
+        ["ALTER TABLE p ADD b VARCHAR(5) DEFAULT 'bb'", "UPDATE p SET a = 10 WHERE id = 1"],
+        ["ALTER TABLE q ADD w INT NOT NULL DEFAULT 3, DROP COLUMN v", "DELETE FROM q LIMIT 1"],
+        ["ALTER TABLE p MODIFY a BIGINT", "INSERT INTO p VALUES (3, 3000000000, 'c')"],
+        ["RENAME TABLE p TO p_old, q TO p", "INSERT INTO p VALUES (9, 9)"],
+        ["ALTER TABLE p_old RENAME COLUMN b TO bee", "UPDATE p_old SET bee = 'B' WHERE id = 2"],
+    ]
+    for statements in steps:
+        cdc.execute(*statements)
+        assert cdc.sync() == 0
+        _assert_equal_to_source(cdc)
+    assert [(r["id"], r["w"]) for r in _current(cdc, "p")] == [(1, 3), (9, 9)]
+    assert _columns(cdc, "p_old") == ["id", "a", "bee"]
+
+
+def test_all_changes_in_one_sync_with_one_row_batches(cdc: CdcEnv, monkeypatch) -> None:
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "1")
+    cdc.execute(
+        "CREATE TABLE a (id INT PRIMARY KEY, v INT)",
+        "CREATE TABLE b (id INT PRIMARY KEY, w VARCHAR(3))",
+        "INSERT INTO a VALUES (1, 1), (2, 2)",
+        "INSERT INTO b VALUES (1, 'b1')",
+        "RENAME TABLE a TO tmp, b TO a, tmp TO b",  # swap
+        "INSERT INTO a VALUES (2, 'a2')",
+        "INSERT INTO b VALUES (3, 3)",
+        "CREATE TABLE c LIKE b",
+        "INSERT INTO c SELECT * FROM b",
+        "CREATE TABLE d AS SELECT id, v * 2 AS v2 FROM b",
+        "ALTER TABLE d ADD PRIMARY KEY (id), ADD z INT DEFAULT 1",
+    )
+    assert cdc.sync() == 0
+    assert [(r["id"], r["w"]) for r in _current(cdc, "a")] == [(1, "b1"), (2, "a2")]
+    assert [(r["id"], r["v"]) for r in _current(cdc, "b")] == [(1, 1), (2, 2), (3, 3)]
+    assert [(r["id"], r["v2"], r["z"]) for r in _current(cdc, "d")] == [(1, 2, 1), (2, 4, 1), (3, 6, 1)]
+    assert "tmp" not in {t.table for t in cdc.lakehouse.tables(CURRENT)}
+    _assert_equal_to_source(cdc)
+
+
+def test_schema_changes_on_s3(cdc: CdcEnv, monkeypatch, s3_endpoint: str) -> None:
+    import boto3
+
+    from cdc_assets_tests.conftest import use_s3
+
+    use_s3(monkeypatch, s3_endpoint)
+    boto3.client("s3").create_bucket(Bucket="ddl")
+    monkeypatch.setenv("CDC_LAKEHOUSE", "s3://ddl/lake")
+    cdc.execute("CREATE TABLE a (id INT PRIMARY KEY, v INT)", "INSERT INTO a VALUES (1, 1)", "CREATE TABLE x (id INT)")
+    cdc.execute("INSERT INTO x VALUES (5)")
+    assert cdc.sync() == 0
+    cdc.execute("ALTER TABLE a ADD w INT DEFAULT 7", "RENAME TABLE a TO b", "DROP TABLE x", "INSERT INTO b VALUES (2, 2, 2)")
+    assert cdc.sync() == 0
+    _assert_equal_to_source(cdc)
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ddl", Prefix="lake/current/")["Contents"]]
+    assert {k.split("/")[3] for k in keys} == {"b"}  # a and x are gone from current state, nothing left behind
+    assert any(k.startswith("lake/_state/schemas/") for k in [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ddl", Prefix="lake/_state/")["Contents"]])
+
+
+def test_snapshot_table_altered_before_its_first_row_change(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE s (id INT PRIMARY KEY, v INT)", "INSERT INTO s VALUES (1, 10), (2, 20)")
+    from cdc_assets.cli import main
+
+    assert main(["snapshot"]) == 0
+    cdc.execute("ALTER TABLE s ADD note VARCHAR(5) NOT NULL DEFAULT 'n', DROP COLUMN v")
+    assert cdc.sync() == 0
+    assert [(r["id"], r["note"]) for r in _current(cdc, "s")] == [(1, "n"), (2, "n")]
+    _assert_equal_to_source(cdc)
