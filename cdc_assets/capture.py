@@ -30,6 +30,7 @@ from cdc_assets.positions import FIRST_SEQ, BinlogPosition
 from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, RawBatch, TableVersion
 from cdc_assets.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
 from cdc_assets.source import ServerInfo
+from cdc_assets.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
 
 mysql_charsets.install()
 
@@ -62,6 +63,8 @@ _END = re.compile(r"^\s*(COMMIT|XA\s+COMMIT|XA\s+ROLLBACK|ROLLBACK(\s+WORK)?\s*$
 _IN_TRANSACTION_MARKER = re.compile(
     r"^\s*(SAVEPOINT|RELEASE\s+SAVEPOINT|ROLLBACK(\s+WORK)?\s+TO|XA\s+END|XA\s+PREPARE)\b", re.IGNORECASE
 )
+# A row change of an open transaction: RAW_ROWS_SCHEMA without the seq and commit time it gets at COMMIT.
+TRANSACTION_SCHEMA = pa.schema([f for f in RAW_ROWS_SCHEMA if f.name not in ("seq", "commit_ts")])
 MARIADB_GTID_STANDALONE = 0x01  # FL_STANDALONE: the group is one statement (DDL) with no COMMIT of its own
 
 
@@ -96,16 +99,6 @@ def classify_query(query: str) -> str:
 
 
 @dataclass
-class _PendingRow:
-    table: TableRef
-    version: TableVersion
-    op: str
-    gtid: str | None
-    before: list[str | None] | None
-    after: list[str | None] | None
-
-
-@dataclass
 class BatchBuilder:
     """Assembles committed transactions into batches of at most about `max_rows` row changes."""
 
@@ -118,18 +111,23 @@ class BatchBuilder:
     # captures under _state/schemas/), so a DDL can be applied to the shape it changes.
     schemas: dict[TableRef, TableShape] = field(default_factory=dict)
     table_filter: TableFilter | None = None
+    chunk_rows: int = CHUNK_ROWS  # rows of a transaction or a batch held in memory; beyond it they spill to disk
 
     def __post_init__(self) -> None:
-        self._reset(self.start)
-        self._transaction: list[_PendingRow] = []
+        self._transaction_dir = SpoolDirectory()
+        self._transaction = RowSpool(
+            TRANSACTION_SCHEMA, self._transaction_dir.path / "transaction.parquet", self.chunk_rows
+        )
         self._gtid: str | None = None
+        self._reset(self.start)
 
     def _reset(self, start: BinlogPosition) -> None:
         self.batch_start = start
         self.batch_start_gtid = _gtid_text(self.gtid_state)
         self.batch_first_seq = self.next_seq
         self.committed_end = start
-        self._columns: dict[str, list[Any]] = {f.name: [] for f in RAW_ROWS_SCHEMA}
+        self._batch_dir = SpoolDirectory()  # lives on with the RawBatch cut from it
+        self._rows = RowSpool(RAW_ROWS_SCHEMA, self._batch_dir.path / "changes.parquet", self.chunk_rows)
         self._versions: dict[int, TableVersion] = {}
         self._latest: dict[TableRef, TableVersion] = {}
         self.statements: list[dict[str, Any]] = []
@@ -144,7 +142,7 @@ class BatchBuilder:
         self.events += 1
 
     def begin(self, gtid: str | None) -> None:
-        self._transaction = []
+        self._transaction.discard()  # a transaction left open (the stream resumed mid-way) never committed
         self._gtid = gtid
 
     def version_of(self, table: TableRef, columns: tuple, primary_key: tuple[str, ...]) -> TableVersion:
@@ -185,7 +183,8 @@ class BatchBuilder:
         before: list[str | None] | None,
         after: list[str | None] | None,
     ) -> None:
-        self._transaction.append(_PendingRow(version.table, version, op, self._gtid, before, after))
+        table = version.table
+        self._transaction.append((table.schema, table.table, version.id, op, self._gtid, before, after))
 
     def statement(self, schema: str | None, query: str, commit_ts: int | None = None) -> None:
         """A DDL or TRUNCATE of captured tables: recorded (secrets excluded), with a `_cdc_seq` of its own
@@ -251,38 +250,44 @@ class BatchBuilder:
         """The transaction ending at `end` committed at `commit_ts` (epoch seconds)."""
         for entry in self.statements:
             entry.setdefault("commit_ts", commit_ts)  # an implicit change learns its commit time here
-        if self._transaction:
+        if len(self._transaction):
             self.transactions += 1
             if self.first_commit_ts is None:
                 self.first_commit_ts = commit_ts
             self.last_commit_ts = commit_ts
-            cols = self._columns
-            for row in self._transaction:
-                cols["seq"].append(self.next_seq)
-                self.next_seq += 1
-                cols["schema"].append(row.table.schema)
-                cols["table"].append(row.table.table)
-                cols["table_version"].append(row.version.id)
-                cols["op"].append(row.op)
-                cols["gtid"].append(row.gtid)
-                cols["commit_ts"].append(commit_ts * 1_000_000)
-                cols["before"].append(row.before)
-                cols["after"].append(row.after)
+            self._move_transaction_rows(commit_ts * 1_000_000)
         if self._gtid:
             domain = self._gtid.rsplit(":", 1)[0] if ":" in self._gtid else self._gtid.split("-", 1)[0]
             self.gtid_state[domain] = self._gtid
-        self._transaction = []
+        self._transaction.discard()
         self._gtid = None
         self.committed_end = end
 
+    def _move_transaction_rows(self, commit_micros: int) -> None:
+        """The committed transaction's rows into the batch, numbered in binlog order and stamped with the
+        commit time: row by row while it is small, row group by row group once it has spilled to disk."""
+        if not self._transaction.spilled:
+            columns = self._transaction.buffered_columns()
+            for values in zip(*columns.values(), strict=True):
+                self._rows.append((self.next_seq, *values[:5], commit_micros, *values[5:]))
+                self.next_seq += 1
+            return
+        for chunk in self._transaction.chunks():
+            seqs = pa.array(range(self.next_seq, self.next_seq + chunk.num_rows), pa.int64())
+            self.next_seq += chunk.num_rows
+            stamped = chunk.add_column(0, "seq", seqs).add_column(
+                6, "commit_ts", pa.array([commit_micros] * chunk.num_rows, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+            )
+            self._rows.append_table(stamped.select(RAW_ROWS_SCHEMA.names))
+
     def advance_idle_to(self, position: BinlogPosition) -> None:
-        if not self._transaction and self._gtid is None and self.committed_end < position:
+        if not len(self._transaction) and self._gtid is None and self.committed_end < position:
             self.committed_end = position
 
     # -- batches --------------------------------------------------------------------------------------
     @property
     def rows(self) -> int:
-        return len(self._columns["seq"])
+        return len(self._rows)
 
     def is_full(self) -> bool:
         return self.rows >= self.max_rows
@@ -292,11 +297,12 @@ class BatchBuilder:
 
     def cut(self) -> RawBatch:
         """The batch of everything committed since the last cut; the next batch starts where it ends."""
-        rows = pa.Table.from_pydict(self._columns, schema=RAW_ROWS_SCHEMA)
         batch = RawBatch(
             start=self.batch_start,
             end=self.committed_end,
-            rows=rows,
+            data_path=self._rows.finish(),
+            row_count=len(self._rows),
+            keepalive=self._batch_dir,
             table_versions=sorted(self._versions.values(), key=lambda v: v.id),
             first_seq=self.batch_first_seq,
             next_seq=self.next_seq,

@@ -29,6 +29,7 @@ class MissingObject(KeyError):
 
 class ObjectStore(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
+    def put_file(self, key: str, path: Path) -> None: ...
     def get(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]: ...
@@ -63,6 +64,21 @@ class LocalStore:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def put_file(self, key: str, path: Path) -> None:
+        """A local file's content under `key`, atomically (copied in blocks, never whole in memory)."""
+        target = self._path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out, path.open("rb") as source:
+                shutil.copyfileobj(source, out, 1 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def get(self, key: str) -> bytes:
         try:
@@ -108,6 +124,10 @@ class S3Store:
 
     def put(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def put_file(self, key: str, path: Path) -> None:
+        """A local file's content under `key`, streamed (multipart when large); visible only when complete."""
+        self.client.upload_file(str(path), self.bucket, self._key(key))
 
     def get(self, key: str) -> bytes:
         try:

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -85,7 +86,8 @@ class RawBatch:
 
     start: BinlogPosition
     end: BinlogPosition
-    rows: pa.Table
+    data_path: Path  # the batch's rows as a local Parquet file (capture spools them there, not in memory)
+    row_count: int
     table_versions: list[TableVersion]
     statements: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
@@ -98,10 +100,16 @@ class RawBatch:
     last_commit_ts: int | None = None
     server: dict[str, Any] = field(default_factory=dict)
     schemas: dict[str, Any] = field(default_factory=dict)  # table -> shape at the batch's end, where it changed
+    keepalive: Any = None  # what keeps `data_path` on disk while the batch is in use
 
     @property
     def name(self) -> str:
         return self.start.batch_name()
+
+    @property
+    def rows(self) -> pa.Table:
+        """All rows in memory: for checks and tests; the pipeline streams `data_path`."""
+        return pq.read_table(self.data_path)
 
     def manifest(self, data_sha256: str, data_bytes: int) -> dict[str, Any]:
         return {
@@ -115,7 +123,7 @@ class RawBatch:
             "end_gtid": self.end_gtid,
             "events": self.events,
             "transactions": self.transactions,
-            "rows": self.rows.num_rows,
+            "rows": self.row_count,
             "first_commit_ts": self.first_commit_ts,
             "last_commit_ts": self.last_commit_ts,
             "server": self.server,
@@ -205,18 +213,21 @@ def _key(name: str, file: str) -> str:
     return f"{RAW}/{name}/{file}"
 
 
-def encode_rows(rows: pa.Table) -> bytes:
-    sink = io.BytesIO()
-    pq.write_table(rows.cast(RAW_ROWS_SCHEMA), sink, compression="zstd")
-    return sink.getvalue()
+def _file_digest(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
 
 
 def write_batch(store: ObjectStore, batch: RawBatch) -> BatchManifest:
     """Write data, then the manifest: the batch becomes visible only when both are durable."""
-    data = encode_rows(batch.rows)
-    digest = hashlib.sha256(data).hexdigest()
-    manifest = batch.manifest(digest, len(data))
-    store.put(_key(batch.name, DATA_FILE), data)
+    digest, size = _file_digest(batch.data_path)
+    manifest = batch.manifest(digest, size)
+    store.put_file(_key(batch.name, DATA_FILE), batch.data_path)
     store.put(_key(batch.name, MANIFEST_FILE), json.dumps(manifest, indent=1, sort_keys=True).encode())
     return BatchManifest.from_json(manifest)
 

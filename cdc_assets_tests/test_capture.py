@@ -100,3 +100,26 @@ def test_truncated_table_is_read_from_the_statement() -> None:
     assert truncated_table("/* app: cleanup */ TRUNCATE TABLE t", "db") == TableRef("db", "t")
     assert truncated_table("TRUNCATE t", None) is None  # no schema to place it in
     assert truncated_table("ALTER TABLE t ADD c INT", "db") is None
+
+
+def test_a_transaction_larger_than_memory_spills_and_keeps_order() -> None:
+    builder = BatchBuilder(start=BinlogPosition("b.000001", 4), next_seq=100, max_rows=5, chunk_rows=10)
+    version = builder.version_of(TableRef("s", "t"), (ColumnSpec("id", "int"),), ("id",))
+    builder.begin("0-1-1")
+    for i in range(12):  # a transaction that never commits, spilled to disk, leaves nothing behind
+        builder.row_change(version, "insert", None, [f"x{i}"])
+    builder.begin("0-1-2")
+    builder.row_change(version, "insert", None, ["small"])
+    builder.commit(BinlogPosition("b.000001", 50), 10)
+    builder.begin("0-1-3")
+    for i in range(25):  # spills: 10 + 10 rows on disk, 5 in memory
+        builder.row_change(version, "update", [str(i)], [str(i + 1)])
+    assert builder.rows == 1  # rows of an open transaction are not the batch's yet
+    builder.commit(BinlogPosition("b.000001", 900), 20)
+    batch = builder.cut()  # one batch: it ends only where a transaction does, far past max_rows
+    rows = batch.rows
+    assert batch.row_count == rows.num_rows == 26 and (batch.first_seq, batch.next_seq) == (100, 126)
+    assert rows.column("seq").to_pylist() == list(range(100, 126))
+    assert rows.column("after").to_pylist() == [["small"]] + [[str(i + 1)] for i in range(25)]
+    assert [t.timestamp() for t in rows.column("commit_ts").to_pylist()] == [10.0] + [20.0] * 25
+    assert rows.column("gtid").to_pylist() == ["0-1-2"] + ["0-1-3"] * 25

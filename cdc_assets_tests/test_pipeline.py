@@ -19,6 +19,8 @@ from cdc_assets.raw_batch import list_batches, read_manifest, read_rows
 from cdc_assets.state import load_checkpoint
 from cdc_assets_tests.conftest import CdcEnv
 
+# Row changes only: CREATE TABLE and other schema changes have change-log rows of their own (test_schema_changes).
+ROW_CHANGES = "_cdc_op IN ('insert', 'update', 'delete')"
 
 def _sample(cdc: CdcEnv, monkeypatch, transactions: int, seed: int = 1) -> Workload:
     shop, inventory = f"{cdc.database}_shop", f"{cdc.database}_inventory"
@@ -51,9 +53,7 @@ def _all_change_seqs(cdc: CdcEnv) -> list[int]:
     seqs: list[int] = []
     for table in cdc.lakehouse.tables(CHANGES):
         log = open_table(cdc.lakehouse.table_uri(CHANGES, table), None)
-        # row changes only: CREATE TABLE and other schema changes have change-log rows of their own
-        row_changes = "SELECT _cdc_seq FROM changes WHERE _cdc_op IN ('insert', 'update', 'delete')"
-        seqs += read_query(log, row_changes, "changes").column(0).to_pylist()
+        seqs += read_query(log, f"SELECT _cdc_seq FROM changes WHERE {ROW_CHANGES}", "changes").column(0).to_pylist()
     return sorted(seqs)
 
 
@@ -218,7 +218,7 @@ def test_savepoints_stay_inside_their_transaction(cdc: CdcEnv, monkeypatch) -> N
     with_rows = [m for m in (read_manifest(store, n) for n in list_batches(store)) if m.rows]
     assert [(m.rows, m.transactions) for m in with_rows] == [(4, 1)] * 4  # never a cut inside one
     log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "sp")), None)
-    gtids = read_query(log, "SELECT _cdc_gtid FROM changes ORDER BY _cdc_seq", "changes").column(0).to_pylist()
+    gtids = read_query(log, f"SELECT _cdc_gtid FROM changes WHERE {ROW_CHANGES} ORDER BY _cdc_seq", "changes").column(0).to_pylist()
     assert None not in gtids and len(set(gtids)) == 4
     statements = [st["query"] for m in with_rows for st in m.raw["statements"]]
     assert not [q for q in statements if q.upper().startswith(("SAVEPOINT", "ROLLBACK", "RELEASE"))]
@@ -248,7 +248,7 @@ def test_composite_keys_and_key_changing_updates(cdc: CdcEnv) -> None:
         {"order_id": Decimal("18446744073709551615"), "line": 12, "sku": "b", "qty": 200},
     ]
     log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "item")), None)
-    changes = read_query(log, "SELECT _cdc_op, _cdc_before FROM changes ORDER BY _cdc_seq", "changes")
+    changes = read_query(log, f"SELECT _cdc_op, _cdc_before FROM changes WHERE {ROW_CHANGES} ORDER BY _cdc_seq", "changes")
     assert changes.column("_cdc_op").to_pylist() == ["insert"] * 2 + ["update"] * 3 + ["insert", "delete", "update"]
     key_move = changes.column("_cdc_before").to_pylist()[2]
     assert (key_move["line"], key_move["sku"]) == (2, "b")
@@ -263,7 +263,7 @@ def test_ordering_survives_binlog_rotation(cdc: CdcEnv) -> None:
             cur.execute("FLUSH BINARY LOGS")
     assert cdc.sync() == 0
     log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "r")), None)
-    changes = read_query(log, "SELECT _cdc_seq, v FROM changes ORDER BY _cdc_seq", "changes")
+    changes = read_query(log, f"SELECT _cdc_seq, v FROM changes WHERE {ROW_CHANGES} ORDER BY _cdc_seq", "changes")
     assert changes.column("v").to_pylist() == ["v0", "v1", "v2"]
     store = cdc.lakehouse.store
     first = read_manifest(store, list_batches(store)[0])
@@ -324,8 +324,11 @@ def test_change_log_metadata(cdc: CdcEnv) -> None:
         gtid = cur.fetchone()[0]
     assert cdc.sync() == 0
     log = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "m")), None)
-    rows = read_query(log, "SELECT * FROM changes ORDER BY _cdc_seq", "changes").to_pylist()
+    rows = read_query(log, f"SELECT * FROM changes WHERE {ROW_CHANGES} ORDER BY _cdc_seq", "changes").to_pylist()
     assert [r["_cdc_op"] for r in rows] == ["insert", "insert", "update"]
+    [created] = read_query(log, "SELECT _cdc_ddl FROM changes WHERE _cdc_op = 'create'", "changes").to_pylist()
+    ddl = json.loads(created["_cdc_ddl"])  # the CREATE TABLE has a change-log row of its own, before the rows
+    assert ddl["statement"].startswith("CREATE TABLE m") and ddl["after"]["primary_key"] == ["id"]
     assert [r["_cdc_commit_ts"] for r in rows] == [
         dt.datetime.fromtimestamp(1700000000, dt.UTC),
         dt.datetime.fromtimestamp(1700000000, dt.UTC),

@@ -1,0 +1,107 @@
+"""Rows kept in memory up to a bound, beyond it in a local Parquet file: capture's memory does not grow with
+the size of a transaction or a batch (a 1M-row UPDATE is one transaction, and a batch ends only where a
+transaction does)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CHUNK_ROWS = 20_000  # rows held in Python lists at most, per spool; a Parquet row group beyond that
+
+
+class SpoolDirectory:
+    """A private local directory, removed when the last object holding it is gone."""
+
+    def __init__(self) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="cdc-spool-"))
+        self._finalizer = weakref.finalize(self, shutil.rmtree, str(self.path), True)
+
+    def remove(self) -> None:
+        self._finalizer()
+
+
+class RowSpool:
+    """Rows of one Arrow schema, appended one at a time and read back in order as tables of at most
+    `chunk_rows` rows. The file, when one is needed, is a plain Parquet file (zstd)."""
+
+    def __init__(self, schema: pa.Schema, path: Path, chunk_rows: int = CHUNK_ROWS) -> None:
+        self.schema = schema
+        self.path = path
+        self.chunk_rows = chunk_rows
+        self._columns: dict[str, list[Any]] = {f.name: [] for f in schema}
+        self._writer: pq.ParquetWriter | None = None
+        self.spilled = 0
+        self.buffered = 0
+
+    def __len__(self) -> int:
+        return self.spilled + self.buffered
+
+    def append(self, values: tuple) -> None:
+        for column, value in zip(self._columns.values(), values, strict=True):
+            column.append(value)
+        self.buffered += 1
+        if self.buffered >= self.chunk_rows:
+            self.flush()
+
+    def append_table(self, table: pa.Table) -> None:
+        """Whole row groups at once (rows moved from another spool)."""
+        self.flush()
+        self._write(table.cast(self.schema))
+
+    def buffered_columns(self) -> dict[str, list[Any]]:
+        """The rows still in memory, as Python lists per column (for a spool that never spilled)."""
+        return self._columns
+
+    def _buffer(self) -> pa.Table:
+        return pa.Table.from_pydict(self._columns, schema=self.schema)
+
+    def _write(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path, self.schema, compression="zstd")
+        self._writer.write_table(table, row_group_size=self.chunk_rows)
+        self.spilled += table.num_rows
+
+    def flush(self) -> None:
+        if self.buffered:
+            self._write(self._buffer())
+            self._columns = {name: [] for name in self._columns}
+            self.buffered = 0
+
+    def chunks(self) -> Iterator[pa.Table]:
+        """Every row in order: what was spilled, then what is still buffered. Ends the spool's file."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            parquet = pq.ParquetFile(self.path)
+            for group in range(parquet.num_row_groups):
+                yield parquet.read_row_group(group)
+        if self.buffered:
+            yield self._buffer()
+
+    def finish(self) -> Path:
+        """The spool as one Parquet file at `path` (also when it has no row at all)."""
+        self.flush()
+        if self._writer is None:
+            pq.write_table(self.schema.empty_table(), self.path, compression="zstd")
+        else:
+            self._writer.close()
+            self._writer = None
+        return self.path
+
+    def discard(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self.path.unlink(missing_ok=True)
+        self._columns = {name: [] for name in self._columns}
+        self.spilled = self.buffered = 0
