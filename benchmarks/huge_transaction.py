@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -67,7 +68,10 @@ EPILOGUE = (
 def _stage(name: str, env: dict[str, str], batch_rows: int) -> dict:
     code = STAGES[name].format(batch_rows=batch_rows) + EPILOGUE
     began = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=1200)
+    except subprocess.TimeoutExpired as exc:
+        raise SystemExit(f"{name} did not finish in 20 minutes:\n{(exc.stderr or b'')[-3000:]!r}") from exc
     if done.returncode != 0:
         raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.rsplit("RESULT ", 1)[1])
@@ -81,7 +85,10 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=50_000)
     args = parser.parse_args()
 
-    server = local_server.start(Path(".local") / "bench-huge")
+    base = Path(".local") / "bench-huge"
+    local_server.stop(base)
+    shutil.rmtree(base, ignore_errors=True)  # a fresh binlog: the figures are for this run's rows only
+    server = local_server.start(base)
     lakehouse = Path(tempfile.mkdtemp(prefix="cdc-huge-"))
     env = {
         **os.environ,
@@ -94,18 +101,19 @@ def main() -> None:
         cur.execute("DROP DATABASE IF EXISTS huge")
         cur.execute("CREATE DATABASE huge")
         cur.execute("CREATE TABLE huge.t (id INT PRIMARY KEY, v BIGINT, note VARCHAR(40))")
+        cur.execute("USE huge")  # the sequence engine's seq_1_to_N lives in the current database
         cur.execute(f"INSERT INTO huge.t SELECT seq, seq, CONCAT('row ', seq) FROM seq_1_to_{args.rows}")
-    print(f"loaded {args.rows} rows; lakehouse {lakehouse}")
+    print(f"loaded {args.rows} rows; lakehouse {lakehouse}", flush=True)
     for name in STAGES:  # the load itself: one transaction of args.rows inserts
-        print(f"  load   {name:8s} {_stage(name, env, args.batch_rows)}")
+        print(f"  load   {name:8s} {_stage(name, env, args.batch_rows)}", flush=True)
     with server.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("UPDATE huge.t SET v = v + 1, note = CONCAT(note, ' updated')")  # one transaction
     print(f"updated {args.rows} rows in one transaction")
     for name in STAGES:
-        print(f"  update {name:8s} {_stage(name, env, args.batch_rows)}")
+        print(f"  update {name:8s} {_stage(name, env, args.batch_rows)}", flush=True)
     verify = subprocess.run([str(Path(sys.executable).parent / "cdc-lakehouse"), "verify"], env=env, capture_output=True, text=True)
     print(verify.stdout.strip().splitlines()[-1] if verify.stdout.strip() else verify.stderr[-2000:])
-    local_server.stop(Path(".local") / "bench-huge")
+    local_server.stop(base)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from cdc_assets.change_log import COMMIT_TS_TYPE, SEQ_TYPE, max_seq, open_table, read_query, stats_configuration
+from cdc_assets.change_log import (
+    COMMIT_TS_TYPE,
+    DDL_COLUMN,
+    SEQ_TYPE,
+    max_seq,
+    open_table,
+    read_query,
+    stats_configuration,
+)
 from cdc_assets.ddl import Default, SchemaChange, TableShape
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import CHANGES, CURRENT, Lakehouse, TableRef
@@ -52,14 +60,36 @@ def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
     return pa.array(ordinals, DUP_TYPE)
 
 
+MAX_CHANGES_PER_MERGE = 200_000  # changes read and merged at once: bounds memory when a table has millions pending
+SCHEMA_OPS = ("create", "alter", "drop")
+
+
 @dataclass
 class PendingTable:
-    """Changes of one table not yet applied to its current state."""
+    """Changes of one table not yet applied to its current state.
+
+    When there are more than MAX_CHANGES_PER_MERGE, `changes` holds only their `_cdc_seq`, `_cdc_op`,
+    `_cdc_commit_ts` and `_cdc_ddl` (`index_only`), and each part of at most that many changes is read
+    when it is applied (`bounds`, `load`).
+    """
 
     table: TableRef
     version: TableVersion
     changes: pa.Table
     applied_seq: int | None
+    index_only: bool = False
+    bounds: tuple[int, int] | None = None  # the first and last `_cdc_seq` of a part still to be read
+
+    def load(self, lakehouse: Lakehouse) -> PendingTable:
+        """This part with its rows read from the change log (itself when they are there already)."""
+        if self.bounds is None:
+            return self
+        low, high = self.bounds
+        log = open_table(lakehouse.table_uri(CHANGES, self.table), lakehouse.storage_options())
+        assert log is not None
+        ops = ", ".join(f"'{op}'" for op in SCHEMA_OPS)
+        sql = f"SELECT * FROM changes WHERE _cdc_seq >= {low} AND _cdc_seq <= {high} AND _cdc_op NOT IN ({ops})"
+        return PendingTable(self.table, self.version, read_query(log, sql, "changes"), self.applied_seq)
 
     @property
     def truncate_seq(self) -> int | None:
@@ -84,7 +114,15 @@ def read_pending(
     if log is None or log_max is None or (applied is not None and log_max <= applied):
         return None
     where = "" if applied is None else f" WHERE _cdc_seq > {int(applied)}"
-    return PendingTable(table, version, read_query(log, f"SELECT * FROM changes{where}", "changes"), applied)
+    count = read_query(log, f"SELECT count(*) AS n FROM changes{where}", "changes").column(0)[0].as_py()
+    if count <= MAX_CHANGES_PER_MERGE:
+        return PendingTable(table, version, read_query(log, f"SELECT * FROM changes{where}", "changes"), applied)
+    names = [f.name for f in log.schema().fields]
+    index = ["_cdc_seq", "_cdc_op", "_cdc_commit_ts"] + ([DDL_COLUMN] if DDL_COLUMN in names else [])
+    changes = read_query(log, f"SELECT {', '.join(index)} FROM changes{where}", "changes")
+    if DDL_COLUMN not in names:
+        changes = changes.append_column(DDL_COLUMN, pa.nulls(changes.num_rows, pa.string()))
+    return PendingTable(table, version, changes, applied, index_only=True)
 
 
 @dataclass(frozen=True)

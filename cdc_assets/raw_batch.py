@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,8 +255,19 @@ def read_manifest(store: ObjectStore, name: str) -> BatchManifest:
         raise CdcUserError(f"Raw batch {name} has a corrupt manifest: restore raw/{name}/ from a backup.") from exc
 
 
+def read_row_slices(store: ObjectStore, manifest: BatchManifest, rows_per_slice: int) -> Iterator[pa.Table]:
+    """The batch's rows, checked against the manifest's digest, decoded `rows_per_slice` rows at a time."""
+    data = _checked_data(store, manifest)
+    for batch in pq.ParquetFile(io.BytesIO(data)).iter_batches(batch_size=rows_per_slice):
+        yield pa.Table.from_batches([batch])
+
+
 def read_rows(store: ObjectStore, manifest: BatchManifest) -> pa.Table:
     """The batch's rows, checked against the manifest's digest."""
+    return pq.read_table(io.BytesIO(_checked_data(store, manifest)))
+
+
+def _checked_data(store: ObjectStore, manifest: BatchManifest) -> bytes:
     try:
         data = store.get(_key(manifest.name, DATA_FILE))
     except MissingObject as exc:
@@ -268,4 +280,4 @@ def read_rows(store: ObjectStore, manifest: BatchManifest) -> pa.Table:
             f"Raw batch {manifest.name} is corrupt (its data does not match the manifest's SHA-256): "
             f"restore raw/{manifest.name}/ from a backup."
         )
-    return pq.read_table(io.BytesIO(data))
+    return data

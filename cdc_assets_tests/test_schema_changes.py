@@ -218,3 +218,35 @@ def test_snapshot_table_altered_before_its_first_row_change(cdc: CdcEnv) -> None
     assert cdc.sync() == 0
     assert [(r["id"], r["note"]) for r in _current(cdc, "s")] == [(1, "n"), (2, "n")]
     _assert_equal_to_source(cdc)
+
+
+def test_a_transaction_larger_than_a_spark_job_and_a_merge_is_taken_in_parts(cdc: CdcEnv, monkeypatch) -> None:
+    """Item 5 at a small scale: one transaction larger than what capture keeps in memory, than one Spark
+    job of the change-log stage and than one merge of the current-state stage."""
+    from cdc_assets import current_state
+    from cdc_assets.assets import changes
+
+    monkeypatch.setattr(changes, "MAX_ROWS_PER_JOB", 7)
+    monkeypatch.setattr(current_state, "MAX_CHANGES_PER_MERGE", 5)
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "4")
+    cdc.execute("CREATE TABLE h (id INT PRIMARY KEY, v INT)", "CREATE TABLE k (v INT)")
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.executemany("INSERT INTO h VALUES (%s, %s)", [(i, i) for i in range(40)])
+        cur.executemany("INSERT INTO k VALUES (%s)", [(i % 3,) for i in range(12)])
+        cur.execute("COMMIT")
+    cdc.execute(
+        "ALTER TABLE h ADD w INT NOT NULL DEFAULT 5",
+        "UPDATE h SET v = v * 10, w = id WHERE id % 2 = 0",  # one transaction of 20 changes
+        "UPDATE h SET id = id + 100 WHERE id < 6",  # key changes
+        "DELETE FROM k WHERE v = 1 LIMIT 3",
+    )
+    assert cdc.sync() == 0
+    _assert_equal_to_source(cdc)
+    cdc.execute("UPDATE h SET w = w + 1", "TRUNCATE h", "INSERT INTO h VALUES (1, 1, 1), (2, 2, 2)", "UPDATE k SET v = 7")
+    assert cdc.sync() == 0
+    _assert_equal_to_source(cdc)
+    assert len(_current(cdc, "h")) == 2
+    appends = [c for c in open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "h")), None).history()
+               if c.get("operation") == "WRITE"]
+    assert len(appends) > 3  # the 40-row transaction went in several slices

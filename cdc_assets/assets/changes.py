@@ -2,7 +2,7 @@
 
 import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +13,7 @@ from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, Me
 from cdc_assets.assets.raw import raw_binlog_batches
 from cdc_assets.change_log import DDL_COLUMN, AppendResult, append_changes, build_change_table, concat_unified
 from cdc_assets.errors import CdcUserError
-from cdc_assets.lakehouse import Lakehouse, TableRef
+from cdc_assets.lakehouse import Lakehouse, ObjectStore, TableRef
 from cdc_assets.locks import Lease, lakehouse_lock
 from cdc_assets.partitions import run_owner, tables_partitions
 from cdc_assets.raw_batch import (
@@ -23,6 +23,7 @@ from cdc_assets.raw_batch import (
     chain_breaks,
     list_batches,
     read_manifest,
+    read_row_slices,
     read_rows,
 )
 from cdc_assets.resources import LakehouseResource
@@ -31,7 +32,7 @@ from cdc_assets.state import TableProgress, load_progress, load_registry, save_p
 from spark_resources import SparkSessionResource
 from spark_resources.transforms import keyed_changes
 
-MAX_ROWS_PER_JOB = 500_000
+MAX_ROWS_PER_JOB = 200_000  # row changes per Spark job: bounds the memory of the stage (Python and JVM)
 TABLE_KEYS_SCHEMA = pa.schema(
     [
         pa.field("batch", pa.string(), nullable=False),
@@ -216,53 +217,9 @@ def _process(
     store = lakehouse.store
     progress = {t: load_progress(store, CHANGES_STAGE, t) for t in starts}
     for chunk in _chunks(manifests):
-        versions: dict[tuple[str, int], TableVersion] = {}
-        ddl: dict[tuple[str, int], str] = {}
-        newest: dict[str, dict] = {}
-        parts, keys = [], []
-        for manifest in chunk:
-            touched = [v for v in manifest.table_versions if str(v.table) in starts]
-            truncates = [t for t in manifest.truncates() if t["table"] in starts]
-            changes = [(s, c) for s, c in manifest.schema_changes() if c["table"] in starts]
-            if not touched and not truncates and not changes:
-                continue
-            rows = read_rows(store, manifest) if touched else RAW_ROWS_SCHEMA.empty_table()
-            parts.append(rows.append_column("batch", pa.array([manifest.name] * rows.num_rows, pa.string())))
-            for version in touched:
-                versions[(manifest.name, version.id)] = version
-                keys.append({"batch": manifest.name, "table_version": version.id, "key_idx": version.key_indexes()})
-                newest[str(version.table)] = version.to_json()
-            statements: list[tuple[str, dict, TableVersion | None, dict | None]] = []
-            for statement in truncates:
-                known = newest.get(statement["table"]) or progress[statement["table"]].version
-                statements.append(("truncate", statement, TableVersion.from_json(known) if known else None, None))
-            for index, (statement, change) in enumerate(changes):
-                version = _version_of_shape(change["table"], change["after"] or change["before"])
-                own = {**statement, "seq": change.get("seq", statement["seq"])}
-                statements.append((change["action"], own, version, {**change, "index": index}))
-            for index, (op, statement, version, change) in enumerate(statements):
-                if version is None:  # a table never seen with a row or a shape: nothing to empty or reshape
-                    continue
-                version_id = TRUNCATE_VERSION_IDS - index  # batch-local ids below every real version's
-                versions[(manifest.name, version_id)] = version
-                keys.append({"batch": manifest.name, "table_version": version_id, "key_idx": version.key_indexes()})
-                parts.append(_statement_row(manifest.name, version, version_id, statement, op))
-                if change is not None:
-                    ddl[(manifest.name, version_id)] = json.dumps({"statement": statement["query"], **change})
-                    newest[str(version.table)] = version.to_json()  # also for a dropped table: its last shape
-            for table, shape in manifest.raw.get("schemas", {}).items():
-                if table in starts and shape is not None:  # the table's shape at the batch's end
-                    newest[table] = _version_of_shape(table, shape).to_json()  # type: ignore[union-attr]
-        rows = _rows_for_tables(pa.concat_tables(parts), starts) if parts else None
-        if rows is not None and rows.num_rows:
-            report.rows_in += rows.num_rows
-            keyed = keyed_changes(spark(), rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
-            for table, offset, length in _table_slices(keyed):
-                lease.check()  # on S3 a lease lost to another run means: append nothing more
-                result = _append_table(lakehouse, table, keyed.slice(offset, length), versions, ddl)
-                report.appended[str(table)] = _sum(report.appended.get(str(table)), result)
-                if log is not None:
-                    log.info(f"{table}: {result.appended} changes appended")
+        newest: dict[str, dict] = {}  # per table, the version of its newest changes taken in
+        for piece in _pieces(store, chunk, starts):
+            _take_in(lakehouse, spark, piece, starts, progress, newest, report, lease, log)
         last = chunk[-1].name
         lease.check()
         for table in starts:
@@ -275,6 +232,101 @@ def _process(
         report.batches.extend(m.name for m in chunk)
         if log is not None:
             log.info(f"change logs: {len(report.batches)} of {len(manifests)} batches done, {report.rows_in} rows")
+
+
+Piece = list[tuple[BatchManifest, pa.Table | None, tuple[int | None, int | None]]]
+
+
+def _pieces(store: ObjectStore, chunk: list[BatchManifest], starts: dict[str, str | None]) -> Iterator[Piece]:
+    """What one Spark job takes: the chunk's batches whole, or a batch too large for one job (a huge
+    transaction) in slices of MAX_ROWS_PER_JOB rows, each with the statements of its `_cdc_seq` window,
+    so appends stay in `_cdc_seq` order and memory stays bounded."""
+    touched = len(chunk) == 1 and any(str(v.table) in starts for v in chunk[0].table_versions)
+    if len(chunk) > 1 or chunk[0].rows <= MAX_ROWS_PER_JOB or not touched:
+        yield [(manifest, None, (None, None)) for manifest in chunk]
+        return
+    manifest = chunk[0]
+    slices = -(-manifest.rows // MAX_ROWS_PER_JOB)
+    low: int | None = None
+    for index, rows in enumerate(read_row_slices(store, manifest, MAX_ROWS_PER_JOB)):
+        high = None if index == slices - 1 else int(pc.max(rows.column("seq")).as_py())
+        yield [(manifest, rows, (low, high))]
+        low = high
+
+
+def _in_window(seq: int, window: tuple[int | None, int | None]) -> bool:
+    low, high = window
+    return (low is None or seq > low) and (high is None or seq <= high)
+
+
+def _take_in(
+    lakehouse: Lakehouse,
+    spark: Callable[[], Any],
+    piece: Piece,
+    starts: dict[str, str | None],
+    progress: dict[str, TableProgress],
+    newest: dict[str, dict],
+    report: ChangesReport,
+    lease: Lease,
+    log: Any | None,
+) -> None:
+    """Append the changes of one piece to the change logs of the tables in `starts` (one Spark job)."""
+    store = lakehouse.store
+    versions: dict[tuple[str, int], TableVersion] = {}
+    ddl: dict[tuple[str, int], str] = {}
+    parts, keys = [], []
+    for manifest, slice_rows, window in piece:
+        touched = [v for v in manifest.table_versions if str(v.table) in starts]
+        truncates = [t for t in manifest.truncates() if t["table"] in starts and _in_window(int(t["seq"]), window)]
+        changes = [
+            (s, c)
+            for s, c in manifest.schema_changes()
+            if c["table"] in starts and _in_window(int(c.get("seq", s["seq"])), window)
+        ]
+        if not touched and not truncates and not changes:
+            continue
+        if slice_rows is not None:
+            rows = slice_rows
+        else:
+            rows = read_rows(store, manifest) if touched else RAW_ROWS_SCHEMA.empty_table()
+        parts.append(rows.append_column("batch", pa.array([manifest.name] * rows.num_rows, pa.string())))
+        for version in touched:
+            versions[(manifest.name, version.id)] = version
+            keys.append({"batch": manifest.name, "table_version": version.id, "key_idx": version.key_indexes()})
+            newest[str(version.table)] = version.to_json()
+        statements: list[tuple[str, dict, TableVersion | None, dict | None]] = []
+        for statement in truncates:
+            known = newest.get(statement["table"]) or progress[statement["table"]].version
+            statements.append(("truncate", statement, TableVersion.from_json(known) if known else None, None))
+        for index, (statement, change) in enumerate(changes):
+            version = _version_of_shape(change["table"], change["after"] or change["before"])
+            own = {**statement, "seq": change.get("seq", statement["seq"])}
+            statements.append((change["action"], own, version, {**change, "index": index}))
+        for index, (op, statement, version, change) in enumerate(statements):
+            if version is None:  # a table never seen with a row or a shape: nothing to empty or reshape
+                continue
+            version_id = TRUNCATE_VERSION_IDS - index  # batch-local ids below every real version's
+            versions[(manifest.name, version_id)] = version
+            keys.append({"batch": manifest.name, "table_version": version_id, "key_idx": version.key_indexes()})
+            parts.append(_statement_row(manifest.name, version, version_id, statement, op))
+            if change is not None:
+                ddl[(manifest.name, version_id)] = json.dumps({"statement": statement["query"], **change})
+                newest[str(version.table)] = version.to_json()  # also for a dropped table: its last shape
+        for table, shape in manifest.raw.get("schemas", {}).items():
+            if table in starts and shape is not None:  # the table's shape at the batch's end
+                newest[table] = _version_of_shape(table, shape).to_json()  # type: ignore[union-attr]
+    rows = _rows_for_tables(pa.concat_tables(parts), starts) if parts else None
+    if rows is None or not rows.num_rows:
+        return
+    report.rows_in += rows.num_rows
+    keyed = keyed_changes(spark(), rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
+    del rows
+    for table, offset, length in _table_slices(keyed):
+        lease.check()  # on S3 a lease lost to another run means: append nothing more
+        result = _append_table(lakehouse, table, keyed.slice(offset, length), versions, ddl)
+        report.appended[str(table)] = _sum(report.appended.get(str(table)), result)
+        if log is not None:
+            log.info(f"{table}: {result.appended} changes appended")
 
 
 def _append_table(

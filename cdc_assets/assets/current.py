@@ -11,9 +11,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, MetadataValue, asset
 
+from cdc_assets import current_state
 from cdc_assets.assets.changes import table_changes, target_tables
 from cdc_assets.change_log import DDL_COLUMN, open_table
 from cdc_assets.current_state import (
+    SCHEMA_OPS,
     ApplyResult,
     PendingTable,
     apply_changes,
@@ -42,9 +44,6 @@ class CurrentReport:
     seconds: float = 0.0
 
 
-SCHEMA_OPS = ("create", "alter", "drop")
-
-
 @dataclass(frozen=True)
 class Step:
     """One thing to do to one current-state table, in `_cdc_seq` order across all tables: apply a segment
@@ -63,7 +62,7 @@ def table_steps(pending: PendingTable) -> list[Step]:
     changes = pending.changes.sort_by("_cdc_seq")
     is_schema = pc.is_in(changes.column("_cdc_op"), pa.array(SCHEMA_OPS))
     if not pc.any(is_schema).as_py():
-        return [Step(int(changes.column("_cdc_seq")[0].as_py()), 0, pending.table, segment=pending)]
+        return _segment_steps(pending, pending.version, changes)
     schema_rows = changes.filter(is_schema).to_pylist()
     events = []
     for row in schema_rows:
@@ -85,15 +84,31 @@ def table_steps(pending: PendingTable) -> list[Step]:
         if lower is not None:
             mask = pc.and_(mask, pc.greater(seqs, lower))
         part = data.filter(mask)
-        if part.num_rows:
-            segment = PendingTable(pending.table, version, part, pending.applied_seq)
-            steps.append(Step(int(part.column("_cdc_seq")[0].as_py()), 0, pending.table, segment=segment))
+        steps += _segment_steps(pending, version, part)
         if i < len(events):
             seq, rank, change, commit_ts = events[i]
             steps.append(Step(seq, 1 + rank, pending.table, change=change, commit_ts=commit_ts))
             if change.after is not None:
                 version = version_of_shape(change.after)
             lower = seq
+    return steps
+
+
+def _segment_steps(pending: PendingTable, version: TableVersion, part: pa.Table) -> list[Step]:
+    """Changes under one version: one step, or (index only) one per MAX_CHANGES_PER_MERGE changes, read later."""
+    if not part.num_rows:
+        return []
+    if not pending.index_only:
+        segment = PendingTable(pending.table, version, part, pending.applied_seq)
+        return [Step(int(part.column("_cdc_seq")[0].as_py()), 0, pending.table, segment=segment)]
+    seqs = part.column("_cdc_seq")
+    steps = []
+    size = current_state.MAX_CHANGES_PER_MERGE
+    for offset in range(0, len(seqs), size):
+        window = seqs.slice(offset, size)
+        low, high = int(window[0].as_py()), int(window[-1].as_py())
+        segment = PendingTable(pending.table, version, part.slice(0, 0), pending.applied_seq, bounds=(low, high))
+        steps.append(Step(low, 0, pending.table, segment=segment))
     return steps
 
 
@@ -179,25 +194,10 @@ def _apply(
 ) -> None:
     steps = sorted((s for p in pending for s in table_steps(p)), key=lambda s: (s.seq, s.rank))
     segments = {i: s.segment for i, s in enumerate(steps) if s.segment is not None}
-    # After a TRUNCATE only the changes that follow it decide a key's row; the rows before it go.
-    keyed = {i: p for i, p in segments.items() if p.version.primary_key}
-    latest = None
-    if keyed:
-        events = []
-        for i, p in keyed.items():
-            changes = p.changes.filter(pc.greater(p.changes.column("_cdc_seq"), p.truncate_seq or -1))
-            events.append(
-                pa.table(
-                    {
-                        "table_id": pa.array([i] * changes.num_rows, pa.int32()),
-                        "seq": changes.column("_cdc_seq"),
-                        "op": changes.column("_cdc_op"),
-                        "key": changes.column("_cdc_key"),
-                        "before_key": changes.column("_cdc_before_key"),
-                    }
-                )
-            )
-        latest = latest_change_per_key(spark(), pa.concat_tables(events))
+    # One Spark job picks the newest change per key of every part already read; a part read later (a
+    # table with millions of pending changes) gets a job of its own when its turn comes.
+    keyed = {i: p for i, p in segments.items() if p.version.primary_key and p.bounds is None}
+    latest = latest_change_per_key(spark(), pa.concat_tables([_key_events(i, p) for i, p in keyed.items()])) if keyed else None
     results: dict[str, ApplyResult] = {}
     for i, step in enumerate(steps):
         lease.check()  # on S3 a lease lost to another run means: merge nothing more
@@ -213,7 +213,14 @@ def _apply(
                 log.info(f"{step.table}: {step.change.action} at _cdc_seq {step.seq}: {done}")
             continue
         segment = segments[i]
-        if segment.version.primary_key and latest is not None:
+        if segment.bounds is not None:
+            segment = segment.load(lakehouse)
+            if segment.version.primary_key:
+                part_latest = latest_change_per_key(spark(), _key_events(i, segment))
+                result = apply_changes(lakehouse, segment, part_latest)
+            else:
+                result = apply_keyless_changes(lakehouse, segment)
+        elif segment.version.primary_key and latest is not None:
             result = apply_changes(lakehouse, segment, latest.filter(pc.equal(latest.column("table_id"), i)))
         else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
             result = apply_keyless_changes(lakehouse, segment)
@@ -224,6 +231,21 @@ def _apply(
                 f"{result.updated} updated, {result.removed} deleted ({i + 1} of {len(steps)} steps)"
             )
     report.applied.extend(results.values())
+
+
+def _key_events(table_id: int, pending: PendingTable) -> pa.Table:
+    """The part's changes as key events for latest_change_per_key. After a TRUNCATE only the changes that
+    follow it decide a key's row; the rows before it go."""
+    changes = pending.changes.filter(pc.greater(pending.changes.column("_cdc_seq"), pending.truncate_seq or -1))
+    return pa.table(
+        {
+            "table_id": pa.array([table_id] * changes.num_rows, pa.int32()),
+            "seq": changes.column("_cdc_seq"),
+            "op": changes.column("_cdc_op"),
+            "key": changes.column("_cdc_key"),
+            "before_key": changes.column("_cdc_before_key"),
+        }
+    )
 
 
 def _sum(a: ApplyResult | None, b: ApplyResult) -> ApplyResult:
