@@ -18,6 +18,7 @@ from pymysqlreplication.event import (
     MariadbGtidEvent,
     QueryEvent,
     RotateEvent,
+    XAPrepareEvent,
     XidEvent,
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
@@ -65,6 +66,7 @@ _IN_TRANSACTION_MARKER = re.compile(
 )
 # A row change of an open transaction: RAW_ROWS_SCHEMA without the seq and commit time it gets at COMMIT.
 TRANSACTION_SCHEMA = pa.schema([f for f in RAW_ROWS_SCHEMA if f.name not in ("seq", "commit_ts")])
+_XA_RESOLUTION = re.compile(r"^\s*XA\s+(COMMIT|ROLLBACK|END)\s+(.*?)\s*(ONE\s+PHASE)?\s*;?\s*$", re.IGNORECASE | re.DOTALL)
 MARIADB_GTID_STANDALONE = 0x01  # FL_STANDALONE: the group is one statement (DDL) with no COMMIT of its own
 
 
@@ -85,6 +87,31 @@ def truncated_table(query: str, default_schema: str | None) -> TableRef | None:
         return None
     schema = _identifier(match.group(1)) if match.group(1) else default_schema
     return TableRef(schema, _identifier(match.group(2))) if schema else None
+
+
+def xa_statement(query: str) -> tuple[str, str] | None:
+    """(`END`, `COMMIT` or `ROLLBACK`, the XID as the binlog writes it) of an XA statement, else None."""
+    match = _XA_RESOLUTION.match(query)
+    if match is None or match.group(3):  # XA COMMIT ... ONE PHASE is logged as a plain transaction
+        return None
+    return match.group(1).upper(), re.sub(r"\s+", "", match.group(2))
+
+
+@dataclass(frozen=True)
+class _HoldPoint:
+    """Where a batch must end while an XA transaction is prepared but not yet committed or rolled back:
+    just before it, so the next capture reads it again and finds its outcome."""
+
+    position: BinlogPosition
+    next_seq: int
+    rows: int
+    statements: int
+    transactions: int
+    gtid_state: dict[str, str]
+    first_commit_ts: int | None
+    last_commit_ts: int | None
+    schemas: dict[TableRef, TableShape]
+    changed_schemas: dict[TableRef, TableShape | None]
 
 
 def classify_query(query: str) -> str:
@@ -112,6 +139,7 @@ class BatchBuilder:
     schemas: dict[TableRef, TableShape] = field(default_factory=dict)
     table_filter: TableFilter | None = None
     chunk_rows: int = CHUNK_ROWS  # rows of a transaction or a batch held in memory; beyond it they spill to disk
+    hold_for_xa: bool = True  # False: a reader of what is committed now (no checkpoint) need not stop at a PREPARE
 
     def __post_init__(self) -> None:
         self._transaction_dir = SpoolDirectory()
@@ -119,6 +147,9 @@ class BatchBuilder:
             TRANSACTION_SCHEMA, self._transaction_dir.path / "transaction.parquet", self.chunk_rows
         )
         self._gtid: str | None = None
+        self._group_start: BinlogPosition | None = None
+        self._prepared: dict[str, RowSpool] = {}  # XA transactions prepared, not yet committed or rolled back
+        self._hold: _HoldPoint | None = None
         self._reset(self.start)
 
     def _reset(self, start: BinlogPosition) -> None:
@@ -141,9 +172,53 @@ class BatchBuilder:
     def count_event(self) -> None:
         self.events += 1
 
-    def begin(self, gtid: str | None) -> None:
+    def begin(self, gtid: str | None, at: BinlogPosition | None = None) -> None:
         self._transaction.discard()  # a transaction left open (the stream resumed mid-way) never committed
         self._gtid = gtid
+        self._group_start = at
+
+    # -- XA transactions --------------------------------------------------------------------------------
+    # MariaDB logs an XA transaction's rows when it is PREPAREd (an event group of their own), and its
+    # XA COMMIT or XA ROLLBACK later, after other transactions. Its rows count only at XA COMMIT, and
+    # get their `_cdc_seq` there; until then a batch may not end after the PREPARE.
+
+    def prepare_xa(self, xid: str) -> None:
+        if self._hold is None and self.hold_for_xa:
+            self._hold = _HoldPoint(
+                position=self._group_start or self.committed_end,
+                next_seq=self.next_seq,
+                rows=len(self._rows),
+                statements=len(self.statements),
+                transactions=self.transactions,
+                gtid_state=dict(self.gtid_state),
+                first_commit_ts=self.first_commit_ts,
+                last_commit_ts=self.last_commit_ts,
+                schemas=dict(self.schemas),
+                changed_schemas=dict(self.changed_schemas),
+            )
+        self._prepared[xid] = self._transaction
+        self._transaction = RowSpool(
+            TRANSACTION_SCHEMA, self._transaction_dir.path / f"transaction-{len(self._prepared)}.parquet", self.chunk_rows
+        )
+
+    def resolve_xa(self, xid: str, committed: bool) -> bool:
+        """The prepared transaction's rows become this group's (XA COMMIT) or go (XA ROLLBACK); False when
+        its PREPARE was never read (it lies before where capture started)."""
+        spool = self._prepared.pop(xid, None)
+        if spool is None:
+            return False
+        if committed:
+            self._transaction.discard()
+            self._transaction = spool
+        else:
+            spool.discard()
+        if not self._prepared:
+            self._hold = None
+        return True
+
+    @property
+    def holding(self) -> bool:
+        return self._hold is not None
 
     def version_of(self, table: TableRef, columns: tuple, primary_key: tuple[str, ...]) -> TableVersion:
         """The batch-local version of a table: a new id whenever its columns or key change, so a
@@ -293,15 +368,31 @@ class BatchBuilder:
         return self.rows >= self.max_rows
 
     def has_progress(self) -> bool:
-        return self.batch_start < self.committed_end
+        end = self._hold.position if self._hold is not None else self.committed_end
+        return self.batch_start < end
 
     def cut(self) -> RawBatch:
-        """The batch of everything committed since the last cut; the next batch starts where it ends."""
+        """The batch of everything committed since the last cut; the next batch starts where it ends.
+
+        With an XA transaction still prepared, the batch ends just before it (the end of a capture):
+        what follows is read again by the next capture.
+        """
+        limit = None
+        if self._hold is not None:
+            hold = self._hold
+            limit = hold.rows
+            self.committed_end, self.next_seq, self.transactions = hold.position, hold.next_seq, hold.transactions
+            self.statements = self.statements[: hold.statements]
+            self.gtid_state = hold.gtid_state
+            self.first_commit_ts, self.last_commit_ts = hold.first_commit_ts, hold.last_commit_ts
+            self.schemas, self.changed_schemas = hold.schemas, hold.changed_schemas
+            self._hold = None
+            self._prepared.clear()
         batch = RawBatch(
             start=self.batch_start,
             end=self.committed_end,
-            data_path=self._rows.finish(),
-            row_count=len(self._rows),
+            data_path=self._rows.finish(limit),
+            row_count=len(self._rows) if limit is None else limit,
             keepalive=self._batch_dir,
             table_versions=sorted(self._versions.values(), key=lambda v: v.id),
             first_seq=self.batch_first_seq,
@@ -359,6 +450,7 @@ def capture_batches(
     end: BinlogPosition,
     options: CaptureOptions,
     schemas: dict[TableRef, TableShape] | None = None,
+    hold_for_xa: bool = True,
 ) -> Iterator[RawBatch]:
     """Batches from `start` up to `end` (a transaction boundary), each ending at a boundary.
 
@@ -375,6 +467,7 @@ def capture_batches(
         server=server.to_json(),
         schemas=dict(schemas or {}),
         table_filter=options.table_filter,
+        hold_for_xa=hold_for_xa,
     )
     stream = BinLogStreamReader(
         connection_settings=url.connection_settings(),
@@ -393,11 +486,13 @@ def capture_batches(
             WriteRowsEvent,
             UpdateRowsEvent,
             DeleteRowsEvent,
+            XAPrepareEvent,
         ],  # fmt: skip
         enable_logging=False,
     )
     versions: dict[int, TableVersion | None] = {}  # binlog table_id -> version, None when filtered out
     in_transaction = False  # between BEGIN (or a non-standalone MariaDB GTID) and its COMMIT / Xid
+    xa_id: str | None = None  # the XID of the XA transaction being read (from its XA END)
     try:
         for event in stream:
             if isinstance(event, RotateEvent):
@@ -412,7 +507,7 @@ def capture_batches(
             builder.count_event()
             boundary = False
             if isinstance(event, MariadbGtidEvent | GtidEvent):
-                builder.begin(event.gtid)
+                builder.begin(event.gtid, BinlogPosition(log_file, end_pos - event.packet.event_size))
                 flags = getattr(event, "flags", MARIADB_GTID_STANDALONE) if isinstance(event, MariadbGtidEvent) else 1
                 in_transaction = not flags & MARIADB_GTID_STANDALONE
             elif isinstance(event, TableMapEvent):
@@ -442,9 +537,18 @@ def capture_batches(
                         builder.row_change(version, "update", before, after)
             elif isinstance(event, XidEvent):
                 boundary = True
+            elif isinstance(event, XAPrepareEvent):
+                if xa_id is not None and not event.one_phase:
+                    builder.prepare_xa(xa_id)
+                boundary = True
             elif isinstance(event, QueryEvent):
                 query = _decode(event.query) or ""
                 kind = classify_query(query)
+                xa = xa_statement(query)
+                if xa is not None and xa[0] == "END":
+                    xa_id = xa[1]
+                elif xa is not None:
+                    builder.resolve_xa(xa[1], committed=xa[0] == "COMMIT")
                 if kind == "begin":
                     in_transaction = True
                 elif kind == "end":
@@ -459,7 +563,7 @@ def capture_batches(
                 builder.commit(position, int(event.timestamp))
                 if not position < end:
                     break
-                if builder.is_full():
+                if builder.is_full() and not builder.holding:
                     yield builder.cut()
         else:
             # The stream ran dry before a transaction ended at or after `end`: what lies between the

@@ -265,8 +265,8 @@ def _scan_binlog(
     only = TableFilter(tuple(_literal_glob(str(t.table)) for t in captured), base.exclude)
     options = CaptureOptions(only, verify_server_id(binlog.server_id, server.server_id), binlog.max_batch_rows)
     for batch in capture_batches(
-        binlog.url(), server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, position, options
-    ):
+        binlog.url(), server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, position, options, hold_for_xa=False
+    ):  # every transaction committed by now is in flight, also those after an XA PREPARE not yet decided
         _collect(batch.rows, {v.id: v for v in batch.table_versions}, batch.statements, captured)
 
 

@@ -88,15 +88,31 @@ class RowSpool:
         if self.buffered:
             yield self._buffer()
 
-    def finish(self) -> Path:
-        """The spool as one Parquet file at `path` (also when it has no row at all)."""
+    def finish(self, limit: int | None = None) -> Path:
+        """The spool (its first `limit` rows) as one Parquet file at `path`, also when it has no row at all."""
         self.flush()
         if self._writer is None:
             pq.write_table(self.schema.empty_table(), self.path, compression="zstd")
         else:
             self._writer.close()
             self._writer = None
+        if limit is not None and limit < len(self):
+            self._truncate(limit)
         return self.path
+
+    def _truncate(self, limit: int) -> None:
+        kept = self.path.with_name(self.path.name + ".kept")
+        with pq.ParquetWriter(kept, self.schema, compression="zstd") as writer:
+            parquet = pq.ParquetFile(self.path)
+            left = limit
+            for group in range(parquet.num_row_groups):
+                if left <= 0:
+                    break
+                table = parquet.read_row_group(group).slice(0, left)
+                writer.write_table(table, row_group_size=self.chunk_rows)
+                left -= table.num_rows
+        kept.replace(self.path)
+        self.spilled, self.buffered = limit, 0
 
     def discard(self) -> None:
         if self._writer is not None:

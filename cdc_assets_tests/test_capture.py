@@ -123,3 +123,48 @@ def test_a_transaction_larger_than_memory_spills_and_keeps_order() -> None:
     assert rows.column("after").to_pylist() == [["small"]] + [[str(i + 1)] for i in range(25)]
     assert [t.timestamp() for t in rows.column("commit_ts").to_pylist()] == [10.0] + [20.0] * 25
     assert rows.column("gtid").to_pylist() == ["0-1-2"] + ["0-1-3"] * 25
+
+
+def test_an_xa_transaction_counts_at_its_commit_and_holds_the_batch_end_until_then() -> None:
+    builder, version = _builder(max_rows=1)
+    builder.begin("0-1-3", BinlogPosition("b.000001", 100))  # XA START ... XA END ... XA PREPARE
+    builder.row_change(version, "insert", None, ["xa"])
+    builder.prepare_xa("X'7831',X'',1")
+    builder.commit(BinlogPosition("b.000001", 200), 5)
+    builder.begin("0-1-4", BinlogPosition("b.000001", 200))  # another transaction commits meanwhile
+    builder.row_change(version, "insert", None, ["plain"])
+    builder.commit(BinlogPosition("b.000001", 300), 6)
+    assert builder.is_full() and builder.holding  # no batch may end between the PREPARE and its outcome
+    builder.begin("0-1-5", BinlogPosition("b.000001", 300))
+    assert builder.resolve_xa("X'7831',X'',1", committed=True)
+    builder.commit(BinlogPosition("b.000001", 400), 7)
+    batch = builder.cut()
+    assert batch.rows.column("after").to_pylist() == [["plain"], ["xa"]]  # in commit order
+    assert batch.rows.column("seq").to_pylist() == [10, 11]
+    assert [t.timestamp() for t in batch.rows.column("commit_ts").to_pylist()] == [6.0, 7.0]
+
+    builder.begin("0-1-6", BinlogPosition("b.000001", 400))
+    builder.row_change(version, "insert", None, ["rolled back"])
+    builder.prepare_xa("X'7832',X'',1")
+    builder.commit(BinlogPosition("b.000001", 500), 8)
+    builder.begin("0-1-7", BinlogPosition("b.000001", 500))
+    assert builder.resolve_xa("X'7832',X'',1", committed=False)
+    builder.commit(BinlogPosition("b.000001", 600), 9)
+    assert not builder.holding and builder.cut().row_count == 0
+
+
+def test_a_capture_ending_while_an_xa_transaction_is_prepared_stops_just_before_it() -> None:
+    builder, version = _builder(max_rows=100)
+    builder.begin("0-1-1", BinlogPosition("b.000001", 4))
+    builder.row_change(version, "insert", None, ["first"])
+    builder.commit(BinlogPosition("b.000001", 100), 1)
+    builder.begin("0-1-2", BinlogPosition("b.000001", 100))
+    builder.row_change(version, "insert", None, ["prepared"])
+    builder.prepare_xa("X'01',X'',1")
+    builder.commit(BinlogPosition("b.000001", 200), 2)
+    builder.begin("0-1-3", BinlogPosition("b.000001", 200))
+    builder.row_change(version, "insert", None, ["after it"])
+    builder.commit(BinlogPosition("b.000001", 300), 3)
+    batch = builder.cut()
+    assert batch.end == BinlogPosition("b.000001", 100) and batch.end_gtid == "0-1-1"
+    assert batch.rows.column("after").to_pylist() == [["first"]] and (batch.first_seq, batch.next_seq) == (10, 11)

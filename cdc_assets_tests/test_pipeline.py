@@ -341,3 +341,29 @@ def test_change_log_metadata(cdc: CdcEnv) -> None:
     current = read_current(cdc.lakehouse, TableRef(cdc.database, "m")).to_pylist()
     one = next(r for r in current if r["id"] == 1)
     assert (one["v"], one["_cdc_seq"], one["_cdc_commit_ts"]) == (10, rows[2]["_cdc_seq"], rows[2]["_cdc_commit_ts"])
+
+
+def test_xa_transactions_count_at_their_commit(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE x (id INT PRIMARY KEY, v VARCHAR(10))", "INSERT INTO x VALUES (1, 'one')")
+    preparer = cdc.admin()
+    with preparer.cursor() as cur:
+        for statement in ("XA START 'a'", "INSERT INTO x VALUES (2, 'xa')", "UPDATE x SET v = 'by xa' WHERE id = 1",
+                          "XA END 'a'", "XA PREPARE 'a'"):  # fmt: skip
+            cur.execute(statement)
+    cdc.execute("INSERT INTO x VALUES (3, 'plain')")
+    # Prepared, not committed: the source shows neither row 2 nor the update, and neither does the lakehouse,
+    # whose capture stops just before the PREPARE (row 3, committed after it, is in flight until the outcome).
+    assert cdc.sync() == 0
+    assert [d.describe() for d in cdc.verify() if not d.ok] == []
+    assert sorted(r["id"] for r in read_current(cdc.lakehouse, TableRef(cdc.database, "x")).to_pylist()) == [1]
+    preparer.close()  # a prepared XA transaction outlives its connection; another one commits it
+    cdc.execute("XA COMMIT 'a'")
+    cdc.execute(
+        "XA START 'b'", "INSERT INTO x VALUES (4, 'gone')", "XA END 'b'", "XA PREPARE 'b'", "XA ROLLBACK 'b'",
+        "XA START 'c'", "INSERT INTO x VALUES (5, 'one phase')", "XA END 'c'", "XA COMMIT 'c' ONE PHASE",
+    )  # fmt: skip
+    assert cdc.sync() == 0
+    _assert_all_equal(cdc, expected_tables=1)
+    rows = {r["id"]: r["v"] for r in read_current(cdc.lakehouse, TableRef(cdc.database, "x")).to_pylist()}
+    assert rows == {1: "by xa", 2: "xa", 3: "plain", 5: "one phase"}
+    assert duplicate_seqs(cdc.lakehouse) == {} and batch_chain_breaks(cdc.lakehouse) == []
