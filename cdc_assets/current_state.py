@@ -26,7 +26,7 @@ from cdc_assets.change_log import (
 from cdc_assets.ddl import Default, SchemaChange, TableShape
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import CHANGES, CURRENT, Lakehouse, TableRef
-from cdc_assets.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
+from cdc_assets.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.raw_batch import TableVersion
 
 APPLIED_SEQ_KEY = "cdc_applied_seq"
@@ -342,12 +342,13 @@ def reshape_rows(
     """Current-state rows of the table before an ALTER, as the ALTER leaves them: renamed columns keep
     their values, dropped ones go, added ones take their default, modified ones are converted."""
     schema = current_schema(after)
+    before = {c.name: c for c in change.before.columns} if change.before is not None else {}
     arrays = []
     for spec in after.columns:
         old = None if spec.name in change.defaults else change.renames.get(spec.name, spec.name)
         if old is not None and old in rows.column_names:
             try:
-                arrays.append(pc.cast(rows.column(old), arrow_type(spec)))
+                arrays.append(convert_column(rows.column(old), before.get(old), spec))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                 raise CdcUserError(
                     f"{table}: column {old} cannot be converted to {arrow_type(spec)} as the source's ALTER TABLE did "
@@ -364,6 +365,37 @@ def reshape_rows(
     return pa.Table.from_arrays(
         [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema
     )
+
+
+def _truncated_time(text: str | None, fsp: int) -> str | None:
+    """A TIME text at fewer or more fractional digits: extra digits are cut, as MariaDB's ALTER TABLE does."""
+    if text is None:
+        return None
+    negative = text.startswith("-")
+    clock, _, fraction = text.lstrip("-").partition(".")
+    hours, minutes, seconds = (int(p) for p in clock.split(":"))
+    unit = 10 ** (6 - fsp)
+    micros = ((hours * 60 + minutes) * 60 + seconds) * 1_000_000 + int((fraction or "0").ljust(6, "0")[:6]) // unit * unit
+    return format_time(dt.timedelta(microseconds=-micros if negative else micros), fsp)
+
+
+def convert_column(values: pa.ChunkedArray | pa.Array, old: ColumnSpec | None, new: ColumnSpec) -> pa.Array:
+    """A column's values after MODIFY COLUMN, converted to the new type as the server converts them:
+    fractional seconds beyond the new precision are cut (MariaDB), decimals are rounded to the new scale."""
+    target = arrow_type(new)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+    if old is None or old == new:
+        return values.cast(target)
+    if new.type == "time" and old.type == "time":
+        return pa.array([_truncated_time(v, new.fsp) for v in values.to_pylist()], pa.string())
+    if new.type in ("datetime", "timestamp") and pa.types.is_timestamp(values.type) and new.fsp < old.fsp:
+        unit = 10 ** (6 - new.fsp)
+        cut = [None if v is None else v.replace(microsecond=v.microsecond // unit * unit) for v in values.to_pylist()]
+        return pa.array(cut, values.type).cast(target)
+    if new.type == "decimal" and pa.types.is_decimal(values.type) and (new.scale or 0) < values.type.scale:
+        values = pc.round(values, ndigits=new.scale or 0, round_mode="half_away_from_zero")
+    return pc.cast(values, target)
 
 
 def _replace_current(lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int) -> None:

@@ -97,3 +97,28 @@ def test_zero_dates_where_the_server_allows_them(cdc: CdcEnv) -> None:
     results = cdc.verify()
     assert [r.describe() for r in results if not r.ok] == []
     assert synced == 0
+
+
+def test_edge_values_survive_schema_changes(cdc: CdcEnv) -> None:
+    """The edge rows, then ALTERs that widen, re-time, rename, drop and add columns of many types."""
+    cdc.execute(EDGE_TABLE)
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SET SESSION time_zone = '+05:30'")  # as the rows were written for
+        cur.execute("SET NAMES utf8mb4")
+        for row in ROWS:
+            cur.execute(f"INSERT INTO edges VALUES {row}".replace("%", "%%"))
+    assert cdc.sync() == 0
+    cdc.execute(
+        "ALTER TABLE edges MODIFY i8 BIGINT, MODIFY u32 BIGINT UNSIGNED, MODIFY d5 DECIMAL(20,2), "
+        "MODIFY f DOUBLE, MODIFY t6 TIME(2), MODIFY t0 TIME(3), MODIFY dt6 DATETIME(1), MODIFY ts0 TIMESTAMP(6) NULL, "
+        "MODIFY l1 VARCHAR(40) CHARACTER SET latin1, MODIFY e ENUM('a','b','c 🚀','d'), "
+        "RENAME COLUMN emoji TO smile, DROP COLUMN geo, DROP COLUMN d65, "
+        "ADD COLUMN extra SET('p','q') NOT NULL DEFAULT 'q' AFTER id, ADD COLUMN big DECIMAL(38,10) DEFAULT -0.5",
+        "UPDATE edges SET e = 'd', smile = '🚀🚀' WHERE id = 2",
+        "INSERT INTO edges (id, extra, i8, smile) VALUES (99, 'p', -9223372036854775808, 'new')",
+    )
+    synced = cdc.sync()
+    results = cdc.verify()
+    assert [r.describe() for r in results if not r.ok] == []
+    assert synced == 0
+    assert [(str(r.table), r.compared_rows) for r in results] == [(f"{cdc.database}.edges", len(ROWS) + 1)]
