@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.local/dagster_home
 SPARK_CONNECT_PORT ?= 15002
 
-.PHONY: demo test dev workload lint system-deps install local-source-start local-source-stop clean
+.PHONY: demo test dev bench workload lint system-deps install local-source-start local-source-stop clean
 
 ## System packages: a MariaDB server (run as our own dedicated instance) and a Java 17+ runtime for Spark.
 system-deps:
@@ -38,6 +38,11 @@ test: install
 	$(BIN)/ruff check cdc_assets cdc_assets_tests spark_resources benchmarks
 	$(BIN)/dagster definitions validate -w workspace.yaml
 	$(BIN)/pytest cdc_assets_tests
+
+## Benchmarks (not tests): workload (a) captured by the tutorial baseline and by cdc-lakehouse, medians of 3
+## runs and their ratios, on a dedicated MariaDB under .local/bench. See benchmarks/README.md.
+bench: install
+	$(BIN)/python -m benchmarks.run
 
 ## The UI and the daemon (schedules, sensors, freshness). Runs share one long-lived Spark Connect server, so
 ## no run pays for a JVM start; set CDC_SPARK_MASTER to use another Spark. `make workload` writes to the source.

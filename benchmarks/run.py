@@ -1,0 +1,143 @@
+"""`make bench`: workload (a) captured by the tutorial baseline and by cdc-lakehouse, side by side.
+
+    .venv/bin/python -m benchmarks.run [--runs 3] [--tables 200] [--rows-per-table 1000] [--oltp 50000]
+
+Every figure is the median of `--runs` runs on the same binlog, each run in a fresh child process (so
+its peak RSS is its own) writing to a fresh directory. Ratios are cdc-lakehouse against the baseline
+run in the same invocation: for speeds, above 1 is faster; for end to end, the time from binlog to
+verified current-state Delta tables over the baseline's time for capture alone (at most 1.0 is the target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.workloads import SCHEMA, fresh_server, mixed_tables
+
+READER_SERVER_ID = 4242
+
+_PEAK = (
+    "import resource, json\n"
+    "out['peak_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+    "print('RESULT ' + json.dumps(out))\n"
+)
+BASELINE = (
+    "import os, pathlib\n"
+    "from benchmarks.baseline import run_baseline\n"
+    "from cdc_assets.settings import MySQLUrl\n"
+    "url = MySQLUrl.parse(os.environ['CDC_MYSQL_URL'])\n"
+    "r = run_baseline(url.connection_settings(), {server_id}, pathlib.Path(os.environ['OUT_DIR']))\n"
+    "out = {{'rows': r.row_changes, 'seconds': r.seconds}}\n"
+)
+CAPTURE = (
+    "import os, time\n"
+    "from cdc_assets.lakehouse import Lakehouse\n"
+    "from cdc_assets.resources import BinlogResource\n"
+    "began = time.monotonic()\n"
+    "binlog = BinlogResource(mysql_url=os.environ['CDC_MYSQL_URL'], tables='{schema}.*', server_id={server_id})\n"
+    "report = binlog.capture(Lakehouse(os.environ['OUT_DIR']))\n"
+    "out = {{'rows': report.rows, 'seconds': time.monotonic() - began, 'batches': len(report.batches)}}\n"
+)
+
+
+def _child(code: str, env: dict[str, str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", code + _PEAK], env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise SystemExit(f"a benchmark run failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.rsplit("RESULT ", 1)[1])
+
+
+def _end_to_end(env: dict[str, str]) -> dict:
+    """`cdc-lakehouse sync` then `verify` from an empty lakehouse: seconds until verified equal."""
+    cli = str(Path(sys.executable).parent / "cdc-lakehouse")
+    began = time.monotonic()
+    sync = subprocess.run([cli, "sync"], env=env, capture_output=True, text=True, timeout=3600)
+    synced = time.monotonic() - began
+    verify = subprocess.run([cli, "verify"], env=env, capture_output=True, text=True, timeout=3600)
+    if sync.returncode != 0 or verify.returncode != 0:
+        raise SystemExit(f"end to end failed:\n{sync.stdout[-2000:]}{sync.stderr[-2000:]}{verify.stdout[-2000:]}")
+    return {"seconds": time.monotonic() - began, "sync_seconds": synced, "verified": verify.stdout.strip().splitlines()[-1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tables", type=int, default=200)
+    parser.add_argument("--rows-per-table", type=int, default=1_000)
+    parser.add_argument("--oltp", type=int, default=50_000)
+    args = parser.parse_args()
+
+    server = fresh_server()
+    began = time.monotonic()
+    workload = mixed_tables(server, args.tables, args.rows_per_table, args.oltp)
+    print(
+        f"workload (a): {workload.row_changes} row changes ({workload.bulk_rows} bulk-inserted, "
+        f"{workload.oltp_transactions} single-row transactions) across {workload.tables} tables, "
+        f"generated in {time.monotonic() - began:.0f} s",
+        flush=True,
+    )
+    base_env = {
+        **os.environ,
+        "CDC_MYSQL_URL": server.reader_url(),
+        "CDC_TABLES": f"{SCHEMA}.*",
+        "CDC_SERVER_ID": str(READER_SERVER_ID),
+        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
+    }
+    runs: dict[str, list[dict]] = {"baseline": [], "capture": [], "end_to_end": []}
+    for i in range(args.runs):
+        for name, code in (("baseline", BASELINE), ("capture", CAPTURE)):
+            out = tempfile.mkdtemp(prefix=f"cdc-bench-{name}-")
+            result = _child(code.format(server_id=READER_SERVER_ID, schema=SCHEMA), {**base_env, "OUT_DIR": out})
+            runs[name].append(result)
+            print(f"  run {i + 1} {name:10s} {result['rows']} rows in {result['seconds']:.1f} s, peak {result['peak_mb']:.0f} MB", flush=True)
+        lakehouse = tempfile.mkdtemp(prefix="cdc-bench-e2e-")
+        result = _end_to_end({**base_env, "CDC_LAKEHOUSE": lakehouse, "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-dh-")})
+        runs["end_to_end"].append(result)
+        print(f"  run {i + 1} end to end {result['seconds']:.1f} s ({result['verified']})", flush=True)
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    base_rate = median("baseline", "rows") / median("baseline", "seconds")
+    ours_rate = median("capture", "rows") / median("capture", "seconds")
+    rows = [
+        ("capture: row changes/s", f"{base_rate:,.0f}", f"{ours_rate:,.0f}", f"{ours_rate / base_rate:.2f}x", "≥ 3x"),
+        (
+            "capture: seconds",
+            f"{median('baseline', 'seconds'):.1f}",
+            f"{median('capture', 'seconds'):.1f}",
+            f"{median('capture', 'seconds') / median('baseline', 'seconds'):.2f}",
+            "",
+        ),
+        (
+            "capture: peak RSS (MB)",
+            f"{median('baseline', 'peak_mb'):.0f}",
+            f"{median('capture', 'peak_mb'):.0f}",
+            f"{median('capture', 'peak_mb') / median('baseline', 'peak_mb'):.2f}",
+            "≤ 300 MB",
+        ),
+        (
+            "end to end, binlog to verified Delta tables (s) vs baseline capture alone",
+            f"{median('baseline', 'seconds'):.1f}",
+            f"{median('end_to_end', 'seconds'):.1f}",
+            f"{median('end_to_end', 'seconds') / median('baseline', 'seconds'):.2f}",
+            "≤ 1.0",
+        ),
+    ]
+    print(f"\nmedians of {args.runs} runs, workload (a), {workload.row_changes} row changes")
+    print("| figure | baseline | cdc-lakehouse | ratio | target |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
