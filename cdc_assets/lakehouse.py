@@ -79,6 +79,11 @@ class LocalStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # the rename itself is durable before the manifest that makes the batch visible
+        finally:
+            os.close(dir_fd)
 
     def get(self, key: str) -> bytes:
         try:
