@@ -24,7 +24,7 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from cdc_assets import mysql_charsets
-from cdc_assets.ddl import DdlParseError, SchemaChange, TableShape, same_layout, schema_changes, shape_json
+from cdc_assets.ddl import SchemaChange, TableShape, same_layout, schema_changes, shape_json
 from cdc_assets.lakehouse import TableRef
 from cdc_assets.mysql_types import column_from_binlog, encode_binlog_value
 from cdc_assets.positions import FIRST_SEQ, BinlogPosition
@@ -275,7 +275,7 @@ class BatchBuilder:
             return
         try:
             changes, problem = schema_changes(query, schema, self.schemas), None
-        except (DdlParseError, IndexError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - never stall capture on a statement: the row events still tell the shape
             changes, problem = [], f"{type(exc).__name__}: {exc}"
         changes = [self._filtered(c) for c in changes if self._wanted(c.table)]
         in_scope = not schema or self.table_filter is None or self.table_filter.matches_schema(schema)

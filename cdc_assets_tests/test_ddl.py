@@ -161,3 +161,11 @@ def test_a_shape_no_statement_explained_becomes_an_alter_of_its_own() -> None:
     # a difference that does not change the Delta columns (a charset, say) is no schema change
     builder.version_of(T, (widened[0], ColumnSpec("name", "varchar", charset="latin1"), widened[2]), ("id",))
     assert len(builder.statements) == 1
+
+
+def test_a_statement_the_parser_cannot_read_is_recorded_not_fatal() -> None:
+    builder = BatchBuilder(start=BinlogPosition("f.000001", 4), schemas={T: BASE})
+    builder.statement("shop", "ALTER TABLE t MODIFY")  # cut short: no column
+    [entry] = builder.statements
+    assert entry["kind"] == "ddl" and "unparsed" in entry and "changes" not in entry
+    assert builder.schemas[T] == BASE
