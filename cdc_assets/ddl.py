@@ -477,16 +477,11 @@ class SchemaChange:
     renamed_to: TableRef | None = None
 
     def to_json(self) -> dict[str, Any]:
-        def shape(s: TableShape | None) -> dict[str, Any] | None:
-            if s is None:
-                return None
-            return {"columns": [c.to_json() for c in s.columns], "primary_key": list(s.primary_key)}
-
         return {
             "table": str(self.table),
             "action": self.action,
-            "before": shape(self.before),
-            "after": shape(self.after),
+            "before": shape_json(self.before),
+            "after": shape_json(self.after),
             "renames": self.renames,
             "defaults": {k: v.to_json() for k, v in self.defaults.items()},
             "renamed_from": str(self.renamed_from) if self.renamed_from else None,
@@ -498,9 +493,7 @@ class SchemaChange:
         table = TableRef.parse(d["table"])
 
         def shape(s: dict[str, Any] | None) -> TableShape | None:
-            if s is None:
-                return None
-            return TableShape(table, tuple(ColumnSpec.from_json(c) for c in s["columns"]), tuple(s["primary_key"]))
+            return shape_from_json(table, s)
 
         return SchemaChange(
             table=table,

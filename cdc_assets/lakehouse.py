@@ -10,9 +10,10 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from cdc_assets.errors import CdcUserError
 
@@ -46,13 +47,15 @@ class LocalStore:
     def _path(self, key: str) -> Path:
         return self.root / key
 
-    def put(self, key: str, data: bytes) -> None:
+    def _write_atomically(self, key: str, write: Callable[[BinaryIO], None]) -> None:
+        """Write to a temporary file, fsync it, rename it into place and fsync the directory: a reader sees
+        the old object or the whole new one, and a crash after return loses neither."""
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                write(f)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -65,25 +68,13 @@ class LocalStore:
         finally:
             os.close(dir_fd)
 
+    def put(self, key: str, data: bytes) -> None:
+        self._write_atomically(key, lambda f: f.write(data))
+
     def put_file(self, key: str, path: Path) -> None:
         """A local file's content under `key`, atomically (copied in blocks, never whole in memory)."""
-        target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out, path.open("rb") as source:
-                shutil.copyfileobj(source, out, 1 << 20)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself is durable before the manifest that makes the batch visible
-        finally:
-            os.close(dir_fd)
+        with path.open("rb") as source:
+            self._write_atomically(key, lambda f: shutil.copyfileobj(source, f, 1 << 20))
 
     def get(self, key: str) -> bytes:
         try:
