@@ -143,9 +143,8 @@ class BatchBuilder:
 
     def __post_init__(self) -> None:
         self._transaction_dir = SpoolDirectory()
-        self._transaction = RowSpool(
-            TRANSACTION_SCHEMA, self._transaction_dir.path / "transaction.parquet", self.chunk_rows
-        )
+        self._spools_made = 0
+        self._transaction = self._new_transaction_spool()
         self._gtid: str | None = None
         self._group_start: BinlogPosition | None = None
         self._prepared: dict[str, RowSpool] = {}  # XA transactions prepared, not yet committed or rolled back
@@ -163,6 +162,7 @@ class BatchBuilder:
         self._latest: dict[TableRef, TableVersion] = {}
         self.statements: list[dict[str, Any]] = []
         self.changed_schemas: dict[TableRef, TableShape | None] = {}
+        self._awaiting_commit_ts: list[dict[str, Any]] = []
         self.events = 0
         self.transactions = 0
         self.first_commit_ts: int | None = None
@@ -197,9 +197,13 @@ class BatchBuilder:
                 changed_schemas=dict(self.changed_schemas),
             )
         self._prepared[xid] = self._transaction
-        self._transaction = RowSpool(
-            TRANSACTION_SCHEMA, self._transaction_dir.path / f"transaction-{len(self._prepared)}.parquet", self.chunk_rows
-        )
+        self._transaction = self._new_transaction_spool()
+
+    def _new_transaction_spool(self) -> RowSpool:
+        """A spool for an open transaction's rows, in a file of its own (prepared XA ones live on beside it)."""
+        self._spools_made += 1
+        path = self._transaction_dir.path / f"transaction-{self._spools_made}.parquet"
+        return RowSpool(TRANSACTION_SCHEMA, path, self.chunk_rows)
 
     def resolve_xa(self, xid: str, committed: bool) -> bool:
         """The prepared transaction's rows become this group's (XA COMMIT) or go (XA ROLLBACK); False when
@@ -237,7 +241,7 @@ class BatchBuilder:
         or one applied in a way we did not foresee) becomes an `alter` of its own, at this point."""
         known = self.schemas.get(shape.table)
         if known is not None and not same_layout(known, shape):
-            self._record_ddl(None, None, "", [SchemaChange(shape.table, "alter", known, shape)], None)
+            self._record_ddl(None, None, [SchemaChange(shape.table, "alter", known, shape)], None)
         elif known != shape:
             self._set_shape(shape.table, shape)
 
@@ -280,13 +284,12 @@ class BatchBuilder:
         changes = [self._filtered(c) for c in changes if self._wanted(c.table)]
         in_scope = not schema or self.table_filter is None or self.table_filter.matches_schema(schema)
         if changes or in_scope:
-            self._record_ddl(schema, redacted, "ddl", changes, commit_ts, problem)
+            self._record_ddl(schema, redacted, changes, commit_ts, problem)
 
     def _filtered(self, change: SchemaChange) -> SchemaChange:
         """A rename to or from a table that is not captured is a plain create or drop."""
-        if change.renamed_from is not None and not self._wanted(change.renamed_from):
-            return SchemaChange(change.table, change.action, change.before, change.after)
-        if change.renamed_to is not None and not self._wanted(change.renamed_to):
+        partner = change.renamed_from or change.renamed_to
+        if partner is not None and not self._wanted(partner):
             return SchemaChange(change.table, change.action, change.before, change.after)
         return change
 
@@ -296,6 +299,8 @@ class BatchBuilder:
         entry: dict[str, Any] = {"seq": str(seq), "schema": schema, "query": query, "gtid": self._gtid, "kind": kind}
         if commit_ts is not None:
             entry["commit_ts"] = commit_ts
+        else:
+            self._awaiting_commit_ts.append(entry)
         self.statements.append(entry)
         return entry
 
@@ -303,7 +308,6 @@ class BatchBuilder:
         self,
         schema: str | None,
         query: str | None,
-        kind: str,
         changes: list[SchemaChange],
         commit_ts: int | None,
         problem: str | None = None,
@@ -323,8 +327,9 @@ class BatchBuilder:
 
     def commit(self, end: BinlogPosition, commit_ts: int) -> None:
         """The transaction ending at `end` committed at `commit_ts` (epoch seconds)."""
-        for entry in self.statements:
-            entry.setdefault("commit_ts", commit_ts)  # an implicit change learns its commit time here
+        for entry in self._awaiting_commit_ts:  # an implicit change learns its commit time here
+            entry["commit_ts"] = commit_ts
+        self._awaiting_commit_ts.clear()
         if len(self._transaction):
             self.transactions += 1
             if self.first_commit_ts is None:

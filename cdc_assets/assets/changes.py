@@ -298,10 +298,10 @@ def _take_in(
         for statement in truncates:
             known = newest.get(statement["table"]) or progress[statement["table"]].version
             statements.append(("truncate", statement, TableVersion.from_json(known) if known else None, None))
-        for index, (statement, change) in enumerate(changes):
+        for statement, change in changes:
             version = _version_of_shape(change["table"], change["after"] or change["before"])
             own = {**statement, "seq": change.get("seq", statement["seq"])}
-            statements.append((change["action"], own, version, {**change, "index": index}))
+            statements.append((change["action"], own, version, change))
         for index, (op, statement, version, change) in enumerate(statements):
             if version is None:  # a table never seen with a row or a shape: nothing to empty or reshape
                 continue

@@ -49,8 +49,7 @@ class Step:
     """One thing to do to one current-state table, in `_cdc_seq` order across all tables: apply a segment
     of changes (all under one table version) or a schema change."""
 
-    seq: int
-    rank: int  # at one seq: statement order (a RENAME creates the new table before dropping the old)
+    seq: int  # unique: a segment's first change, or the schema change's own (a RENAME's create comes first)
     table: TableRef
     segment: PendingTable | None = None
     change: SchemaChange | None = None
@@ -68,15 +67,15 @@ def table_steps(pending: PendingTable) -> list[Step]:
     for row in schema_rows:
         detail = json.loads(row[DDL_COLUMN])
         events.append(
-            (row["_cdc_seq"], int(detail.get("index", 0)), SchemaChange.from_json(detail), row["_cdc_commit_ts"])
+            (row["_cdc_seq"], SchemaChange.from_json(detail), row["_cdc_commit_ts"])
         )
-    events.sort(key=lambda e: (e[0], e[1]))
+    events.sort(key=lambda e: e[0])
     data = changes.filter(pc.invert(is_schema))
     seqs = data.column("_cdc_seq")
     steps = []
     version = pending.version
-    if events[0][2].before is not None:
-        version = version_of_shape(events[0][2].before)
+    if events[0][1].before is not None:
+        version = version_of_shape(events[0][1].before)
     bounds = [e[0] for e in events] + [None]
     lower = None
     for i, upper in enumerate(bounds):
@@ -86,8 +85,8 @@ def table_steps(pending: PendingTable) -> list[Step]:
         part = data.filter(mask)
         steps += _segment_steps(pending, version, part)
         if i < len(events):
-            seq, rank, change, commit_ts = events[i]
-            steps.append(Step(seq, 1 + rank, pending.table, change=change, commit_ts=commit_ts))
+            seq, change, commit_ts = events[i]
+            steps.append(Step(seq, pending.table, change=change, commit_ts=commit_ts))
             if change.after is not None:
                 version = version_of_shape(change.after)
             lower = seq
@@ -100,7 +99,7 @@ def _segment_steps(pending: PendingTable, version: TableVersion, part: pa.Table)
         return []
     if not pending.index_only:
         segment = PendingTable(pending.table, version, part, pending.applied_seq)
-        return [Step(int(part.column("_cdc_seq")[0].as_py()), 0, pending.table, segment=segment)]
+        return [Step(int(part.column("_cdc_seq")[0].as_py()), pending.table, segment=segment)]
     seqs = part.column("_cdc_seq")
     steps = []
     size = current_state.MAX_CHANGES_PER_MERGE
@@ -108,7 +107,7 @@ def _segment_steps(pending: PendingTable, version: TableVersion, part: pa.Table)
         window = seqs.slice(offset, size)
         low, high = int(window[0].as_py()), int(window[-1].as_py())
         segment = PendingTable(pending.table, version, part.slice(0, 0), pending.applied_seq, bounds=(low, high))
-        steps.append(Step(low, 0, pending.table, segment=segment))
+        steps.append(Step(low, pending.table, segment=segment))
     return steps
 
 
@@ -192,7 +191,7 @@ def _apply(
     log: Any | None,
     dropped: dict[str, int],
 ) -> None:
-    steps = sorted((s for p in pending for s in table_steps(p)), key=lambda s: (s.seq, s.rank))
+    steps = sorted((s for p in pending for s in table_steps(p)), key=lambda s: s.seq)
     segments = {i: s.segment for i, s in enumerate(steps) if s.segment is not None}
     # One Spark job picks the newest change per key of every part already read; a part read later (a
     # table with millions of pending changes) gets a job of its own when its turn comes.
