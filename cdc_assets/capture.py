@@ -1,39 +1,48 @@
 """Reading the binlog as a replica and cutting it into raw batches at transaction boundaries.
 
 `BatchBuilder` is the pure part: it is fed decoded events and knows transactions, table versions,
-`_cdc_seq` and where a batch may end. `capture_batches` feeds it from python-mysql-replication.
+`_cdc_seq` and where a batch may end. `capture_batches` feeds it from the binlog (cdc_assets.binlog).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import (
-    GtidEvent,
-    MariadbGtidEvent,
-    QueryEvent,
-    RotateEvent,
-    XAPrepareEvent,
-    XidEvent,
-)
-from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
+import pymysql
 
-from cdc_assets import mysql_charsets
+from cdc_assets.binlog.events import (
+    FORMAT_DESCRIPTION,
+    MARIADB_GTID,
+    MARIADB_GTID_STANDALONE,
+    MYSQL_GTID,
+    QUERY,
+    ROTATE,
+    ROW_EVENTS,
+    TABLE_MAP,
+    XA_PREPARE,
+    XID,
+    format_post_header_lengths,
+    mariadb_gtid,
+    mysql_gtid,
+    query_text,
+    refuse_unreadable,
+    rotate_target,
+    xa_prepare_is_one_phase,
+)
+from cdc_assets.binlog.protocol import RawEvent, dump_events
+from cdc_assets.binlog.row_images import RowDecoder
+from cdc_assets.binlog.table_map import TableMap, parse_table_map
 from cdc_assets.ddl import SchemaChange, TableShape, same_layout, schema_changes, shape_json
 from cdc_assets.lakehouse import TableRef
-from cdc_assets.mysql_types import column_from_binlog, encode_binlog_value
-from cdc_assets.positions import FIRST_SEQ, BinlogPosition
+from cdc_assets.positions import FIRST_SEQ, BinlogPosition, binlog_file_number
 from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, RawBatch, TableVersion
 from cdc_assets.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
 from cdc_assets.source import ServerInfo
 from cdc_assets.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
-
-mysql_charsets.install()
 
 # Statements that manage accounts can carry passwords: they never enter a raw batch.
 _ACCOUNT_STATEMENT = re.compile(
@@ -67,7 +76,6 @@ _IN_TRANSACTION_MARKER = re.compile(
 # A row change of an open transaction: RAW_ROWS_SCHEMA without the seq and commit time it gets at COMMIT.
 TRANSACTION_SCHEMA = pa.schema([f for f in RAW_ROWS_SCHEMA if f.name not in ("seq", "commit_ts")])
 _XA_RESOLUTION = re.compile(r"^\s*XA\s+(COMMIT|ROLLBACK|END)\s+(.*?)\s*(ONE\s+PHASE)?\s*;?\s*$", re.IGNORECASE | re.DOTALL)
-MARIADB_GTID_STANDALONE = 0x01  # FL_STANDALONE: the group is one statement (DDL) with no COMMIT of its own
 
 
 _TRUNCATE = re.compile(
@@ -262,8 +270,21 @@ class BatchBuilder:
         before: list[str | None] | None,
         after: list[str | None] | None,
     ) -> None:
+        self.row_changes(version, op, [before], [after])
+
+    def row_changes(
+        self,
+        version: TableVersion,
+        op: str,
+        befores: Sequence[list[str | None] | None],
+        afters: Sequence[list[str | None] | None],
+    ) -> None:
+        """The rows of one row event: images before and after, in order."""
+        n = len(befores)
         table = version.table
-        self._transaction.append((table.schema, table.table, version.id, op, self._gtid, before, after))
+        self._transaction.extend(
+            [[table.schema] * n, [table.table] * n, [version.id] * n, [op] * n, [self._gtid] * n, befores, afters]
+        )
 
     def statement(self, schema: str | None, query: str, commit_ts: int | None = None) -> None:
         """A DDL or TRUNCATE of captured tables: recorded (secrets excluded), with a `_cdc_seq` of its own
@@ -348,9 +369,10 @@ class BatchBuilder:
         commit time: row by row while it is small, row group by row group once it has spilled to disk."""
         if not self._transaction.spilled:
             columns = self._transaction.buffered_columns()
-            for values in zip(*columns.values(), strict=True):
-                self._rows.append((self.next_seq, *values[:5], commit_micros, *values[5:]))
-                self.next_seq += 1
+            n = len(columns[0])
+            seqs = range(self.next_seq, self.next_seq + n)
+            self._rows.extend([seqs, *columns[:5], [commit_micros] * n, *columns[5:]])
+            self.next_seq += n
             return
         for chunk in self._transaction.chunks():
             seqs = pa.array(range(self.next_seq, self.next_seq + chunk.num_rows), pa.int64())
@@ -440,12 +462,6 @@ class CaptureOptions:
     max_batch_rows: int
 
 
-def _decode(text: Any) -> str | None:
-    if isinstance(text, bytes):
-        return text.decode("utf-8", "replace")
-    return text
-
-
 def capture_batches(
     url: MySQLUrl,
     server: ServerInfo,
@@ -474,118 +490,135 @@ def capture_batches(
         table_filter=options.table_filter,
         hold_for_xa=hold_for_xa,
     )
-    stream = BinLogStreamReader(
-        connection_settings=url.connection_settings(),
-        server_id=options.server_id,
-        resume_stream=True,
-        log_file=start.log_file,
-        log_pos=start.log_pos,
-        blocking=False,
-        only_events=[
-            RotateEvent,
-            MariadbGtidEvent,
-            GtidEvent,
-            QueryEvent,
-            XidEvent,
-            TableMapEvent,
-            WriteRowsEvent,
-            UpdateRowsEvent,
-            DeleteRowsEvent,
-            XAPrepareEvent,
-        ],  # fmt: skip
-        enable_logging=False,
-        # A table's TableMapEvent is parsed once per table id, not before every transaction (a quarter of
-        # decoding time on OLTP workloads); the cache is emptied at every DDL below, so a table id is never
-        # decoded with columns from before a schema change, whatever the server does with ids.
-        freeze_schema=True,
-    )
-    versions: dict[int, TableVersion | None] = {}  # binlog table_id -> version, None when filtered out
+    conn = pymysql.connect(**url.connection_settings())  # type: ignore[arg-type]
+    try:
+        yield from _batches(dump_events(conn, options.server_id, start), builder, end, options, server)
+    finally:
+        conn.close()
+
+
+@dataclass
+class _TableMaps:
+    """Table maps by binlog table id, each parsed once per distinct definition (the same bytes arrive before
+    every transaction that touches the table); None for a table the filter leaves out."""
+
+    mariadb: bool
+    table_filter: TableFilter
+    post_header_length: int = 8
+    by_id: dict[int, tuple[TableMap, RowDecoder | None]] = field(default_factory=dict)
+    _parsed: dict[bytes, tuple[TableMap, RowDecoder | None]] = field(default_factory=dict)
+
+    def read(self, body: bytes) -> tuple[TableMap, RowDecoder | None]:
+        known = self._parsed.get(body)
+        if known is None:
+            table_map = parse_table_map(body, self.mariadb, self.post_header_length)
+            wanted = self.table_filter.matches(table_map.table.schema, table_map.table.table)
+            known = (table_map, RowDecoder(table_map) if wanted else None)
+            self._parsed[body] = known
+        self.by_id[known[0].table_id] = known
+        return known
+
+
+def _batches(
+    events: Iterator[RawEvent], builder: BatchBuilder, end: BinlogPosition, options: CaptureOptions, server: ServerInfo
+) -> Iterator[RawBatch]:
+    """Feed the builder from binlog events, cutting a batch at the first boundary past `max_rows`."""
+    maps = _TableMaps(server.flavor == "mariadb", options.table_filter)
+    post_headers = b""
+    log_file = builder.start.log_file
+    file_number = binlog_file_number(log_file)
+    end_key = end.sort_key
+    versions: dict[int, TableVersion] = {}  # binlog table id -> the builder's version of a captured table
     in_transaction = False  # between BEGIN (or a non-standalone MariaDB GTID) and its COMMIT / Xid
     xa_id: str | None = None  # the XID of the XA transaction being read (from its XA END)
-    try:
-        for event in stream:
-            if isinstance(event, RotateEvent):
-                continue
-            log_file = stream.log_file
-            end_pos = event.packet.log_pos
-            if not in_transaction and not BinlogPosition(log_file, end_pos - event.packet.event_size) < end:
-                # `end` is a boundary and this event starts at or after it (say, after a rotation's
-                # file headers): stop before the next transaction rather than overshoot.
-                builder.advance_idle_to(end)
-                break
-            if not isinstance(event, TableMapEvent):  # how many TableMaps arrive depends on the cache
-                builder.count_event()
-            boundary = False
-            if isinstance(event, MariadbGtidEvent | GtidEvent):
-                builder.begin(event.gtid, BinlogPosition(log_file, end_pos - event.packet.event_size))
-                flags = getattr(event, "flags", MARIADB_GTID_STANDALONE) if isinstance(event, MariadbGtidEvent) else 1
-                in_transaction = not flags & MARIADB_GTID_STANDALONE
-            elif isinstance(event, TableMapEvent):
-                table = TableRef(event.schema, event.table)
-                if options.table_filter.matches(table.schema, table.table):
-                    columns = tuple(column_from_binlog(c) for c in event.columns)
-                    pk = event.table_obj.primary_key
-                    key = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
-                    versions[event.table_id] = builder.version_of(table, columns, key)
-                else:
-                    versions[event.table_id] = None
-            elif isinstance(event, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
-                version = versions.get(event.table_id)
-                if version is None:
-                    continue
-                version = builder.version_of(version.table, version.columns, version.primary_key)
-                for row in event.rows:
-                    if isinstance(event, WriteRowsEvent):
-                        after = _image(version, row["values"], row.get("none_sources", {}))
-                        builder.row_change(version, "insert", None, after)
-                    elif isinstance(event, DeleteRowsEvent):
-                        before = _image(version, row["values"], row.get("none_sources", {}))
-                        builder.row_change(version, "delete", before, None)
-                    else:
-                        before = _image(version, row["before_values"], row.get("before_none_sources", {}))
-                        after = _image(version, row["after_values"], row.get("after_none_sources", {}))
-                        builder.row_change(version, "update", before, after)
-            elif isinstance(event, XidEvent):
-                boundary = True
-            elif isinstance(event, XAPrepareEvent):
-                if xa_id is not None and not event.one_phase:
-                    builder.prepare_xa(xa_id)
-                boundary = True
-            elif isinstance(event, QueryEvent):
-                query = _decode(event.query) or ""
-                kind = classify_query(query)
-                xa = xa_statement(query)
-                if xa is not None and xa[0] == "END":
-                    xa_id = xa[1]
-                elif xa is not None:
-                    builder.resolve_xa(xa[1], committed=xa[0] == "COMMIT")
-                if kind == "begin":
-                    in_transaction = True
-                elif kind == "end":
-                    boundary = True
-                elif kind == "ddl":
-                    stream.table_map.clear()  # the next TableMapEvents are parsed again, with the new columns
-                    builder.statement(_decode(event.schema), query, int(event.timestamp))
-                    # A DDL is a transaction of its own, unless it opens one (CREATE TABLE ... SELECT).
-                    boundary = not in_transaction
-            if boundary:
-                in_transaction = False
-                position = BinlogPosition(log_file, end_pos)
-                builder.commit(position, int(event.timestamp))
-                if not position < end:
-                    break
-                if builder.is_full() and not builder.holding:
-                    yield builder.cut()
-        else:
-            # The stream ran dry before a transaction ended at or after `end`: what lies between the
-            # last boundary and `end` holds no transaction (a rotation, file headers), so `end` is a
-            # boundary too, unless a transaction is still open.
+    for event in events:
+        kind = event.type
+        if kind == ROTATE:
+            log_file = rotate_target(event.body)[0]
+            file_number = binlog_file_number(log_file)
+            continue
+        if kind == FORMAT_DESCRIPTION:
+            post_headers = format_post_header_lengths(event.body)
+            maps.post_header_length = _post_header(post_headers, TABLE_MAP, 8)
+            continue
+        if kind not in _CAPTURED:
+            refuse_unreadable(kind)
+            continue
+        end_pos = event.log_pos
+        if not in_transaction and not (file_number, end_pos - event.size) < end_key:
+            # `end` is a boundary and this event starts at or after it (say, after a rotation's
+            # file headers): stop before the next transaction rather than overshoot.
             builder.advance_idle_to(end)
-        if builder.has_progress():
-            yield builder.cut()
-    finally:
-        stream.close()
+            break
+        boundary = False
+        if kind == TABLE_MAP:
+            table_map, decoder = maps.read(event.body)
+            if decoder is not None:
+                versions[table_map.table_id] = builder.version_of(table_map.table, table_map.columns, table_map.primary_key)
+            continue
+        if kind in ROW_EVENTS:
+            table_id = int.from_bytes(event.body[:6], "little")
+            known = maps.by_id.get(table_id)
+            if known is None:  # no table map read for it (the stream resumed inside a statement)
+                continue
+            builder.count_event()
+            table_map, decoder = known
+            if decoder is None:
+                continue
+            version = versions[table_id]
+            version = builder.version_of(version.table, version.columns, version.primary_key)
+            befores, afters = decoder.rows(kind, event.body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
+            builder.row_changes(version, ROW_EVENTS[kind], befores, afters)
+            continue
+        builder.count_event()
+        if kind == MARIADB_GTID or kind == MYSQL_GTID:
+            if kind == MARIADB_GTID:
+                gtid, flags = mariadb_gtid(event.body, event.server_id)
+            else:
+                gtid, flags = mysql_gtid(event.body), MARIADB_GTID_STANDALONE
+            builder.begin(gtid, BinlogPosition(log_file, end_pos - event.size))
+            in_transaction = not flags & MARIADB_GTID_STANDALONE
+        elif kind == XID:
+            boundary = True
+        elif kind == XA_PREPARE:
+            if xa_id is not None and not xa_prepare_is_one_phase(event.body):
+                builder.prepare_xa(xa_id)
+            boundary = True
+        elif kind == QUERY:
+            schema, query = query_text(event.body, _post_header(post_headers, QUERY, 13))
+            statement_kind = classify_query(query)
+            xa = xa_statement(query)
+            if xa is not None and xa[0] == "END":
+                xa_id = xa[1]
+            elif xa is not None:
+                builder.resolve_xa(xa[1], committed=xa[0] == "COMMIT")
+            if statement_kind == "begin":
+                in_transaction = True
+            elif statement_kind == "end":
+                boundary = True
+            elif statement_kind == "ddl":
+                builder.statement(schema, query, event.timestamp)
+                # A DDL is a transaction of its own, unless it opens one (CREATE TABLE ... SELECT).
+                boundary = not in_transaction
+        if boundary:
+            in_transaction = False
+            builder.commit(BinlogPosition(log_file, end_pos), event.timestamp)
+            if not (file_number, end_pos) < end_key:
+                break
+            if builder.is_full() and not builder.holding:
+                yield builder.cut()
+    else:
+        # The stream ran dry before a transaction ended at or after `end`: what lies between the
+        # last boundary and `end` holds no transaction (a rotation, file headers), so `end` is a
+        # boundary too, unless a transaction is still open.
+        builder.advance_idle_to(end)
+    if builder.has_progress():
+        yield builder.cut()
 
 
-def _image(version: TableVersion, values: dict[str, Any], none_sources: dict[str, str]) -> list[str | None]:
-    return [encode_binlog_value(c, values.get(c.name), none_sources.get(c.name)) for c in version.columns]
+_CAPTURED = frozenset({TABLE_MAP, XID, XA_PREPARE, QUERY, MARIADB_GTID, MYSQL_GTID, *ROW_EVENTS})
+
+
+def _post_header(lengths: bytes, event_type: int, default: int) -> int:
+    """The post-header length the format description declares for an event type."""
+    return lengths[event_type - 1] if len(lengths) >= event_type else default

@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any
 
@@ -58,7 +58,7 @@ class ColumnSpec:
     length: int | None = None  # BINARY(n): the binlog drops trailing 0x00 bytes, which the value has
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies every value
         d["members"] = list(self.members)
         # zero is kept for precision and scale: DECIMAL(5,0) has a scale, and 0 is not "unknown"
         keep = ("name", "type", "precision", "scale")
@@ -121,7 +121,7 @@ def _format_datetime(value: dt.datetime) -> str:
     return value.isoformat(sep=" ", timespec="microseconds")
 
 
-def _bit_to_long(value: int) -> int:
+def bit_to_long(value: int) -> int:
     """BIT(64) does not fit a signed long: values from 2**63 wrap to two's complement."""
     return value - BIT64_WRAP if value >= BIT64_WRAP // 2 else value
 
@@ -144,7 +144,14 @@ def _json_keys(value: Any) -> Any:
     return value
 
 
-def _encode_common(col: ColumnSpec, value: Any) -> str:
+def json_text(value: Any) -> str:
+    """A JSON column's document as text: MariaDB's is text already, MySQL's binary JSON arrives decoded."""
+    if isinstance(value, str | bytes):
+        return value.decode() if isinstance(value, bytes) else value
+    return json.dumps(_json_keys(value), default=_json_default, ensure_ascii=False)
+
+
+def encode_python_value(col: ColumnSpec, value: Any) -> str:
     """Canonical text of a non-NULL value already in its natural Python type."""
     t = col.type
     if t in INTEGER_TYPES or t == "year":
@@ -166,51 +173,10 @@ def _encode_common(col: ColumnSpec, value: Any) -> str:
             value = value[GEOMETRY_SRID_BYTES:]
         return base64.b64encode(value).decode("ascii")
     if t == "json":
-        if isinstance(value, str | bytes):
-            return value.decode() if isinstance(value, bytes) else value
-        return json.dumps(_json_keys(value), default=_json_default, ensure_ascii=False)
+        return json_text(value)
     if isinstance(value, bytes):  # text in a charset the decoder did not know
         return value.decode("utf-8", "surrogateescape")
     return str(value)
-
-
-_EPOCH = dt.datetime(1970, 1, 1)
-_YEAR_ZERO_FROM_BINLOG = 1900  # python-mysql-replication adds 1900 to the stored byte; YEAR 0000 is byte 0
-
-
-def _negative_time_fraction_fixed(value: dt.timedelta) -> dt.timedelta:
-    """python-mysql-replication 1.0.17 decodes a negative TIME2 with fraction f as fraction 1 - f
-    (`-12:30:00.01` arrives as `-12:30:00.99`): put the fraction back."""
-    micros = value // dt.timedelta(microseconds=1)
-    if micros >= 0:
-        return value
-    whole, fraction = divmod(-micros, 1_000_000)
-    if fraction == 0:
-        return value
-    return -dt.timedelta(microseconds=whole * 1_000_000 + (1_000_000 - fraction))
-
-
-def encode_binlog_value(col: ColumnSpec, value: Any, none_source: str | None = None) -> str | None:
-    """Canonical text of a value as python-mysql-replication decodes it from a row image."""
-    if value is None:
-        if col.type == "set" and none_source == "empty set":
-            return ""
-        return None
-    if col.type == "time":
-        value = _negative_time_fraction_fixed(value)
-    elif col.type == "year" and value == _YEAR_ZERO_FROM_BINLOG:
-        value = 0
-    elif col.type == "timestamp" and value == _EPOCH:
-        return None  # the zero TIMESTAMP (MySQL's smallest real one is 1970-01-01 00:00:01 UTC)
-    elif col.type == "binary" and col.length:
-        value = value.encode("latin-1") if isinstance(value, str) else value
-        value = value.ljust(col.length, b"\0")  # the row image stores BINARY(n) without its trailing zeros
-    if col.type == "bit":
-        return str(_bit_to_long(int(value, 2) if isinstance(value, str) else int(value)))
-    if col.type == "set":
-        members = value if isinstance(value, set | frozenset) else set(str(value).split(","))
-        return ",".join(m for m in col.members if m in members) if col.members else ",".join(sorted(members))
-    return _encode_common(col, value)
 
 
 def encode_sql_value(col: ColumnSpec, value: Any) -> str | None:
@@ -218,14 +184,14 @@ def encode_sql_value(col: ColumnSpec, value: Any) -> str | None:
     if value is None:
         return None
     if col.type == "bit":
-        return str(_bit_to_long(int.from_bytes(value, "big") if isinstance(value, bytes) else int(value)))
+        return str(bit_to_long(int.from_bytes(value, "big") if isinstance(value, bytes) else int(value)))
     if col.type == "set":
         return value if isinstance(value, str) else ",".join(sorted(value))
     if col.type == "time" and isinstance(value, str):
         return value
     if col.type in ("date", "datetime", "timestamp") and isinstance(value, str):
         return None  # PyMySQL returns zero and partly-zero dates ('0000-00-00') as text; the binlog has NULL
-    return _encode_common(col, value)
+    return encode_python_value(col, value)
 
 
 # -- canonical text to Arrow ------------------------------------------------------------------------------
@@ -267,40 +233,6 @@ def arrow_schema(columns: list[ColumnSpec]) -> pa.Schema:
 
 
 # -- where column specs come from ------------------------------------------------------------------------
-
-# python-mysql-replication's FIELD_TYPE codes (pymysqlreplication.constants.FIELD_TYPE).
-_BINLOG_TYPES: dict[int, str] = {
-    1: "tinyint", 2: "smallint", 9: "mediumint", 3: "int", 8: "bigint",
-    0: "decimal", 246: "decimal", 4: "float", 5: "double", 16: "bit",
-    10: "date", 14: "date", 12: "datetime", 18: "datetime", 7: "timestamp", 17: "timestamp",
-    11: "time", 19: "time", 13: "year", 15: "varchar", 253: "varchar", 254: "char",
-    247: "enum", 248: "set", 249: "text", 250: "text", 251: "text", 252: "text",
-    245: "json", 255: "geometry",
-}  # fmt: skip
-_BINARY_OF = {"varchar": "varbinary", "char": "binary", "text": "blob"}
-
-
-def column_from_binlog(column: Any) -> ColumnSpec:
-    """ColumnSpec of a python-mysql-replication `Column` from a TableMapEvent with FULL metadata."""
-    kind = _BINLOG_TYPES.get(column.type)
-    if kind is None:
-        raise ValueError(f"unsupported binlog column type {column.type} for {column.name!r}")
-    charset = getattr(column, "character_set_name", None)
-    if kind in _BINARY_OF and charset == "binary":
-        kind = _BINARY_OF[kind]
-    members = tuple(getattr(column, "enum_values", None) or getattr(column, "set_values", None) or ())
-    return ColumnSpec(
-        name=column.name,
-        type=kind,
-        unsigned=bool(getattr(column, "unsigned", False)),
-        precision=getattr(column, "precision", None) if kind == "decimal" else None,
-        scale=getattr(column, "decimals", None) if kind == "decimal" else None,
-        fsp=int(getattr(column, "fsp", 0) or 0) if kind in ("time", "datetime", "timestamp") else 0,
-        charset=charset if kind in TEXT_TYPES else None,
-        members=members if kind in ("enum", "set") else (),
-        length=getattr(column, "max_length", None) if kind == "binary" else None,
-    )
-
 
 _SCHEMA_TYPES = {
     "tinytext": "text", "mediumtext": "text", "longtext": "text",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
 
@@ -28,26 +29,46 @@ class SpoolDirectory:
         self._finalizer()
 
 
+def string_lists(values: Sequence[list[str | None] | None]) -> pa.ListArray:
+    """A list<string> array from Python lists, flattened first: three times faster than converting nested lists."""
+    valid = [v is not None for v in values]
+    if all(valid):
+        flat = list(chain.from_iterable(values))  # type: ignore[arg-type]
+        offsets = pa.array([0, *accumulate(map(len, values))], pa.int32())  # type: ignore[arg-type]
+        return pa.ListArray.from_arrays(offsets, pa.array(flat, pa.string()))
+    present = [v for v in values if v is not None]
+    flat = list(chain.from_iterable(present))
+    offsets = pa.array([0, *accumulate(len(v) if v is not None else 0 for v in values)], pa.int32())
+    mask = pa.array([not v for v in valid])
+    return pa.ListArray.from_arrays(offsets, pa.array(flat, pa.string()), mask=mask)
+
+
+_STRING_LISTS = pa.list_(pa.string())
+
+
 class RowSpool:
-    """Rows of one Arrow schema, appended one at a time and read back in order as tables of at most
-    `chunk_rows` rows. The file, when one is needed, is a plain Parquet file (zstd)."""
+    """Rows of one Arrow schema, added column by column (a block of rows at a time) and read back in order as
+    tables of at most about `chunk_rows` rows. The file, when one is needed, is a plain Parquet file (zstd)."""
 
     def __init__(self, schema: pa.Schema, path: Path, chunk_rows: int = CHUNK_ROWS) -> None:
         self.schema = schema
         self.path = path
         self.chunk_rows = chunk_rows
-        self._columns: dict[str, list[Any]] = {f.name: [] for f in schema}
+        self._width = len(schema.names)
+        self._columns: list[list[Any]] = [[] for _ in range(self._width)]
         self._writer: pq.ParquetWriter | None = None
+        self._file_written = False
         self.spilled = 0
         self.buffered = 0
 
     def __len__(self) -> int:
         return self.spilled + self.buffered
 
-    def append(self, values: tuple) -> None:
-        for column, value in zip(self._columns.values(), values, strict=True):
-            column.append(value)
-        self.buffered += 1
+    def extend(self, columns: Sequence[Sequence[Any]]) -> None:
+        """Rows given as one sequence per column, in the schema's order, all of one length."""
+        for column, values in zip(self._columns, columns, strict=True):
+            column.extend(values)
+        self.buffered += len(columns[0])
         if self.buffered >= self.chunk_rows:
             self.flush()
 
@@ -56,25 +77,30 @@ class RowSpool:
         self.flush()
         self._write(table.cast(self.schema))
 
-    def buffered_columns(self) -> dict[str, list[Any]]:
-        """The rows still in memory, as Python lists per column (for a spool that never spilled)."""
+    def buffered_columns(self) -> list[list[Any]]:
+        """The rows still in memory, one list per column (all of them for a spool that never spilled)."""
         return self._columns
 
     def _buffer(self) -> pa.Table:
-        return pa.Table.from_pydict(self._columns, schema=self.schema)
+        arrays = [
+            string_lists(values) if f.type == _STRING_LISTS else pa.array(values, f.type)
+            for values, f in zip(self._columns, self.schema, strict=True)
+        ]
+        return pa.Table.from_arrays(arrays, schema=self.schema)
 
     def _write(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, self.schema, compression="zstd")
+            self._file_written = True
         self._writer.write_table(table, row_group_size=self.chunk_rows)
         self.spilled += table.num_rows
 
     def flush(self) -> None:
         if self.buffered:
             self._write(self._buffer())
-            self._columns = {name: [] for name in self._columns}
+            self._columns = [[] for _ in range(self._width)]
             self.buffered = 0
 
     def chunks(self) -> Iterator[pa.Table]:
@@ -93,6 +119,7 @@ class RowSpool:
         self.flush()
         if self._writer is None:
             pq.write_table(self.schema.empty_table(), self.path, compression="zstd")
+            self._file_written = True
         else:
             self._writer.close()
             self._writer = None
@@ -118,6 +145,8 @@ class RowSpool:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-        self.path.unlink(missing_ok=True)
-        self._columns = {name: [] for name in self._columns}
+        if self._file_written:  # most transactions never need a file: no system call for them
+            self.path.unlink(missing_ok=True)
+            self._file_written = False
+        self._columns = [[] for _ in range(self._width)]
         self.spilled = self.buffered = 0
