@@ -36,7 +36,7 @@ STAGES = {
         "from spark_resources import SparkSessionResource\n"
         "spark = SparkSessionResource(master=__import__('os').environ['CDC_SPARK_MASTER'])\n"
         "import os\n"
-        "report = process_new_batches(LakehouseResource(location=os.environ['CDC_LAKEHOUSE']).get(), spark.get_session)\n"
+        "report = process_new_batches(LakehouseResource(location=os.environ['CDC_LAKEHOUSE']).get(), spark.transforms)\n"
         "out = {{'rows_out': report.rows_out}}\n"
     ),
     "current": (
@@ -45,7 +45,7 @@ STAGES = {
         "from spark_resources import SparkSessionResource\n"
         "spark = SparkSessionResource(master=__import__('os').environ['CDC_SPARK_MASTER'])\n"
         "import os\n"
-        "report = apply_pending(LakehouseResource(location=os.environ['CDC_LAKEHOUSE']).get(), spark.get_session)\n"
+        "report = apply_pending(LakehouseResource(location=os.environ['CDC_LAKEHOUSE']).get(), spark.transforms)\n"
         "out = {{'changes_in': sum(r.changes_in for r in report.applied)}}\n"
     ),
 }

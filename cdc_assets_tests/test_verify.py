@@ -28,6 +28,7 @@ def test_verify_consistent_reports_every_table_at_one_point(cdc, spark) -> None:
     from cdc_assets.assets.current import apply_pending
     from cdc_assets.resources import BinlogResource
     from cdc_assets.verify import verify_consistent
+    from spark_resources import on_spark
 
     cdc.execute(
         "CREATE TABLE a (id INT PRIMARY KEY, v INT)",
@@ -37,8 +38,8 @@ def test_verify_consistent_reports_every_table_at_one_point(cdc, spark) -> None:
     )
     binlog = BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*")
     binlog.capture(cdc.lakehouse)
-    process_new_batches(cdc.lakehouse, lambda: spark)
-    apply_pending(cdc.lakehouse, lambda: spark)
+    process_new_batches(cdc.lakehouse, on_spark(lambda: spark))
+    apply_pending(cdc.lakehouse, on_spark(lambda: spark))
     cdc.execute("UPDATE a SET v = 20 WHERE id = 2", "INSERT INTO b VALUES ('z')")  # busy: not captured yet
 
     results = verify_consistent(binlog, cdc.lakehouse, None)

@@ -9,6 +9,8 @@ from dagster import ConfigurableResource
 from pydantic import Field
 from pyspark.sql import SparkSession
 
+from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS, Transforms, by_size
+
 DEFAULT_SPARK_MASTER = "local[*]"
 _lock = threading.Lock()
 _sessions: dict[str, SparkSession] = {}
@@ -56,6 +58,17 @@ class SparkSessionResource(ConfigurableResource):
 
     master: str = Field(default=DEFAULT_SPARK_MASTER, description="Spark master URL or Spark Connect remote.")
     shuffle_partitions: int = Field(default=4, description="spark.sql.shuffle.partitions for the CDC jobs.")
+    min_rows: int = Field(
+        default=DEFAULT_SPARK_MIN_ROWS,
+        description=(
+            "A stage run with at least this many changes runs its transforms on Spark (CDC_SPARK_MIN_ROWS); smaller "
+            "runs take the same transforms on Arrow in the run's process, as a Spark job's fixed cost exceeds them."
+        ),
+    )
 
     def get_session(self) -> SparkSession:
         return spark_session(self.master, self.shuffle_partitions)
+
+    def transforms(self, rows: int) -> Transforms:
+        """The engine for a stage run that processes `rows` changes."""
+        return by_size(self.get_session, self.min_rows)(rows)

@@ -1,0 +1,47 @@
+"""Which engine runs a stage's transforms: Spark for large runs, Arrow in the run's process for the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from spark_resources import local_transforms, transforms
+
+DEFAULT_SPARK_MIN_ROWS = 1_000_000  # changes in one stage run from which its transforms go to Spark
+
+
+@dataclass(frozen=True)
+class Transforms:
+    """The pipeline's two set-based transforms on one engine: Spark when `session` is given, else Arrow."""
+
+    session: Callable[[], Any] | None = None
+
+    @property
+    def engine(self) -> str:
+        return "spark" if self.session is not None else "arrow"
+
+    def keyed_changes(self, rows: pa.Table, table_keys: pa.Table) -> pa.Table:
+        if self.session is None:
+            return local_transforms.keyed_changes(rows, table_keys)
+        return transforms.keyed_changes(self.session(), rows, table_keys)
+
+    def latest_change_per_key(self, key_events: pa.Table) -> pa.Table:
+        if self.session is None:
+            return local_transforms.latest_change_per_key(key_events)
+        return transforms.latest_change_per_key(self.session(), key_events)
+
+
+TransformsFor = Callable[[int], Transforms]  # the engine for a stage run that processes this many changes
+
+
+def on_spark(session: Callable[[], Any]) -> TransformsFor:
+    """Spark whatever the size of the run."""
+    return lambda rows: Transforms(session)
+
+
+def by_size(session: Callable[[], Any], min_rows: int) -> TransformsFor:
+    """Spark from `min_rows` changes on, Arrow below."""
+    return lambda rows: Transforms(session if rows >= min_rows else None)
