@@ -201,6 +201,7 @@ def _conform_change_log(
         storage_options=options,
         commit_properties=CommitProperties(custom_metadata={MAX_SEQ_KEY: str(max_seq(existing))}),
     )
+    existing.update_incremental()  # the caller appends through this object next
     return target
 
 
@@ -260,7 +261,7 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
         )
     new_max = int(pc.max(changes.column("_cdc_seq")).as_py())
     write_deltalake(
-        uri,
+        existing if existing is not None else uri,  # the table object: not loaded a second time
         changes,
         mode="append",
         schema_mode="merge",

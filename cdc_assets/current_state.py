@@ -50,6 +50,16 @@ def current_schema(version: TableVersion) -> pa.Schema:
     return pa.schema(list(source) + meta)
 
 
+def current_configuration(schema: pa.Schema) -> dict[str, str]:
+    """Table properties of a current-state table: safe statistics and the file size merges keep to."""
+    return {**stats_configuration(schema), "delta.targetFileSize": str(CURRENT_FILE_BYTES)}
+
+
+def sorted_by_key(rows: pa.Table, key: list[str] | tuple[str, ...]) -> pa.Table:
+    """Rows in primary-key order, so the files written from them hold disjoint key ranges."""
+    return rows.sort_by([(k, "ascending") for k in key]) if key and rows.num_rows else rows
+
+
 def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
     """`_cdc_dup` for rows of a keyless table: the ordinal of each row among the rows identical to it."""
     counts: dict[tuple, int] = {}
@@ -59,6 +69,11 @@ def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
         counts[values] = ordinals[-1] + 1
     return pa.array(ordinals, DUP_TYPE)
 
+
+# Current-state files roll over at this size, for full rewrites and merges alike (`delta.targetFileSize`).
+# Written sorted by primary key, each file then covers a narrow key range, and a merge rewrites only the
+# files whose range holds a changed key: its cost follows how far the changes spread, not the table's size.
+CURRENT_FILE_BYTES = 16 * 1024 * 1024
 
 MAX_CHANGES_PER_MERGE = 200_000  # changes read and merged at once: bounds memory when a table has millions pending
 SCHEMA_OPS = ("create", "alter", "drop")
@@ -114,6 +129,8 @@ def read_pending(
     if log is None or log_max is None or (applied is not None and log_max <= applied):
         return None
     where = "" if applied is None else f" WHERE _cdc_seq > {int(applied)}"
+    if _pending_at_most(log, applied) <= MAX_CHANGES_PER_MERGE:
+        return PendingTable(table, version, read_query(log, f"SELECT * FROM changes{where}", "changes"), applied)
     count = read_query(log, f"SELECT count(*) AS n FROM changes{where}", "changes").column(0)[0].as_py()
     if count <= MAX_CHANGES_PER_MERGE:
         return PendingTable(table, version, read_query(log, f"SELECT * FROM changes{where}", "changes"), applied)
@@ -123,6 +140,19 @@ def read_pending(
     if DDL_COLUMN not in names:
         changes = changes.append_column(DDL_COLUMN, pa.nulls(changes.num_rows, pa.string()))
     return PendingTable(table, version, changes, applied, index_only=True)
+
+
+def _pending_at_most(log: DeltaTable, applied: int | None) -> int:
+    """An upper bound of the changes past `applied`, from the files' statistics (no data read): the rows of
+    every file whose highest `_cdc_seq` is past it."""
+    actions = pa.table(log.get_add_actions(flatten=True))
+    if not actions.num_rows:
+        return 0
+    records = actions.column("num_records")
+    if applied is not None and "max._cdc_seq" in actions.column_names:
+        newer = pc.fill_null(pc.greater(actions.column("max._cdc_seq"), applied), True)
+        records = pc.filter(records, newer)
+    return int(pc.sum(records).as_py() or 0)
 
 
 @dataclass(frozen=True)
@@ -161,21 +191,35 @@ def _open_or_create(lakehouse: Lakehouse, pending: PendingTable) -> DeltaTable:
     if target is None:
         schema = current_schema(pending.version)
         target = DeltaTable.create(
-            uri, schema=schema, storage_options=options, configuration=stats_configuration(schema)
+            uri, schema=schema, storage_options=options, configuration=current_configuration(schema)
         )
     return target
 
 
 def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table) -> ApplyResult:
     """Merge the newest change per key (`latest`: key, seq, action for this table) into current state."""
-    target = _open_or_create(lakehouse, pending)
+    target = open_table(lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options())
     actions = latest.column("action")
     upserts = _rows_for(pending, latest.filter(pc.equal(actions, "upsert")).column("seq"), "after")
     deletes = _rows_for(pending, latest.filter(pc.equal(actions, "delete")).column("seq"), "before")
     source = pa.concat_tables([upserts, deletes])
     new_applied = int(pc.max(pending.changes.column("_cdc_seq")).as_py())
-
     keys = list(pending.version.primary_key)
+    if target is None or not target.file_uris():  # a new or empty table: no row to match, each upsert is a new row
+        rows = sorted_by_key(upserts.drop_columns(["_cdc_action"]), keys)
+        write_deltalake(
+            target if target is not None else lakehouse.table_uri(CURRENT, pending.table),
+            rows,
+            mode="append",
+            schema_mode="merge",
+            storage_options=None if target is not None else lakehouse.storage_options(),
+            configuration=None if target is not None else current_configuration(rows.schema),
+            commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(new_applied)}),
+        )
+        return ApplyResult(
+            pending.table, pending.changes.num_rows, upserts.num_rows, deletes.num_rows, rows.num_rows, 0, 0, new_applied
+        )
+
     if keys:
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)
     else:  # no primary key: the whole row is the key
@@ -192,6 +236,7 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
             source_alias="s",
             target_alias="t",
             merge_schema=True,
+            streamed_exec=False,  # lets delta-rs prune target files by the source's key range first
             commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(new_applied)}),
         )
         .when_matched_delete(predicate=f"s._cdc_action = 'delete' AND {newer}")
@@ -273,6 +318,7 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
             source_alias="s",
             target_alias="t",
             merge_schema=True,
+            streamed_exec=False,  # lets delta-rs prune target files by the source's key range first
             commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(new_applied)}),
         )
         .when_matched_delete(predicate="s._cdc_action = 'delete'")
@@ -398,17 +444,19 @@ def convert_column(values: pa.ChunkedArray | pa.Array, old: ColumnSpec | None, n
     return pc.cast(values, target)
 
 
-def _replace_current(lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int) -> None:
+def _replace_current(
+    lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int, key: tuple[str, ...] = ()
+) -> None:
     """The table's current state replaced by `rows` in one Delta commit that records `seq` as applied."""
     uri = lakehouse.table_uri(CURRENT, table)
     options = lakehouse.storage_options()
     write_deltalake(
         uri,
-        rows,
+        sorted_by_key(rows, key),
         mode="overwrite",
         schema_mode="overwrite",
         storage_options=options,
-        configuration=stats_configuration(rows.schema),
+        configuration=current_configuration(rows.schema),
         commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(seq)}),
     )
 
@@ -439,11 +487,11 @@ def apply_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int, co
             rows = current_schema(after).empty_table()
         else:
             rows = reshape_rows(rows, SchemaChange(table, "alter", change.after, change.after), after, commit_ts, table)
-        _replace_current(lakehouse, table, rows, seq)
+        _replace_current(lakehouse, table, rows, seq, after.primary_key)
         return f"created from {change.renamed_from}" if change.renamed_from else "created"
     if applied is None:
         return "no current state"
     rows = read_current(lakehouse, table)
     assert rows is not None
-    _replace_current(lakehouse, table, reshape_rows(rows, change, after, commit_ts, table), seq)
+    _replace_current(lakehouse, table, reshape_rows(rows, change, after, commit_ts, table), seq, after.primary_key)
     return "altered"

@@ -227,6 +227,7 @@ def test_a_transaction_larger_than_a_spark_job_and_a_merge_is_taken_in_parts(cdc
     from cdc_assets.assets import changes
 
     monkeypatch.setattr(changes, "MAX_ROWS_PER_JOB", 7)
+    monkeypatch.setattr(changes, "MAX_ROWS_PER_ARROW_JOB", 7)
     monkeypatch.setattr(current_state, "MAX_CHANGES_PER_MERGE", 5)
     monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "4")
     cdc.execute("CREATE TABLE h (id INT PRIMARY KEY, v INT)", "CREATE TABLE k (v INT)")

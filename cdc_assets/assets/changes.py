@@ -1,20 +1,22 @@
-"""Changes: new raw batches split into per-table change logs, one Spark job over all their tables."""
+"""Changes: new raw batches split into per-table change logs, one transform over all their tables (Spark for large runs)."""
 
 import json
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, asset
 
+from cdc_assets.assets.metadata import per_table_metadata
 from cdc_assets.assets.raw import raw_binlog_batches
 from cdc_assets.change_log import DDL_COLUMN, AppendResult, append_changes, build_change_table, concat_unified
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import Lakehouse, ObjectStore, TableRef
 from cdc_assets.locks import Lease, lakehouse_lock
+from cdc_assets.parallel import for_each_table
 from cdc_assets.partitions import run_owner, tables_partitions
 from cdc_assets.raw_batch import (
     RAW_ROWS_SCHEMA,
@@ -29,10 +31,10 @@ from cdc_assets.raw_batch import (
 from cdc_assets.resources import LakehouseResource
 from cdc_assets.stages import CHANGES_LOCK, CHANGES_STAGE
 from cdc_assets.state import TableProgress, load_progress, load_registry, save_progress
-from spark_resources import SparkSessionResource
-from spark_resources.transforms import keyed_changes
+from spark_resources import SparkSessionResource, Transforms, TransformsFor
 
 MAX_ROWS_PER_JOB = 200_000  # row changes per Spark job: bounds the memory of the stage (Python and JVM)
+MAX_ROWS_PER_ARROW_JOB = 500_000  # the same on Arrow, where a row costs less memory (no JVM copy)
 TABLE_KEYS_SCHEMA = pa.schema(
     [
         pa.field("batch", pa.string(), nullable=False),
@@ -98,12 +100,12 @@ def new_batches(lakehouse: Lakehouse, after: str | None) -> list[BatchManifest]:
     return manifests
 
 
-def _chunks(manifests: list[BatchManifest]) -> list[list[BatchManifest]]:
-    """Consecutive batches grouped so that one Spark job handles at most about MAX_ROWS_PER_JOB rows."""
+def _chunks(manifests: list[BatchManifest], rows_per_job: int) -> list[list[BatchManifest]]:
+    """Consecutive batches grouped so that one transform handles at most about `rows_per_job` rows."""
     chunks: list[list[BatchManifest]] = []
     rows = 0
     for manifest in manifests:
-        if not chunks or rows + manifest.rows > MAX_ROWS_PER_JOB:
+        if not chunks or rows + manifest.rows > rows_per_job:
             chunks.append([])
             rows = 0
         chunks[-1].append(manifest)
@@ -174,7 +176,7 @@ def _rows_for_tables(rows: pa.Table, starts: dict[str, str | None]) -> pa.Table:
 
 def process_new_batches(
     lakehouse: Lakehouse,
-    spark: Callable[[], Any],
+    transforms: TransformsFor,
     tables: Collection[str] | None = None,
     log: Any | None = None,
     owner: str = "cdc-lakehouse",
@@ -198,7 +200,7 @@ def process_new_batches(
             manifests = new_batches(lakehouse, earliest)
             partners = rename_partners(manifests, starts) - targets
             if not partners:
-                _process(lakehouse, spark, manifests, starts, report, lease, log)
+                _process(lakehouse, transforms, manifests, starts, report, lease, log)
                 break
             targets |= partners  # a renamed table's rows move with it: both sides are taken in together
     report.seconds = time.monotonic() - began
@@ -207,7 +209,7 @@ def process_new_batches(
 
 def _process(
     lakehouse: Lakehouse,
-    spark: Callable[[], Any],
+    transforms: TransformsFor,
     manifests: list[BatchManifest],
     starts: dict[str, str | None],
     report: ChangesReport,
@@ -216,19 +218,22 @@ def _process(
 ) -> None:
     store = lakehouse.store
     progress = {t: load_progress(store, CHANGES_STAGE, t) for t in starts}
-    for chunk in _chunks(manifests):
+    engine = transforms(sum(m.rows for m in manifests))
+    if log is not None and manifests:
+        log.info(f"change logs: {len(manifests)} batches, {sum(m.rows for m in manifests)} rows, on {engine.engine}")
+    rows_per_job = MAX_ROWS_PER_ARROW_JOB if engine.engine == "arrow" else MAX_ROWS_PER_JOB
+    for chunk in _chunks(manifests, rows_per_job):
         newest: dict[str, dict] = {}  # per table, the version of its newest changes taken in
-        for piece in _pieces(store, chunk, starts):
-            _take_in(lakehouse, spark, piece, starts, progress, newest, report, lease, log)
+        for piece in _pieces(store, chunk, starts, rows_per_job):
+            _take_in(lakehouse, engine, piece, starts, progress, newest, report, lease, log)
         last = chunk[-1].name
         lease.check()
-        for table in starts:
-            # Progress moves past every batch read, also those without changes of the table; the table
-            # version is the newest whose changes have landed.
-            if starts[table] is None or starts[table] < last:
-                version = newest.get(table, progress[table].version)
-                progress[table] = TableProgress(last, version)
-                save_progress(store, CHANGES_STAGE, table, progress[table])
+        # Progress moves past every batch read, also those without changes of the table; the table
+        # version is the newest whose changes have landed.
+        moved = [t for t in starts if starts[t] is None or starts[t] < last]
+        for table in moved:
+            progress[table] = TableProgress(last, newest.get(table, progress[table].version))
+        for_each_table(moved, lambda table: save_progress(store, CHANGES_STAGE, table, progress[table]))
         report.batches.extend(m.name for m in chunk)
         if log is not None:
             log.info(f"change logs: {len(report.batches)} of {len(manifests)} batches done, {report.rows_in} rows")
@@ -237,18 +242,20 @@ def _process(
 Piece = list[tuple[BatchManifest, pa.Table | None, tuple[int | None, int | None]]]
 
 
-def _pieces(store: ObjectStore, chunk: list[BatchManifest], starts: dict[str, str | None]) -> Iterator[Piece]:
+def _pieces(
+    store: ObjectStore, chunk: list[BatchManifest], starts: dict[str, str | None], rows_per_job: int
+) -> Iterator[Piece]:
     """What one Spark job takes: the chunk's batches whole, or a batch too large for one job (a huge
-    transaction) in slices of MAX_ROWS_PER_JOB rows, each with the statements of its `_cdc_seq` window,
+    transaction) in slices of `rows_per_job` rows, each with the statements of its `_cdc_seq` window,
     so appends stay in `_cdc_seq` order and memory stays bounded."""
     touched = len(chunk) == 1 and any(str(v.table) in starts for v in chunk[0].table_versions)
-    if len(chunk) > 1 or chunk[0].rows <= MAX_ROWS_PER_JOB or not touched:
+    if len(chunk) > 1 or chunk[0].rows <= rows_per_job or not touched:
         yield [(manifest, None, (None, None)) for manifest in chunk]
         return
     manifest = chunk[0]
-    slices = -(-manifest.rows // MAX_ROWS_PER_JOB)
+    slices = -(-manifest.rows // rows_per_job)
     low: int | None = None
-    for index, rows in enumerate(read_row_slices(store, manifest, MAX_ROWS_PER_JOB)):
+    for index, rows in enumerate(read_row_slices(store, manifest, rows_per_job)):
         high = None if index == slices - 1 else int(pc.max(rows.column("seq")).as_py())
         yield [(manifest, rows, (low, high))]
         low = high
@@ -261,7 +268,7 @@ def _in_window(seq: int, window: tuple[int | None, int | None]) -> bool:
 
 def _take_in(
     lakehouse: Lakehouse,
-    spark: Callable[[], Any],
+    engine: Transforms,
     piece: Piece,
     starts: dict[str, str | None],
     progress: dict[str, TableProgress],
@@ -319,14 +326,19 @@ def _take_in(
     if rows is None or not rows.num_rows:
         return
     report.rows_in += rows.num_rows
-    keyed = keyed_changes(spark(), rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
+    keyed = engine.keyed_changes(rows, pa.Table.from_pylist(keys, schema=TABLE_KEYS_SCHEMA))
     del rows
-    for table, offset, length in _table_slices(keyed):
+
+    def append(table_slice: tuple[TableRef, int, int]) -> AppendResult:
+        table, offset, length = table_slice
         lease.check()  # on S3 a lease lost to another run means: append nothing more
-        result = _append_table(lakehouse, table, keyed.slice(offset, length), versions, ddl)
-        report.appended[str(table)] = _sum(report.appended.get(str(table)), result)
-        if log is not None:
-            log.info(f"{table}: {result.appended} changes appended")
+        return _append_table(lakehouse, table, keyed.slice(offset, length), versions, ddl)
+
+    results = for_each_table(_table_slices(keyed), append)
+    for result in results:
+        report.appended[str(result.table)] = _sum(report.appended.get(str(result.table)), result)
+    if log is not None:
+        log.info(f"change logs: {sum(r.appended for r in results)} changes appended to {len(results)} tables")
 
 
 def _append_table(
@@ -381,7 +393,7 @@ def table_changes(
 ) -> MaterializeResult:
     tables = context.partition_keys
     report = process_new_batches(
-        lakehouse.get(), spark.get_session, tables=tables, log=context.log, owner=run_owner(context.run.run_id)
+        lakehouse.get(), spark.transforms, tables=tables, log=context.log, owner=run_owner(context.run.run_id)
     )
     per_table = {}
     for name in sorted(tables):
@@ -404,7 +416,7 @@ def table_changes(
             "inserts": sum(r.inserts for r in report.appended.values()),
             "updates": sum(r.updates for r in report.appended.values()),
             "deletes": sum(r.deletes for r in report.appended.values()),
-            "per_table": MetadataValue.json(per_table),
+            **per_table_metadata(per_table, busiest_by="changes"),
             "duration_seconds": round(report.seconds, 3),
         }
     )

@@ -3,21 +3,23 @@
 import datetime as dt
 import json
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, asset
 
 from cdc_assets import current_state
 from cdc_assets.assets.changes import table_changes, target_tables
+from cdc_assets.assets.metadata import per_table_metadata
 from cdc_assets.change_log import DDL_COLUMN, open_table
 from cdc_assets.current_state import (
     SCHEMA_OPS,
     ApplyResult,
     PendingTable,
+    applied_seq,
     apply_changes,
     apply_keyless_changes,
     apply_schema_change,
@@ -27,13 +29,13 @@ from cdc_assets.current_state import (
 from cdc_assets.ddl import SchemaChange
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.locks import Lease, lakehouse_lock
+from cdc_assets.parallel import for_each_table
 from cdc_assets.partitions import run_owner, tables_partitions
 from cdc_assets.raw_batch import TableVersion
 from cdc_assets.resources import LakehouseResource
 from cdc_assets.stages import CHANGES_STAGE, CURRENT_LOCK, CURRENT_STAGE
 from cdc_assets.state import TableProgress, load_progress, save_progress
-from spark_resources import SparkSessionResource
-from spark_resources.transforms import latest_change_per_key
+from spark_resources import SparkSessionResource, TransformsFor
 
 
 @dataclass
@@ -115,16 +117,15 @@ def pending_tables(
     lakehouse: Lakehouse, changes_progress: dict[str, TableProgress], current_progress: dict[str, TableProgress]
 ) -> list[PendingTable]:
     """Tables whose change log has changes their current state has not taken in."""
-    pending = []
-    for name, progress in changes_progress.items():
-        version_json = progress.version
+
+    def read(name: str) -> PendingTable | None:
+        version_json = changes_progress[name].version
         if version_json is None:  # no change log yet
-            continue
+            return None
         dropped = current_progress[name].dropped_seq if name in current_progress else None
-        found = read_pending(lakehouse, TableRef.parse(name), TableVersion.from_json(version_json), dropped)
-        if found is not None:
-            pending.append(found)
-    return pending
+        return read_pending(lakehouse, TableRef.parse(name), TableVersion.from_json(version_json), dropped)
+
+    return [p for p in for_each_table(changes_progress, read) if p is not None]
 
 
 def _rename_partners(pending: list[PendingTable]) -> set[str]:
@@ -140,7 +141,7 @@ def _rename_partners(pending: list[PendingTable]) -> set[str]:
 
 def apply_pending(
     lakehouse: Lakehouse,
-    spark: Callable[[], Any],
+    transforms: TransformsFor,
     tables: Collection[str] | None = None,
     log: Any | None = None,
     owner: str = "cdc-lakehouse",
@@ -171,12 +172,15 @@ def apply_pending(
             targets |= partners
         dropped: dict[str, int] = {}
         if pending:
-            _apply(lakehouse, spark, pending, report, lease, log, dropped)
+            _apply(lakehouse, transforms, pending, report, lease, log, dropped)
         lease.check()
-        for table, progress in reached.items():
-            if progress.batch is not None:
-                floor = dropped.get(table, current[table].dropped_seq)
-                save_progress(store, CURRENT_STAGE, table, TableProgress(progress.batch, dropped_seq=floor))
+
+        def saved(item: tuple[str, TableProgress]) -> None:
+            table, progress = item
+            floor = dropped.get(table, current[table].dropped_seq)
+            save_progress(store, CURRENT_STAGE, table, TableProgress(progress.batch, dropped_seq=floor))
+
+        for_each_table([(t, p) for t, p in reached.items() if p.batch is not None], saved)
         report.tables = sorted(targets)
     report.seconds = time.monotonic() - began
     return report
@@ -184,7 +188,7 @@ def apply_pending(
 
 def _apply(
     lakehouse: Lakehouse,
-    spark: Callable[[], Any],
+    transforms: TransformsFor,
     pending: list[PendingTable],
     report: CurrentReport,
     lease: Lease,
@@ -193,43 +197,120 @@ def _apply(
 ) -> None:
     steps = sorted((s for p in pending for s in table_steps(p)), key=lambda s: s.seq)
     segments = {i: s.segment for i, s in enumerate(steps) if s.segment is not None}
-    # One Spark job picks the newest change per key of every part already read; a part read later (a
-    # table with millions of pending changes) gets a job of its own when its turn comes.
+    engine = transforms(sum(p.changes.num_rows for p in pending))
+    # One transform picks the newest change per key of every part already read; a part read later (a
+    # table with millions of pending changes) gets one of its own when its turn comes.
     keyed = {i: p for i, p in segments.items() if p.version.primary_key and p.bounds is None}
-    latest = latest_change_per_key(spark(), pa.concat_tables([_key_events(i, p) for i, p in keyed.items()])) if keyed else None
+    latest = (
+        _by_table_id(engine.latest_change_per_key(pa.concat_tables([_key_events(i, p) for i, p in keyed.items()])))
+        if keyed
+        else {}
+    )
+
+    def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
+        """One table's steps (with its rename partners'), in `_cdc_seq` order."""
+        done: list[tuple[Step, str | ApplyResult]] = []
+        for n, (i, step) in enumerate(chain):
+            lease.check()  # on S3 a lease lost to another run means: merge nothing more
+            if step.change is not None:
+                assert step.commit_ts is not None
+                following = chain[n + 1][1] if n + 1 < len(chain) else None
+                if _created_with_its_rows(lakehouse, step, following):
+                    done.append((step, "created"))
+                    continue
+                done.append((step, apply_schema_change(lakehouse, step.change, step.seq, step.commit_ts)))
+                continue
+            segment = segments[i]
+            if segment.bounds is not None:
+                segment = segment.load(lakehouse)
+                if segment.version.primary_key:
+                    done.append((step, apply_changes(lakehouse, segment, engine.latest_change_per_key(_key_events(i, segment)))))
+                else:
+                    done.append((step, apply_keyless_changes(lakehouse, segment)))
+            elif segment.version.primary_key:
+                done.append((step, apply_changes(lakehouse, segment, latest.get(i, _NO_CHANGES))))
+            else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
+                done.append((step, apply_keyless_changes(lakehouse, segment)))
+        return done
+
     results: dict[str, ApplyResult] = {}
-    for i, step in enumerate(steps):
-        lease.check()  # on S3 a lease lost to another run means: merge nothing more
-        if step.change is not None:
-            assert step.commit_ts is not None
-            done = apply_schema_change(lakehouse, step.change, step.seq, step.commit_ts)
-            if step.change.action == "drop" and done != "already applied":
+    for chain in for_each_table(independent_chains(steps), run):
+        for step, outcome in chain:
+            if isinstance(outcome, ApplyResult):
+                results[str(step.table)] = _sum(results.get(str(step.table)), outcome)
+                continue
+            assert step.change is not None
+            if step.change.action == "drop" and outcome != "already applied":
                 dropped[str(step.table)] = step.seq
             elif step.change.action == "create":
                 dropped.pop(str(step.table), None)
-            report.schema_changes.append(f"{step.table} at {step.seq}: {done}")
-            if log is not None:
-                log.info(f"{step.table}: {step.change.action} at _cdc_seq {step.seq}: {done}")
-            continue
-        segment = segments[i]
-        if segment.bounds is not None:
-            segment = segment.load(lakehouse)
-            if segment.version.primary_key:
-                part_latest = latest_change_per_key(spark(), _key_events(i, segment))
-                result = apply_changes(lakehouse, segment, part_latest)
-            else:
-                result = apply_keyless_changes(lakehouse, segment)
-        elif segment.version.primary_key and latest is not None:
-            result = apply_changes(lakehouse, segment, latest.filter(pc.equal(latest.column("table_id"), i)))
-        else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
-            result = apply_keyless_changes(lakehouse, segment)
-        results[str(step.table)] = _sum(results.get(str(step.table)), result)
-        if log is not None:
-            log.info(
-                f"{result.table}: {result.changes_in} changes -> {result.inserted} inserted, "
-                f"{result.updated} updated, {result.removed} deleted ({i + 1} of {len(steps)} steps)"
-            )
+            report.schema_changes.append(f"{step.table} at {step.seq}: {outcome}")
     report.applied.extend(results.values())
+    if log is not None:
+        applied = list(results.values())
+        log.info(
+            f"current state: {len(steps)} steps on {engine.engine} over {len(applied)} tables: "
+            f"{sum(r.changes_in for r in applied)} changes -> {sum(r.inserted for r in applied)} inserted, "
+            f"{sum(r.updated for r in applied)} updated, {sum(r.removed for r in applied)} deleted"
+            + (f"; schema changes: {', '.join(report.schema_changes)}" if report.schema_changes else "")
+        )
+
+
+def _created_with_its_rows(lakehouse: Lakehouse, step: Step, following: Step | None) -> bool:
+    """A new table whose first rows come in the very next step is created by that step, rows and all: one
+    Delta commit instead of an empty table and then its rows."""
+    change = step.change
+    return (
+        change is not None
+        and change.action == "create"
+        and change.renamed_from is None
+        and change.after is not None
+        and following is not None
+        and following.segment is not None
+        and following.table == step.table
+        and following.segment.version.columns == change.after.columns
+        and following.segment.version.primary_key == change.after.primary_key
+        and applied_seq(lakehouse, step.table) is None
+    )
+
+
+_NO_CHANGES = pa.table({"table_id": pa.array([], pa.int32()), "key": pa.array([], pa.string()),
+                        "seq": pa.array([], pa.int64()), "action": pa.array([], pa.string())})  # fmt: skip
+
+
+def _by_table_id(latest: pa.Table) -> dict[int, pa.Table]:
+    """The newest changes split by `table_id` (they come ordered by it), without a filter per table."""
+    ordered = latest.sort_by([("table_id", "ascending"), ("seq", "ascending")])
+    ids = ordered.column("table_id").to_pylist()
+    parts: dict[int, pa.Table] = {}
+    start = 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or ids[end] != ids[start]:
+            parts[ids[start]] = ordered.slice(start, end - start)
+            start = end
+    return parts
+
+
+def independent_chains(steps: list[Step]) -> list[list[tuple[int, Step]]]:
+    """The steps (with their index) grouped by table, each group in `_cdc_seq` order; the two sides of a RENAME
+    share a group, as the new table is made from the old one's rows. Groups can be applied side by side."""
+    parent: dict[str, str] = {}
+
+    def root(table: str) -> str:
+        while parent.setdefault(table, table) != table:
+            table = parent[table]
+        return table
+
+    for step in steps:
+        root(str(step.table))
+        if step.change is not None:
+            for partner in (step.change.renamed_from, step.change.renamed_to):
+                if partner is not None:
+                    parent[root(str(partner))] = root(str(step.table))
+    chains: dict[str, list[tuple[int, Step]]] = {}
+    for i, step in enumerate(steps):
+        chains.setdefault(root(str(step.table)), []).append((i, step))
+    return list(chains.values())
 
 
 def _key_events(table_id: int, pending: PendingTable) -> pa.Table:
@@ -287,9 +368,10 @@ def current_tables(
 ) -> MaterializeResult:
     house = lakehouse.get()
     report = apply_pending(
-        house, spark.get_session, tables=context.partition_keys, log=context.log, owner=run_owner(context.run.run_id)
+        house, spark.transforms, tables=context.partition_keys, log=context.log, owner=run_owner(context.run.run_id)
     )
     applied = {str(r.table): r for r in report.applied}
+    rows = dict(zip(report.tables, for_each_table(report.tables, lambda t: current_row_count(house, t)), strict=True))
     per_table = {}
     for name in report.tables:
         r = applied.get(name)
@@ -298,7 +380,7 @@ def current_tables(
             "inserted": r.inserted if r else 0,
             "updated": r.updated if r else 0,
             "deleted": r.removed if r else 0,
-            "rows": current_row_count(house, name),
+            "rows": rows[name],
         }
     return MaterializeResult(
         metadata={
@@ -309,7 +391,7 @@ def current_tables(
             "rows_updated": sum(r.updated for r in report.applied),
             "rows_deleted": sum(r.removed for r in report.applied),
             "rows_out": sum(v["rows"] or 0 for v in per_table.values()),
-            "per_table": MetadataValue.json(per_table),
+            **per_table_metadata(per_table, busiest_by="changes_in"),
             "duration_seconds": round(report.seconds, 3),
         }
     )
