@@ -9,6 +9,7 @@ from dagster import Definitions, EnvVar, apply_freshness_policy, in_process_exec
 from cdc_assets.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.checks import ALL_CHECKS
 from cdc_assets.freshness import current_freshness_policy
+from cdc_assets.instance import enable_event_batches
 from cdc_assets.jobs import (
     APPLY_JOB_NAME,
     CAPTURE_JOB_NAME,
@@ -89,4 +90,6 @@ def build_definitions() -> Definitions:
     )
 
 
+# Runs launched from the UI or the daemon load this module: their partition-range events go in batches too.
+enable_event_batches()
 defs = build_definitions()

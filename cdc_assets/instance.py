@@ -4,15 +4,23 @@ The run queue lets one capture and one apply run go at a time (tag `cdc/stage`):
 would keep them apart anyway, but queued runs wait without holding a run slot or timing out on a lock.
 """
 
+import json
 import os
 from pathlib import Path
+
+from cdc_assets.event_log import EVENT_BATCH_SIZE
 
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
 LEGACY_YAML = "telemetry:\n  enabled: false\n"  # what earlier versions wrote
 MANAGED_HEADER = "# Written by cdc-lakehouse; delete this line to keep your own edits to this file.\n"
-INSTANCE_YAML = (
-    MANAGED_HEADER
-    + """telemetry:
+
+
+def instance_yaml(home: Path) -> str:
+    """Our dagster.yaml: the run queue's limits, and the event log that writes batches of events at once
+    (cdc_assets.event_log), over the same files as Dagster's default SQLite storage."""
+    return (
+        MANAGED_HEADER
+        + f"""telemetry:
   enabled: false
 concurrency:
   runs:
@@ -24,8 +32,19 @@ concurrency:
       - key: cdc/stage
         value: apply
         limit: 1
+event_log_storage:
+  module: cdc_assets.event_log
+  class: BatchingSqliteEventLogStorage
+  config:
+    base_dir: {json.dumps(str(home / "history" / "runs"))}
 """
-)
+    )
+
+
+def enable_event_batches() -> None:
+    """Dagster gathers the events of a partition range into batches only when this is set (in every process
+    that runs or starts runs: the CLI, `make dev`, the runs it launches)."""
+    os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", str(EVENT_BATCH_SIZE))
 
 
 def ensure_dagster_home() -> Path:
@@ -35,9 +54,11 @@ def ensure_dagster_home() -> Path:
     config = home / "dagster.yaml"
     existing = config.read_text() if config.exists() else None
     ours = existing is None or existing.startswith(MANAGED_HEADER) or existing == LEGACY_YAML
-    if ours and existing != INSTANCE_YAML:
-        config.write_text(INSTANCE_YAML)
+    wanted = instance_yaml(home)
+    if ours and existing != wanted:
+        config.write_text(wanted)
     os.environ["DAGSTER_HOME"] = str(home)
+    enable_event_batches()
     return home
 
 
