@@ -23,6 +23,7 @@ from cdc_assets.change_log import open_table, read_query
 from cdc_assets.freshness import lag_thresholds
 from cdc_assets.lag import capture_lag, table_lags
 from cdc_assets.lakehouse import CHANGES, Lakehouse, TableRef
+from cdc_assets.parallel import for_each_table
 from cdc_assets.partitions import TABLES_PARTITIONS_NAME
 from cdc_assets.raw_batch import chain_breaks, list_batches, read_manifest
 from cdc_assets.resources import BinlogResource, LakehouseResource
@@ -92,16 +93,16 @@ def raw_batches_contiguous(context: AssetCheckExecutionContext, lakehouse: Lakeh
 
 def duplicate_seqs(lakehouse: Lakehouse, tables: list[str] | None = None) -> dict[str, int]:
     """Change logs in which some `_cdc_seq` appears more than once, with how many extra rows."""
-    found = {}
-    for name in tables if tables is not None else known_tables(lakehouse.store):
+
+    def extra_rows(name: str) -> int:
         log = open_table(lakehouse.table_uri(CHANGES, TableRef.parse(name)), lakehouse.storage_options())
         if log is None:
-            continue
+            return 0
         counts = read_query(log, "SELECT COUNT(*) AS n, COUNT(DISTINCT _cdc_seq) AS d FROM changes", "changes")
-        n, d = counts.column("n")[0].as_py(), counts.column("d")[0].as_py()
-        if n != d:
-            found[name] = n - d
-    return found
+        return int(counts.column("n")[0].as_py() - counts.column("d")[0].as_py())
+
+    names = tables if tables is not None else known_tables(lakehouse.store)
+    return {name: n for name, n in zip(names, for_each_table(names, extra_rows), strict=True) if n}
 
 
 @asset_check(

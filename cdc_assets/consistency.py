@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import re
-from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +27,12 @@ from cdc_assets.change_log import max_seq, open_table, read_query
 from cdc_assets.current_state import APPLIED_SEQ_KEY
 from cdc_assets.lakehouse import CURRENT, Lakehouse, ObjectStore, TableRef
 from cdc_assets.mysql_types import ColumnSpec, arrow_type, decode_column
+from cdc_assets.parallel import TABLE_WORKERS, for_each_table
 from cdc_assets.positions import BinlogPosition
 from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, BatchManifest, TableVersion, list_batches, read_manifest, read_rows
 from cdc_assets.settings import TableFilter
 from cdc_assets.state import Checkpoint, load_checkpoint
-from cdc_assets.verify import TableDiff, align_current, compare_tables, read_source_table, source_table_schema
+from cdc_assets.verify import TableDiff, align_current, compare_tables, read_source_table, source_table_schemas
 
 if TYPE_CHECKING:
     from cdc_assets.resources import BinlogResource
@@ -42,21 +43,33 @@ MAX_SERVER_ID = (1 << 32) - 1
 SEQ_NONE = 0  # "after seq 0": every captured change of a table without an applied seq is in flight
 
 
-def row_hash(row: tuple[Any, ...]) -> int:
-    """64-bit hash of one row's Python values; repr keeps types apart (1 vs '1' vs Decimal('1'))."""
-    return int.from_bytes(hashlib.blake2b(repr(row).encode(), digest_size=8).digest(), "big")
+def _cell_bytes(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A column's values as bytes, for hashing: text and binary as they are, everything else as Arrow prints it."""
+    if pa.types.is_binary(values.type):
+        return values
+    return pc.cast(values if pa.types.is_string(values.type) else pc.cast(values, pa.string()), pa.binary())
 
 
-def content_checksum(rows: Iterable[tuple[Any, ...]]) -> str:
-    """Sum of row hashes mod 2**64, hex: independent of row order, and duplicates count (keyless tables)."""
-    return f"{sum(row_hash(r) for r in rows) % CHECKSUM_MODULUS:016x}"
+def content_checksum(rows: pa.Table) -> str:
+    """Sum of 64-bit row hashes mod 2**64, hex: independent of row order, duplicates count (keyless tables), and
+    the column types are part of every row's hash (1 and '1' differ). Rows are joined and hashed as bytes."""
+    if not rows.num_rows:
+        return EMPTY_CHECKSUM
+    types = hashlib.blake2b(repr(rows.schema.types).encode(), digest_size=32).digest()
+    cells = [_cell_bytes(rows.column(i)) for i in range(rows.num_columns)]
+    joined = pc.binary_join_element_wise(*cells, b"\x1f", null_handling="replace", null_replacement=b"\x00")
+    total = sum(
+        int.from_bytes(hashlib.blake2b(row, digest_size=8, key=types).digest(), "big") for row in joined.to_pylist()
+    )
+    return f"{total % CHECKSUM_MODULUS:016x}"
 
 
-def table_rows(table: pa.Table) -> list[tuple[Any, ...]]:
-    """A table's rows as tuples of Python values, in its column order."""
-    if not table.num_rows:
-        return []
-    return list(zip(*(table.column(n).to_pylist() for n in table.column_names), strict=True))
+def _without_keys(rows: pa.Table, key_names: list[str], keys: set[tuple[Any, ...]]) -> pa.Table:
+    """The rows whose key is not among `keys` (the keys changed in flight)."""
+    if not keys or not rows.num_rows:
+        return rows
+    key_values = zip(*(rows.column(n).to_pylist() for n in key_names), strict=True)
+    return rows.filter(pa.array([k not in keys for k in key_values], pa.bool_()))
 
 
 @dataclass
@@ -285,14 +298,15 @@ def _open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | N
     return current, applied
 
 
-def _keep_mask(rows: list[tuple[Any, ...]], key_index: list[int], in_flight: set[tuple[Any, ...]]) -> list[bool]:
-    return [tuple(r[i] for i in key_index) not in in_flight for r in rows]
+def _read_lake(target: _Target) -> pa.Table | None:
+    return read_query(target.current, "SELECT * FROM current", "current") if target.current is not None else None
 
 
-def _compare(conn: pymysql.Connection, position: BinlogPosition, target: _Target) -> ConsistentComparison:
+def _compare(
+    conn: pymysql.Connection, position: BinlogPosition, target: _Target, lake: pa.Table | None
+) -> ConsistentComparison:
     """Both sides with the in-flight keys left out: counts, checksums and the row-for-row diff."""
     table = target.table
-    lake = read_query(target.current, "SELECT * FROM current", "current") if target.current is not None else None
     lake_rows = lake.num_rows if lake is not None else 0
     source_table = read_source_table(conn, table, target.columns) if target.columns else None
     source_rows = source_table.num_rows if source_table is not None else 0
@@ -311,27 +325,16 @@ def _compare(conn: pymysql.Connection, position: BinlogPosition, target: _Target
         assert lake is not None
         data = lake.select([n for n in lake.column_names if not n.startswith("_cdc_")])
         diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
-        return result(diff, 0, EMPTY_CHECKSUM, content_checksum(table_rows(data)))
+        return result(diff, 0, EMPTY_CHECKSUM, content_checksum(data))
     aligned = source_table.schema.empty_table() if lake is None else align_current(table, source_table, lake)
-    names = target.key_names
-    key_index = [source_table.column_names.index(n) for n in names]
-    source_list = table_rows(source_table)
-    source_keep = _keep_mask(source_list, key_index, target.keys)
-    kept_source = [r for r, keep in zip(source_list, source_keep, strict=True) if keep]
+    kept_source = _without_keys(source_table, target.key_names, target.keys)
     if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
         assert lake is not None
         data = lake.select([n for n in lake.column_names if not n.startswith("_cdc_")])
-        return result(aligned, len(kept_source), content_checksum(kept_source), content_checksum(table_rows(data)))
-    lake_list = table_rows(aligned)
-    lake_keep = _keep_mask(lake_list, key_index, target.keys)
-    kept_lake = [r for r, keep in zip(lake_list, lake_keep, strict=True) if keep]
-    diff = compare_tables(
-        table,
-        source_table.filter(pa.array(source_keep, pa.bool_())),
-        aligned.filter(pa.array(lake_keep, pa.bool_())),
-        target.key,
-    )
-    return result(diff, len(kept_source), content_checksum(kept_source), content_checksum(kept_lake))
+        return result(aligned, kept_source.num_rows, content_checksum(kept_source), content_checksum(data))
+    kept_lake = _without_keys(aligned, target.key_names, target.keys)
+    diff = compare_tables(table, kept_source, kept_lake, target.key)
+    return result(diff, kept_source.num_rows, content_checksum(kept_source), content_checksum(kept_lake))
 
 
 def compare_many(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:
@@ -341,11 +344,12 @@ def compare_many(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[Tabl
     try:
         server = source.preflight(conn, url, binlog.server_id)
         with source.consistent_snapshot(conn, server) as position:
-            targets = []
-            for table in tables:
-                columns, key = source_table_schema(conn, table)
-                current, applied = _open_current(lakehouse, table)
-                targets.append(_Target(table, columns, key, applied, current))
+            schemas = source_table_schemas(conn, tables)
+            opened = for_each_table(tables, lambda table: _open_current(lakehouse, table))
+            targets = [
+                _Target(table, *schemas[table], applied, current)
+                for table, (current, applied) in zip(tables, opened, strict=True)
+            ]
             # Read after the current-state tables: the checkpoint and the batches cover every applied seq.
             checkpoint = load_checkpoint(lakehouse.store)
             manifests = _Manifests(lakehouse.store, list_batches(lakehouse.store))
@@ -357,7 +361,11 @@ def compare_many(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[Tabl
             _scan_raw_batches(lakehouse.store, manifests, targets)
             if checkpoint is not None:
                 _scan_binlog(binlog, conn, server, checkpoint, position, targets)
-            return [_compare(conn, position, t) for t in targets]
+            # The lakehouse side is read on threads (delta-rs works outside the GIL) while this one reads the
+            # source, table by table, inside the one snapshot.
+            with ThreadPoolExecutor(TABLE_WORKERS, thread_name_prefix="cdc-lake") as pool:
+                lakes = [pool.submit(_read_lake, t) for t in targets]
+                return [_compare(conn, position, t, lake.result()) for t, lake in zip(targets, lakes, strict=True)]
     except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, or the binlog reader refused
         raise source.describe_error(exc, url) from exc
     finally:

@@ -6,8 +6,9 @@ from cdc_assets import source
 from cdc_assets.change_log import _plain_type, open_table
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.mysql_types import arrow_type
+from cdc_assets.parallel import for_each_table
 from cdc_assets.resources import BinlogResource
-from cdc_assets.verify import source_table_schema
+from cdc_assets.verify import source_table_schemas
 
 
 def schema_difference(source_fields: list[pa.Field], current: pa.Schema) -> str | None:
@@ -29,25 +30,26 @@ def schema_difference(source_fields: list[pa.Field], current: pa.Schema) -> str 
 
 def schema_differences(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[str]) -> dict[str, str]:
     """Per table with a problem, one sentence about it."""
-    problems = {}
+    refs = [TableRef.parse(name) for name in tables]
     conn = source.connect(binlog.url())
     try:
-        for name in tables:
-            table = TableRef.parse(name)
-            columns, _ = source_table_schema(conn, table)
-            dt = open_table(lakehouse.table_uri(CURRENT, table), lakehouse.storage_options())
-            if not columns:
-                if dt is not None:
-                    problems[name] = "the table no longer exists in the source"
-                continue
-            if dt is None:
-                problems[name] = "there is no current-state table yet"
-                continue
-            arrow = pa.schema(dt.schema().to_arrow())
-            current = pa.schema([f.with_type(_plain_type(f.type)) for f in arrow])
-            problem = schema_difference([pa.field(c.name, arrow_type(c)) for c in columns], current)
-            if problem:
-                problems[name] = problem
+        schemas = source_table_schemas(conn, refs)
     finally:
         conn.close()
+    opened = for_each_table(refs, lambda t: open_table(lakehouse.table_uri(CURRENT, t), lakehouse.storage_options()))
+    problems = {}
+    for name, table, dt in zip(tables, refs, opened, strict=True):
+        columns, _ = schemas[table]
+        if not columns:
+            if dt is not None:
+                problems[name] = "the table no longer exists in the source"
+            continue
+        if dt is None:
+            problems[name] = "there is no current-state table yet"
+            continue
+        arrow = pa.schema(dt.schema().to_arrow())
+        current = pa.schema([f.with_type(_plain_type(f.type)) for f in arrow])
+        problem = schema_difference([pa.field(c.name, arrow_type(c)) for c in columns], current)
+        if problem:
+            problems[name] = problem
     return problems

@@ -1,7 +1,7 @@
 """Row-for-row comparison of current-state tables with the source.
 
-The source side is read with SQL and typed through `encode_sql_value`, a route independent of
-the binlog decoding, then both sides are compared as Python values of the Delta types.
+The source side is read with SQL and typed from the server's own text of each value (source_rows), a route
+independent of the binlog decoding, then both sides are compared as Arrow tables of the Delta types.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ from cdc_assets.mysql_types import (
     ColumnSpec,
     arrow_type,
     column_from_information_schema,
-    decode_column,
-    encode_sql_value,
 )
+from cdc_assets.source_rows import query_columns, source_column
 from cdc_assets.state import known_tables
 
 if TYPE_CHECKING:
@@ -68,21 +67,40 @@ def _key_text(key: tuple) -> str:
 
 def source_table_schema(conn: pymysql.Connection, table: TableRef) -> tuple[list[ColumnSpec], list[str]]:
     """Today's columns and primary key of a source table (empty columns: the table does not exist)."""
+    return source_table_schemas(conn, [table])[table]
+
+
+def source_table_schemas(
+    conn: pymysql.Connection, tables: list[TableRef]
+) -> dict[TableRef, tuple[list[ColumnSpec], list[str]]]:
+    """`source_table_schema` of many tables, in two queries for all of them (information_schema is slow to ask)."""
+    found: dict[TableRef, tuple[list[ColumnSpec], list[str]]] = {t: ([], []) for t in tables}
+    schemas = sorted({t.schema for t in tables})
+    if not schemas:
+        return found
+    marks = ", ".join(["%s"] * len(schemas))
     with conn.cursor(pymysql.cursors.DictCursor) as cur:
         cur.execute(
-            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, DATETIME_PRECISION, "
-            "CHARACTER_SET_NAME, CHARACTER_OCTET_LENGTH, COLUMN_KEY FROM information_schema.COLUMNS "
-            "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
-            (table.schema, table.table),
+            "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, "
+            "DATETIME_PRECISION, CHARACTER_SET_NAME, CHARACTER_OCTET_LENGTH, COLUMN_KEY FROM information_schema.COLUMNS "
+            f"WHERE TABLE_SCHEMA IN ({marks}) ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION",
+            schemas,
         )
-        rows = cur.fetchall()
+        for row in cur.fetchall():
+            table = TableRef(row["TABLE_SCHEMA"], row["TABLE_NAME"])
+            if table in found:
+                found[table][0].append(column_from_information_schema(row))
         cur.execute(
-            "SELECT COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = %s "
-            "AND TABLE_NAME = %s AND CONSTRAINT_NAME = 'PRIMARY' ORDER BY ORDINAL_POSITION",
-            (table.schema, table.table),
+            "SELECT TABLE_SCHEMA, TABLE_NAME, COLUMN_NAME FROM information_schema.KEY_COLUMN_USAGE "
+            f"WHERE TABLE_SCHEMA IN ({marks}) AND CONSTRAINT_NAME = 'PRIMARY' "
+            "ORDER BY TABLE_SCHEMA, TABLE_NAME, ORDINAL_POSITION",
+            schemas,
         )
-        key = [r["COLUMN_NAME"] for r in cur.fetchall()]
-    return [column_from_information_schema(r) for r in rows], key
+        for row in cur.fetchall():
+            table = TableRef(row["TABLE_SCHEMA"], row["TABLE_NAME"])
+            if table in found:
+                found[table][1].append(row["COLUMN_NAME"])
+    return found
 
 
 def _select_expression(col: ColumnSpec) -> str:
@@ -94,13 +112,8 @@ def _select_expression(col: ColumnSpec) -> str:
 def read_source_table(conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec]) -> pa.Table:
     """The source table's rows in the Delta types."""
     select = ", ".join(_select_expression(c) for c in columns)
-    with conn.cursor(pymysql.cursors.SSCursor) as cur:
-        cur.execute(f"SELECT {select} FROM `{table.schema}`.`{table.table}`")
-        rows = cur.fetchall()
-    arrays = []
-    for i, col in enumerate(columns):
-        texts = pa.array([encode_sql_value(col, row[i]) for row in rows], pa.string())
-        arrays.append(decode_column(col, texts))
+    raw = query_columns(conn, f"SELECT {select} FROM `{table.schema}`.`{table.table}`")
+    arrays = [source_column(col, values) for col, values in zip(columns, raw, strict=True)]
     return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, arrow_type(c)) for c in columns]))
 
 
@@ -113,10 +126,19 @@ def _by_key(table: pa.Table, key: list[str]) -> dict[tuple, list[tuple]]:
     return rows
 
 
+def _in_order(rows: pa.Table, key: list[str]) -> pa.Table:
+    return rows.sort_by([(k, "ascending") for k in key]) if rows.num_rows else rows
+
+
 def compare_tables(table: TableRef, source: pa.Table, lakehouse: pa.Table, key: list[str]) -> TableDiff:
-    """Compare two tables with the same columns, keyed by `key` (all columns when there is no key)."""
+    """Compare two tables with the same columns, keyed by `key` (all columns when there is no key).
+
+    Both sorted by the key and equal as Arrow tables is the common case, proved without a Python value per
+    cell; only tables that differ are compared key by key, to say which keys differ."""
     key = key or source.column_names
     diff = TableDiff(table, source.num_rows, lakehouse.num_rows)
+    if source.num_rows == lakehouse.num_rows and _in_order(source, key).equals(_in_order(lakehouse, key)):
+        return diff
     left, right = _by_key(source, key), _by_key(lakehouse, key)
     diff.missing = sorted((k for k in left if k not in right), key=repr)
     diff.extra = sorted((k for k in right if k not in left), key=repr)
