@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -523,6 +525,26 @@ def _batches(
     events: Iterator[RawEvent], builder: BatchBuilder, end: BinlogPosition, options: CaptureOptions, server: ServerInfo
 ) -> Iterator[RawBatch]:
     """Feed the builder from binlog events, cutting a batch at the first boundary past `max_rows`."""
+    with _no_cycle_collection():
+        yield from _read_events(events, builder, end, options, server)
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Capture makes millions of short-lived lists and strings, and no reference cycles: the cyclic garbage
+    collector would only walk the growing batch again and again (about 5% of capture time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_events(
+    events: Iterator[RawEvent], builder: BatchBuilder, end: BinlogPosition, options: CaptureOptions, server: ServerInfo
+) -> Iterator[RawBatch]:
     maps = _TableMaps(server.flavor == "mariadb", options.table_filter)
     post_headers = b""
     log_file = builder.start.log_file
