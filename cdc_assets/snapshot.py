@@ -19,8 +19,15 @@ import pymysql
 from deltalake import CommitProperties, write_deltalake
 
 from cdc_assets import source
-from cdc_assets.change_log import COMMIT_TS_TYPE, SEQ_TYPE, open_table, stats_configuration
-from cdc_assets.current_state import APPLIED_SEQ_KEY, DUP_COLUMN, current_schema, number_duplicates
+from cdc_assets.change_log import COMMIT_TS_TYPE, SEQ_TYPE, open_table
+from cdc_assets.current_state import (
+    APPLIED_SEQ_KEY,
+    DUP_COLUMN,
+    current_configuration,
+    current_schema,
+    number_duplicates,
+    sorted_by_key,
+)
 from cdc_assets.ddl import TableShape
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
@@ -167,10 +174,10 @@ def _replace_current(
     exists = open_table(uri, options) is not None
     write_deltalake(
         uri,
-        table.cast(schema),
+        sorted_by_key(table.cast(schema), version.primary_key),
         mode="overwrite",
         schema_mode="overwrite",
         storage_options=options,
-        configuration=None if exists else stats_configuration(schema),
+        configuration=None if exists else current_configuration(schema),
         commit_properties=CommitProperties(custom_metadata={APPLIED_SEQ_KEY: str(seq)}),
     )
