@@ -56,8 +56,10 @@ def current_configuration(schema: pa.Schema) -> dict[str, str]:
 
 
 def sorted_by_key(rows: pa.Table, key: list[str] | tuple[str, ...]) -> pa.Table:
-    """Rows in primary-key order, so the files written from them hold disjoint key ranges."""
-    return rows.sort_by([(k, "ascending") for k in key]) if key and rows.num_rows else rows
+    """Rows in primary-key order, in one Arrow batch, so the files written from them hold disjoint key ranges
+    (delta-rs deals separate batches out to its writers in turn: their files would interleave)."""
+    ordered = rows.sort_by([(k, "ascending") for k in key]) if key and rows.num_rows else rows
+    return ordered.combine_chunks()
 
 
 def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:

@@ -1,6 +1,7 @@
 """Snapshots: a table's existing rows loaded into current state, consistently with the binlog position.
 
-The rows are read inside one consistent snapshot whose binlog position P is known. Capture then
+The rows are read inside one consistent snapshot whose binlog position P is known, in primary-key order and a
+chunk at a time into a local Parquet spool (memory does not grow with the table). Capture then
 runs to exactly P, so the `_cdc_seq` of the last change at or before P is known: the snapshot rows
 get that seq and the table's applied watermark is set to it. Every change after P is newer and
 applies on top; every change up to P is already contained in the snapshot and is skipped.
@@ -11,10 +12,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pymysql
 from deltalake import CommitProperties, write_deltalake
 
@@ -26,14 +30,16 @@ from cdc_assets.current_state import (
     current_configuration,
     current_schema,
     number_duplicates,
-    sorted_by_key,
 )
 from cdc_assets.ddl import TableShape
 from cdc_assets.errors import CdcUserError
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.locks import lakehouse_lock
+from cdc_assets.mysql_types import arrow_schema
 from cdc_assets.raw_batch import TableVersion
 from cdc_assets.resources import CAPTURE_LOCK, BinlogResource, CaptureReport
+from cdc_assets.source_rows import query_chunks, source_column
+from cdc_assets.spool import SpoolDirectory
 from cdc_assets.stages import CHANGES_LOCK, CHANGES_STAGE, CURRENT_LOCK
 from cdc_assets.state import (
     TableProgress,
@@ -46,7 +52,10 @@ from cdc_assets.state import (
     save_registry,
     save_schemas,
 )
-from cdc_assets.verify import read_source_table, source_table_schema
+from cdc_assets.verify import quote_identifier, select_expression, source_table_schemas
+
+SNAPSHOT_CHUNK_ROWS = 100_000  # rows read from the source and held in memory at once
+SNAPSHOT_WRITE_ROWS = 2_000_000  # rows handed to delta-rs at once: more than a 16 MB file holds
 
 
 @dataclass
@@ -87,7 +96,8 @@ def take_snapshot(
         server = source.preflight(conn, url, binlog.server_id)
         lakehouse.check_writable()
         tables = _tables(conn, binlog, requested)
-        loaded: dict[TableRef, tuple[TableVersion, pa.Table]] = {}
+        loaded: dict[TableRef, tuple[TableVersion, Path]] = {}
+        spool = SpoolDirectory()
         with source.consistent_snapshot(conn, server) as position:
             checkpoint = load_checkpoint(lakehouse.store)
             if checkpoint is not None and position < checkpoint.position:
@@ -96,16 +106,16 @@ def take_snapshot(
                     "when no sync is running."
                 )
             taken_at = dt.datetime.now(dt.UTC)
-            for table in tables:
-                columns, key = source_table_schema(conn, table)
+            schemas = source_table_schemas(conn, tables)
+            for n, table in enumerate(tables):
+                columns, key = schemas[table]
                 if not columns:
                     raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
-                loaded[table] = (
-                    TableVersion(0, table, tuple(columns), tuple(key)),
-                    read_source_table(conn, table, columns),
-                )
+                version = TableVersion(0, table, tuple(columns), tuple(key))
+                loaded[table] = (version, spool.path / f"{n}.parquet")
+                report.rows[str(table)] = _spool_rows(conn, version, loaded[table][1])
                 if log is not None:
-                    log.info(f"{table}: {loaded[table][1].num_rows} rows read at {position}")
+                    log.info(f"{table}: {report.rows[str(table)]} rows read at {position}")
     except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, a table dropped meanwhile
         raise source.describe_error(exc, url) from exc
     finally:
@@ -129,7 +139,7 @@ def take_snapshot(
             if progress.version is None:  # no change log yet: the current state needs the columns and key
                 save_progress(store, CHANGES_STAGE, str(table), TableProgress(progress.batch, version.to_json()))
             _replace_current(lakehouse, version, rows, seq, taken_at)
-            report.rows[str(table)] = rows.num_rows
+    spool.remove()
     with lakehouse_lock(lakehouse, CAPTURE_LOCK, "capture", owner, wait, log=log):
         registry = load_registry(store)
         for table in loaded:
@@ -159,22 +169,65 @@ def _remember_shapes(lakehouse: Lakehouse, versions: list[TableVersion], seq: in
     save_checkpoint(store, dataclasses.replace(checkpoint, schemas=name))
 
 
-def _replace_current(
-    lakehouse: Lakehouse, version: TableVersion, rows: pa.Table, seq: int, taken_at: dt.datetime
-) -> None:
-    """Replace the table's current state with the snapshot rows in one Delta commit."""
+def _spool_rows(conn: pymysql.Connection, version: TableVersion, path: Path) -> int:
+    """The table's rows into a local Parquet file, a chunk at a time and in primary-key order (so the current
+    state is written with each file holding a narrow key range); returns how many."""
+    schema = arrow_schema(list(version.columns))
+    select = ", ".join(select_expression(c) for c in version.columns)
+    order = f" ORDER BY {', '.join(quote_identifier(k) for k in version.primary_key)}" if version.primary_key else ""
+    sql = f"SELECT {select} FROM {quote_identifier(version.table.schema)}.{quote_identifier(version.table.table)}{order}"
+    rows = 0
+    with pq.ParquetWriter(path, schema) as writer:
+        for chunk in query_chunks(conn, sql, SNAPSHOT_CHUNK_ROWS):
+            arrays = [source_column(c, values) for c, values in zip(version.columns, chunk, strict=True)]
+            writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
+            rows += len(chunk[0]) if chunk else 0
+    return rows
+
+
+def _regrouped(parquet: pq.ParquetFile) -> Iterator[pa.Table]:
+    """The spool's rows in parts of SNAPSHOT_WRITE_ROWS, each one Arrow batch.
+
+    delta-rs deals the batches of a stream out to its writers in turn, so files made from small batches would
+    each hold rows from all over the key range. From batches of several files' worth, each file holds one
+    stretch of keys (a file may straddle the end of one batch and the start of the next a writer gets): a merge
+    of a narrow key range rewrites a few files, however large the table."""
+    parts: list[pa.Table] = []
+    rows = 0
+    for group in range(parquet.num_row_groups):
+        parts.append(parquet.read_row_group(group))
+        rows += parts[-1].num_rows
+        if rows >= SNAPSHOT_WRITE_ROWS:
+            yield pa.concat_tables(parts).combine_chunks()
+            parts, rows = [], 0
+    if parts:
+        yield pa.concat_tables(parts).combine_chunks()
+
+
+def _replace_current(lakehouse: Lakehouse, version: TableVersion, rows: Path, seq: int, taken_at: dt.datetime) -> None:
+    """Replace the table's current state with the snapshot rows in one Delta commit, streamed from the spool."""
     schema = current_schema(version)
-    table = rows.append_column("_cdc_seq", pa.array([seq] * rows.num_rows, SEQ_TYPE)).append_column(
-        "_cdc_commit_ts", pa.array([taken_at] * rows.num_rows, COMMIT_TS_TYPE)
-    )
-    if not version.primary_key:  # identical rows of a keyless table are told apart by their ordinal
-        table = table.append_column(DUP_COLUMN, number_duplicates(rows, [c.name for c in version.columns]))
+    parquet = pq.ParquetFile(rows)
+
+    def with_metadata(part: pa.Table) -> pa.Table:
+        part = part.append_column("_cdc_seq", pa.array([seq] * part.num_rows, SEQ_TYPE)).append_column(
+            "_cdc_commit_ts", pa.array([taken_at] * part.num_rows, COMMIT_TS_TYPE)
+        )
+        if not version.primary_key:  # identical rows of a keyless table are told apart by their ordinal
+            part = part.append_column(DUP_COLUMN, number_duplicates(part, [c.name for c in version.columns]))
+        return part.cast(schema)
+
+    if version.primary_key:  # in key order already: streamed, SNAPSHOT_WRITE_ROWS in memory at a time
+        batches = (b for part in _regrouped(parquet) for b in with_metadata(part).to_batches())
+        data: pa.Table | pa.RecordBatchReader = pa.RecordBatchReader.from_batches(schema, batches)
+    else:  # duplicates are numbered over the whole table: it is read at once
+        data = with_metadata(parquet.read())
     uri = lakehouse.table_uri(CURRENT, version.table)
     options = lakehouse.storage_options()
     exists = open_table(uri, options) is not None
     write_deltalake(
         uri,
-        sorted_by_key(table.cast(schema), version.primary_key),
+        data,
         mode="overwrite",
         schema_mode="overwrite",
         storage_options=options,

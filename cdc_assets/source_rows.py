@@ -8,6 +8,8 @@ server sends (its own printing of each type). The route stays independent of the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pyarrow as pa
 import pyarrow.compute as pc
 import pymysql
@@ -23,20 +25,40 @@ _NO_DATE = r"^(0000|\d{4}-00|\d{4}-\d{2}-00)"
 
 def query_columns(conn: pymysql.Connection, sql: str) -> list[list[bytes | None]]:
     """The result of one SELECT as one list per column of the raw values (the server's text, None for NULL)."""
+    chunks = list(query_chunks(conn, sql, rows_per_chunk=None))
+    return chunks[0]
+
+
+def query_chunks(
+    conn: pymysql.Connection, sql: str, rows_per_chunk: int | None
+) -> Iterator[list[list[bytes | None]]]:
+    """The result of one SELECT in chunks of `rows_per_chunk` rows (all at once for None), each as one list per
+    column of the raw values; at least one chunk. Read it to the end: the connection is busy until then."""
     conn._execute_command(COMMAND.COM_QUERY, sql)
     width = conn._read_packet().read_length_encoded_integer()  # PyMySQL raises the server's error here
     for _ in range(width):  # column definitions: the caller knows the columns
         conn._read_packet()
     conn._read_packet()  # the EOF after them (PyMySQL does not ask for CLIENT_DEPRECATE_EOF)
-    columns: list[list[bytes | None]] = [[] for _ in range(width)]
-    appends = [c.append for c in columns]
     read = conn._rfile.read  # the rows straight from the socket's buffer: a header and a payload each
     while True:
+        columns, done = _read_rows(read, width, rows_per_chunk)
+        yield columns
+        if done:
+            return
+
+
+def _read_rows(read: Callable[[int], bytes], width: int, limit: int | None) -> tuple[list[list[bytes | None]], bool]:
+    """Up to `limit` rows as lists per column, and whether the result ended."""
+    columns: list[list[bytes | None]] = [[] for _ in range(width)]
+    appends = [c.append for c in columns]
+    count = 0
+    while limit is None or count < limit:
         data = read_payload(read)
         if data[0] == _EIGHT_BYTES and len(data) < 9:  # EOF: the end of the rows
-            return columns
+            return columns, True
         if data[0] == _ERROR:  # an error after some rows (a killed query, a lost lock)
             pymysql.err.raise_mysql_exception(data)
+        count += 1
         pos = 0
         for append in appends:
             first = data[pos]
@@ -52,6 +74,7 @@ def query_columns(conn: pymysql.Connection, sql: str) -> list[list[bytes | None]
                 start = pos + 1 + size
                 pos = start + int.from_bytes(data[pos + 1 : start], "little")
             append(data[start:pos])
+    return columns, False
 
 
 def source_column(col: ColumnSpec, raw: list[bytes | None]) -> pa.Array:

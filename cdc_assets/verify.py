@@ -103,16 +103,19 @@ def source_table_schemas(
     return found
 
 
-def _select_expression(col: ColumnSpec) -> str:
-    name = "`" + col.name.replace("`", "``") + "`"
+def quote_identifier(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def select_expression(col: ColumnSpec) -> str:
     # FLOAT prints with 6 significant digits; as a DOUBLE it carries its exact value.
-    return f"({name} + 0e0)" if col.type == "float" else name
+    return f"({quote_identifier(col.name)} + 0e0)" if col.type == "float" else quote_identifier(col.name)
 
 
 def read_source_table(conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec]) -> pa.Table:
     """The source table's rows in the Delta types."""
-    select = ", ".join(_select_expression(c) for c in columns)
-    raw = query_columns(conn, f"SELECT {select} FROM `{table.schema}`.`{table.table}`")
+    select = ", ".join(select_expression(c) for c in columns)
+    raw = query_columns(conn, f"SELECT {select} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}")
     arrays = [source_column(col, values) for col, values in zip(columns, raw, strict=True)]
     return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, arrow_type(c)) for c in columns]))
 
