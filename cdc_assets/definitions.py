@@ -21,7 +21,7 @@ from cdc_assets.jobs import (
 )
 from cdc_assets.resources import BinlogResource, LakehouseResource
 from cdc_assets.schedules import build_capture_schedule, lag_check_schedule
-from cdc_assets.sensors import raw_batch_sensor
+from cdc_assets.sensors import build_binlog_sensor, raw_batch_sensor
 from cdc_assets.settings import (
     DEFAULT_LAKEHOUSE,
     DEFAULT_LOCK_WAIT_SECONDS,
@@ -84,7 +84,7 @@ def build_definitions() -> Definitions:
         asset_checks=ALL_CHECKS,
         jobs=[capture_job, apply_job, lag_check_job, snapshot_job],
         schedules=[build_capture_schedule(), lag_check_schedule],
-        sensors=[raw_batch_sensor],
+        sensors=[raw_batch_sensor, build_binlog_sensor()],
         resources=build_resources(),
         executor=in_process_executor,
     )

@@ -1,4 +1,7 @@
-"""Schedules: capture on a cron (CDC_CAPTURE_CRON, default every minute) and the per-table lag check."""
+"""Schedules: capture on a cron (CDC_CAPTURE_CRON, default every minute) and the per-table lag check.
+
+With CDC_CAPTURE_INTERVAL_SECONDS set, capture runs continuously instead (the binlog sensor, sensors.py) and
+the capture schedule starts switched off."""
 
 import os
 
@@ -9,6 +12,7 @@ from dagster import (
     RunsFilter,
     ScheduleDefinition,
     ScheduleEvaluationContext,
+    SensorEvaluationContext,
     SkipReason,
     schedule,
 )
@@ -19,7 +23,7 @@ from cdc_assets.jobs import STAGE_TAG, capture_job, lag_check_job
 from cdc_assets.lakehouse import Lakehouse
 from cdc_assets.locks import read_holder
 from cdc_assets.resources import LakehouseResource
-from cdc_assets.settings import DEFAULT_CAPTURE_CRON
+from cdc_assets.settings import DEFAULT_CAPTURE_CRON, env_number
 from cdc_assets.stages import CAPTURE_LOCK
 
 
@@ -30,10 +34,17 @@ def capture_cron() -> str:
     return cron
 
 
+def capture_interval() -> float | None:
+    """CDC_CAPTURE_INTERVAL_SECONDS: how often the binlog sensor looks for new changes (None: capture on the cron)."""
+    if not os.environ.get("CDC_CAPTURE_INTERVAL_SECONDS"):
+        return None
+    return env_number("CDC_CAPTURE_INTERVAL_SECONDS", 10, lambda s: s >= 1, "a number of seconds of at least 1")
+
+
 WAITING_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
 
 
-def capture_in_progress(context: ScheduleEvaluationContext, lakehouse: Lakehouse) -> str | None:
+def capture_in_progress(context: ScheduleEvaluationContext | SensorEvaluationContext, lakehouse: Lakehouse) -> str | None:
     """Why a new capture must wait: one holds the lakehouse's capture lock (started by the schedule, the CLI,
     the UI or another machine), or a capture run is already waiting to start.
 
@@ -54,7 +65,7 @@ def build_capture_schedule() -> ScheduleDefinition:
         name="capture_schedule",
         job=capture_job,
         cron_schedule=capture_cron(),
-        default_status=DefaultScheduleStatus.RUNNING,
+        default_status=DefaultScheduleStatus.RUNNING if capture_interval() is None else DefaultScheduleStatus.STOPPED,
         description=(
             "Captures new binlog changes into raw batches on a cron (CDC_CAPTURE_CRON, default every minute). A "
             "tick is skipped while a capture holds the lakehouse's capture lock or a capture run waits to start; "

@@ -1,5 +1,6 @@
-"""The sensor on new raw batches: it turns each new batch into change-log and current-state runs for exactly
-the tables the batch touched, registering tables it has not seen as partitions first."""
+"""Sensors: on new raw batches, which it turns into change-log and current-state runs for exactly the tables
+the batches touched (registering tables it has not seen as partitions first); and, when
+CDC_CAPTURE_INTERVAL_SECONDS is set, on the binlog itself, capturing continuously instead of on the cron."""
 
 import time
 
@@ -7,6 +8,7 @@ from dagster import (
     AssetKey,
     DefaultSensorStatus,
     RunRequest,
+    SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
@@ -16,17 +18,20 @@ from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PART
 
 from cdc_assets.assets.raw import RAW_ASSET_KEY
 from cdc_assets.freshness import lag_thresholds
-from cdc_assets.jobs import CURRENT_ASSET_KEY, apply_job
+from cdc_assets.jobs import CURRENT_ASSET_KEY, apply_job, capture_job
+from cdc_assets.lag import capture_lag
 from cdc_assets.lakehouse import ObjectStore
 from cdc_assets.partitions import TABLES_PARTITIONS_NAME, tables_partitions, touched_ranges
 from cdc_assets.raw_batch import list_batches, read_manifest
-from cdc_assets.resources import LakehouseResource
+from cdc_assets.resources import BinlogResource, LakehouseResource
+from cdc_assets.schedules import capture_in_progress, capture_interval
 from cdc_assets.stages import CURRENT_STAGE
 from cdc_assets.state import load_registry, tables_behind
 
 MAX_BATCHES_PER_TICK = 500
 RETRY_AFTER_SECONDS = 300  # a table left behind is requested again at most this often
-SENSOR_INTERVAL_SECONDS = 15
+# The raw-batch sensor looks every 15 s, or as often as the binlog sensor when capture runs continuously.
+SENSOR_INTERVAL_SECONDS = int(min(15, capture_interval() or 15))
 
 
 def apply_run_request(first: str, last: str, run_key: str) -> RunRequest:
@@ -108,3 +113,34 @@ def _left_behind(store: ObjectStore, registry: dict, cursor: str | None, touched
         return set()
     behind = tables_behind(store, CURRENT_STAGE, registry)
     return {t for t in behind if t not in touched and str(registry[t]["last_batch"]) <= cursor}
+
+
+def build_binlog_sensor() -> SensorDefinition:
+    """Capture whenever the binlog has grown past the checkpoint, looking every CDC_CAPTURE_INTERVAL_SECONDS
+    (switched off when that is unset: capture then runs on the capture schedule's cron)."""
+    interval = capture_interval()
+
+    @sensor(
+        name="binlog_sensor",
+        job=capture_job,
+        minimum_interval_seconds=int(interval or 30),
+        default_status=DefaultSensorStatus.RUNNING if interval is not None else DefaultSensorStatus.STOPPED,
+        description=(
+            "Continuous capture: every CDC_CAPTURE_INTERVAL_SECONDS, requests a capture run when the source's binlog "
+            "has grown past the checkpoint. Skips while a capture holds the lakehouse's capture lock or waits to start. "
+            "Running when CDC_CAPTURE_INTERVAL_SECONDS is set (the capture schedule is then off)."
+        ),
+    )
+    def binlog_sensor(
+        context: SensorEvaluationContext, binlog: BinlogResource, lakehouse: LakehouseResource
+    ) -> RunRequest | SkipReason:
+        house = lakehouse.get()
+        busy = capture_in_progress(context, house)
+        if busy:
+            return SkipReason(busy)
+        lag = capture_lag(binlog, house, time.time())
+        if not lag.lag_bytes:
+            return SkipReason(f"The binlog ends at {lag.binlog_end}: nothing new to capture.")
+        return RunRequest()
+
+    return binlog_sensor

@@ -31,7 +31,7 @@ def test_assets_are_grouped_and_everything_is_described() -> None:
         assert job.description, job.name
     for name, resource in build_resources().items():
         assert resource.get_resource_definition().description, name  # type: ignore[attr-defined]
-    assert {s.name for s in defs.sensors} == {"raw_batch_sensor"}
+    assert {s.name for s in defs.sensors} == {"raw_batch_sensor", "binlog_sensor"}
     assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule"}
 
 

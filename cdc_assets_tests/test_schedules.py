@@ -110,3 +110,49 @@ def test_two_syncs_started_together_never_capture_at_once(cdc: CdcEnv, monkeypat
     assert [p.returncode for p in processes] == [0, 0], results
     # Both captured from the same checkpoint only one after the other: batches chain, no change twice.
     _assert_exactly_once(cdc)
+
+
+def test_continuous_capture_replaces_the_schedule_when_an_interval_is_set(monkeypatch) -> None:
+    from dagster import DefaultScheduleStatus, DefaultSensorStatus
+
+    from cdc_assets.sensors import build_binlog_sensor
+
+    monkeypatch.delenv("CDC_CAPTURE_INTERVAL_SECONDS", raising=False)
+    assert build_capture_schedule().default_status == DefaultScheduleStatus.RUNNING
+    assert build_binlog_sensor().default_status == DefaultSensorStatus.STOPPED
+    monkeypatch.setenv("CDC_CAPTURE_INTERVAL_SECONDS", "5")
+    assert build_capture_schedule().default_status == DefaultScheduleStatus.STOPPED
+    sensor = build_binlog_sensor()
+    assert sensor.default_status == DefaultSensorStatus.RUNNING and sensor.minimum_interval_seconds == 5
+    monkeypatch.setenv("CDC_CAPTURE_INTERVAL_SECONDS", "0.5")
+    with pytest.raises(CdcUserError, match="CDC_CAPTURE_INTERVAL_SECONDS='0.5' is not a number of seconds of at least 1"):
+        build_binlog_sensor()
+
+
+def test_binlog_sensor_captures_when_the_binlog_grew_and_never_beside_another_capture(cdc: CdcEnv, monkeypatch) -> None:
+    from dagster import build_sensor_context
+
+    from cdc_assets.cli import main
+    from cdc_assets.resources import BinlogResource
+    from cdc_assets.sensors import build_binlog_sensor
+
+    monkeypatch.setenv("CDC_CAPTURE_INTERVAL_SECONDS", "5")
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    instance = _instance()
+    sensor = build_binlog_sensor()
+    binlog = BinlogResource(mysql_url=os.environ["CDC_MYSQL_URL"], tables=os.environ["CDC_TABLES"])
+    resources = {"lakehouse": LakehouseResource(location=str(cdc.lakehouse_dir)), "binlog": binlog}
+
+    def tick():  # type: ignore[no-untyped-def]
+        with build_sensor_context(instance=instance, resources=resources) as context:
+            return sensor.evaluate_tick(context)
+
+    assert tick().run_requests  # nothing captured yet: the binlog is ahead
+    assert main(["sync"]) == 0
+    quiet = tick()
+    assert not quiet.run_requests and "nothing new to capture" in quiet.skip_message
+    cdc.execute("INSERT INTO t VALUES (2)")
+    with lakehouse_lock(cdc.lakehouse, CAPTURE_LOCK, "capture", "a capture run"):
+        busy = tick()
+    assert not busy.run_requests and "a capture run" in busy.skip_message
+    assert tick().run_requests
