@@ -35,6 +35,7 @@ concurrency:
         limit: 1
 run_queue:
   dequeue_interval_seconds: 1
+  dequeue_use_threads: true
 event_log_storage:
   module: cdc_assets.event_log
   class: BatchingSqliteEventLogStorage

@@ -68,9 +68,7 @@ def table_steps(pending: PendingTable) -> list[Step]:
     events = []
     for row in schema_rows:
         detail = json.loads(row[DDL_COLUMN])
-        events.append(
-            (row["_cdc_seq"], SchemaChange.from_json(detail), row["_cdc_commit_ts"])
-        )
+        events.append((row["_cdc_seq"], SchemaChange.from_json(detail), row["_cdc_commit_ts"]))
     events.sort(key=lambda e: e[0])
     data = changes.filter(pc.invert(is_schema))
     seqs = data.column("_cdc_seq")
@@ -224,11 +222,13 @@ def _apply(
             if segment.bounds is not None:
                 segment = segment.load(lakehouse)
                 if segment.version.primary_key:
-                    done.append((step, apply_changes(lakehouse, segment, engine.latest_change_per_key(_key_events(i, segment)))))
+                    done.append(
+                        (step, apply_changes(lakehouse, segment, engine.latest_change_per_key(_key_events(i, segment))))
+                    )
                 else:
                     done.append((step, apply_keyless_changes(lakehouse, segment)))
             elif segment.version.primary_key:
-                done.append((step, apply_changes(lakehouse, segment, latest.get(i, _NO_CHANGES))))
+                done.append((step, apply_changes(lakehouse, segment, latest[i] if i in latest else _no_changes())))
             else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
                 done.append((step, apply_keyless_changes(lakehouse, segment)))
         return done
@@ -274,8 +274,11 @@ def _created_with_its_rows(lakehouse: Lakehouse, step: Step, following: Step | N
     )
 
 
-_NO_CHANGES = pa.table({"table_id": pa.array([], pa.int32()), "key": pa.array([], pa.string()),
-                        "seq": pa.array([], pa.int64()), "action": pa.array([], pa.string())})  # fmt: skip
+def _no_changes() -> pa.Table:
+    # made when needed: building a table makes pyarrow import pandas, half a second of every run's start
+    return pa.schema(
+        [("table_id", pa.int32()), ("key", pa.string()), ("seq", pa.int64()), ("action", pa.string())]
+    ).empty_table()
 
 
 def _by_table_id(latest: pa.Table) -> dict[int, pa.Table]:
