@@ -75,7 +75,7 @@ def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
 # Current-state files roll over at this size, for full rewrites and merges alike (`delta.targetFileSize`).
 # Written sorted by primary key, each file then covers a narrow key range, and a merge rewrites only the
 # files whose range holds a changed key: its cost follows how far the changes spread, not the table's size.
-CURRENT_FILE_BYTES = 16 * 1024 * 1024
+CURRENT_FILE_BYTES = 4 * 1024 * 1024
 
 MAX_CHANGES_PER_MERGE = 200_000  # changes read and merged at once: bounds memory when a table has millions pending
 SCHEMA_OPS = ("create", "alter", "drop")

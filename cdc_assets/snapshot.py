@@ -55,7 +55,7 @@ from cdc_assets.state import (
 from cdc_assets.verify import quote_identifier, select_expression, source_table_schemas
 
 SNAPSHOT_CHUNK_ROWS = 100_000  # rows read from the source and held in memory at once
-SNAPSHOT_WRITE_ROWS = 2_000_000  # rows handed to delta-rs at once: more than a 16 MB file holds
+SNAPSHOT_WRITE_ROWS = 2_000_000  # rows handed to delta-rs at once: several files' worth
 
 
 @dataclass

@@ -1,0 +1,239 @@
+"""Workload (b): 10k changes applied to a 1M-row table and to a 10M-row table.
+
+    .venv/bin/python -m benchmarks.large_table [--runs 3] [--sizes 1000000,10000000] [--changes 10000]
+
+For each size, a table of N rows is made in the benchmark's MariaDB (INSERT ... SELECT from a sequence,
+kept out of the binlog) and loaded into current state by `cdc-lakehouse snapshot` (streamed, in key order,
+16 MB files). Then 10k changes hit it (40% updates, 30% inserts, 30% deletes, ten to a transaction) and
+are captured once. Each run applies them to a fresh copy of that lakehouse in a child process of its own:
+the change-log stage, then the current-state stage (the MERGE), timed apart.
+
+Two change patterns, each on its own table:
+  recent   updates and deletes among the newest 100k keys, inserts past the end: the common OLTP pattern,
+           where a merge rewrites only the files of the key range it touches;
+  uniform  updates and deletes anywhere in the table: every file holds some changed key, so any
+           copy-on-write layout rewrites the whole table.
+The ratio is the 10M-row table's current-state seconds over the 1M-row table's, per pattern (target ≤ 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.workloads import fresh_server
+from cdc_assets.local_source import server as local_server
+
+SCHEMA = "bench_b"
+READER_SERVER_ID = 4243
+HOT_KEYS = 100_000
+PATTERNS = ("recent", "uniform")
+
+APPLY = (
+    "import json, os, resource, time\n"
+    "from cdc_assets.assets.changes import process_new_batches\n"
+    "from cdc_assets.assets.current import apply_pending\n"
+    "from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef\n"
+    "from cdc_assets.change_log import open_table\n"
+    "from spark_resources import SparkSessionResource\n"
+    "lakehouse = Lakehouse(os.environ['CDC_LAKEHOUSE'])\n"
+    "spark = SparkSessionResource(master='local[2]')\n"
+    "began = time.monotonic()\n"
+    "changes = process_new_batches(lakehouse, spark.transforms)\n"
+    "middle = time.monotonic()\n"
+    "current = apply_pending(lakehouse, spark.transforms)\n"
+    "done = time.monotonic()\n"
+    "table = open_table(lakehouse.table_uri(CURRENT, TableRef.parse(os.environ['TABLE'])), None)\n"
+    "metrics = table.history(1)[0].get('operationMetrics', {})\n"
+    "print('RESULT ' + json.dumps({'changes_s': middle - began, 'current_s': done - middle,\n"
+    "    'changes_in': sum(r.changes_in for r in current.applied), 'files': len(table.file_uris()),\n"
+    "    'files_rewritten': metrics.get('num_target_files_removed'), 'rows_copied': metrics.get('num_target_rows_copied'),\n"
+    "    'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+)
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    cli = str(Path(sys.executable).parent / "cdc-lakehouse")
+    done = subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=7200)
+    if done.returncode != 0:
+        raise SystemExit(f"cdc-lakehouse {' '.join(args)} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def _make_table(server: local_server.LocalServer, table: str, rows: int) -> None:
+    """N rows in key order, written without the binlog (the snapshot is what brings them to the lakehouse)."""
+    with server.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("SET SESSION sql_log_bin = 0")
+        cur.execute(f"USE {SCHEMA}")  # where the seq_1_to_N tables of the Sequence engine are found
+        cur.execute(
+            f"CREATE TABLE {SCHEMA}.{table} (id BIGINT PRIMARY KEY, account INT NOT NULL, amount DECIMAL(12,2), "
+            "status VARCHAR(16), updated DATETIME(6), note VARCHAR(64))"
+        )
+        step = 1_000_000
+        for start in range(0, rows, step):
+            count = min(step, rows - start)
+            cur.execute(
+                f"INSERT INTO {SCHEMA}.{table} SELECT seq, seq % 100000, (seq % 100000) / 100, "
+                "ELT(1 + seq % 4, 'new', 'paid', 'shipped', 'closed'), "
+                "TIMESTAMP'2026-01-01 00:00:00' + INTERVAL seq SECOND, CONCAT('row ', seq) "
+                f"FROM seq_{start + 1}_to_{start + count}"
+            )
+
+
+def _change(server: local_server.LocalServer, table: str, rows: int, changes: int, pattern: str, seed: int) -> None:
+    """`changes` row changes, ten to a transaction: updates and deletes on existing keys, inserts past the end."""
+    rng = random.Random(seed)
+    hot = list(range(max(1, rows - HOT_KEYS + 1), rows + 1)) if pattern == "recent" else None
+    deleted: set[int] = set()
+    next_id = rows + 1
+
+    def existing_key(remove: bool) -> int:
+        if hot is not None:
+            i = rng.randrange(len(hot))
+            key = hot[i]
+            if remove:
+                hot[i] = hot[-1]
+                hot.pop()
+            return key
+        key = rng.randint(1, rows)
+        while key in deleted:
+            key = rng.randint(1, rows)
+        if remove:
+            deleted.add(key)
+        return key
+
+    with server.admin_connection(autocommit=False) as conn, conn.cursor() as cur:
+        for done in range(changes):
+            roll = rng.random()
+            if roll < 0.3:
+                cur.execute(f"INSERT INTO {SCHEMA}.{table} VALUES (%s, 1, 1.00, 'new', NOW(6), 'inserted')", (next_id,))
+                next_id += 1
+            elif roll < 0.7:
+                cur.execute(
+                    f"UPDATE {SCHEMA}.{table} SET amount = amount + 1, status = 'paid', updated = NOW(6) WHERE id = %s",
+                    (existing_key(remove=False),),
+                )
+            else:
+                cur.execute(f"DELETE FROM {SCHEMA}.{table} WHERE id = %s", (existing_key(remove=True),))
+            if done % 10 == 9:
+                conn.commit()
+        conn.commit()
+
+
+def _apply_run(env: dict[str, str], prepared: Path, table: str) -> dict:
+    lakehouse = Path(tempfile.mkdtemp(prefix="cdc-bench-b-"))
+    shutil.rmtree(lakehouse)
+    shutil.copytree(prepared, lakehouse)
+    try:
+        code_env = {**env, "CDC_LAKEHOUSE": str(lakehouse), "TABLE": f"{SCHEMA}.{table}"}
+        done = subprocess.run([sys.executable, "-c", APPLY], env=code_env, capture_output=True, text=True, timeout=7200)
+        if done.returncode != 0:
+            raise SystemExit(f"an apply run failed:\n{done.stderr[-3000:]}")
+        return json.loads(done.stdout.rsplit("RESULT ", 1)[1])
+    finally:
+        shutil.rmtree(lakehouse, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--sizes", default="1000000,10000000")
+    parser.add_argument("--changes", type=int, default=10_000)
+    parser.add_argument("--patterns", default=",".join(PATTERNS))
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    patterns = [p for p in args.patterns.split(",") if p]
+
+    server = fresh_server()
+    with server.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {SCHEMA}")
+    work = Path(tempfile.mkdtemp(prefix="cdc-bench-b-work-"))
+    env = {
+        **os.environ,
+        "CDC_MYSQL_URL": server.reader_url(),
+        "CDC_SERVER_ID": str(READER_SERVER_ID),
+        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
+    }
+    results: dict[tuple[str, int], list[dict]] = {}
+    for pattern in patterns:
+        for size in sizes:
+            table = f"{pattern}_{size}"
+            began = time.monotonic()
+            _make_table(server, table, size)
+            made = time.monotonic()
+            table_env = {
+                **env,
+                "CDC_TABLES": f"{SCHEMA}.{table}",
+                "CDC_LAKEHOUSE": str(work / table),
+                "DAGSTER_HOME": str(work / f"{table}-dh"),
+            }
+            _cli(table_env, "snapshot")
+            loaded = time.monotonic()
+            _change(server, table, size, args.changes, pattern, seed=size)
+            capture = (
+                "import os\nfrom cdc_assets.lakehouse import Lakehouse\nfrom cdc_assets.resources import BinlogResource\n"
+                "BinlogResource(mysql_url=os.environ['CDC_MYSQL_URL'], tables=os.environ['CDC_TABLES'], "
+                "server_id=int(os.environ['CDC_SERVER_ID'])).capture(Lakehouse(os.environ['CDC_LAKEHOUSE']))\n"
+            )
+            subprocess.run([sys.executable, "-c", capture], env=table_env, check=True, timeout=3600)
+            print(
+                f"{pattern} {size:,} rows: table made in {made - began:.0f} s, snapshot {loaded - made:.0f} s, "
+                f"{args.changes} changes captured",
+                flush=True,
+            )
+            runs = results[(pattern, size)] = []
+            for i in range(args.runs):
+                runs.append(_apply_run(table_env, work / table, table))
+                r = runs[-1]
+                print(
+                    f"  run {i + 1}: change logs {r['changes_s']:.2f} s, current state {r['current_s']:.2f} s "
+                    f"({r['changes_in']} changes, {r['files_rewritten']} of {r['files']} files rewritten, "
+                    f"{r['rows_copied']} rows copied, peak {r['peak_mb']:.0f} MB)",
+                    flush=True,
+                )
+            shutil.rmtree(work / f"{table}-dh", ignore_errors=True)
+    _verify_small(env, work, patterns, sizes)
+    print(f"\nmedians of {args.runs} runs, {args.changes} changes each")
+    print(
+        "| pattern | table rows | change logs (s) | current state (s) | files rewritten | ratio to the smallest | target |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for pattern in patterns:
+        base = statistics.median(r["current_s"] for r in results[(pattern, sizes[0])])
+        for size in sizes:
+            runs = results[(pattern, size)]
+            current = statistics.median(r["current_s"] for r in runs)
+            rewritten = f"{runs[0]['files_rewritten']} of {runs[0]['files']}"
+            print(
+                f"| {pattern} | {size:,} | {statistics.median(r['changes_s'] for r in runs):.2f} | {current:.2f} | "
+                f"{rewritten} | {current / base:.2f} | {'≤ 2' if size != sizes[0] else ''} |"
+            )
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _verify_small(env: dict[str, str], work: Path, patterns: list[str], sizes: list[int]) -> None:
+    """The smallest table of each pattern, after one more apply, verified against the source row for row
+    (verify reads a whole table into memory: the largest ones are left out)."""
+    for pattern in patterns:
+        table = f"{pattern}_{sizes[0]}"
+        table_env = {
+            **env,
+            "CDC_TABLES": f"{SCHEMA}.{table}",
+            "CDC_LAKEHOUSE": str(work / table),
+            "DAGSTER_HOME": str(work / f"{table}-dh"),
+        }
+        _cli(table_env, "sync")
+        print(f"verify {table}: {_cli(table_env, 'verify').strip().splitlines()[-1]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
