@@ -235,10 +235,10 @@ def main() -> None:
                 flush=True,
             )
     finally:
+        os.killpg(dev.pid, signal.SIGKILL)  # first: nothing below may leave the pipeline running
+        dev.wait(timeout=60)
         probe.stop()
         memory.stop()
-        os.killpg(dev.pid, signal.SIGKILL)
-        dev.wait(timeout=60)
     verified = subprocess.run([cli, "verify"], env=env, capture_output=True, text=True, timeout=600)
     print(verified.stdout.strip().splitlines()[-1] if verified.stdout.strip() else verified.stderr[-500:])
     print(f"\nmedians of {args.runs} runs of {args.seconds:.0f} s at {args.rate} changes/s, hands-off (dagster dev)")
