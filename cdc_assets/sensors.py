@@ -8,13 +8,18 @@ from dagster import (
     AssetKey,
     DefaultSensorStatus,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
     SkipReason,
     sensor,
 )
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    PARTITION_NAME_TAG,
+)
 
 from cdc_assets.assets.raw import RAW_ASSET_KEY
 from cdc_assets.freshness import lag_thresholds
@@ -24,7 +29,7 @@ from cdc_assets.lakehouse import ObjectStore
 from cdc_assets.partitions import TABLES_PARTITIONS_NAME, tables_partitions, touched_ranges
 from cdc_assets.raw_batch import list_batches, read_manifest
 from cdc_assets.resources import BinlogResource, LakehouseResource
-from cdc_assets.schedules import capture_in_progress, capture_interval
+from cdc_assets.schedules import WAITING_STATUSES, capture_in_progress, capture_interval
 from cdc_assets.stages import CURRENT_STAGE
 from cdc_assets.state import load_registry, tables_behind
 
@@ -98,12 +103,34 @@ def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResou
             run_requests=[confirmation] if confirmation else retries, dynamic_partitions_requests=partition_requests
         )
     last = names[-1]
-    runs = [apply_run_request(first, end, f"{last}:{first}..{end}") for first, end in touched_ranges(ordered, touched)]
+    waiting = _waiting_tables(context, ordered)
+    runs = [
+        apply_run_request(first, end, f"{last}:{first}..{end}")
+        for first, end in touched_ranges(ordered, touched - waiting)
+    ]
     context.log.info(
         f"{len(names)} new raw batches up to {last}: {len(touched)} tables in {len(runs)} runs"
+        + (f" ({len(touched & waiting)} tables left to apply runs waiting to start)" if touched & waiting else "")
         + (f"; {len(behind)} tables left behind by earlier runs requested again" if behind else "")
     )
     return SensorResult(run_requests=runs + retries, dynamic_partitions_requests=partition_requests, cursor=last)
+
+
+def _waiting_tables(context: SensorEvaluationContext, ordered: list[str]) -> set[str]:
+    """Tables of apply runs queued and not started yet: such a run takes in every change captured before it
+    starts, so another run for them behind it would only queue up (under steady load the queue would grow)."""
+    runs = context.instance.get_runs(
+        filters=RunsFilter(job_name=apply_job.name, statuses=WAITING_STATUSES), limit=MAX_BATCHES_PER_TICK
+    )
+    waiting: set[str] = set()
+    for run in runs:
+        tags = run.tags
+        if PARTITION_NAME_TAG in tags:
+            waiting.add(tags[PARTITION_NAME_TAG])
+        first, end = tags.get(ASSET_PARTITION_RANGE_START_TAG), tags.get(ASSET_PARTITION_RANGE_END_TAG)
+        if first in ordered and end in ordered:
+            waiting.update(ordered[ordered.index(first) : ordered.index(end) + 1])
+    return waiting
 
 
 def _left_behind(store: ObjectStore, registry: dict, cursor: str | None, touched: set[str]) -> set[str]:

@@ -158,3 +158,33 @@ def test_sensor_requests_a_table_again_when_its_run_did_not_apply_it(cdc: CdcEnv
     _execute(instance, again)
     assert all(r.ok and r.compared_rows == 2 for r in cdc.verify())
     assert isinstance(_evaluate(instance, location, first.cursor), SkipReason)  # applied: nothing to retry
+
+
+def test_no_second_apply_run_queues_behind_one_waiting_for_the_same_tables(cdc: CdcEnv) -> None:
+    """Under steady load a new batch arrives while an apply run for its tables still waits in the queue: that
+    run will take in the batch when it starts, so no run is queued behind it; other tables still get one."""
+    from dagster import DagsterRunStatus
+    from dagster._core.storage.tags import PARTITION_NAME_TAG
+    from dagster._core.test_utils import create_run_for_test
+
+    instance = _instance()
+    location = str(cdc.lakehouse_dir)
+    db = cdc.database
+    cdc.execute("CREATE TABLE a (id INT PRIMARY KEY)", "INSERT INTO a VALUES (1)")
+    _capture(cdc, location)
+    first = _evaluate(instance, location, None)
+    assert _covered(instance, first) == [f"{db}.a"]
+    request = first.run_requests[0]
+    tags = {**request.tags, **({PARTITION_NAME_TAG: request.partition_key} if request.partition_key else {})}
+    queued = create_run_for_test(instance, job_name=APPLY_JOB_NAME, status=DagsterRunStatus.NOT_STARTED, tags=tags)
+    cdc.execute("INSERT INTO a VALUES (2)", "CREATE TABLE b (id INT PRIMARY KEY)", "INSERT INTO b VALUES (1)")
+    _capture(cdc, location)
+    second = _evaluate(instance, location, first.cursor)
+    assert _covered(instance, second) == [f"{db}.b"]  # a is left to the waiting run
+    assert second.cursor == list_batches(cdc.lakehouse.store)[-1]
+    instance.report_run_failed(queued)
+    cdc.execute("INSERT INTO a VALUES (3)")
+    _capture(cdc, location)
+    third = _evaluate(instance, location, second.cursor)
+    # a: nothing waits for it any more; b: its requested run never ran here, so it is requested again
+    assert _covered(instance, third) == [f"{db}.a", f"{db}.b"]
