@@ -47,10 +47,29 @@ def _has_safe_stats(f: pa.Field) -> bool:
     return not (pa.types.is_struct(f.type) or pa.types.is_list(f.type))
 
 
-def stats_configuration(schema: pa.Schema) -> dict[str, str]:
-    """Delta table properties that keep statistics only on columns delta-rs records correctly."""
+# A table is appended to or merged into by every run that touches it: a checkpoint every 10 commits (not 100)
+# keeps opening it to reading at most 10 commit files, and its small files are compacted once there are 32.
+CHECKPOINT_INTERVAL = 10
+SMALL_FILES_BEFORE_COMPACTION = 32
+CHANGE_LOG_FILE_BYTES = 16 * 1024 * 1024
+
+
+def table_configuration(schema: pa.Schema) -> dict[str, str]:
+    """Delta table properties of change logs and current state: statistics only on columns delta-rs records
+    correctly, and frequent checkpoints."""
     names = [f"`{f.name.replace('`', '``')}`" for f in schema if _has_safe_stats(f)]
-    return {"delta.dataSkippingStatsColumns": ",".join(names)}
+    return {"delta.dataSkippingStatsColumns": ",".join(names), "delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
+
+
+def compact_small_files(table: DeltaTable, target_bytes: int) -> bool:
+    """Bin a table's small files (one per append or merge) into files of `target_bytes` once there are
+    SMALL_FILES_BEFORE_COMPACTION of them, so reads do not open ever more files; a commit of its own, without
+    data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted."""
+    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
+    if (pc.sum(pc.less(sizes, target_bytes // 2)).as_py() or 0) < SMALL_FILES_BEFORE_COMPACTION:
+        return False
+    table.optimize.compact(target_size=target_bytes)
+    return True
 
 
 def build_change_table(version: TableVersion, rows: pa.Table) -> pa.Table:
@@ -265,10 +284,12 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
         changes,
         mode="append",
         schema_mode="merge",
-        configuration=stats_configuration(changes.schema) if existing is None else None,
+        configuration=table_configuration(changes.schema) if existing is None else None,
         storage_options=options,
         commit_properties=CommitProperties(custom_metadata={MAX_SEQ_KEY: str(new_max)}),
     )
+    if existing is not None:
+        compact_small_files(existing, CHANGE_LOG_FILE_BYTES)
     ops = changes.column("_cdc_op")
     return AppendResult(
         table,

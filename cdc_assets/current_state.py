@@ -18,10 +18,11 @@ from cdc_assets.change_log import (
     COMMIT_TS_TYPE,
     DDL_COLUMN,
     SEQ_TYPE,
+    compact_small_files,
     max_seq,
     open_table,
     read_query,
-    stats_configuration,
+    table_configuration,
 )
 from cdc_assets.ddl import Default, SchemaChange, TableShape
 from cdc_assets.errors import CdcUserError
@@ -52,7 +53,7 @@ def current_schema(version: TableVersion) -> pa.Schema:
 
 def current_configuration(schema: pa.Schema) -> dict[str, str]:
     """Table properties of a current-state table: safe statistics and the file size merges keep to."""
-    return {**stats_configuration(schema), "delta.targetFileSize": str(CURRENT_FILE_BYTES)}
+    return {**table_configuration(schema), "delta.targetFileSize": str(CURRENT_FILE_BYTES)}
 
 
 def sorted_by_key(rows: pa.Table, key: list[str] | tuple[str, ...]) -> pa.Table:
@@ -249,6 +250,7 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
     if truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
         merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
     metrics = merge.execute()
+    compact_small_files(target, CURRENT_FILE_BYTES)
     return ApplyResult(
         table=pending.table,
         changes_in=pending.changes.num_rows,
@@ -336,6 +338,7 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
     if truncated is not None:
         merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
     metrics = merge.execute()
+    compact_small_files(target, CURRENT_FILE_BYTES)
     return ApplyResult(
         table=pending.table,
         changes_in=pending.changes.num_rows,
