@@ -12,6 +12,7 @@ from pyspark.sql import SparkSession
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS, Transforms, by_size
 
 DEFAULT_SPARK_MASTER = "local[*]"
+LOCAL_DRIVER_MEMORY = "640m"
 _lock = threading.Lock()
 _sessions: dict[str, SparkSession] = {}
 
@@ -37,6 +38,9 @@ def spark_session(master: str = DEFAULT_SPARK_MASTER, shuffle_partitions: int = 
                 .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                 .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                 .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
+                # the JVM's heap: a job handles at most 200k changes; the default 1 GB put a run's Python
+                # process and its JVM together just past 2 GB (benchmarks/README.md, huge transaction)
+                .config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
                 .getOrCreate()
             )
             session.sparkContext.setLogLevel("ERROR")
