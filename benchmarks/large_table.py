@@ -4,7 +4,7 @@
 
 For each size, a table of N rows is made in the benchmark's MariaDB (INSERT ... SELECT from a sequence,
 kept out of the binlog) and loaded into current state by `cdc-lakehouse snapshot` (streamed, in key order,
-16 MB files). Then 10k changes hit it (40% updates, 30% inserts, 30% deletes, ten to a transaction) and
+4 MB files). Then 10k changes hit it (40% updates, 30% inserts, 30% deletes, ten to a transaction) and
 are captured once. Each run applies them to a fresh copy of that lakehouse in a child process of its own:
 the change-log stage, then the current-state stage (the MERGE), timed apart.
 
@@ -14,6 +14,8 @@ Two change patterns, each on its own table:
   uniform  updates and deletes anywhere in the table: every file holds some changed key, so any
            copy-on-write layout rewrites the whole table.
 The ratio is the 10M-row table's current-state seconds over the 1M-row table's, per pattern (target ≤ 2).
+Last, each prepared lakehouse is brought up to date by `sync` (with every asset check, the equality check over
+the whole table among them) and checked by `verify`: seconds and peak memory of each.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.run import timed
 from benchmarks.workloads import fresh_server
 from cdc_assets.local_source import server as local_server
 
@@ -201,7 +204,7 @@ def main() -> None:
                     flush=True,
                 )
             shutil.rmtree(work / f"{table}-dh", ignore_errors=True)
-    _verify_small(env, work, patterns, sizes)
+    checked = _sync_and_verify(env, work, patterns, sizes)
     print(f"\nmedians of {args.runs} runs, {args.changes} changes each")
     print(
         "| pattern | table rows | change logs (s) | current state (s) | both (s) | files rewritten | rows copied "
@@ -221,22 +224,40 @@ def main() -> None:
                 f"{both:.2f} | {runs[0]['files_rewritten']} of {runs[0]['files']} | {runs[0]['rows_copied']:,} | "
                 f"{current / base:.2f} | {both / base_both:.2f} | {'≤ 2' if size != sizes[0] else ''} |"
             )
+    print("\nthen each lakehouse synced (the changes applied and every asset check run) and verified, once each")
+    print("| pattern | table rows | sync (s) | sync peak RSS (MB) | verify (s) | verify peak RSS (MB) | verify says |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(checked))
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _verify_small(env: dict[str, str], work: Path, patterns: list[str], sizes: list[int]) -> None:
-    """The smallest table of each pattern, after one more apply, verified against the source row for row
-    (verify reads a whole table into memory: the largest ones are left out)."""
+def _sync_and_verify(env: dict[str, str], work: Path, patterns: list[str], sizes: list[int]) -> list[str]:
+    """Each prepared lakehouse brought up to date by `sync` (the change logs, the current state and the asset
+    checks, among them the equality check over the whole table), then `verify` in a process of its own: both
+    compare every row with the source, in buckets beyond 500k rows, so their memory must not grow with the
+    table. Returns the lines of a results table."""
+    cli = str(Path(sys.executable).parent / "cdc-lakehouse")
+    lines = []
     for pattern in patterns:
-        table = f"{pattern}_{sizes[0]}"
-        table_env = {
-            **env,
-            "CDC_TABLES": f"{SCHEMA}.{table}",
-            "CDC_LAKEHOUSE": str(work / table),
-            "DAGSTER_HOME": str(work / f"{table}-dh"),
-        }
-        _cli(table_env, "sync")
-        print(f"verify {table}: {_cli(table_env, 'verify').strip().splitlines()[-1]}", flush=True)
+        for size in sizes:
+            table = f"{pattern}_{size}"
+            table_env = {
+                **env,
+                "CDC_TABLES": f"{SCHEMA}.{table}",
+                "CDC_LAKEHOUSE": str(work / table),
+                "DAGSTER_HOME": str(work / f"{table}-dh"),
+            }
+            sync, verify = timed(table_env, cli, "sync"), timed(table_env, cli, "verify")
+            for name, done in (("sync", sync), ("verify", verify)):
+                if done["code"] != 0:
+                    raise SystemExit(f"{name} of {table} failed:\n{done['out']}{done['err']}")
+            verdict = verify["out"].strip().splitlines()[-1]
+            print(f"{table}: sync {sync['seconds']:.1f} s, verify {verify['seconds']:.1f} s: {verdict}", flush=True)
+            lines.append(
+                f"| {pattern} | {size:,} | {sync['seconds']:.1f} | {sync['peak_mb']:,.0f} | {verify['seconds']:.1f} "
+                f"| {verify['peak_mb']:,.0f} | {verdict} |"
+            )
+    return lines
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def _child(code: str, env: dict[str, str]) -> dict:
     return json.loads(done.stdout.rsplit("RESULT ", 1)[1])
 
 
-_TIMED = (
+TIMED_COMMAND = (
     "import json, resource, subprocess, sys, time\n"
     "began = time.monotonic()\n"
     "done = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
@@ -67,9 +67,9 @@ _TIMED = (
 )
 
 
-def _timed(env: dict[str, str], *command: str) -> dict:
+def timed(env: dict[str, str], *command: str) -> dict:
     """A command's wall seconds and the peak RSS of its processes, measured by a parent of its own."""
-    done = subprocess.run([sys.executable, "-c", _TIMED, *command], env=env, capture_output=True, text=True, timeout=3600)
+    done = subprocess.run([sys.executable, "-c", TIMED_COMMAND, *command], env=env, capture_output=True, text=True, timeout=7200)
     return json.loads(done.stdout.rsplit("RESULT ", 1)[1])
 
 
@@ -78,8 +78,8 @@ def _end_to_end(env: dict[str, str]) -> dict:
     them `current_matches_source` (every table equal to the source at one consistent point; sync fails
     otherwise). Then `verify`, timed apart, confirms it from a process of its own."""
     cli = str(Path(sys.executable).parent / "cdc-lakehouse")
-    sync = _timed(env, cli, "sync")
-    verify = _timed(env, cli, "verify")
+    sync = timed(env, cli, "sync")
+    verify = timed(env, cli, "verify")
     if sync["code"] != 0 or verify["code"] != 0:
         raise SystemExit(f"end to end failed:\n{sync['out']}{sync['err']}{verify['out']}{verify['err']}")
     return {

@@ -6,6 +6,7 @@ already has (its highest `_cdc_seq`), so re-processing a batch after a crash add
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -110,10 +111,28 @@ def _plain_type(t: pa.DataType) -> pa.DataType:
     return t
 
 
+def _plain(rows: pa.Table) -> pa.Table:
+    return rows.cast(pa.schema([f.with_type(_plain_type(f.type)) for f in rows.schema]))
+
+
 def read_query(table: DeltaTable, sql: str, name: str = "t") -> pa.Table:
     """A SQL query over a Delta table (delta-rs), with view types turned into plain Arrow types."""
-    result = pa.table(QueryBuilder().register(name, table).execute(sql).read_all())
-    return result.cast(pa.schema([f.with_type(_plain_type(f.type)) for f in result.schema]))
+    return _plain(pa.table(QueryBuilder().register(name, table).execute(sql).read_all()))
+
+
+def read_query_chunks(table: DeltaTable, sql: str, name: str, rows_per_chunk: int) -> Iterator[pa.Table]:
+    """`read_query` streamed: about `rows_per_chunk` rows at a time, for results too large to hold at once."""
+    pending: list[pa.RecordBatch] = []
+    held = 0
+    for batch in QueryBuilder().register(name, table).execute(sql):
+        record = pa.record_batch(batch)
+        pending.append(record)
+        held += record.num_rows
+        if held >= rows_per_chunk:
+            yield _plain(pa.Table.from_batches(pending))
+            pending, held = [], 0
+    if pending:
+        yield _plain(pa.Table.from_batches(pending))
 
 
 def open_table(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:

@@ -10,8 +10,8 @@ order-independent checksum per side and the row-for-row comparison of `verify`.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import re
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,47 +21,34 @@ import pyarrow.compute as pc
 import pymysql
 from deltalake import DeltaTable
 
-from cdc_assets import source
+from cdc_assets import bucketed_compare, source
 from cdc_assets.capture import CaptureOptions, capture_batches
-from cdc_assets.change_log import max_seq, open_table, read_query
+from cdc_assets.change_log import max_seq, open_table, read_query, read_query_chunks
 from cdc_assets.current_state import APPLIED_SEQ_KEY
 from cdc_assets.lakehouse import CURRENT, Lakehouse, ObjectStore, TableRef
 from cdc_assets.mysql_types import ColumnSpec, arrow_type, decode_column
 from cdc_assets.parallel import TABLE_WORKERS, for_each_table
 from cdc_assets.positions import BinlogPosition
 from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, BatchManifest, TableVersion, list_batches, read_manifest, read_rows
+from cdc_assets.row_hashes import EMPTY_CHECKSUM, checksum_text, content_checksum
 from cdc_assets.settings import TableFilter
 from cdc_assets.state import Checkpoint, load_checkpoint
-from cdc_assets.verify import TableDiff, align_current, compare_tables, read_source_table, source_table_schemas
+from cdc_assets.verify import (
+    TableDiff,
+    align_current,
+    compare_tables,
+    count_source_rows,
+    read_source_chunks,
+    read_source_table,
+    source_row_estimates,
+    source_table_schemas,
+)
 
 if TYPE_CHECKING:
     from cdc_assets.resources import BinlogResource
 
-CHECKSUM_MODULUS = 1 << 64
-EMPTY_CHECKSUM = f"{0:016x}"
 MAX_SERVER_ID = (1 << 32) - 1
 SEQ_NONE = 0  # "after seq 0": every captured change of a table without an applied seq is in flight
-
-
-def _cell_bytes(values: pa.ChunkedArray) -> pa.ChunkedArray:
-    """A column's values as bytes, for hashing: text and binary as they are, everything else as Arrow prints it."""
-    if pa.types.is_binary(values.type):
-        return values
-    return pc.cast(values if pa.types.is_string(values.type) else pc.cast(values, pa.string()), pa.binary())
-
-
-def content_checksum(rows: pa.Table) -> str:
-    """Sum of 64-bit row hashes mod 2**64, hex: independent of row order, duplicates count (keyless tables), and
-    the column types are part of every row's hash (1 and '1' differ). Rows are joined and hashed as bytes."""
-    if not rows.num_rows:
-        return EMPTY_CHECKSUM
-    types = hashlib.blake2b(repr(rows.schema.types).encode(), digest_size=32).digest()
-    cells = [_cell_bytes(rows.column(i)) for i in range(rows.num_columns)]
-    joined = pc.binary_join_element_wise(*cells, b"\x1f", null_handling="replace", null_replacement=b"\x00")
-    total = sum(
-        int.from_bytes(hashlib.blake2b(row, digest_size=8, key=types).digest(), "big") for row in joined.to_pylist()
-    )
-    return f"{total % CHECKSUM_MODULUS:016x}"
 
 
 def _without_keys(rows: pa.Table, key_names: list[str], keys: set[tuple[Any, ...]]) -> pa.Table:
@@ -87,6 +74,7 @@ class ConsistentComparison:
     lakehouse_checksum: str
     diff: TableDiff  # from verify.py, computed over the compared rows only
     not_compared: str | None = None  # why no row could be compared now (a TRUNCATE or DDL of the table in flight)
+    buckets: int = 0  # how many buckets the table was compared in, streamed (0: read whole; see bucketed_compare)
 
     @property
     def ok(self) -> bool:
@@ -120,6 +108,7 @@ class _Target:
     after_seq: int = SEQ_NONE  # changes with a larger `_cdc_seq` are in flight
     keys: set[tuple[Any, ...]] = field(default_factory=set)
     not_compared: str | None = None
+    large_rows: int = 0  # more rows than LARGE_TABLE_ROWS on some side: how many (compared in buckets); else 0
 
     @property
     def key_names(self) -> list[str]:
@@ -298,14 +287,31 @@ def _open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | N
     return current, applied
 
 
+def _lake_rows(current: DeltaTable | None) -> int:
+    """Rows of a current-state table, from its file statistics (no data read)."""
+    if current is None:
+        return 0
+    actions = pa.table(current.get_add_actions(flatten=True))
+    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
+
+
 def _read_lake(target: _Target) -> pa.Table | None:
-    return read_query(target.current, "SELECT * FROM current", "current") if target.current is not None else None
+    if target.current is None or target.large_rows:
+        return None
+    return read_query(target.current, "SELECT * FROM current", "current")
+
+
+def _lake_chunks(target: _Target) -> Iterator[pa.Table]:
+    if target.current is not None:
+        yield from read_query_chunks(target.current, "SELECT * FROM current", "current", bucketed_compare.STREAM_ROWS)
 
 
 def _compare(
     conn: pymysql.Connection, position: BinlogPosition, target: _Target, lake: pa.Table | None
 ) -> ConsistentComparison:
     """Both sides with the in-flight keys left out: counts, checksums and the row-for-row diff."""
+    if target.large_rows:
+        return _compare_large(conn, position, target)
     table = target.table
     lake_rows = lake.num_rows if lake is not None else 0
     source_table = read_source_table(conn, table, target.columns) if target.columns else None
@@ -337,6 +343,51 @@ def _compare(
     return result(diff, kept_source.num_rows, content_checksum(kept_source), content_checksum(kept_lake))
 
 
+def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _Target) -> ConsistentComparison:
+    """`_compare` for a table too large to read whole: both sides streamed and compared in buckets."""
+    table = target.table
+
+    def keep(rows: pa.Table) -> pa.Table:
+        return _without_keys(rows, target.key_names, target.keys)
+
+    def result(
+        diff: TableDiff, source_rows: int, lake_rows: int, compared: int, source_sum: str, lake_sum: str
+    ) -> ConsistentComparison:
+        return ConsistentComparison(
+            table, str(position), target.applied_seq, source_rows, lake_rows, compared, len(target.keys),
+            source_sum, lake_sum, diff, target.not_compared,
+        )  # fmt: skip
+
+    if target.not_compared:
+        source_rows = count_source_rows(conn, table) if target.columns else 0
+        lake_rows = _lake_rows(target.current)
+        return result(TableDiff(table, source_rows, lake_rows), source_rows, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
+    lake_schema = read_query(target.current, "SELECT * FROM current LIMIT 0", "current").schema if target.current else None
+    if not target.columns:  # gone from the source: what the lakehouse still holds
+        data = [n for n in lake_schema.names if not n.startswith("_cdc_")] if lake_schema else []
+        lake_rows, _, lake_sum = bucketed_compare.hash_sum_streamed(_lake_chunks(target), lambda r: r.select(data))
+        diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
+        return result(diff, 0, lake_rows, 0, EMPTY_CHECKSUM, checksum_text(lake_sum))
+    schema = pa.schema([pa.field(c.name, arrow_type(c)) for c in target.columns])
+    source_chunks = read_source_chunks(conn, table, target.columns, bucketed_compare.STREAM_ROWS)
+    aligned = align_current(table, schema.empty_table(), (lake_schema or schema).empty_table())
+    if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
+        source_rows, kept, source_sum = bucketed_compare.hash_sum_streamed(source_chunks, keep)
+        data = [n for n in lake_schema.names if not n.startswith("_cdc_")] if lake_schema else []
+        lake_rows, _, lake_sum = bucketed_compare.hash_sum_streamed(_lake_chunks(target), lambda r: r.select(data))
+        aligned.source_rows, aligned.lakehouse_rows = source_rows, lake_rows
+        return result(aligned, source_rows, lake_rows, kept, checksum_text(source_sum), checksum_text(lake_sum))
+    lake_chunks = (align_current(table, schema.empty_table(), chunk) for chunk in _lake_chunks(target))
+    buckets = bucketed_compare.bucket_count(target.large_rows)
+    found = bucketed_compare.compare_in_buckets(table, schema, source_chunks, lake_chunks, target.key, buckets, keep)
+    compared = result(
+        found.diff, found.source_rows, found.lakehouse_rows, found.compared_rows,
+        checksum_text(found.source_hash_sum), checksum_text(found.lakehouse_hash_sum),
+    )  # fmt: skip
+    compared.buckets = buckets
+    return compared
+
+
 def compare_many(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:
     """Tables compared at one consistent point: one source snapshot, one pass over raw batches and the binlog."""
     url = binlog.url()
@@ -355,9 +406,12 @@ def compare_many(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[Tabl
             manifests = _Manifests(lakehouse.store, list_batches(lakehouse.store))
             # A sync may have captured (and applied) past the snapshot: changes after it are in flight too.
             floor = manifests.seq_floor_at(position) if checkpoint and position < checkpoint.position else None
+            estimates = source_row_estimates(conn, tables)
             for target in targets:
                 applied = SEQ_NONE if target.applied_seq is None else target.applied_seq
                 target.after_seq = applied if floor is None else min(applied, floor)
+                most = max(estimates[target.table], _lake_rows(target.current))
+                target.large_rows = most if most > bucketed_compare.LARGE_TABLE_ROWS else 0
             _scan_raw_batches(lakehouse.store, manifests, targets)
             if checkpoint is not None:
                 _scan_binlog(binlog, conn, server, checkpoint, position, targets)

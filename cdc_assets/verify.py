@@ -6,6 +6,7 @@ independent of the binlog decoding, then both sides are compared as Arrow tables
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from cdc_assets.mysql_types import (
     arrow_type,
     column_from_information_schema,
 )
-from cdc_assets.source_rows import query_columns, source_column
+from cdc_assets.source_rows import query_chunks, query_columns, source_column
 from cdc_assets.state import known_tables
 
 if TYPE_CHECKING:
@@ -103,6 +104,32 @@ def source_table_schemas(
     return found
 
 
+def source_row_estimates(conn: pymysql.Connection, tables: list[TableRef]) -> dict[TableRef, int]:
+    """The server's estimate of each table's rows (InnoDB's is approximate), in one query: enough to tell a
+    table too large to read whole from one that is not."""
+    found = dict.fromkeys(tables, 0)
+    schemas = sorted({t.schema for t in tables})
+    if not schemas:
+        return found
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        cur.execute(
+            "SELECT TABLE_SCHEMA, TABLE_NAME, TABLE_ROWS FROM information_schema.TABLES "
+            f"WHERE TABLE_SCHEMA IN ({', '.join(['%s'] * len(schemas))})",
+            schemas,
+        )
+        for schema, name, rows in cur.fetchall():
+            table = TableRef(schema, name)
+            if table in found:
+                found[table] = int(rows or 0)
+    return found
+
+
+def count_source_rows(conn: pymysql.Connection, table: TableRef) -> int:
+    with conn.cursor(pymysql.cursors.Cursor) as cur:
+        cur.execute(f"SELECT COUNT(*) FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}")
+        return int(cur.fetchone()[0])
+
+
 def quote_identifier(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -112,12 +139,28 @@ def select_expression(col: ColumnSpec) -> str:
     return f"({quote_identifier(col.name)} + 0e0)" if col.type == "float" else quote_identifier(col.name)
 
 
-def read_source_table(conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec]) -> pa.Table:
-    """The source table's rows in the Delta types."""
+def _select_all(table: TableRef, columns: list[ColumnSpec]) -> str:
     select = ", ".join(select_expression(c) for c in columns)
-    raw = query_columns(conn, f"SELECT {select} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}")
+    return f"SELECT {select} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}"
+
+
+def _source_rows(columns: list[ColumnSpec], raw: list[list[bytes | None]]) -> pa.Table:
     arrays = [source_column(col, values) for col, values in zip(columns, raw, strict=True)]
     return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, arrow_type(c)) for c in columns]))
+
+
+def read_source_table(conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec]) -> pa.Table:
+    """The source table's rows in the Delta types."""
+    return _source_rows(columns, query_columns(conn, _select_all(table, columns)))
+
+
+def read_source_chunks(
+    conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec], rows_per_chunk: int
+) -> Iterator[pa.Table]:
+    """The source table's rows in the Delta types, `rows_per_chunk` at a time (for tables too large to hold).
+    Read it to the end: the connection is busy until then."""
+    for raw in query_chunks(conn, _select_all(table, columns), rows_per_chunk):
+        yield _source_rows(columns, raw)
 
 
 def _by_key(table: pa.Table, key: list[str]) -> dict[tuple, list[tuple]]:

@@ -9,8 +9,10 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
+from cdc_assets import bucketed_compare
 from cdc_assets.assets.changes import process_new_batches
 from cdc_assets.assets.current import apply_pending
 from cdc_assets.consistency import (
@@ -30,6 +32,17 @@ from cdc_assets_tests.conftest import CdcEnv
 from spark_resources import on_spark
 
 ROWS = 10
+
+
+@pytest.fixture(params=["whole", "in buckets"])
+def in_buckets(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """The test's comparisons read each table whole, or (every table counting as large) streamed in buckets of
+    three rows: both ways must give the same results."""
+    if request.param == "in buckets":
+        monkeypatch.setattr(bucketed_compare, "LARGE_TABLE_ROWS", 0)
+        monkeypatch.setattr(bucketed_compare, "BUCKET_ROWS", 3)
+        monkeypatch.setattr(bucketed_compare, "STREAM_ROWS", 4)
+    return request.param == "in buckets"
 
 
 def _binlog(cdc: CdcEnv) -> BinlogResource:
@@ -75,7 +88,7 @@ def _current(cdc: CdcEnv, table: TableRef) -> DeltaTable:
     return DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
 
 
-def test_quiet_source_compares_every_row(cdc: CdcEnv, spark) -> None:
+def test_quiet_source_compares_every_row(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     c = _compare(cdc, table)
     assert c.ok, c.describe()
@@ -83,9 +96,10 @@ def test_quiet_source_compares_every_row(cdc: CdcEnv, spark) -> None:
     assert c.source_checksum == c.lakehouse_checksum != EMPTY_CHECKSUM
     assert c.applied_seq == load_checkpoint(cdc.lakehouse.store).next_seq - 1
     assert c.describe().startswith(f"{table}: {ROWS} rows match at ")
+    assert (c.buckets > 1) == in_buckets
 
 
-def test_changes_not_captured_yet_are_left_out_not_reported(cdc: CdcEnv, spark) -> None:
+def test_changes_not_captured_yet_are_left_out_not_reported(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     changed = _change_in_flight(cdc)
     with cdc.server.admin_connection() as conn:
@@ -100,7 +114,7 @@ def test_changes_not_captured_yet_are_left_out_not_reported(cdc: CdcEnv, spark) 
     assert f"{changed} keys changed in flight left out" in c.describe()
 
 
-def test_changes_captured_but_not_applied_are_left_out(cdc: CdcEnv, spark) -> None:
+def test_changes_captured_but_not_applied_are_left_out(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     changed = _change_in_flight(cdc)
     _capture(cdc)  # raw batches only
@@ -118,7 +132,7 @@ def test_changes_captured_but_not_applied_are_left_out(cdc: CdcEnv, spark) -> No
     assert c.ok and (c.in_flight_keys, c.compared_rows) == (0, ROWS), c.describe()
 
 
-def test_a_corrupted_current_state_row_is_detected(cdc: CdcEnv, spark) -> None:
+def test_a_corrupted_current_state_row_is_detected(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     cdc.execute("UPDATE t SET v = 'busy' WHERE id = 1")  # in flight: left out, even though corrupted below
     current = _current(cdc, table)
@@ -130,6 +144,20 @@ def test_a_corrupted_current_state_row_is_detected(cdc: CdcEnv, spark) -> None:
     assert (c.in_flight_keys, c.compared_rows) == (1, ROWS - 1)
     assert (c.diff.missing, c.diff.extra, c.diff.different) == ([(5,)], [], [(6,)])
     assert "1 missing: 5" in c.describe() and "1 different: 6" in c.describe()
+    assert (c.buckets > 1) == in_buckets
+
+
+def test_a_current_state_table_of_other_types_is_reported(cdc: CdcEnv, spark, in_buckets: bool) -> None:
+    table = _table_t(cdc, spark)
+    current = _current(cdc, table)
+    rows = current.to_pyarrow_table()
+    rows = rows.set_column(rows.schema.get_field_index("d"), "d", pc.cast(rows.column("d"), pa.float64()))
+    write_deltalake(current.table_uri, rows, mode="overwrite", schema_mode="overwrite")
+    c = _compare(cdc, table)
+    assert not c.ok
+    assert "types differ: d: source decimal128(8, 2), lakehouse double" in c.describe()
+    assert (c.source_rows, c.lakehouse_rows, c.compared_rows) == (ROWS, ROWS, ROWS)
+    assert c.source_checksum != c.lakehouse_checksum != EMPTY_CHECKSUM
 
 
 def _snapshot_into_current(cdc: CdcEnv, table: TableRef) -> None:
@@ -150,7 +178,7 @@ def _snapshot_into_current(cdc: CdcEnv, table: TableRef) -> None:
     )
 
 
-def test_a_table_without_a_key_keeps_duplicates_apart(cdc: CdcEnv) -> None:
+def test_a_table_without_a_key_keeps_duplicates_apart(cdc: CdcEnv, in_buckets: bool) -> None:
     cdc.execute(
         "CREATE TABLE nk (a INT, b VARCHAR(10))",
         "INSERT INTO nk VALUES (1, 'x'), (1, 'x'), (2, 'y'), (3, 'z'), (4, 'w'), (4, 'w')",
@@ -175,7 +203,7 @@ def test_a_table_without_a_key_keeps_duplicates_apart(cdc: CdcEnv) -> None:
     assert (c.diff.missing, c.diff.extra, c.diff.different) == ([], [], [(2, "y")])
 
 
-def test_a_schema_change_in_flight_is_not_compared_rather_than_reported(cdc: CdcEnv, spark) -> None:
+def test_a_schema_change_in_flight_is_not_compared_rather_than_reported(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     cdc.execute("ALTER TABLE t ADD COLUMN extra INT", "TRUNCATE TABLE t")
     c = _compare(cdc, table)
@@ -183,7 +211,7 @@ def test_a_schema_change_in_flight_is_not_compared_rather_than_reported(cdc: Cdc
     assert c.not_compared and "in flight" in c.describe()
 
 
-def test_a_table_captured_but_not_yet_in_current_state(cdc: CdcEnv, spark) -> None:
+def test_a_table_captured_but_not_yet_in_current_state(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     cdc.execute("CREATE TABLE fresh (id INT PRIMARY KEY)", "INSERT INTO fresh VALUES (1), (2), (3)")
     _capture(cdc)
@@ -206,7 +234,7 @@ def _busy(cdc: CdcEnv, stop: threading.Event, writes: list[int]) -> None:
             writes[0] = i
 
 
-def test_no_false_difference_while_the_source_writes(cdc: CdcEnv, spark) -> None:
+def test_no_false_difference_while_the_source_writes(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     stop, writes = threading.Event(), [0]
     writer = threading.Thread(target=_busy, args=(cdc, stop, writes))
