@@ -150,6 +150,7 @@ def current_matches_source(
             "source_checksum": comparison.source_checksum,
             "lakehouse_checksum": comparison.lakehouse_checksum,
             "not_compared": comparison.not_compared,
+            "buckets": comparison.buckets,
         }
         context.log.info(comparison.describe())
     failing = [c.describe() for c in comparisons if not c.ok]
