@@ -8,82 +8,160 @@ server sends (its own printing of each type). The route stays independent of the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import io
+from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pymysql
 from pymysql.constants import COMMAND
 
-from cdc_assets.binlog.protocol import read_payload
+from cdc_assets.binlog.protocol import MAX_PACKET_PAYLOAD, read_payload
 from cdc_assets.mysql_types import INTEGER_TYPES, ColumnSpec, arrow_type, decode_column, encode_sql_value
 
 _NULL, _TWO_BYTES, _THREE_BYTES, _EIGHT_BYTES, _ERROR = 0xFB, 0xFC, 0xFD, 0xFE, 0xFF
 # Dates MySQL allows that are no date (zero, or a zero month or day): NULL, as the binlog's side has them.
 _NO_DATE = r"^(0000|\d{4}-00|\d{4}-\d{2}-00)"
+_READ_BYTES = 1 << 20  # read from the socket at a time, at most
 
 
-def query_columns(conn: pymysql.Connection, sql: str) -> list[list[bytes | None]]:
-    """The result of one SELECT as one list per column of the raw values (the server's text, None for NULL)."""
+def query_columns(conn: pymysql.Connection, sql: str) -> list[pa.BinaryArray]:
+    """The result of one SELECT as one binary array per column of the raw values (the server's text, null for
+    NULL)."""
     chunks = list(query_chunks(conn, sql, rows_per_chunk=None))
     return chunks[0]
 
 
-def query_chunks(
-    conn: pymysql.Connection, sql: str, rows_per_chunk: int | None
-) -> Iterator[list[list[bytes | None]]]:
-    """The result of one SELECT in chunks of `rows_per_chunk` rows (all at once for None), each as one list per
-    column of the raw values; at least one chunk. Read it to the end: the connection is busy until then."""
+def query_chunks(conn: pymysql.Connection, sql: str, rows_per_chunk: int | None) -> Iterator[list[pa.BinaryArray]]:
+    """The result of one SELECT in chunks of about `rows_per_chunk` rows (all at once for None), each as one
+    binary array per column of the raw values; at least one chunk. Read it to the end: the connection is busy
+    until then."""
     conn._execute_command(COMMAND.COM_QUERY, sql)
     width = conn._read_packet().read_length_encoded_integer()  # PyMySQL raises the server's error here
     for _ in range(width):  # column definitions: the caller knows the columns
         conn._read_packet()
     conn._read_packet()  # the EOF after them (PyMySQL does not ask for CLIENT_DEPRECATE_EOF)
-    read = conn._rfile.read  # the rows straight from the socket's buffer: a header and a payload each
+    rows = _RowPackets(conn._rfile, width)  # the rows straight from the socket's buffer
     while True:
-        columns, done = _read_rows(read, width, rows_per_chunk)
-        yield columns
-        if done:
+        parts: list[list[pa.Array]] = [[] for _ in range(width)]
+        count = 0
+        while not rows.ended and (rows_per_chunk is None or count < rows_per_chunk):
+            window = rows.next_window(None if rows_per_chunk is None else rows_per_chunk - count)
+            if window:  # none at the end of the rows
+                for part, array in zip(parts, window, strict=True):
+                    part.append(array)
+                count += len(window[0])
+        yield [pa.concat_arrays(p) if p else pa.array([], pa.binary()) for p in parts]
+        if rows.ended:
             return
 
 
-def _read_rows(read: Callable[[int], bytes], width: int, limit: int | None) -> tuple[list[list[bytes | None]], bool]:
-    """Up to `limit` rows as lists per column, and whether the result ended."""
-    columns: list[list[bytes | None]] = [[] for _ in range(width)]
-    appends = [c.append for c in columns]
-    count = 0
-    while limit is None or count < limit:
-        data = read_payload(read)
-        if data[0] == _EIGHT_BYTES and len(data) < 9:  # EOF: the end of the rows
-            return columns, True
-        if data[0] == _ERROR:  # an error after some rows (a killed query, a lost lock)
-            pymysql.err.raise_mysql_exception(data)
-        count += 1
-        pos = 0
-        for append in appends:
-            first = data[pos]
-            if first < _NULL:
-                start = pos + 1
-                pos = start + first
-            elif first == _NULL:
-                append(None)
-                pos += 1
-                continue
-            else:
-                size = 2 if first == _TWO_BYTES else 3 if first == _THREE_BYTES else 8
-                start = pos + 1 + size
-                pos = start + int.from_bytes(data[pos + 1 : start], "little")
-            append(data[start:pos])
-    return columns, False
+class _RowPackets:
+    """Row packets of a text-protocol result, parsed a buffer at a time with numpy.
+
+    Walking the packets is one Python step per row (each packet's header says where the next begins); taking
+    the rows apart into columns is vectorized over all rows of the buffer, column by column."""
+
+    def __init__(self, rfile: io.BufferedReader, width: int) -> None:
+        self.rfile, self.width = rfile, width
+        self.tail = b""  # bytes read past the last complete packet
+        self.ended = False
+
+    def _more(self) -> None:
+        more = self.rfile.read1(_READ_BYTES)  # blocks only while nothing is buffered: a packet is incomplete
+        if not more:
+            raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+        self.tail += more
+
+    def _complete_packet(self) -> bool:
+        tail = self.tail
+        return len(tail) >= 4 and len(tail) >= 4 + (tail[0] | tail[1] << 8 | tail[2] << 16)
+
+    def next_window(self, most: int | None) -> list[pa.Array]:
+        """The complete row packets at hand (reading more only when none is), at most `most`, as one array per
+        column; an empty list once the end of the rows is reached instead."""
+        while not self._complete_packet():
+            self._more()
+        data, starts, pos = self.tail, [], 0
+        end, left = len(data) - 4, most if most is not None else len(data)
+        append = starts.append
+        while pos <= end and left:  # the hot loop of a large read: one step per row, kept to a few operations
+            length = data[pos] | data[pos + 1] << 8 | data[pos + 2] << 16
+            after = pos + 4 + length
+            if after > end + 4:
+                break
+            if length >= MAX_PACKET_PAYLOAD or (length and data[pos + 4] >= _EIGHT_BYTES):
+                first = data[pos + 4]
+                if first == _EIGHT_BYTES and length < 9:  # EOF: the end of the rows
+                    self.ended = True
+                    pos = after
+                    break
+                if first == _ERROR:  # an error after some rows (a killed query, a lost lock)
+                    pymysql.err.raise_mysql_exception(data[pos + 4 : after])
+                if length == MAX_PACKET_PAYLOAD:  # a row of 16 MB or more, in several packets: on its own
+                    if starts:
+                        break
+                    self.tail = data[pos:]
+                    return self._long_row()
+            append(pos + 4)
+            pos = after
+            left -= 1
+        self.tail = data[pos:]
+        if not starts:
+            return []
+        return _columns(np.frombuffer(data, np.uint8), np.array(starts, np.int64), self.width)
+
+    def _long_row(self) -> list[pa.Array]:
+        def read(n: int) -> bytes:
+            while len(self.tail) < n:
+                self._more()
+            taken, self.tail = self.tail[:n], self.tail[n:]
+            return taken
+
+        payload = read_payload(read)
+        return _columns(np.frombuffer(payload, np.uint8), np.zeros(1, np.int64), self.width)
 
 
-def source_column(col: ColumnSpec, raw: list[bytes | None]) -> pa.Array:
+def _columns(data: np.ndarray, starts: np.ndarray, width: int) -> list[pa.Array]:
+    """Rows in the text protocol (each a length-encoded string per column) starting at `starts`, as one binary
+    array per column."""
+    arrays = []
+    at = starts
+    for _ in range(width):
+        first = data[at].astype(np.int64)
+        null = first == _NULL
+        length = np.where(first < _NULL, first, 0)
+        header = np.ones(len(at), np.int64)
+        for marker, size in ((_TWO_BYTES, 2), (_THREE_BYTES, 3), (_EIGHT_BYTES, 8)):
+            rows = np.flatnonzero(first == marker)
+            if rows.size:
+                where = at[rows]
+                value = np.zeros(rows.size, np.int64)
+                for i in range(min(size, 4)):  # a value within one packet is shorter than 2**32
+                    value |= data[where + 1 + i].astype(np.int64) << (8 * i)
+                length[rows] = value
+                header[rows] = 1 + size
+        begin = at + header
+        offsets = np.zeros(len(at) + 1, np.int64)
+        np.cumsum(length, out=offsets[1:])
+        total = int(offsets[-1])
+        values = data[np.repeat(begin - offsets[:-1], length) + np.arange(total)] if total else np.zeros(0, np.uint8)
+        nulls = int(null.sum())
+        validity = pa.array(~null).buffers()[1] if nulls else None
+        buffers = [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(values)]
+        arrays.append(pa.Array.from_buffers(pa.binary(), len(at), buffers, null_count=nulls))
+        at = begin + length
+    return arrays
+
+
+def source_column(col: ColumnSpec, binary: pa.BinaryArray) -> pa.Array:
     """Arrow array of the column's Delta type from the server's text of each value (`query_columns`)."""
     t, target = col.type, arrow_type(col)
-    binary = pa.array(raw, pa.binary())
     if t in ("binary", "varbinary", "blob"):
         return binary
     if t in ("bit", "float", "geometry"):  # bytes, a FLOAT printed as the DOUBLE it holds, WKB after an SRID
+        raw = binary.to_pylist()
         return decode_column(col, pa.array([encode_sql_value(col, _python_value(col, v)) for v in raw], pa.string()))
     text = binary.cast(pa.string())  # the connection's charset is utf8mb4
     if pa.types.is_string(target):  # text, ENUM, SET (members in definition order), JSON, TIME, DECIMAL(>38)
