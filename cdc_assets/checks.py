@@ -152,8 +152,14 @@ def current_matches_source(
             "not_compared": comparison.not_compared,
             "buckets": comparison.buckets,
         }
-        context.log.info(comparison.describe())
     failing = [c.describe() for c in comparisons if not c.ok]
+    for text in failing:  # one line each for the tables that differ; every table's figures are in the metadata
+        context.log.error(text)
+    left_out = sum(c.in_flight_keys for c in comparisons)
+    context.log.info(
+        f"{len(comparisons) - len(failing)} of {len(comparisons)} tables equal to the source"
+        + (f" ({left_out} keys changed in flight left out)" if left_out else "")
+    )
     return AssetCheckResult(
         passed=not failing,
         severity=AssetCheckSeverity.ERROR,
