@@ -1,5 +1,5 @@
-"""Order-independent checksums of rows, and the bytes of a row they hash: the same on both sides of a comparison
-whenever the rows and their Arrow types are."""
+"""Order-independent checksums of rows, and the bytes of a row's key for bucketing: the same on both sides of a
+comparison whenever the rows and their Arrow types are."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import pyarrow.compute as pc
 
 CHECKSUM_MODULUS = 1 << 64
 EMPTY_CHECKSUM = f"{0:016x}"
-HASH_SLICE_ROWS = 20_000
+HASH_SLICE_ROWS = 20_000  # rows hashed at once: bounds the temporaries (8 bytes per byte of text)
+_NULL_WORD = np.uint64(0x9E3779B97F4A7C15)  # what a NULL cell contributes before its column's mixing
 
 
 def cell_bytes(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """A column's values as bytes, for hashing: text and binary as they are, everything else as Arrow prints it."""
+    """A column's values as bytes: text and binary as they are, everything else as Arrow prints it."""
     if pa.types.is_binary(values.type):
         return values
     return pc.cast(values if pa.types.is_string(values.type) else pc.cast(values, pa.string()), pa.binary())
@@ -37,23 +38,58 @@ def _mix(values: np.ndarray) -> np.ndarray:
     return values ^ (values >> np.uint64(31))
 
 
-def _hash_sum_of(rows: pa.BinaryArray, seed: np.uint64) -> int:
-    """Sum of the 64-bit hashes of each row's bytes: each byte mixed with its position and the seed, the mixes
-    added up per row and mixed again with the row's length. Vectorized: a few numpy passes over the bytes."""
-    n = len(rows)
-    offsets = np.frombuffer(rows.buffers()[1], np.int32)[rows.offset : rows.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(rows.buffers()[2], np.uint8) if rows.buffers()[2] is not None else np.zeros(0, np.uint8)
+def _words(values: pa.Array) -> np.ndarray | None:
+    """A fixed-width column's values as uint64 words, one row per line (integers, dates, times, timestamps,
+    decimals: each value has one representation); None for the other types."""
+    t = values.type
+    exact = pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_decimal(t)
+    if not exact or pa.types.is_interval(t) or t.bit_width % 8:
+        return None
+    width = t.bit_width // 8
+    raw = np.frombuffer(values.buffers()[1], np.uint8)[values.offset * width : (values.offset + len(values)) * width]
+    if width <= 8:
+        return raw.view(f"<u{width}").astype(np.uint64).reshape(-1, 1)
+    return raw.view("<u8").reshape(-1, width // 8)
+
+
+def _text_hashes(values: pa.BinaryArray, seed: np.uint64) -> np.ndarray:
+    """A 64-bit hash of each value's bytes: each byte mixed with its position and the seed, the mixes added
+    up per value and mixed again with the value's length. A few numpy passes over the bytes."""
+    n = len(values)
+    offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset : values.offset + n + 1].astype(np.int64)
+    buffer = values.buffers()[2]
+    data = np.frombuffer(buffer, np.uint8) if buffer is not None else np.zeros(0, np.uint8)
     lengths = np.diff(offsets)
     first = offsets[0]
     data = data[first : offsets[-1]].astype(np.uint64)
     positions = np.arange(data.size, dtype=np.uint64) - np.repeat((offsets[:-1] - first).astype(np.uint64), lengths)
-    with np.errstate(over="ignore"):
-        mixed = _mix((positions << np.uint64(8)) ^ data ^ seed)
-        running = np.concatenate([np.zeros(1, np.uint64), np.cumsum(mixed, dtype=np.uint64)])
-        ends = (offsets - first).astype(np.int64)
-        per_row = running[ends[1:]] - running[ends[:-1]]
-        hashes = _mix(per_row ^ _mix(lengths.astype(np.uint64) ^ seed))
-        return int(np.sum(hashes, dtype=np.uint64))
+    mixed = _mix((positions << np.uint64(8)) ^ data ^ seed)
+    running = np.concatenate([np.zeros(1, np.uint64), np.cumsum(mixed, dtype=np.uint64)])
+    ends = offsets - first
+    return _mix((running[ends[1:]] - running[ends[:-1]]) ^ _mix(lengths.astype(np.uint64) ^ seed))
+
+
+def _column_hashes(values: pa.Array, seed: np.uint64) -> np.ndarray:
+    """Each cell's 64-bit hash, from its column's seed and its value; NULL apart from every value."""
+    words = _words(values)
+    if words is not None:
+        hashes = np.full(len(values), seed, np.uint64)
+        for i in range(words.shape[1]):
+            hashes = _mix(hashes ^ words[:, i] ^ np.uint64(i))
+    else:
+        text = cell_bytes(values)
+        hashes = _text_hashes(text.fill_null(b"") if text.null_count else text, seed)
+    if values.null_count:
+        hashes = np.where(values.is_null().to_numpy(zero_copy_only=False), _mix(np.uint64(seed) ^ _NULL_WORD), hashes)
+    return hashes
+
+
+def _hash_sum_of(rows: pa.Table, seeds: list[np.uint64]) -> int:
+    """Sum of the rows' hashes: each row's cell hashes added up and mixed, so which cells share a row counts."""
+    cells = np.zeros(rows.num_rows, np.uint64)
+    for column, seed in zip(rows.columns, seeds, strict=True):
+        cells += _column_hashes(column.combine_chunks(), seed)
+    return int(np.sum(_mix(cells), dtype=np.uint64))
 
 
 def row_hash_sum(rows: pa.Table) -> int:
@@ -62,12 +98,14 @@ def row_hash_sum(rows: pa.Table) -> int:
     A checksum to report and compare, not a proof: the row-for-row comparison is that."""
     if not rows.num_rows:
         return 0
-    types = hashlib.blake2b(repr(rows.schema.types).encode(), digest_size=8).digest()
-    seed = np.uint64(int.from_bytes(types, "big"))
+    seeds = []
+    for i, field in enumerate(rows.schema):  # each column's seed: its place and its type
+        digest = hashlib.blake2b(f"{i}:{field.type}".encode(), digest_size=8).digest()
+        seeds.append(np.uint64(int.from_bytes(digest, "big")))
     total = 0
-    for chunk in row_bytes(rows).chunks:
-        for start in range(0, len(chunk), HASH_SLICE_ROWS):  # bounds the uint64 temporaries (8 per byte)
-            total += _hash_sum_of(chunk.slice(start, HASH_SLICE_ROWS), seed)
+    with np.errstate(over="ignore"):
+        for start in range(0, rows.num_rows, HASH_SLICE_ROWS):
+            total += _hash_sum_of(rows.slice(start, HASH_SLICE_ROWS), seeds)
     return total % CHECKSUM_MODULUS
 
 

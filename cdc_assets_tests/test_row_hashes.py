@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from decimal import Decimal
+
 import numpy as np
 import pyarrow as pa
 
-from cdc_assets.row_hashes import CHECKSUM_MODULUS, _hash_sum_of, row_bytes, row_hash_sum
+from cdc_assets.row_hashes import CHECKSUM_MODULUS, row_hash_sum
 
 
 def test_sums_of_parts_add_up_to_the_whole_whatever_the_slicing() -> None:
@@ -16,10 +19,44 @@ def test_sums_of_parts_add_up_to_the_whole_whatever_the_slicing() -> None:
 
 
 def test_distinct_rows_hash_apart() -> None:
-    """Short rows that differ by one byte, by order of bytes, or by length: no two share a hash."""
-    values = [chr(65 + i % 26) * (i % 5) + str(i % 300) for i in range(20_000)]
-    rows = row_bytes(pa.table({"v": values, "n": [i % 7 for i in range(20_000)]})).combine_chunks()
-    hashes = {_hash_sum_of(rows.slice(i, 1), np.uint64(1)) for i in range(len(rows))}
-    assert len(hashes) == len(set(rows.to_pylist()))
+    """Short rows that differ by one byte, by the order of bytes, by length, by a NULL or by which cells share a
+    row: no two share a hash."""
+    count = 5_000
+    rows = pa.table(
+        {
+            "v": [chr(65 + i % 26) * (i % 5) + str(i % 300) if i % 13 else None for i in range(count)],
+            "n": pa.array([i % 7 if i % 11 else None for i in range(count)], pa.int32()),
+            "d": pa.array([Decimal(i % 50) / 4 for i in range(count)], pa.decimal128(10, 2)),
+        }
+    )
+    distinct = {tuple(r.values()) for r in rows.to_pylist()}
+    assert len({row_hash_sum(rows.slice(i, 1)) for i in range(count)}) == len(distinct)
     assert row_hash_sum(pa.table({"v": ["ab"]})) != row_hash_sum(pa.table({"v": ["ba"]}))
     assert row_hash_sum(pa.table({"v": ["a", "b"]})) != row_hash_sum(pa.table({"v": ["ab", ""]}))
+    assert row_hash_sum(pa.table({"v": [""]})) != row_hash_sum(pa.table({"v": pa.array([None], pa.string())}))
+    swapped = pa.table({"a": [1, 2], "b": [2, 1]})  # the same cells, paired differently
+    assert row_hash_sum(swapped) != row_hash_sum(pa.table({"a": [1, 2], "b": [1, 2]}))
+    assert row_hash_sum(pa.table({"a": [1], "b": [2]})) != row_hash_sum(pa.table({"a": [2], "b": [1]}))
+
+
+def test_every_type_of_the_mapping_hashes_the_same_from_any_slice() -> None:
+    """Fixed-width columns are hashed from their words, the others from their bytes: a slice's offset or a
+    copy of the same values gives the same hashes."""
+    rows = pa.table(
+        {
+            "i8": pa.array([1, -1, None, 127], pa.int8()),
+            "u64": pa.array([0, 2**64 - 1, 5, None], pa.uint64()),
+            "d": pa.array([Decimal("1.50"), None, Decimal("-2.25"), Decimal("0")], pa.decimal128(38, 2)),
+            "day": pa.array([dt.date(2026, 1, 1), None, dt.date(1970, 1, 1), dt.date(9999, 12, 31)], pa.date32()),
+            "ts": pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.UTC), None, None, None], pa.timestamp("us", tz="UTC")),
+            "f": pa.array([0.5, None, -1.0, 3.25], pa.float64()),
+            "b": pa.array([b"\x00", b"", None, b"xy"], pa.binary()),
+            "flag": pa.array([True, False, None, True], pa.bool_()),
+        }
+    )
+    copy = pa.Table.from_pylist(rows.to_pylist(), rows.schema)
+    assert row_hash_sum(rows) == row_hash_sum(copy)
+    for i in range(rows.num_rows):
+        assert row_hash_sum(rows.slice(i, 1)) == row_hash_sum(copy.slice(i, 1))
+    total = sum(row_hash_sum(rows.slice(i, 1)) for i in range(rows.num_rows)) % CHECKSUM_MODULUS
+    assert total == row_hash_sum(rows)
