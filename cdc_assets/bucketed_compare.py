@@ -41,10 +41,10 @@ def key_buckets(rows: pa.Table, key_names: list[str], buckets: int) -> np.ndarra
     Depends only on the key's values and Arrow types, which are the same on both sides once aligned."""
     if buckets == 1:
         return np.zeros(rows.num_rows, np.int64)
-    if len(key_names) == 1:
+    if len(key_names) == 1:  # decided by the type alone: a value must not move with the chunk it comes in
         column = rows.column(key_names[0])
-        if pa.types.is_integer(column.type) and column.null_count == 0:
-            return np.remainder(column.to_numpy(), buckets).astype(np.int64)
+        if pa.types.is_integer(column.type):  # NULL (a keyless table's) in bucket 0 on both sides
+            return np.remainder(column.fill_null(0).to_numpy(), buckets).astype(np.int64)
     keys = row_bytes(rows, key_names).to_pylist()
     return np.fromiter((zlib.crc32(k) % buckets for k in keys), np.int64, len(keys))
 

@@ -103,6 +103,12 @@ def test_a_table_without_a_key_keeps_duplicates_apart_across_buckets() -> None:
 
 
 def test_a_key_lands_in_the_same_bucket_whatever_the_chunk() -> None:
+    nullable = pa.table({"n": pa.array([None if i % 250 == 0 else i % 40 for i in range(1_000)], pa.int32())})
+    whole = key_buckets(nullable, ["n"], 9)  # some chunks of 100 have a NULL, others not
+    assert (whole == np.concatenate([key_buckets(chunk, ["n"], 9) for chunk in _chunks(nullable, 100)])).all()
+    source = nullable.filter(pc.is_valid(nullable.column("n")))  # a keyless table's rows, chunked differently
+    found = compare_in_buckets(T, nullable.schema, _chunks(nullable, 100), _chunks(source, 33), [], 9)
+    assert found.diff.different == [] and found.diff.missing == [(None,)]
     rows = _source()
     for key in (["id"], ["name"], ["id", "at"]):
         whole = key_buckets(rows, key, 9)
