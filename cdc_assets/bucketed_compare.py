@@ -56,14 +56,12 @@ class BucketSpill:
         self.directory, self.side, self.key_names, self.buckets = directory, side, key_names, buckets
         self.rows = 0
         self.hash_sum = 0  # row_hash_sum of the rows added
-        self.schema: pa.Schema | None = None
         self._writers: dict[int, ipc.RecordBatchFileWriter] = {}
 
     def _path(self, bucket: int) -> Path:
         return self.directory / f"{self.side}-{bucket:05d}.arrow"
 
     def add(self, rows: pa.Table) -> None:
-        self.schema = self.schema or rows.schema
         if not rows.num_rows:
             return
         self.rows += rows.num_rows

@@ -135,6 +135,12 @@ def read_query_chunks(table: DeltaTable, sql: str, name: str, rows_per_chunk: in
         yield _plain(pa.Table.from_batches(pending))
 
 
+def row_count(table: DeltaTable) -> int:
+    """Rows of a Delta table, from the log's file statistics (no data read)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
+
+
 def open_table(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
     try:
         return DeltaTable(uri, storage_options=storage_options)

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -23,7 +24,7 @@ from deltalake import DeltaTable
 
 from cdc_assets import bucketed_compare, source
 from cdc_assets.capture import CaptureOptions, capture_batches
-from cdc_assets.change_log import max_seq, open_table, read_query, read_query_chunks
+from cdc_assets.change_log import max_seq, open_table, read_query, read_query_chunks, row_count
 from cdc_assets.current_state import APPLIED_SEQ_KEY
 from cdc_assets.lakehouse import CURRENT, Lakehouse, ObjectStore, TableRef
 from cdc_assets.mysql_types import ColumnSpec, arrow_type, decode_column
@@ -288,11 +289,12 @@ def _open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | N
 
 
 def _lake_rows(current: DeltaTable | None) -> int:
-    """Rows of a current-state table, from its file statistics (no data read)."""
-    if current is None:
-        return 0
-    actions = pa.table(current.get_add_actions(flatten=True))
-    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
+    return 0 if current is None else row_count(current)
+
+
+def _source_columns(names: list[str]) -> list[str]:
+    """A current-state table's columns without the `_cdc_` metadata ones."""
+    return [n for n in names if not n.startswith("_cdc_")]
 
 
 def _read_lake(target: _Target) -> pa.Table | None:
@@ -304,6 +306,16 @@ def _read_lake(target: _Target) -> pa.Table | None:
 def _lake_chunks(target: _Target) -> Iterator[pa.Table]:
     if target.current is not None:
         yield from read_query_chunks(target.current, "SELECT * FROM current", "current", bucketed_compare.STREAM_ROWS)
+
+
+def _comparison(
+    target: _Target, position: BinlogPosition, diff: TableDiff, source_rows: int, lake_rows: int, compared: int,
+    source_sum: str, lake_sum: str, buckets: int = 0,
+) -> ConsistentComparison:  # fmt: skip
+    return ConsistentComparison(
+        target.table, str(position), target.applied_seq, source_rows, lake_rows, compared, len(target.keys),
+        source_sum, lake_sum, diff, target.not_compared, buckets,
+    )  # fmt: skip
 
 
 def _compare(
@@ -318,10 +330,7 @@ def _compare(
     source_rows = source_table.num_rows if source_table is not None else 0
 
     def result(diff: TableDiff, compared: int, source_sum: str, lake_sum: str) -> ConsistentComparison:
-        return ConsistentComparison(
-            table, str(position), target.applied_seq, source_rows, lake_rows, compared, len(target.keys),
-            source_sum, lake_sum, diff, target.not_compared,
-        )  # fmt: skip
+        return _comparison(target, position, diff, source_rows, lake_rows, compared, source_sum, lake_sum)
 
     if target.not_compared:
         return result(TableDiff(table, source_rows, lake_rows), 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
@@ -329,14 +338,14 @@ def _compare(
         if not lake_rows:
             return result(TableDiff(table), 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
         assert lake is not None
-        data = lake.select([n for n in lake.column_names if not n.startswith("_cdc_")])
+        data = lake.select(_source_columns(lake.column_names))
         diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
         return result(diff, 0, EMPTY_CHECKSUM, content_checksum(data))
     aligned = source_table.schema.empty_table() if lake is None else align_current(table, source_table, lake)
     kept_source = _without_keys(source_table, target.key_names, target.keys)
     if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
         assert lake is not None
-        data = lake.select([n for n in lake.column_names if not n.startswith("_cdc_")])
+        data = lake.select(_source_columns(lake.column_names))
         return result(aligned, kept_source.num_rows, content_checksum(kept_source), content_checksum(data))
     kept_lake = _without_keys(aligned, target.key_names, target.keys)
     diff = compare_tables(table, kept_source, kept_lake, target.key)
@@ -350,21 +359,14 @@ def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _
     def keep(rows: pa.Table) -> pa.Table:
         return _without_keys(rows, target.key_names, target.keys)
 
-    def result(
-        diff: TableDiff, source_rows: int, lake_rows: int, compared: int, source_sum: str, lake_sum: str
-    ) -> ConsistentComparison:
-        return ConsistentComparison(
-            table, str(position), target.applied_seq, source_rows, lake_rows, compared, len(target.keys),
-            source_sum, lake_sum, diff, target.not_compared,
-        )  # fmt: skip
-
+    result = partial(_comparison, target, position)
     if target.not_compared:
         source_rows = count_source_rows(conn, table) if target.columns else 0
         lake_rows = _lake_rows(target.current)
         return result(TableDiff(table, source_rows, lake_rows), source_rows, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
     lake_schema = read_query(target.current, "SELECT * FROM current LIMIT 0", "current").schema if target.current else None
     if not target.columns:  # gone from the source: what the lakehouse still holds
-        data = [n for n in lake_schema.names if not n.startswith("_cdc_")] if lake_schema else []
+        data = _source_columns(lake_schema.names) if lake_schema else []
         lake_rows, _, lake_sum = bucketed_compare.hash_sum_streamed(_lake_chunks(target), lambda r: r.select(data))
         diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
         return result(diff, 0, lake_rows, 0, EMPTY_CHECKSUM, checksum_text(lake_sum))
@@ -373,19 +375,17 @@ def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _
     aligned = align_current(table, schema.empty_table(), (lake_schema or schema).empty_table())
     if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
         source_rows, kept, source_sum = bucketed_compare.hash_sum_streamed(source_chunks, keep)
-        data = [n for n in lake_schema.names if not n.startswith("_cdc_")] if lake_schema else []
+        data = _source_columns(lake_schema.names) if lake_schema else []
         lake_rows, _, lake_sum = bucketed_compare.hash_sum_streamed(_lake_chunks(target), lambda r: r.select(data))
         aligned.source_rows, aligned.lakehouse_rows = source_rows, lake_rows
         return result(aligned, source_rows, lake_rows, kept, checksum_text(source_sum), checksum_text(lake_sum))
     lake_chunks = (align_current(table, schema.empty_table(), chunk) for chunk in _lake_chunks(target))
     buckets = bucketed_compare.bucket_count(target.large_rows)
     found = bucketed_compare.compare_in_buckets(table, schema, source_chunks, lake_chunks, target.key, buckets, keep)
-    compared = result(
+    return result(
         found.diff, found.source_rows, found.lakehouse_rows, found.compared_rows,
-        checksum_text(found.source_hash_sum), checksum_text(found.lakehouse_hash_sum),
+        checksum_text(found.source_hash_sum), checksum_text(found.lakehouse_hash_sum), buckets,
     )  # fmt: skip
-    compared.buckets = buckets
-    return compared
 
 
 def compare_many(binlog: BinlogResource, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:

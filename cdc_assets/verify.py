@@ -144,7 +144,7 @@ def _select_all(table: TableRef, columns: list[ColumnSpec]) -> str:
     return f"SELECT {select} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}"
 
 
-def _source_rows(columns: list[ColumnSpec], raw: list[list[bytes | None]]) -> pa.Table:
+def _source_rows(columns: list[ColumnSpec], raw: list[pa.BinaryArray]) -> pa.Table:
     arrays = [source_column(col, values) for col, values in zip(columns, raw, strict=True)]
     return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, arrow_type(c)) for c in columns]))
 

@@ -14,7 +14,7 @@ from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, as
 from cdc_assets import current_state
 from cdc_assets.assets.changes import table_changes, target_tables
 from cdc_assets.assets.metadata import per_table_metadata
-from cdc_assets.change_log import DDL_COLUMN, open_table
+from cdc_assets.change_log import DDL_COLUMN, open_table, row_count
 from cdc_assets.current_state import (
     SCHEMA_OPS,
     ApplyResult,
@@ -349,10 +349,7 @@ def _sum(a: ApplyResult | None, b: ApplyResult) -> ApplyResult:
 def current_row_count(lakehouse: Lakehouse, table: str) -> int | None:
     """Rows in a current-state table, from the Delta log's file statistics (no data read)."""
     dt = open_table(lakehouse.table_uri(CURRENT, TableRef.parse(table)), lakehouse.storage_options())
-    if dt is None:
-        return None
-    actions = pa.table(dt.get_add_actions(flatten=True))
-    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
+    return None if dt is None else row_count(dt)
 
 
 @asset(
