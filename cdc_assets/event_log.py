@@ -18,8 +18,6 @@ from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventL
 from dagster._core.storage.sqlalchemy_compat import db_result
 from dagster._serdes import ConfigurableClassData
 
-EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch
-
 
 class BatchingSqliteEventLogStorage(SqliteEventLogStorage):
     @classmethod

@@ -8,10 +8,9 @@ import json
 import os
 from pathlib import Path
 
-from cdc_assets.event_log import EVENT_BATCH_SIZE
-
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
 LEGACY_YAML = "telemetry:\n  enabled: false\n"  # what earlier versions wrote
+EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch (cdc_assets.event_log)
 MANAGED_HEADER = "# Written by cdc-lakehouse; delete this line to keep your own edits to this file.\n"
 
 
