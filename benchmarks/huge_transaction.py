@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.workloads import CLI
 from cdc_assets.local_source import server as local_server
 
 STAGES = {
@@ -111,7 +112,7 @@ def main() -> None:
     print(f"updated {args.rows} rows in one transaction")
     for name in STAGES:
         print(f"  update {name:8s} {_stage(name, env, args.batch_rows)}", flush=True)
-    verify = subprocess.run([str(Path(sys.executable).parent / "cdc-lakehouse"), "verify"], env=env, capture_output=True, text=True)
+    verify = subprocess.run([CLI, "verify"], env=env, capture_output=True, text=True)
     print(verify.stdout.strip().splitlines()[-1] if verify.stdout.strip() else verify.stderr[-2000:])
     local_server.stop(base)
 

@@ -21,7 +21,6 @@ the whole table among them) and checked by `verify`: seconds and peak memory of 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import shutil
@@ -32,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.run import timed
-from benchmarks.workloads import fresh_server
+from benchmarks.run import child, timed
+from benchmarks.workloads import CLI, fresh_server
 from cdc_assets.local_source import server as local_server
 
 SCHEMA = "bench_b"
@@ -42,7 +41,7 @@ HOT_KEYS = 100_000
 PATTERNS = ("recent", "uniform")
 
 APPLY = (
-    "import json, os, resource, time\n"
+    "import os, time\n"
     "from cdc_assets.assets.changes import process_new_batches\n"
     "from cdc_assets.assets.current import apply_pending\n"
     "from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef\n"
@@ -57,16 +56,29 @@ APPLY = (
     "done = time.monotonic()\n"
     "table = open_table(lakehouse.table_uri(CURRENT, TableRef.parse(os.environ['TABLE'])), None)\n"
     "metrics = table.history(1)[0].get('operationMetrics', {})\n"
-    "print('RESULT ' + json.dumps({'changes_s': middle - began, 'current_s': done - middle,\n"
+    "out = {'changes_s': middle - began, 'current_s': done - middle,\n"
     "    'changes_in': sum(r.changes_in for r in current.applied), 'files': len(table.file_uris()),\n"
-    "    'files_rewritten': metrics.get('num_target_files_removed'), 'rows_copied': metrics.get('num_target_rows_copied'),\n"
-    "    'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+    "    'files_rewritten': metrics.get('num_target_files_removed'), 'rows_copied': metrics.get('num_target_rows_copied')}\n"
+)
+CAPTURE = (
+    "import os\nfrom cdc_assets.lakehouse import Lakehouse\nfrom cdc_assets.resources import BinlogResource\n"
+    "BinlogResource(mysql_url=os.environ['CDC_MYSQL_URL'], tables=os.environ['CDC_TABLES'], "
+    "server_id=int(os.environ['CDC_SERVER_ID'])).capture(Lakehouse(os.environ['CDC_LAKEHOUSE']))\n"
 )
 
 
+def _table_env(env: dict[str, str], work: Path, table: str) -> dict[str, str]:
+    """The environment of the CLI for one benchmark table: its own lakehouse and Dagster home under `work`."""
+    return {
+        **env,
+        "CDC_TABLES": f"{SCHEMA}.{table}",
+        "CDC_LAKEHOUSE": str(work / table),
+        "DAGSTER_HOME": str(work / f"{table}-dh"),
+    }
+
+
 def _cli(env: dict[str, str], *args: str) -> str:
-    cli = str(Path(sys.executable).parent / "cdc-lakehouse")
-    done = subprocess.run([cli, *args], env=env, capture_output=True, text=True, timeout=7200)
+    done = subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=7200)
     if done.returncode != 0:
         raise SystemExit(f"cdc-lakehouse {' '.join(args)} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
     return done.stdout
@@ -137,11 +149,7 @@ def _apply_run(env: dict[str, str], prepared: Path, table: str) -> dict:
     shutil.rmtree(lakehouse)
     shutil.copytree(prepared, lakehouse)
     try:
-        code_env = {**env, "CDC_LAKEHOUSE": str(lakehouse), "TABLE": f"{SCHEMA}.{table}"}
-        done = subprocess.run([sys.executable, "-c", APPLY], env=code_env, capture_output=True, text=True, timeout=7200)
-        if done.returncode != 0:
-            raise SystemExit(f"an apply run failed:\n{done.stderr[-3000:]}")
-        return json.loads(done.stdout.rsplit("RESULT ", 1)[1])
+        return child(APPLY, {**env, "CDC_LAKEHOUSE": str(lakehouse), "TABLE": f"{SCHEMA}.{table}"}, timeout=7200)
     finally:
         shutil.rmtree(lakehouse, ignore_errors=True)
 
@@ -173,21 +181,11 @@ def main() -> None:
             began = time.monotonic()
             _make_table(server, table, size)
             made = time.monotonic()
-            table_env = {
-                **env,
-                "CDC_TABLES": f"{SCHEMA}.{table}",
-                "CDC_LAKEHOUSE": str(work / table),
-                "DAGSTER_HOME": str(work / f"{table}-dh"),
-            }
+            table_env = _table_env(env, work, table)
             _cli(table_env, "snapshot")
             loaded = time.monotonic()
             _change(server, table, size, args.changes, pattern, seed=size)
-            capture = (
-                "import os\nfrom cdc_assets.lakehouse import Lakehouse\nfrom cdc_assets.resources import BinlogResource\n"
-                "BinlogResource(mysql_url=os.environ['CDC_MYSQL_URL'], tables=os.environ['CDC_TABLES'], "
-                "server_id=int(os.environ['CDC_SERVER_ID'])).capture(Lakehouse(os.environ['CDC_LAKEHOUSE']))\n"
-            )
-            subprocess.run([sys.executable, "-c", capture], env=table_env, check=True, timeout=3600)
+            subprocess.run([sys.executable, "-c", CAPTURE], env=table_env, check=True, timeout=3600)
             print(
                 f"{pattern} {size:,} rows: table made in {made - began:.0f} s, snapshot {loaded - made:.0f} s, "
                 f"{args.changes} changes captured",
@@ -236,18 +234,12 @@ def _sync_and_verify(env: dict[str, str], work: Path, patterns: list[str], sizes
     checks, among them the equality check over the whole table), then `verify` in a process of its own: both
     compare every row with the source, in buckets beyond 500k rows, so their memory must not grow with the
     table. Returns the lines of a results table."""
-    cli = str(Path(sys.executable).parent / "cdc-lakehouse")
     lines = []
     for pattern in patterns:
         for size in sizes:
             table = f"{pattern}_{size}"
-            table_env = {
-                **env,
-                "CDC_TABLES": f"{SCHEMA}.{table}",
-                "CDC_LAKEHOUSE": str(work / table),
-                "DAGSTER_HOME": str(work / f"{table}-dh"),
-            }
-            sync, verify = timed(table_env, cli, "sync"), timed(table_env, cli, "verify")
+            table_env = _table_env(env, work, table)
+            sync, verify = timed(table_env, CLI, "sync"), timed(table_env, CLI, "verify")
             for name, done in (("sync", sync), ("verify", verify)):
                 if done["code"] != 0:
                     raise SystemExit(f"{name} of {table} failed:\n{done['out']}{done['err']}")

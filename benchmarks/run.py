@@ -20,9 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-from benchmarks.workloads import SCHEMA, fresh_server, mixed_tables
+from benchmarks.workloads import CLI, SCHEMA, fresh_server, mixed_tables
 
 READER_SERVER_ID = 4242
 
@@ -50,8 +49,10 @@ CAPTURE = (
 )
 
 
-def _child(code: str, env: dict[str, str]) -> dict:
-    done = subprocess.run([sys.executable, "-c", code + _PEAK], env=env, capture_output=True, text=True, timeout=3600)
+def child(code: str, env: dict[str, str], timeout: int = 3600) -> dict:
+    """Python `code` run in a process of its own; it leaves its figures in a dict `out`, to which the process's
+    peak RSS is added."""
+    done = subprocess.run([sys.executable, "-c", code + _PEAK], env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise SystemExit(f"a benchmark run failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.rsplit("RESULT ", 1)[1])
@@ -77,9 +78,8 @@ def _end_to_end(env: dict[str, str]) -> dict:
     """`cdc-lakehouse sync` from an empty lakehouse: capture, change logs, current state and their checks, among
     them `current_matches_source` (every table equal to the source at one consistent point; sync fails
     otherwise). Then `verify`, timed apart, confirms it from a process of its own."""
-    cli = str(Path(sys.executable).parent / "cdc-lakehouse")
-    sync = timed(env, cli, "sync")
-    verify = timed(env, cli, "verify")
+    sync = timed(env, CLI, "sync")
+    verify = timed(env, CLI, "verify")
     if sync["code"] != 0 or verify["code"] != 0:
         raise SystemExit(f"end to end failed:\n{sync['out']}{sync['err']}{verify['out']}{verify['err']}")
     return {
@@ -118,7 +118,7 @@ def main() -> None:
     for i in range(args.runs):
         for name, code in (("baseline", BASELINE), ("capture", CAPTURE)):
             out = tempfile.mkdtemp(prefix=f"cdc-bench-{name}-")
-            result = _child(code.format(server_id=READER_SERVER_ID, schema=SCHEMA), {**base_env, "OUT_DIR": out})
+            result = child(code.format(server_id=READER_SERVER_ID, schema=SCHEMA), {**base_env, "OUT_DIR": out})
             runs[name].append(result)
             print(f"  run {i + 1} {name:10s} {result['rows']} rows in {result['seconds']:.1f} s, peak {result['peak_mb']:.0f} MB", flush=True)
         lakehouse = tempfile.mkdtemp(prefix="cdc-bench-e2e-")

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.workloads import fresh_server
+from benchmarks.workloads import CLI, fresh_server
 from cdc_assets.change_log import open_table, read_query
 from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
 from cdc_assets.local_source import server as local_server
@@ -146,12 +146,6 @@ class MemorySampler(threading.Thread):
         self.join()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _wait_for(what: str, condition, timeout_s: float) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -182,9 +176,8 @@ def main() -> None:
         "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
         "DAGSTER_EVENT_BATCH_SIZE": "1000",
     }
-    cli = str(Path(sys.executable).parent / "cdc-lakehouse")
-    subprocess.run([cli, "sync"], env=env, check=True, capture_output=True, timeout=600)
-    port = _free_port()
+    subprocess.run([CLI, "sync"], env=env, check=True, capture_output=True, timeout=600)
+    port = local_server.free_port()
     dev = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "dagster"),
@@ -239,7 +232,7 @@ def main() -> None:
         dev.wait(timeout=60)
         probe.stop()
         memory.stop()
-    verified = subprocess.run([cli, "verify"], env=env, capture_output=True, text=True, timeout=600)
+    verified = subprocess.run([CLI, "verify"], env=env, capture_output=True, text=True, timeout=600)
     print(verified.stdout.strip().splitlines()[-1] if verified.stdout.strip() else verified.stderr[-500:])
     print(f"\nmedians of {args.runs} runs of {args.seconds:.0f} s at {args.rate} changes/s, hands-off (dagster dev)")
     print("| figure | value | target |")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from cdc_assets.local_source import server as local_server
 
 BENCH_DIR = Path(".local") / "bench"
+CLI = str(Path(sys.executable).parent / "cdc-lakehouse")  # the command of the interpreter running the benchmark
 SCHEMA = "bench"
 
 
