@@ -132,10 +132,11 @@ def read_pending(
     if log is None or log_max is None or (applied is not None and log_max <= applied):
         return None
     where = "" if applied is None else f" WHERE _cdc_seq > {int(applied)}"
-    if _pending_at_most(log, applied) <= MAX_CHANGES_PER_MERGE:
-        return PendingTable(table, version, read_query(log, f"SELECT * FROM changes{where}", "changes"), applied)
-    count = read_query(log, f"SELECT count(*) AS n FROM changes{where}", "changes").column(0)[0].as_py()
-    if count <= MAX_CHANGES_PER_MERGE:
+    if (  # the file statistics' bound first; the exact count only when the bound is too high
+        _pending_at_most(log, applied) <= MAX_CHANGES_PER_MERGE
+        or read_query(log, f"SELECT count(*) AS n FROM changes{where}", "changes").column(0)[0].as_py()
+        <= MAX_CHANGES_PER_MERGE
+    ):
         return PendingTable(table, version, read_query(log, f"SELECT * FROM changes{where}", "changes"), applied)
     names = [f.name for f in log.schema().fields]
     index = ["_cdc_seq", "_cdc_op", "_cdc_commit_ts"] + ([DDL_COLUMN] if DDL_COLUMN in names else [])

@@ -218,9 +218,10 @@ def _process(
 ) -> None:
     store = lakehouse.store
     progress = {t: load_progress(store, CHANGES_STAGE, t) for t in starts}
-    engine = transforms(sum(m.rows for m in manifests))
+    rows = sum(m.rows for m in manifests)
+    engine = transforms(rows)
     if log is not None and manifests:
-        log.info(f"change logs: {len(manifests)} batches, {sum(m.rows for m in manifests)} rows, on {engine.engine}")
+        log.info(f"change logs: {len(manifests)} batches, {rows} rows, on {engine.engine}")
     rows_per_job = MAX_ROWS_PER_ARROW_JOB if engine.engine == "arrow" else MAX_ROWS_PER_JOB
     for chunk in _chunks(manifests, rows_per_job):
         newest: dict[str, dict] = {}  # per table, the version of its newest changes taken in
