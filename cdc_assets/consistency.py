@@ -27,7 +27,7 @@ from cdc_assets.capture import CaptureOptions, capture_batches
 from cdc_assets.change_log import max_seq, open_table, read_query, read_query_chunks, row_count
 from cdc_assets.current_state import APPLIED_SEQ_KEY
 from cdc_assets.lakehouse import CURRENT, Lakehouse, ObjectStore, TableRef
-from cdc_assets.mysql_types import ColumnSpec, arrow_type, decode_column
+from cdc_assets.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.parallel import TABLE_WORKERS, for_each_table
 from cdc_assets.positions import BinlogPosition
 from cdc_assets.raw_batch import RAW_ROWS_SCHEMA, BatchManifest, TableVersion, list_batches, read_manifest, read_rows
@@ -370,7 +370,7 @@ def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _
         lake_rows, _, lake_sum = bucketed_compare.hash_sum_streamed(_lake_chunks(target), lambda r: r.select(data))
         diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
         return result(diff, 0, lake_rows, 0, EMPTY_CHECKSUM, checksum_text(lake_sum))
-    schema = pa.schema([pa.field(c.name, arrow_type(c)) for c in target.columns])
+    schema = arrow_schema(target.columns)
     source_chunks = read_source_chunks(conn, table, target.columns, bucketed_compare.STREAM_ROWS)
     aligned = align_current(table, schema.empty_table(), (lake_schema or schema).empty_table())
     if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible

@@ -38,7 +38,6 @@ from cdc_assets.locks import lakehouse_lock
 from cdc_assets.mysql_types import arrow_schema
 from cdc_assets.raw_batch import TableVersion
 from cdc_assets.resources import CAPTURE_LOCK, BinlogResource, CaptureReport
-from cdc_assets.source_rows import query_chunks, source_column
 from cdc_assets.spool import SpoolDirectory
 from cdc_assets.stages import CHANGES_LOCK, CHANGES_STAGE, CURRENT_LOCK
 from cdc_assets.state import (
@@ -52,7 +51,7 @@ from cdc_assets.state import (
     save_registry,
     save_schemas,
 )
-from cdc_assets.verify import quote_identifier, select_expression, source_table_schemas
+from cdc_assets.verify import read_source_chunks, source_table_schemas
 
 SNAPSHOT_CHUNK_ROWS = 100_000  # rows read from the source and held in memory at once
 SNAPSHOT_WRITE_ROWS = 2_000_000  # rows handed to delta-rs at once: several files' worth
@@ -172,16 +171,12 @@ def _remember_shapes(lakehouse: Lakehouse, versions: list[TableVersion], seq: in
 def _spool_rows(conn: pymysql.Connection, version: TableVersion, path: Path) -> int:
     """The table's rows into a local Parquet file, a chunk at a time and in primary-key order (so the current
     state is written with each file holding a narrow key range); returns how many."""
-    schema = arrow_schema(list(version.columns))
-    select = ", ".join(select_expression(c) for c in version.columns)
-    order = f" ORDER BY {', '.join(quote_identifier(k) for k in version.primary_key)}" if version.primary_key else ""
-    sql = f"SELECT {select} FROM {quote_identifier(version.table.schema)}.{quote_identifier(version.table.table)}{order}"
+    columns = list(version.columns)
     rows = 0
-    with pq.ParquetWriter(path, schema) as writer:
-        for chunk in query_chunks(conn, sql, SNAPSHOT_CHUNK_ROWS):
-            arrays = [source_column(c, values) for c, values in zip(version.columns, chunk, strict=True)]
-            writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
-            rows += len(chunk[0]) if chunk else 0
+    with pq.ParquetWriter(path, arrow_schema(columns)) as writer:
+        for part in read_source_chunks(conn, version.table, columns, SNAPSHOT_CHUNK_ROWS, version.primary_key):
+            writer.write_table(part)
+            rows += part.num_rows
     return rows
 
 

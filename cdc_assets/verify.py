@@ -6,18 +6,18 @@ independent of the binlog decoding, then both sides are compared as Arrow tables
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pymysql
 
-from cdc_assets.current_state import read_current
+from cdc_assets.current_state import read_current, sorted_by_key
 from cdc_assets.lakehouse import Lakehouse, TableRef
 from cdc_assets.mysql_types import (
     ColumnSpec,
-    arrow_type,
+    arrow_schema,
     column_from_information_schema,
 )
 from cdc_assets.source_rows import query_chunks, query_columns, source_column
@@ -139,14 +139,15 @@ def select_expression(col: ColumnSpec) -> str:
     return f"({quote_identifier(col.name)} + 0e0)" if col.type == "float" else quote_identifier(col.name)
 
 
-def _select_all(table: TableRef, columns: list[ColumnSpec]) -> str:
+def _select_all(table: TableRef, columns: list[ColumnSpec], order_by: Sequence[str] = ()) -> str:
     select = ", ".join(select_expression(c) for c in columns)
-    return f"SELECT {select} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}"
+    order = f" ORDER BY {', '.join(quote_identifier(k) for k in order_by)}" if order_by else ""
+    return f"SELECT {select} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}{order}"
 
 
 def _source_rows(columns: list[ColumnSpec], raw: list[pa.BinaryArray]) -> pa.Table:
     arrays = [source_column(col, values) for col, values in zip(columns, raw, strict=True)]
-    return pa.Table.from_arrays(arrays, schema=pa.schema([pa.field(c.name, arrow_type(c)) for c in columns]))
+    return pa.Table.from_arrays(arrays, schema=arrow_schema(columns))
 
 
 def read_source_table(conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec]) -> pa.Table:
@@ -155,11 +156,16 @@ def read_source_table(conn: pymysql.Connection, table: TableRef, columns: list[C
 
 
 def read_source_chunks(
-    conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec], rows_per_chunk: int
+    conn: pymysql.Connection,
+    table: TableRef,
+    columns: list[ColumnSpec],
+    rows_per_chunk: int,
+    order_by: Sequence[str] = (),
 ) -> Iterator[pa.Table]:
-    """The source table's rows in the Delta types, `rows_per_chunk` at a time (for tables too large to hold).
-    Read it to the end: the connection is busy until then."""
-    for raw in query_chunks(conn, _select_all(table, columns), rows_per_chunk):
+    """The source table's rows in the Delta types, `rows_per_chunk` at a time (for tables too large to hold),
+    ordered by the columns `order_by` if any; at least one chunk. Read it to the end: the connection is busy
+    until then."""
+    for raw in query_chunks(conn, _select_all(table, columns, order_by), rows_per_chunk):
         yield _source_rows(columns, raw)
 
 
@@ -172,10 +178,6 @@ def _by_key(table: pa.Table, key: list[str]) -> dict[tuple, list[tuple]]:
     return rows
 
 
-def _in_order(rows: pa.Table, key: list[str]) -> pa.Table:
-    return rows.sort_by([(k, "ascending") for k in key]) if rows.num_rows else rows
-
-
 def compare_tables(table: TableRef, source: pa.Table, lakehouse: pa.Table, key: list[str]) -> TableDiff:
     """Compare two tables with the same columns, keyed by `key` (all columns when there is no key).
 
@@ -183,7 +185,7 @@ def compare_tables(table: TableRef, source: pa.Table, lakehouse: pa.Table, key: 
     cell; only tables that differ are compared key by key, to say which keys differ."""
     key = key or source.column_names
     diff = TableDiff(table, source.num_rows, lakehouse.num_rows)
-    if source.num_rows == lakehouse.num_rows and _in_order(source, key).equals(_in_order(lakehouse, key)):
+    if source.num_rows == lakehouse.num_rows and sorted_by_key(source, key).equals(sorted_by_key(lakehouse, key)):
         return diff
     left, right = _by_key(source, key), _by_key(lakehouse, key)
     diff.missing = sorted((k for k in left if k not in right), key=repr)
