@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 install: system-deps $(STAMP)
-	@$(BIN)/python -m cdc_assets.instance >/dev/null
+	@$(BIN)/python -m cdc_assets.defs.instance >/dev/null
 
 demo: install
 	$(BIN)/cdc-lakehouse demo
@@ -52,7 +52,8 @@ bench: install
 dev: install
 	$(BIN)/python -m cdc_assets.local_source start
 	$(BIN)/python -m spark_resources.connect_server start --port $(SPARK_CONNECT_PORT)
-	CDC_SPARK_MASTER="$${CDC_SPARK_MASTER:-sc://127.0.0.1:$(SPARK_CONNECT_PORT)}" DAGSTER_EVENT_BATCH_SIZE=1000 \
+	CDC_SPARK_MASTER="$${CDC_SPARK_MASTER:-sc://127.0.0.1:$(SPARK_CONNECT_PORT)}" \
+		CDC_SPARK_MIN_ROWS="$${CDC_SPARK_MIN_ROWS:-1000000}" DAGSTER_EVENT_BATCH_SIZE=1000 \
 		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 ## The demo's live workload against the local source, until Ctrl-C (run it beside `make dev`).

@@ -26,27 +26,26 @@ from cdc_assets.local_source import server as local_server
 STAGES = {
     "capture": (
         "import os\n"
-        "from cdc_assets.resources import BinlogResource, LakehouseResource\n"
-        "binlog = BinlogResource(mysql_url=os.environ['CDC_MYSQL_URL'], tables='huge.*', max_batch_rows={batch_rows})\n"
-        "report = binlog.capture(LakehouseResource(location=os.environ['CDC_LAKEHOUSE']).get())\n"
+        "from cdc_assets.capture.run import capture\n"
+        "from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter\n"
+        "from cdc_assets.lake.store import Lakehouse\n"
+        "url = MySQLUrl.parse(os.environ['CDC_MYSQL_URL'])\n"
+        "settings = SourceSettings(url, table_filter=TableFilter(('huge.*',)), max_batch_rows={batch_rows})\n"
+        "report = capture(settings, Lakehouse(os.environ['CDC_LAKEHOUSE']))\n"
         "out = {{'batches': len(report.batches), 'rows': report.rows}}\n"
     ),
     "changes": (
-        "from cdc_assets.assets.changes import process_new_batches\n"
-        "from cdc_assets.resources import LakehouseResource\n"
-        "from spark_resources import SparkSessionResource\n"
-        "spark = SparkSessionResource(master=__import__('os').environ['CDC_SPARK_MASTER'])\n"
-        "import os\n"
-        "report = process_new_batches(LakehouseResource(location=os.environ['CDC_LAKEHOUSE']).get(), spark.transforms)\n"
+        "from cdc_assets.stages.changes import process_new_batches\n"
+        "from cdc_assets.defs.resources import initialized_resources\n"
+        "resources = initialized_resources()\n"
+        "report = process_new_batches(resources.lakehouse.get(), resources.transforms.for_changes)\n"
         "out = {{'rows_out': report.rows_out}}\n"
     ),
     "current": (
-        "from cdc_assets.assets.current import apply_pending\n"
-        "from cdc_assets.resources import LakehouseResource\n"
-        "from spark_resources import SparkSessionResource\n"
-        "spark = SparkSessionResource(master=__import__('os').environ['CDC_SPARK_MASTER'])\n"
-        "import os\n"
-        "report = apply_pending(LakehouseResource(location=os.environ['CDC_LAKEHOUSE']).get(), spark.transforms)\n"
+        "from cdc_assets.stages.current import apply_pending\n"
+        "from cdc_assets.defs.resources import initialized_resources\n"
+        "resources = initialized_resources()\n"
+        "report = apply_pending(resources.lakehouse.get(), resources.transforms.for_changes)\n"
         "out = {{'changes_in': sum(r.changes_in for r in report.applied)}}\n"
     ),
 }

@@ -33,18 +33,19 @@ _PEAK = (
 BASELINE = (
     "import os, pathlib\n"
     "from benchmarks.baseline import run_baseline\n"
-    "from cdc_assets.settings import MySQLUrl\n"
+    "from cdc_assets.core.settings import MySQLUrl\n"
     "url = MySQLUrl.parse(os.environ['CDC_MYSQL_URL'])\n"
     "r = run_baseline(url.connection_settings(), {server_id}, pathlib.Path(os.environ['OUT_DIR']))\n"
     "out = {{'rows': r.row_changes, 'seconds': r.seconds}}\n"
 )
 CAPTURE = (
     "import os, time\n"
-    "from cdc_assets.lakehouse import Lakehouse\n"
-    "from cdc_assets.resources import BinlogResource\n"
+    "from cdc_assets.capture.run import capture\n"
+    "from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter\n"
+    "from cdc_assets.lake.store import Lakehouse\n"
     "began = time.monotonic()\n"
-    "binlog = BinlogResource(mysql_url=os.environ['CDC_MYSQL_URL'], tables='{schema}.*', server_id={server_id})\n"
-    "report = binlog.capture(Lakehouse(os.environ['OUT_DIR']))\n"
+    "settings = SourceSettings(MySQLUrl.parse(os.environ['CDC_MYSQL_URL']), {server_id}, TableFilter(('{schema}.*',)))\n"
+    "report = capture(settings, Lakehouse(os.environ['OUT_DIR']))\n"
     "out = {{'rows': report.rows, 'seconds': time.monotonic() - began, 'batches': len(report.batches)}}\n"
 )
 

@@ -29,8 +29,10 @@ import time
 from pathlib import Path
 
 from benchmarks.workloads import CLI, fresh_server
-from cdc_assets.change_log import open_table, read_query
-from cdc_assets.lakehouse import CURRENT, Lakehouse, TableRef
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.delta import read_query
+from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake.store import Lakehouse
 from cdc_assets.local_source import server as local_server
 
 SCHEMA = "bench_c"
@@ -102,9 +104,9 @@ class Probe:
         self._thread.join()
 
     def _run(self) -> None:
-        uri = self.lakehouse.table_uri(CURRENT, TableRef(SCHEMA, "ticks"))
+        ticks = TableRef(SCHEMA, "ticks")
         while not self._stop.wait(1.0):
-            table = open_table(uri, None)
+            table = self.lakehouse.open(CURRENT, ticks)
             if table is None:
                 continue
             seen = dt.datetime.now(dt.UTC).replace(tzinfo=None)

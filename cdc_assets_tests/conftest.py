@@ -6,20 +6,22 @@ so tests share the server's binlog without seeing each other's tables.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pymysql
 import pytest
 
-from cdc_assets.lakehouse import Lakehouse
+from cdc_assets.lake.store import Lakehouse
 from cdc_assets.local_source import server as local_server
 
 
@@ -33,9 +35,19 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_server.L
 
 @pytest.fixture(scope="session")
 def spark() -> object:
-    from spark_resources import spark_session
+    """The session dagster-pyspark's resource makes from our settings: the one the runs of the session reuse."""
+    from dagster_pyspark import LazyPySparkResource
 
-    return spark_session("local[2]")
+    from spark_resources.session import spark_config
+
+    return LazyPySparkResource(spark_config=spark_config("local[2]")).spark_session
+
+
+def on_spark(session: Callable[[], object]) -> Callable[[int], object]:
+    """The stages' engine choice pinned to Spark, whatever the size of the run."""
+    from spark_resources.engine import Transforms
+
+    return lambda changes: Transforms(session)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -77,13 +89,15 @@ class CdcEnv:
         return main(["sync", *extra])
 
     def verify(self) -> list:
-        from cdc_assets.cli import run_verify
+        from cdc_assets.defs.runs import run_verify
 
         return run_verify()
 
 
 def _database_name(node_name: str) -> str:
-    return "t_" + re.sub(r"[^a-z0-9]+", "_", node_name.lower())[:50]
+    """A database per test: its name, shortened, and a digest of all of it (parametrized tests differ at the end)."""
+    digest = hashlib.sha1(node_name.encode()).hexdigest()[:6]
+    return "t_" + re.sub(r"[^a-z0-9]+", "_", node_name.lower())[:42] + "_" + digest
 
 
 @pytest.fixture
@@ -142,3 +156,76 @@ def use_s3(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
         "AWS_DEFAULT_REGION": "us-east-1",
     }.items():
         monkeypatch.setenv(name, value)
+
+
+@dataclass
+class S3Faults:
+    """The fault-injecting proxy in front of the local S3 endpoint (cdc_assets_tests.s3_fault_proxy)."""
+
+    url: str
+    rules_file: Path
+
+    def set(self, *rules: dict) -> None:
+        """Replace the rules (counts start again); every matched request is logged."""
+        Path(f"{self.rules_file}.log").unlink(missing_ok=True)
+        tmp = self.rules_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(rules)))
+        tmp.replace(self.rules_file)
+
+    def clear(self) -> None:
+        self.set()
+
+    def injected(self) -> list[dict]:
+        """The requests rules matched since the last `set`."""
+        log = Path(f"{self.rules_file}.log")
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.fixture(scope="session")
+def _s3_proxy(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Faults]:
+    rules = tmp_path_factory.mktemp("s3_faults") / "rules.json"
+    rules.write_text("[]")
+    port = local_server.free_port()
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "cdc_assets_tests.s3_fault_proxy", "--upstream", s3_endpoint, "--port", str(port),
+         "--rules", str(rules)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not _listening(port):
+        assert time.monotonic() < deadline and proxy.poll() is None, "the S3 fault proxy did not start"
+        time.sleep(0.1)
+    yield S3Faults(f"http://127.0.0.1:{port}", rules)
+    proxy.terminate()
+    proxy.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_faults(_s3_proxy: S3Faults) -> Iterator[S3Faults]:
+    """The proxy with no rule; the test sets its own, and they are cleared afterwards."""
+    _s3_proxy.clear()
+    yield _s3_proxy
+    _s3_proxy.clear()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A Spark standalone master and two workers (one core each) from the pyspark wheel, on 127.0.0.1."""
+    from spark_resources import cluster
+
+    state = tmp_path_factory.mktemp("spark_cluster")
+    started = cluster.start(state, workers=2)
+    yield started
+    cluster.stop(state)
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`cdc-lakehouse` in a process of its own (a Spark cluster's driver must not share this one's JVM)."""
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_assets.cli", *argv],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,5 +1,5 @@
 """The reference for the binlog decoder: python-mysql-replication's BinLogStreamReader and the canonical texts
-of its values, as capture produced them before `cdc_assets.binlog` (see test_binlog_decoder)."""
+of its values, as capture produced them before `cdc_assets.capture.binlog` (see test_binlog_decoder)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
-from cdc_assets.mysql_charsets import MYSQL_LATIN1
-from cdc_assets.mysql_types import TEXT_TYPES, ColumnSpec, bit_to_long, encode_python_value
-from cdc_assets.positions import BinlogPosition
-from cdc_assets.settings import MySQLUrl
+from cdc_assets.core.mysql_charsets import MYSQL_LATIN1
+from cdc_assets.core.mysql_types import TEXT_TYPES, ColumnSpec, bit_to_long, encode_python_value
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.settings import MySQLUrl
 
 _original_charset_to_encoding = RowsEvent.charset_to_encoding
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pymysql
 
-from cdc_assets.binlog import events
-from cdc_assets.binlog.protocol import dump_events
-from cdc_assets.binlog.row_images import RowDecoder
-from cdc_assets.binlog.table_map import parse_table_map
+from cdc_assets.capture.binlog import events
+from cdc_assets.capture.binlog.protocol import dump_events
+from cdc_assets.capture.binlog.row_images import RowDecoder
+from cdc_assets.capture.binlog.table_map import parse_table_map
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.local_source.server import LocalServer
-from cdc_assets.positions import BinlogPosition
-from cdc_assets.settings import MySQLUrl
 from cdc_assets_tests.pmr_reference import reference_events
 from cdc_assets_tests.test_type_edges import EDGE_TABLE, ROWS
 
@@ -54,7 +54,7 @@ def _decoded(url: MySQLUrl, start: BinlogPosition, end: BinlogPosition) -> list[
                 table_map = parse_table_map(event.body, mariadb=True)
                 decoders[table_map.table_id] = RowDecoder(table_map)
                 found.append(
-                    ("map", table_map.table.schema, table_map.table.table, table_map.columns, table_map.primary_key)
+                    ("map", table_map.table.schema, table_map.table.table, table_map.columns, table_map.shape.primary_key)
                 )
             elif event.type in events.ROW_EVENTS:
                 decoder = decoders[int.from_bytes(event.body[:6], "little")]

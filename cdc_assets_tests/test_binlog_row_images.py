@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_assets.binlog import table_map as t
-from cdc_assets.binlog.row_images import column_reader, decimal_size
-from cdc_assets.binlog.table_map import ColumnLayout
-from cdc_assets.mysql_types import ColumnSpec
+from cdc_assets.capture.binlog import table_map as t
+from cdc_assets.capture.binlog.row_images import column_reader, decimal_size
+from cdc_assets.capture.binlog.table_map import ColumnLayout
+from cdc_assets.core.mysql_types import ColumnSpec
 
 
 def read(column: ColumnSpec, layout: ColumnLayout, data: bytes) -> str | None:

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from cdc_assets.bucketed_compare import compare_in_buckets, key_buckets
-from cdc_assets.lakehouse import TableRef
-from cdc_assets.row_hashes import checksum_text, content_checksum
-from cdc_assets.verify import compare_tables
+from cdc_assets.core.names import TableRef
+from cdc_assets.verification.buckets import compare_in_buckets, key_buckets
+from cdc_assets.verification.compare import compare_tables
+from cdc_assets.verification.row_hashes import checksum_text, content_checksum
 
 T = TableRef("s", "t")
 ROWS = 1_000

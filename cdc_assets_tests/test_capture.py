@@ -1,22 +1,23 @@
 """Batch assembly: transactions, `_cdc_seq` numbering and batch cuts, without a server."""
 
-from cdc_assets.capture import BatchBuilder, parse_gtid_state, redact_statement
-from cdc_assets.lakehouse import TableRef
-from cdc_assets.mysql_types import ColumnSpec
-from cdc_assets.positions import BinlogPosition
+from cdc_assets.capture.batches import BatchBuilder, parse_gtid_state, redact_statement
+from cdc_assets.core.mysql_types import ColumnSpec
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.shapes import TableShape
 
 
 def _builder(max_rows: int = 3) -> tuple[BatchBuilder, object]:
     builder = BatchBuilder(start=BinlogPosition("b.000001", 4), next_seq=10, max_rows=max_rows)
-    version = builder.version_of(TableRef("s", "t"), (ColumnSpec("id", "int"),), ("id",))
+    version = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"),), ("id",))
     return builder, version
 
 
 def test_seq_counts_committed_changes_in_binlog_order() -> None:
     builder, version = _builder()
     builder.begin("0-1-5")
-    builder.row_change(version, "insert", None, ["1"])
-    builder.row_change(version, "update", ["1"], ["2"])
+    builder.row_changes(version, "insert", [None], [["1"]])
+    builder.row_changes(version, "update", [["1"]], [["2"]])
     builder.commit(BinlogPosition("b.000001", 500), 1_700_000_000)
     batch = builder.cut()
     assert batch.rows.column("seq").to_pylist() == [10, 11]
@@ -29,7 +30,7 @@ def test_seq_counts_committed_changes_in_binlog_order() -> None:
 def test_an_uncommitted_transaction_never_enters_a_batch() -> None:
     builder, version = _builder()
     builder.begin("0-1-6")
-    builder.row_change(version, "insert", None, ["1"])
+    builder.row_changes(version, "insert", [None], [["1"]])
     builder.advance_idle_to(BinlogPosition("b.000002", 4))  # a transaction is open: no advance
     assert not builder.has_progress()
     builder.begin("0-1-7")  # the open one never committed (e.g. the stream stopped mid-way)
@@ -42,12 +43,12 @@ def test_a_batch_is_full_only_after_whole_transactions() -> None:
     builder, version = _builder(max_rows=3)
     builder.begin(None)
     for i in range(2):
-        builder.row_change(version, "insert", None, [str(i)])
+        builder.row_changes(version, "insert", [None], [[str(i)]])
     builder.commit(BinlogPosition("b.000001", 100), 1)
     assert not builder.is_full()
     builder.begin(None)
     for i in range(5):
-        builder.row_change(version, "insert", None, [str(i)])
+        builder.row_changes(version, "insert", [None], [[str(i)]])
     assert not builder.is_full()  # rows of an open transaction do not count
     builder.commit(BinlogPosition("b.000001", 200), 2)
     assert builder.is_full()
@@ -75,7 +76,7 @@ def test_gtid_state_round_trip() -> None:
 
 
 def test_query_events_and_transactions() -> None:
-    from cdc_assets.capture import classify_query
+    from cdc_assets.capture.batches import classify_query
 
     assert [classify_query(q) for q in ("BEGIN", "XA START 'x'", "START TRANSACTION")] == ["begin"] * 3
     assert [classify_query(q) for q in ("COMMIT", "ROLLBACK", "XA COMMIT 'x'", "XA ROLLBACK 'x'")] == ["end"] * 4
@@ -91,8 +92,8 @@ def test_credentials_in_table_definitions_are_blanked() -> None:
 
 
 def test_truncated_table_is_read_from_the_statement() -> None:
-    from cdc_assets.capture import truncated_table
-    from cdc_assets.lakehouse import TableRef
+    from cdc_assets.capture.batches import truncated_table
+    from cdc_assets.core.names import TableRef
 
     assert truncated_table("TRUNCATE TABLE t", "db") == TableRef("db", "t")
     assert truncated_table("truncate `my db`.`we``ird`", "db") == TableRef("my db", "we`ird")
@@ -104,16 +105,16 @@ def test_truncated_table_is_read_from_the_statement() -> None:
 
 def test_a_transaction_larger_than_memory_spills_and_keeps_order() -> None:
     builder = BatchBuilder(start=BinlogPosition("b.000001", 4), next_seq=100, max_rows=5, chunk_rows=10)
-    version = builder.version_of(TableRef("s", "t"), (ColumnSpec("id", "int"),), ("id",))
+    version = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"),), ("id",))
     builder.begin("0-1-1")
     for i in range(12):  # a transaction that never commits, spilled to disk, leaves nothing behind
-        builder.row_change(version, "insert", None, [f"x{i}"])
+        builder.row_changes(version, "insert", [None], [[f"x{i}"]])
     builder.begin("0-1-2")
-    builder.row_change(version, "insert", None, ["small"])
+    builder.row_changes(version, "insert", [None], [["small"]])
     builder.commit(BinlogPosition("b.000001", 50), 10)
     builder.begin("0-1-3")
     for i in range(25):  # spills: 10 + 10 rows on disk, 5 in memory
-        builder.row_change(version, "update", [str(i)], [str(i + 1)])
+        builder.row_changes(version, "update", [[str(i)]], [[str(i + 1)]])
     assert builder.rows == 1  # rows of an open transaction are not the batch's yet
     builder.commit(BinlogPosition("b.000001", 900), 20)
     batch = builder.cut()  # one batch: it ends only where a transaction does, far past max_rows
@@ -128,11 +129,11 @@ def test_a_transaction_larger_than_memory_spills_and_keeps_order() -> None:
 def test_an_xa_transaction_counts_at_its_commit_and_holds_the_batch_end_until_then() -> None:
     builder, version = _builder(max_rows=1)
     builder.begin("0-1-3", BinlogPosition("b.000001", 100))  # XA START ... XA END ... XA PREPARE
-    builder.row_change(version, "insert", None, ["xa"])
+    builder.row_changes(version, "insert", [None], [["xa"]])
     builder.prepare_xa("X'7831',X'',1")
     builder.commit(BinlogPosition("b.000001", 200), 5)
     builder.begin("0-1-4", BinlogPosition("b.000001", 200))  # another transaction commits meanwhile
-    builder.row_change(version, "insert", None, ["plain"])
+    builder.row_changes(version, "insert", [None], [["plain"]])
     builder.commit(BinlogPosition("b.000001", 300), 6)
     assert builder.is_full() and builder.holding  # no batch may end between the PREPARE and its outcome
     builder.begin("0-1-5", BinlogPosition("b.000001", 300))
@@ -144,7 +145,7 @@ def test_an_xa_transaction_counts_at_its_commit_and_holds_the_batch_end_until_th
     assert [t.timestamp() for t in batch.rows.column("commit_ts").to_pylist()] == [6.0, 7.0]
 
     builder.begin("0-1-6", BinlogPosition("b.000001", 400))
-    builder.row_change(version, "insert", None, ["rolled back"])
+    builder.row_changes(version, "insert", [None], [["rolled back"]])
     builder.prepare_xa("X'7832',X'',1")
     builder.commit(BinlogPosition("b.000001", 500), 8)
     builder.begin("0-1-7", BinlogPosition("b.000001", 500))
@@ -156,14 +157,14 @@ def test_an_xa_transaction_counts_at_its_commit_and_holds_the_batch_end_until_th
 def test_a_capture_ending_while_an_xa_transaction_is_prepared_stops_just_before_it() -> None:
     builder, version = _builder(max_rows=100)
     builder.begin("0-1-1", BinlogPosition("b.000001", 4))
-    builder.row_change(version, "insert", None, ["first"])
+    builder.row_changes(version, "insert", [None], [["first"]])
     builder.commit(BinlogPosition("b.000001", 100), 1)
     builder.begin("0-1-2", BinlogPosition("b.000001", 100))
-    builder.row_change(version, "insert", None, ["prepared"])
+    builder.row_changes(version, "insert", [None], [["prepared"]])
     builder.prepare_xa("X'01',X'',1")
     builder.commit(BinlogPosition("b.000001", 200), 2)
     builder.begin("0-1-3", BinlogPosition("b.000001", 200))
-    builder.row_change(version, "insert", None, ["after it"])
+    builder.row_changes(version, "insert", [None], [["after it"]])
     builder.commit(BinlogPosition("b.000001", 300), 3)
     batch = builder.cut()
     assert batch.end == BinlogPosition("b.000001", 100) and batch.end_gtid == "0-1-1"

@@ -6,17 +6,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from cdc_assets.change_log import (
+from cdc_assets.core import failpoints
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.delta import (
     CHECKPOINT_INTERVAL,
     MAX_SEQ_KEY,
     SMALL_FILES_BEFORE_COMPACTION,
     compact_small_files,
     max_seq,
+    open_table,
     read_query,
     table_configuration,
 )
+from cdc_assets.lake.layout import CHANGES
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.change_log import append_changes
 
 
 def test_small_files_are_compacted_once_there_are_enough_and_nothing_else_changes(tmp_path: Path) -> None:
@@ -41,3 +49,61 @@ def test_small_files_are_compacted_once_there_are_enough_and_nothing_else_change
     assert seqs == list(range((SMALL_FILES_BEFORE_COMPACTION + 5) * 10))  # every row once
     assert table.metadata().configuration["delta.checkpointInterval"] == str(CHECKPOINT_INTERVAL)
     assert list((tmp_path / "log" / "_delta_log").glob("*.checkpoint.parquet"))
+
+
+def _changes(first: int, count: int) -> pa.Table:
+    """Change-log rows of a one-column table, `_cdc_seq` first .. first + count - 1."""
+    from cdc_assets.core.mysql_types import ColumnSpec
+    from cdc_assets.core.shapes import TableShape
+    from cdc_assets.stages.change_log import build_change_table
+
+    version = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"),), ("id",))
+    seqs = list(range(first, first + count))
+    rows = pa.table(
+        {
+            "op": ["insert"] * count,
+            "seq": pa.array(seqs, pa.int64()),
+            "commit_ts": pa.array([1_700_000_000_000_000] * count, pa.int64()),
+            "gtid": pa.array([None] * count, pa.string()),
+            "batch": ["b"] * count,
+            "before": pa.array([None] * count, pa.list_(pa.string())),
+            "after": pa.array([[str(s)] for s in seqs], pa.list_(pa.string())),
+            "key": [f'["{s}"]' for s in seqs],
+            "before_key": pa.array([None] * count, pa.string()),
+        }
+    )
+    return build_change_table(version, rows)
+
+
+def test_a_writer_whose_lock_expired_cannot_append_what_the_takeover_appended(tmp_path: Path) -> None:
+    """The lock of a slow run expires between its watermark read and its commit; the run that takes over
+    appends the same changes. The slow run's commit is refused (its app transaction is fenced), with one
+    sentence, and every `_cdc_seq` is in the log once."""
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    table = TableRef("s", "t")
+    append_changes(lakehouse, table, _changes(1, 5))
+
+    def takeover() -> None:
+        assert append_changes(lakehouse, table, _changes(6, 5)).appended == 5
+
+    with failpoints.arm("changes.before_commit", takeover), pytest.raises(CdcUserError, match="Another run committed"):
+        append_changes(lakehouse, table, _changes(6, 5))
+    log = open_table(lakehouse.table_uri(CHANGES, table), None)
+    seqs = read_query(log, "SELECT _cdc_seq FROM t ORDER BY _cdc_seq").column(0).to_pylist()
+    assert seqs == list(range(1, 11))
+    assert append_changes(lakehouse, table, _changes(6, 5)).appended == 0  # run again: nothing twice
+
+
+def test_the_watermark_survives_any_number_of_commits_that_are_not_the_pipelines(tmp_path: Path) -> None:
+    """OPTIMIZE, property changes and checkpoints by a user, many more than one history page, leave the
+    recorded seq in place (a Delta app transaction)."""
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    table = TableRef("s", "t")
+    append_changes(lakehouse, table, _changes(1, 5))
+    log = open_table(lakehouse.table_uri(CHANGES, table), None)
+    for i in range(30):
+        log.alter.set_table_properties({"delta.checkpointInterval": str(10 + i % 2)})
+    log.optimize.compact()
+    log.create_checkpoint()
+    log.cleanup_metadata()
+    assert max_seq(open_table(lakehouse.table_uri(CHANGES, table), None)) == 5

@@ -8,12 +8,16 @@ import pyarrow as pa
 from dagster import AssetCheckEvaluation
 from deltalake import DeltaTable, write_deltalake
 
-from cdc_assets.cli import _instance, run_sync
-from cdc_assets.definitions import APPLY_JOB_NAME, build_definitions
-from cdc_assets.jobs import LAG_JOB_NAME
-from cdc_assets.lakehouse import CURRENT, RAW, TableRef
-from cdc_assets.raw_batch import list_batches
-from cdc_assets.resources import BinlogResource
+from cdc_assets.capture.run import capture
+from cdc_assets.core.names import TableRef
+from cdc_assets.definitions import build_definitions
+from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
+from cdc_assets.defs.keys import LAG_JOB as LAG_JOB_NAME
+from cdc_assets.defs.resources import BinlogResource
+from cdc_assets.defs.runs import instance as _instance
+from cdc_assets.defs.runs import run_sync
+from cdc_assets.lake.layout import CURRENT, RAW
+from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv
 
 
@@ -71,7 +75,7 @@ def test_a_missing_raw_batch_fails_the_contiguity_check(cdc: CdcEnv, monkeypatch
     assert cdc.sync() == 0
     names = list_batches(cdc.lakehouse.store)
     (cdc.lakehouse_dir / RAW / names[-2] / "manifest.json").unlink()
-    from cdc_assets.checks import batch_chain_breaks
+    from cdc_assets.verification.integrity import batch_chain_breaks
 
     breaks = batch_chain_breaks(cdc.lakehouse)
     assert len(breaks) == 1 and breaks[0].startswith(f"{names[-1]} starts at")
@@ -90,7 +94,7 @@ def test_lag_check_names_the_table_that_falls_behind(cdc: CdcEnv, monkeypatch) -
     assert _checks(LAG_JOB_NAME)["table_lag"].passed
     # slow gets changes that are captured but never applied; fast is applied
     cdc.execute("INSERT INTO slow VALUES (2)")
-    BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*").capture(cdc.lakehouse)
+    capture(BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*").settings(), cdc.lakehouse)
     time.sleep(1.5)
     check = _checks(LAG_JOB_NAME)["table_lag"]
     assert not check.passed

@@ -15,13 +15,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from cdc_assets.change_log import open_table
 from cdc_assets.cli import main
-from cdc_assets.lakehouse import CHANGES, CURRENT, RAW, STATE, TableRef
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.lake.delta import open_table
+from cdc_assets.lake.layout import CHANGES, CURRENT, RAW, STATE
+from cdc_assets.lake.raw_batches import DATA_FILE, list_batches
+from cdc_assets.lake.state import CHECKPOINT_KEY, Checkpoint, save_checkpoint
 from cdc_assets.local_source.server import free_port
-from cdc_assets.positions import BinlogPosition
-from cdc_assets.raw_batch import DATA_FILE, list_batches
-from cdc_assets.state import CHECKPOINT_KEY, Checkpoint, save_checkpoint
 from cdc_assets_tests.conftest import CdcEnv
 
 
@@ -237,3 +238,80 @@ def test_a_lakehouse_from_the_earlier_layout_is_refused(cdc: CdcEnv, capsys) -> 
     code, _, err = _run(["sync"], capsys)
     _assert_user_error(code, err, "written by an earlier cdc-lakehouse", "CDC_LAKEHOUSE")
     assert not (cdc.lakehouse_dir / CHECKPOINT_KEY).exists()
+
+
+@pytest.mark.parametrize("command", [["sync"], ["status", "--json"], ["verify"]])
+def test_a_lakehouse_that_is_a_file(cdc: CdcEnv, monkeypatch, capsys, tmp_path: Path, command: list[str]) -> None:
+    blocker = tmp_path / "lakehouse-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("CDC_LAKEHOUSE", str(blocker))
+    code, _, err = _run(command, capsys)
+    _assert_user_error(code, err, "is a file, not a directory", "CDC_LAKEHOUSE")
+
+
+@pytest.mark.parametrize(
+    "content", ["{}", "[]", '{"position": {"file": "mysql-bin.000001", "pos": "x"}}', '{"position": {"file": "x", "pos": 4}}']
+)
+def test_a_corrupt_checkpoint(cdc: CdcEnv, capsys, content: str) -> None:
+    cdc.execute("CREATE TABLE c (id INT PRIMARY KEY)", "INSERT INTO c VALUES (1)")
+    (cdc.lakehouse_dir / STATE).mkdir(parents=True)
+    (cdc.lakehouse_dir / CHECKPOINT_KEY).write_text(content)
+    for command in (["sync"], ["status"]):
+        code, _, err = _run(command, capsys)
+        _assert_user_error(code, err, "checkpoint _state/checkpoint.json in the lakehouse is corrupt", "backup")
+    assert not (cdc.lakehouse_dir / RAW).exists()
+
+
+def test_a_checkpoint_past_the_binlog_end_is_not_called_purged(cdc: CdcEnv, capsys) -> None:
+    with cdc.server.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        log_file, _ = cur.fetchone()[:2]
+    number = int(log_file.rsplit(".", 1)[1])
+    for position in (BinlogPosition(log_file, 1 << 40), BinlogPosition(f"mysql-bin.{number + 5:06d}", 4)):
+        save_checkpoint(cdc.lakehouse.store, Checkpoint(position))
+        code, _, err = _run(["sync"], capsys)
+        _assert_user_error(code, err, "past the end of the source's binlog", "CDC_MYSQL_URL")
+        assert "purged" not in err
+    assert not (cdc.lakehouse_dir / RAW).exists()
+
+
+@pytest.mark.parametrize("content", ["[]", '{"s.t": []}', "7"])
+def test_a_corrupt_table_registry(cdc: CdcEnv, capsys, content: str) -> None:
+    cdc.execute("CREATE TABLE r (id INT PRIMARY KEY)", "INSERT INTO r VALUES (1)")
+    (cdc.lakehouse_dir / STATE).mkdir(parents=True)
+    (cdc.lakehouse_dir / STATE / "tables.json").write_text(content)
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "table registry _state/tables.json", "corrupt")
+    assert not (cdc.lakehouse_dir / CHECKPOINT_KEY).exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MB tmpfs (the suite runs as root, as `make test` installs system packages): a disk that fills up."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_sentence_and_the_next_sync_after_freeing_space_ends_equal(
+    cdc: CdcEnv, monkeypatch, capsys, small_disk: Path
+) -> None:
+    monkeypatch.setenv("CDC_LAKEHOUSE", str(small_disk / "lakehouse"))
+    cdc.execute("CREATE TABLE big (id INT PRIMARY KEY, v VARCHAR(200))")
+    with cdc.admin() as conn, conn.cursor() as cur:
+        rows = [(i, os.urandom(90).hex()) for i in range(30_000)]  # incompressible: several MB of raw batch
+        cur.executemany("INSERT INTO big VALUES (%s, %s)", rows)
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "No space left", "CDC_LAKEHOUSE")
+    lakehouse = small_disk / "lakehouse"
+    for manifest in (lakehouse / RAW).glob("*/manifest.json"):  # nothing half-visible
+        assert (manifest.parent / DATA_FILE).is_file()
+    assert not list(lakehouse.rglob(".*.tmp"))
+    subprocess.run(["mount", "-o", "remount,size=256m", str(small_disk)], check=True)
+    assert cdc.sync() == 0
+    [result] = cdc.verify()
+    assert result.ok and result.compared_rows == 30_000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 import threading
 import time
 from decimal import Decimal
@@ -12,24 +13,29 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
-from cdc_assets import bucketed_compare
-from cdc_assets.assets.changes import process_new_batches
-from cdc_assets.assets.current import apply_pending
-from cdc_assets.consistency import (
+from cdc_assets.capture.run import capture
+from cdc_assets.cli import main
+from cdc_assets.core import failpoints
+from cdc_assets.core.names import TableRef
+from cdc_assets.defs.resources import BinlogResource
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY
+from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.lake.state import load_checkpoint
+from cdc_assets.source.rows import read_source_table, source_shapes
+from cdc_assets.stages.changes import process_new_batches
+from cdc_assets.stages.current import apply_pending
+from cdc_assets.stages.current_state import read_current
+from cdc_assets.verification import buckets as bucketed_compare
+from cdc_assets.verification.compare import compare_tables
+from cdc_assets.verification.consistency import (
     EMPTY_CHECKSUM,
     ConsistentComparison,
     _Manifests,
-    compare_at_consistent_point,
+    compare_many,
     content_checksum,
 )
-from cdc_assets.current_state import APPLIED_SEQ_KEY
-from cdc_assets.lakehouse import CURRENT, TableRef
-from cdc_assets.raw_batch import list_batches
-from cdc_assets.resources import BinlogResource
-from cdc_assets.state import load_checkpoint
-from cdc_assets.verify import read_source_table, source_table_schema, verify
-from cdc_assets_tests.conftest import CdcEnv
-from spark_resources import on_spark
+from cdc_assets_tests.conftest import CdcEnv, on_spark
 
 ROWS = 10
 
@@ -50,7 +56,7 @@ def _binlog(cdc: CdcEnv) -> BinlogResource:
 
 
 def _capture(cdc: CdcEnv) -> None:
-    _binlog(cdc).capture(cdc.lakehouse)
+    capture(_binlog(cdc).settings(), cdc.lakehouse)
 
 
 def _up_to_date(cdc: CdcEnv, spark: object) -> None:
@@ -81,7 +87,7 @@ def _change_in_flight(cdc: CdcEnv) -> int:
 
 
 def _compare(cdc: CdcEnv, table: TableRef) -> ConsistentComparison:
-    return compare_at_consistent_point(_binlog(cdc), cdc.lakehouse, table)
+    return compare_many(_binlog(cdc).settings(), cdc.lakehouse, [table])[0]
 
 
 def _current(cdc: CdcEnv, table: TableRef) -> DeltaTable:
@@ -102,8 +108,11 @@ def test_quiet_source_compares_every_row(cdc: CdcEnv, spark, in_buckets: bool) -
 def test_changes_not_captured_yet_are_left_out_not_reported(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     changed = _change_in_flight(cdc)
-    with cdc.server.admin_connection() as conn:
-        assert not verify(conn, cdc.lakehouse, [str(table)])[0].ok  # comparing with "now" sees differences
+    with cdc.server.admin_connection() as conn:  # comparing with "now" sees differences
+        shape = source_shapes(conn, [table])[table]
+        now = read_source_table(conn, table, list(shape.columns))
+    lake = read_current(cdc.lakehouse, table).select(shape.column_names)
+    assert not compare_tables(table, now, lake, list(shape.primary_key)).ok
     c = _compare(cdc, table)
     assert c.ok, c.describe()
     assert str(load_checkpoint(cdc.lakehouse.store).position) != c.position  # the keys came from the binlog
@@ -166,7 +175,7 @@ def _snapshot_into_current(cdc: CdcEnv, table: TableRef) -> None:
     _capture(cdc)
     seq = load_checkpoint(cdc.lakehouse.store).next_seq - 1
     with cdc.server.admin_connection() as conn:
-        columns, _ = source_table_schema(conn, table)
+        columns = list(source_shapes(conn, [table])[table].columns)
         rows = read_source_table(conn, table, columns)
     rows = rows.append_column("_cdc_seq", pa.array([seq] * rows.num_rows, pa.int64()))
     ts = pa.array([dt.datetime.now(dt.UTC)] * rows.num_rows, pa.timestamp("us", tz="UTC"))
@@ -304,3 +313,50 @@ def test_checksum_is_order_independent_and_counts_duplicates() -> None:
     assert content_checksum(pa.table({"id": [1], "v": ["a"]})) != content_checksum(pa.table({"id": ["1"], "v": ["a"]}))
     assert content_checksum(pa.table({"v": ["", None]})) != content_checksum(pa.table({"v": [None, None]}))
     assert content_checksum(rows.slice(0, 0)) == EMPTY_CHECKSUM
+
+
+@pytest.mark.parametrize("statement", ["TRUNCATE TABLE t", "ALTER TABLE t ADD COLUMN extra INT"])
+def test_ddl_after_the_snapshot_began_is_not_compared_and_other_tables_are(cdc: CdcEnv, spark, statement: str) -> None:
+    """A TRUNCATE or ALTER that runs after the consistent snapshot began makes InnoDB refuse to read the table in
+    it (error 1412). That table is reported as not compared, as a DDL found in flight is; the others compare."""
+    table = _table_t(cdc, spark)
+    cdc.execute("CREATE TABLE other (id INT PRIMARY KEY)", "INSERT INTO other VALUES (1), (2)")
+    _up_to_date(cdc, spark)
+    with failpoints.arm("verify.in_snapshot", lambda: cdc.execute(statement)):
+        results = {c.table: c for c in compare_many(_binlog(cdc).settings(), cdc.lakehouse, [table, TableRef(cdc.database, "other")])}
+    assert results[table].ok and results[table].not_compared and "definition changed" in results[table].describe()
+    other = results[TableRef(cdc.database, "other")]
+    assert other.ok and other.compared_rows == 2 and not other.not_compared
+
+
+def test_a_current_state_table_removed_by_hand_is_a_difference_and_sync_rebuilds_it(cdc: CdcEnv, spark) -> None:
+    """`rm -rf current/<schema>/<table>` once passed verify ("0 rows match", every captured key taken as in
+    flight), and a sync without new changes left it missing."""
+    table = _table_t(cdc, spark)
+    cdc.execute("UPDATE t SET v = 'changed' WHERE id = 2", "DELETE FROM t WHERE id = 3")
+    assert cdc.sync() == 0
+    shutil.rmtree(cdc.lakehouse.table_uri(CURRENT, table))
+    c = _compare(cdc, table)
+    assert not c.ok and "is missing from the lakehouse" in c.describe() and "cdc-lakehouse sync" in c.describe()
+    assert main(["verify"]) == 1
+    assert cdc.sync() == 0  # no new change: the sync still rebuilds it from the change log
+    c = _compare(cdc, table)
+    assert c.ok and c.compared_rows == ROWS - 1, c.describe()
+
+
+def test_a_snapshot_loaded_table_removed_by_hand_names_snapshot(cdc: CdcEnv, spark, capsys) -> None:
+    """A table loaded by a snapshot has rows its change log never saw: sync refuses to rebuild it from the log
+    and names the fix, which then works."""
+    cdc.execute("CREATE TABLE s (id INT PRIMARY KEY, v INT)", "INSERT INTO s VALUES (1, 1), (2, 2)")
+    assert main(["snapshot", f"{cdc.database}.s"]) == 0
+    cdc.execute("INSERT INTO s VALUES (3, 3)")
+    assert cdc.sync() == 0
+    shutil.rmtree(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "s")))
+    capsys.readouterr()
+    assert cdc.sync() == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"run `cdc-lakehouse snapshot {cdc.database}.s`" in err, err
+    assert main(["snapshot", f"{cdc.database}.s"]) == 0
+    assert cdc.sync() == 0
+    [c] = cdc.verify()
+    assert c.ok and c.compared_rows == 3

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_assets.capture import BatchBuilder
-from cdc_assets.ddl import DdlParseError, Default, TableShape, schema_changes, tokenize
-from cdc_assets.lakehouse import TableRef
-from cdc_assets.mysql_types import ColumnSpec
-from cdc_assets.positions import BinlogPosition
+from cdc_assets.capture.batches import BatchBuilder
+from cdc_assets.capture.ddl import DdlParseError, schema_changes, tokenize
+from cdc_assets.core.mysql_types import ColumnSpec
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.shapes import Default, TableShape
 
 T = TableRef("shop", "t")
 BASE = TableShape(
@@ -149,17 +150,17 @@ def test_errors_and_tokens() -> None:
 def test_a_shape_no_statement_explained_becomes_an_alter_of_its_own() -> None:
     builder = BatchBuilder(start=BinlogPosition("f.000001", 4), schemas={T: BASE})
     builder.begin(None)
-    builder.version_of(T, BASE.columns, BASE.primary_key)
+    builder.version_of(TableShape(T, BASE.columns, BASE.primary_key))
     assert builder.statements == []
     widened = (BASE.columns[0], BASE.columns[1], ColumnSpec("qty", "bigint"))
-    builder.version_of(T, widened, ("id",))
+    builder.version_of(TableShape(T, widened, ("id",)))
     builder.commit(BinlogPosition("f.000001", 100), 1_700_000_000)
     [entry] = builder.statements
     assert entry["kind"] == "ddl" and entry["implicit"] and entry["commit_ts"] == 1_700_000_000
     assert entry["changes"][0]["action"] == "alter"
     assert builder.schemas[T].columns == widened
     # a difference that does not change the Delta columns (a charset, say) is no schema change
-    builder.version_of(T, (widened[0], ColumnSpec("name", "varchar", charset="latin1"), widened[2]), ("id",))
+    builder.version_of(TableShape(T, (widened[0], ColumnSpec("name", "varchar", charset="latin1"), widened[2]), ("id",)))
     assert len(builder.statements) == 1
 
 

@@ -7,9 +7,10 @@ from datetime import timedelta
 import pytest
 from dagster import AssetKey
 
-from cdc_assets.definitions import build_definitions, build_resources
-from cdc_assets.errors import CdcUserError
-from cdc_assets.freshness import lag_thresholds
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.definitions import build_definitions
+from cdc_assets.defs.freshness import lag_thresholds
+from cdc_assets.defs.resources import resources_from_env
 
 ASSETS = {"raw_binlog_batches": "capture", "table_changes": "changes", "current_tables": "current"}
 
@@ -29,8 +30,8 @@ def test_assets_are_grouped_and_everything_is_described() -> None:
         assert schedule.description, schedule.name
     for job in defs.jobs or []:
         assert job.description, job.name
-    for name, resource in build_resources().items():
-        assert resource.get_resource_definition().description, name  # type: ignore[attr-defined]
+    for name, resource in resources_from_env().by_key().items():
+        assert resource.get_resource_definition().description, name
     assert {s.name for s in defs.sensors} == {"raw_batch_sensor", "binlog_sensor"}
     assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule"}
 
@@ -56,3 +57,68 @@ def test_freshness_windows_are_configurable_and_checked(monkeypatch) -> None:
     monkeypatch.setenv("CDC_FRESHNESS_WARN_MINUTES", "40")
     with pytest.raises(CdcUserError, match="must be below CDC_FRESHNESS_FAIL_MINUTES"):
         build_definitions()
+
+
+def test_resources_are_declared_once_and_read_the_environment(monkeypatch) -> None:
+    """One S3Resource, registered and injected into the lakehouse; one dagster-pyspark session resource, used
+    by the transforms; CDC_SPARK_MIN_ROWS and CDC_SPARK_MASTER read."""
+    monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "7")
+    monkeypatch.setenv("CDC_SPARK_MASTER", "sc://127.0.0.1:15999")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    resources = resources_from_env()
+    assert resources.lakehouse.s3 is resources.s3 and resources.transforms.pyspark is resources.pyspark
+    assert resources.transforms.min_rows == 7
+    monkeypatch.delenv("CDC_SPARK_MIN_ROWS")
+    assert resources_from_env().transforms.min_rows == 0  # a Connect server or a cluster takes every run
+    monkeypatch.setenv("CDC_SPARK_MASTER", "local[2]")
+    assert resources_from_env().transforms.min_rows == 1_000_000  # locally, small runs stay on Arrow
+    monkeypatch.setenv("CDC_SPARK_MASTER", "sc://127.0.0.1:15999")
+    assert resources.pyspark.spark_config["spark.remote"] == "sc://127.0.0.1:15999"
+    monkeypatch.setenv("CDC_SPARK_MASTER", "local[1]")
+    monkeypatch.setenv("CDC_SPARK_CONF", '{"spark.executor.memory": "2g", "spark.sql.shuffle.partitions": 8}')
+    config = resources_from_env().pyspark.spark_config
+    assert config["spark.master"] == "local[1]" and config["spark.executor.memory"] == "2g"
+    assert config["spark.sql.shuffle.partitions"] == "8"  # the user's setting wins over ours
+    assert config["spark.driver.host"] == "127.0.0.1"  # executors on this machine reach the driver there
+    monkeypatch.setenv("CDC_SPARK_MASTER", "spark://spark-master.internal:7077")
+    assert "spark.driver.host" not in resources_from_env().pyspark.spark_config  # others: at its own address
+    monkeypatch.setenv("CDC_SPARK_MASTER", "local[1]")
+    monkeypatch.setenv("CDC_SPARK_CONF", "spark.executor.memory=2g")
+    with pytest.raises(CdcUserError, match="CDC_SPARK_CONF is not a JSON object"):
+        resources_from_env()
+    monkeypatch.delenv("CDC_SPARK_CONF")
+    monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "many")
+    with pytest.raises(CdcUserError, match="CDC_SPARK_MIN_ROWS"):
+        resources_from_env()
+    monkeypatch.delenv("CDC_SPARK_MIN_ROWS")
+    monkeypatch.setenv("CDC_MYSQL_URL", "mysql://reader:secret@127.0.0.1:9")
+    monkeypatch.setenv("CDC_SNAPSHOT_CHUNK_ROWS", "2500")
+    assert resources_from_env().binlog.settings().snapshot_chunk_rows == 2500
+    monkeypatch.setenv("CDC_SNAPSHOT_CHUNK_ROWS", "0")
+    with pytest.raises(CdcUserError, match="CDC_SNAPSHOT_CHUNK_ROWS='0' is not a positive whole number"):
+        resources_from_env()
+
+
+def test_an_s3_lakehouse_takes_boto3_and_delta_rs_settings_from_one_s3_resource(monkeypatch) -> None:
+    for name, value in {
+        "CDC_LAKEHOUSE": "s3://bucket/prefix",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_REGION": "eu-west-3",
+        "AWS_ACCESS_KEY_ID": "key-id",
+        "AWS_SECRET_ACCESS_KEY": "secret-key",
+    }.items():
+        monkeypatch.setenv(name, value)
+    from cdc_assets.defs.resources import initialized_resources
+
+    lakehouse = initialized_resources().lakehouse.get()
+    options = lakehouse.storage_options()
+    assert options is not None
+    assert (options["AWS_ENDPOINT_URL"], options["AWS_REGION"], options["AWS_ACCESS_KEY_ID"]) == (
+        "http://127.0.0.1:9",
+        "eu-west-3",
+        "key-id",
+    )
+    assert options["AWS_ALLOW_HTTP"] == "true"
+    client = lakehouse.store.client  # type: ignore[attr-defined]
+    assert client.meta.endpoint_url == "http://127.0.0.1:9" and client.meta.region_name == "eu-west-3"
+    assert "secret-key" not in repr(lakehouse.s3)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dagster import AssetKey, DagsterEventType, EventRecordsFilter
 
-from cdc_assets.cli import _instance, main
-from cdc_assets.event_log import BatchingSqliteEventLogStorage
+from cdc_assets.cli import main
+from cdc_assets.defs.event_log import BatchingSqliteEventLogStorage
+from cdc_assets.defs.runs import instance as _instance
 from cdc_assets_tests.conftest import CdcEnv
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance
 from dagster._core.definitions.freshness import FreshnessState
 
-from cdc_assets.instance import ensure_dagster_home
+from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.local_source.server import free_port
 from cdc_assets_tests.conftest import CdcEnv
 

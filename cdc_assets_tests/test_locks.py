@@ -17,16 +17,16 @@ from typing import Any
 import boto3
 import pytest
 
-from cdc_assets.errors import CdcUserError
-from cdc_assets.lakehouse import Lakehouse, TableRef
-from cdc_assets.locks import (
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.lake.locks import (
     LockHeld,
     LockHolder,
     LockLost,
     lakehouse_lock,
     read_holder,
-    table_lock_name,
 )
+from cdc_assets.lake.store import Lakehouse, S3Access
+from cdc_assets_tests.conftest import S3Faults
 
 REPO = Path(__file__).resolve().parents[1]
 BUCKET = "locks-test"
@@ -40,11 +40,12 @@ CREDENTIALS = {
 # A second process that takes the "capture" lock, says so, then waits for a line on stdin and reports
 # whether it still holds the lock. Arguments: lakehouse location, ttl_seconds.
 CHILD = """
-import sys
-from cdc_assets.lakehouse import Lakehouse
-from cdc_assets.locks import LockLost, lakehouse_lock
+import os, sys
+os.environ["CDC_LAKEHOUSE"] = sys.argv[1]
+from cdc_assets.defs.resources import initialized_resources
+from cdc_assets.lake.locks import LockLost, lakehouse_lock
 
-with lakehouse_lock(Lakehouse(sys.argv[1]), "capture", "capture", "child run", ttl_seconds=float(sys.argv[2])) as lease:
+with lakehouse_lock(initialized_resources().lakehouse.get(), "capture", "capture", "child run", ttl_seconds=float(sys.argv[2])) as lease:
     print("locked", flush=True)
     sys.stdin.readline()
     try:
@@ -86,7 +87,7 @@ def s3_lake(s3_endpoint: str) -> Lakehouse:
     client = _client(s3_endpoint)
     if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
         client.create_bucket(Bucket=BUCKET)
-    return Lakehouse(f"s3://{BUCKET}/{uuid.uuid4().hex}", s3_client=client)
+    return Lakehouse(f"s3://{BUCKET}/{uuid.uuid4().hex}", S3Access.of(client))
 
 
 @pytest.fixture
@@ -201,18 +202,6 @@ def test_local_lock_of_a_killed_process_is_free(local_lake: Lakehouse) -> None:
         assert read_holder(local_lake, "capture") == lease.holder()
 
 
-def test_table_locks_are_per_table(local_lake: Lakehouse) -> None:
-    assert table_lock_name("shop.orders") == "table/shop.orders"
-    with pytest.raises(CdcUserError):
-        table_lock_name("orders")
-    orders, items = table_lock_name(str(TableRef("shop", "orders"))), table_lock_name("shop.items")
-    with lakehouse_lock(local_lake, orders, "update of shop.orders", "run a"):
-        with lakehouse_lock(local_lake, items, "update of shop.items", "run a"):
-            assert (local_lake.root / "_state/locks/table/shop.items.lock").is_file()
-        error = _acquire_in_thread(local_lake, orders, "update of shop.orders", "run b")
-        assert isinstance(error, LockHeld) and str(error).startswith("Another update of shop.orders is running (run a")
-
-
 def test_local_lock_on_an_unwritable_lakehouse_is_a_user_error(local_lake: Lakehouse) -> None:
     local_lake.root.mkdir(parents=True)
     (local_lake.root / "_state").write_text("a file where the state directory should be")
@@ -297,3 +286,36 @@ def test_s3_block_that_lost_its_lease_raises_lock_lost(s3_lake: Lakehouse) -> No
             with pytest.raises(LockLost):
                 lease.check()
     assert read_holder(s3_lake, "capture") == other
+
+
+def test_s3_renewal_whose_answer_was_lost_keeps_the_lease(s3_faults: S3Faults) -> None:
+    """S3 applies a conditional renewal but its answer never arrives; botocore sends it again, and the retry
+    gets 412 because the first attempt already changed the ETag. The lease is still ours, not lost."""
+    client = _client(s3_faults.url)
+    if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=BUCKET)
+    lake = Lakehouse(f"s3://{BUCKET}/{uuid.uuid4().hex}", S3Access.of(client))
+    s3_faults.set({"method": "PUT", "path": r"/_state/locks/capture\.json$", "header": "If-Match",
+                   "action": "drop_after_forward", "times": 2})  # fmt: skip
+    with lakehouse_lock(lake, "capture", "capture", "this run", ttl_seconds=1.5) as lease:
+        time.sleep(2.5)  # five heartbeats: two answers lost, then normal renewals, past the first TTL
+        lease.check()
+        assert read_holder(lake, "capture") == lease.holder()
+    assert [r["action"] for r in s3_faults.injected()] == ["drop_after_forward"] * 2
+    assert read_holder(lake, "capture") is None
+
+
+def test_s3_acquire_whose_answer_was_lost_holds_the_lease_at_once(s3_faults: S3Faults) -> None:
+    """The same for the first, create-only write: its retry meets 412 against its own lease and must not wait
+    for that lease to expire."""
+    client = _client(s3_faults.url)
+    if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=BUCKET)
+    lake = Lakehouse(f"s3://{BUCKET}/{uuid.uuid4().hex}", S3Access.of(client))
+    s3_faults.set({"method": "PUT", "path": r"/_state/locks/capture\.json$", "header": "If-None-Match",
+                   "action": "drop_after_forward", "times": 1})  # fmt: skip
+    began = time.monotonic()
+    with lakehouse_lock(lake, "capture", "capture", "this run", wait_seconds=0, ttl_seconds=30) as lease:
+        assert read_holder(lake, "capture") == lease.holder()
+    assert time.monotonic() - began < 10
+    assert len(s3_faults.injected()) == 1

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from cdc_assets.mysql_types import (
+from cdc_assets.core.mysql_types import (
     ColumnSpec,
     _members,
     arrow_type,

@@ -1,6 +1,6 @@
 """Touched tables become the fewest runs that cover exactly them."""
 
-from cdc_assets.partitions import touched_ranges
+from cdc_assets.defs.partitions import touched_ranges
 
 KEYS = ["a.t1", "a.t2", "a.t3", "b.t1", "b.t2"]
 

@@ -10,13 +10,14 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_assets.change_log import open_table, read_query
-from cdc_assets.checks import batch_chain_breaks, duplicate_seqs
-from cdc_assets.current_state import read_current
-from cdc_assets.lakehouse import CHANGES, TableRef
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.delta import open_table, read_query
+from cdc_assets.lake.layout import CHANGES
+from cdc_assets.lake.raw_batches import list_batches, read_manifest, read_rows
+from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.local_source import Workload, load_sample_schema
-from cdc_assets.raw_batch import list_batches, read_manifest, read_rows
-from cdc_assets.state import load_checkpoint
+from cdc_assets.stages.current_state import read_current
+from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv
 
 # Row changes only: CREATE TABLE and other schema changes have change-log rows of their own (test_schema_changes).

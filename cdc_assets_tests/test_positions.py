@@ -1,6 +1,6 @@
 """Binlog positions and batch names, without a server."""
 
-from cdc_assets.positions import BinlogPosition, binlog_file_number
+from cdc_assets.core.positions import BinlogPosition, binlog_file_number
 
 
 def test_positions_order_across_files() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from cdc_assets.cli import main
-from cdc_assets.errors import CdcUserError
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.local_source import server as local_server
-from cdc_assets.source import supported_flavor
+from cdc_assets.source.server import supported_flavor
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_cli import _assert_user_error, _nothing_written
 

@@ -5,19 +5,21 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from cdc_assets.capture import BatchBuilder
-from cdc_assets.errors import CdcUserError
-from cdc_assets.lakehouse import LocalStore, TableRef
-from cdc_assets.mysql_types import ColumnSpec
-from cdc_assets.positions import BinlogPosition
-from cdc_assets.raw_batch import DATA_FILE, list_batches, read_manifest, read_rows, write_batch
+from cdc_assets.capture.batches import BatchBuilder
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.mysql_types import ColumnSpec
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.raw_batches import DATA_FILE, list_batches, read_manifest, read_rows, write_batch
+from cdc_assets.lake.store import LocalStore
 
 
 def _batch() -> object:
     builder = BatchBuilder(start=BinlogPosition("b.000003", 4))
-    version = builder.version_of(TableRef("s", "t"), (ColumnSpec("id", "int"), ColumnSpec("v", "varchar")), ("id",))
+    version = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"), ColumnSpec("v", "varchar")), ("id",))
     builder.begin("0-1-1")
-    builder.row_change(version, "insert", None, ["1", "é 🚀"])
+    builder.row_changes(version, "insert", [None], [["1", "é 🚀"]])
     builder.commit(BinlogPosition("b.000003", 300), 1_700_000_000)
     return builder.cut()
 

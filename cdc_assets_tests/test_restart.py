@@ -10,10 +10,13 @@ import subprocess
 import sys
 import time
 
-from cdc_assets.checks import batch_chain_breaks, duplicate_seqs
-from cdc_assets.lakehouse import CHANGES, RAW, STATE
-from cdc_assets.raw_batch import list_batches
-from cdc_assets_tests.conftest import CdcEnv
+import boto3
+
+from cdc_assets.core import failpoints
+from cdc_assets.lake.layout import CHANGES, RAW, STATE
+from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
+from cdc_assets_tests.conftest import CdcEnv, use_s3
 from cdc_assets_tests.test_pipeline import _all_change_seqs, _assert_all_equal, _raw_seqs
 
 
@@ -99,3 +102,55 @@ def test_sync_killed_during_capture_then_restarted(cdc: CdcEnv, monkeypatch) -> 
     assert cdc.sync() == 0
     assert len(list_batches(cdc.lakehouse.store)) > captured_before_kill
     _assert_exactly_once(cdc)
+
+
+def _sync_process(env: dict[str, str]) -> int:
+    """`cdc-lakehouse sync` in a process of its own, with extra environment (failpoints, TMPDIR)."""
+    return subprocess.run(
+        [sys.executable, "-m", "cdc_assets.cli", "sync"],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=600,
+    ).returncode
+
+
+def _huge_transaction(cdc: CdcEnv, rows: int, width: int) -> None:
+    cdc.execute(f"CREATE TABLE huge (id INT PRIMARY KEY, v VARCHAR({2 * width}))")
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.executemany("INSERT INTO huge VALUES (%s, %s)", [(i, os.urandom(width).hex()) for i in range(rows)])
+        cur.execute("COMMIT")
+
+
+def test_a_killed_capture_leaves_no_spool_behind_after_the_next_start(cdc: CdcEnv, tmp_path) -> None:
+    """SIGKILL (here: a failpoint's immediate exit) while a huge transaction spills to the local spool left its
+    directory in the temp directory for good; the next capture removes it, and ends exactly once."""
+    _huge_transaction(cdc, rows=60_000, width=20)
+    spool_base = tmp_path / "tmp"
+    spool_base.mkdir()
+    env = {"TMPDIR": str(spool_base)}
+    assert _sync_process({**env, "CDC_FAILPOINTS": "capture.transaction_spilled=exit"}) == failpoints.EXIT_CODE
+    left = list(spool_base.glob("cdc-spool-*"))
+    assert left and any(p.rglob("*.parquet") for p in left)
+    assert _sync_process(env) == 0
+    assert not list(spool_base.glob("cdc-spool-*"))
+    assert batch_chain_breaks(cdc.lakehouse) == [] and duplicate_seqs(cdc.lakehouse) == {}
+    [result] = cdc.verify()
+    assert result.ok and result.compared_rows == 60_000
+
+
+def test_a_killed_multipart_upload_is_aborted_at_the_next_start(cdc: CdcEnv, monkeypatch, s3_endpoint: str) -> None:
+    """A capture killed in the middle of a raw batch's multipart upload leaves an incomplete upload, whose
+    parts S3 keeps (and bills) until it is aborted: the next capture aborts it, and ends exactly once."""
+    use_s3(monkeypatch, s3_endpoint)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="multipart")
+    monkeypatch.setenv("CDC_LAKEHOUSE", "s3://multipart/lake")
+    _huge_transaction(cdc, rows=100_000, width=95)  # a raw batch over boto3's 8 MB multipart threshold
+    assert _sync_process({"CDC_FAILPOINTS": "capture.upload_part=exit@3"}) == failpoints.EXIT_CODE
+    assert client.list_multipart_uploads(Bucket="multipart", Prefix="lake/raw/").get("Uploads")
+    assert _sync_process({}) == 0
+    assert not client.list_multipart_uploads(Bucket="multipart", Prefix="lake/raw/").get("Uploads")
+    [result] = cdc.verify()
+    assert result.ok and result.compared_rows == 100_000

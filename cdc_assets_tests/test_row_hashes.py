@@ -8,7 +8,7 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 
-from cdc_assets.row_hashes import CHECKSUM_MODULUS, row_hash_sum
+from cdc_assets.verification.row_hashes import CHECKSUM_MODULUS, row_hash_sum
 
 
 def test_sums_of_parts_add_up_to_the_whole_whatever_the_slicing() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import boto3
 
-from cdc_assets.lakehouse import Lakehouse
-from cdc_assets.raw_batch import list_batches
-from cdc_assets.state import load_checkpoint
+from cdc_assets.defs.resources import initialized_resources
+from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.lake.state import load_checkpoint
 from cdc_assets_tests.conftest import CdcEnv, use_s3
 
 
@@ -30,6 +30,6 @@ def test_whole_pipeline_on_s3(cdc: CdcEnv, monkeypatch, s3_endpoint: str) -> Non
     assert "cdc/prod/_state/checkpoint.json" in keys
     assert any(k.startswith(f"cdc/prod/current/{cdc.database}/o/_delta_log/") for k in keys)
     assert any(k.startswith(f"cdc/prod/changes/{cdc.database}/o/_delta_log/") for k in keys)
-    lakehouse = Lakehouse("s3://lake/cdc/prod")
+    lakehouse = initialized_resources().lakehouse.get()
     assert load_checkpoint(lakehouse.store) is not None and len(list_batches(lakehouse.store)) >= 2
     assert not cdc.lakehouse_dir.exists()  # nothing landed locally

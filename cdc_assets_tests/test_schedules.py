@@ -12,15 +12,15 @@ from dagster import DagsterRunStatus, RunRequest, build_schedule_context
 from dagster._core.definitions.schedule_definition import ScheduleExecutionData
 from dagster._core.test_utils import create_run_for_test
 
-from cdc_assets.cli import _instance
-from cdc_assets.errors import CdcUserError
-from cdc_assets.jobs import CAPTURE_JOB_NAME, STAGE_TAG
-from cdc_assets.lakehouse import RAW
-from cdc_assets.locks import lakehouse_lock
-from cdc_assets.resources import LakehouseResource
-from cdc_assets.schedules import build_capture_schedule
-from cdc_assets.stages import CAPTURE_LOCK
-from cdc_assets.state import CHECKPOINT_KEY
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.defs.keys import CAPTURE_JOB as CAPTURE_JOB_NAME
+from cdc_assets.defs.keys import STAGE_TAG
+from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.defs.runs import instance as _instance
+from cdc_assets.defs.schedules import build_capture_schedule
+from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
+from cdc_assets.lake.locks import lakehouse_lock
+from cdc_assets.lake.state import CHECKPOINT_KEY
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_restart import _assert_exactly_once, _write_transactions
 
@@ -115,7 +115,7 @@ def test_two_syncs_started_together_never_capture_at_once(cdc: CdcEnv, monkeypat
 def test_continuous_capture_replaces_the_schedule_when_an_interval_is_set(monkeypatch) -> None:
     from dagster import DefaultScheduleStatus, DefaultSensorStatus
 
-    from cdc_assets.sensors import build_binlog_sensor
+    from cdc_assets.defs.sensors import build_binlog_sensor
 
     monkeypatch.delenv("CDC_CAPTURE_INTERVAL_SECONDS", raising=False)
     assert build_capture_schedule().default_status == DefaultScheduleStatus.RUNNING
@@ -133,8 +133,8 @@ def test_binlog_sensor_captures_when_the_binlog_grew_and_never_beside_another_ca
     from dagster import build_sensor_context
 
     from cdc_assets.cli import main
-    from cdc_assets.resources import BinlogResource
-    from cdc_assets.sensors import build_binlog_sensor
+    from cdc_assets.defs.resources import BinlogResource
+    from cdc_assets.defs.sensors import build_binlog_sensor
 
     monkeypatch.setenv("CDC_CAPTURE_INTERVAL_SECONDS", "5")
     cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")

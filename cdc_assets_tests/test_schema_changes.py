@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 
-from cdc_assets.change_log import open_table, read_query
-from cdc_assets.current_state import read_current
-from cdc_assets.lakehouse import CHANGES, CURRENT, TableRef
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.delta import open_table, read_query
+from cdc_assets.lake.layout import CHANGES, CURRENT
+from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 
@@ -223,8 +224,7 @@ def test_snapshot_table_altered_before_its_first_row_change(cdc: CdcEnv) -> None
 def test_a_transaction_larger_than_a_spark_job_and_a_merge_is_taken_in_parts(cdc: CdcEnv, monkeypatch) -> None:
     """Item 5 at a small scale: one transaction larger than what capture keeps in memory, than one Spark
     job of the change-log stage and than one merge of the current-state stage."""
-    from cdc_assets import current_state
-    from cdc_assets.assets import changes
+    from cdc_assets.stages import changes, current_state
 
     monkeypatch.setattr(changes, "MAX_ROWS_PER_JOB", 7)
     monkeypatch.setattr(changes, "MAX_ROWS_PER_ARROW_JOB", 7)

@@ -6,21 +6,22 @@ from __future__ import annotations
 import boto3
 import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, SensorResult, SkipReason, build_sensor_context
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG
 
-from cdc_assets.cli import _instance
-from cdc_assets.definitions import APPLY_JOB_NAME, build_definitions
-from cdc_assets.partitions import TABLES_PARTITIONS_NAME
-from cdc_assets.raw_batch import list_batches
-from cdc_assets.resources import BinlogResource, LakehouseResource
-from cdc_assets.sensors import raw_batch_sensor
+from cdc_assets.capture.run import capture
+from cdc_assets.definitions import build_definitions
+from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
+from cdc_assets.defs.keys import PARTITION_RANGE_END_TAG, PARTITION_RANGE_START_TAG, PARTITION_TAG
+from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME
+from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.runs import instance as _instance
+from cdc_assets.defs.sensors import raw_batch_sensor
+from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv, use_s3
 
 
 def _capture(cdc: CdcEnv, location: str) -> None:
-    BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*").capture(
-        LakehouseResource(location=location).get()
-    )
+    binlog = BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*")
+    capture(binlog.settings(), LakehouseResource(location=location).get())
 
 
 def _evaluate(instance: DagsterInstance, location: str, cursor: str | None) -> SensorResult | SkipReason:
@@ -40,7 +41,7 @@ def _covered(instance: DagsterInstance, result: SensorResult) -> list[str]:
         if run.partition_key is not None:
             covered.append(run.partition_key)
         else:
-            first, last = run.tags[ASSET_PARTITION_RANGE_START_TAG], run.tags[ASSET_PARTITION_RANGE_END_TAG]
+            first, last = run.tags[PARTITION_RANGE_START_TAG], run.tags[PARTITION_RANGE_END_TAG]
             covered.extend(keys[keys.index(first) : keys.index(last) + 1])
     return sorted(covered)
 
@@ -125,8 +126,8 @@ def test_sensor_on_s3(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch, s3_endpoint:
 def test_sensor_confirms_current_state_when_capture_finds_nothing(cdc: CdcEnv, monkeypatch) -> None:
     """Freshness follows the current-state layer's materializations; a quiet source must not look stale while
     capture keeps succeeding, so the sensor confirms every table after a capture that found nothing."""
-    from cdc_assets.cli import run_job
-    from cdc_assets.definitions import CAPTURE_JOB_NAME
+    from cdc_assets.defs.keys import CAPTURE_JOB as CAPTURE_JOB_NAME
+    from cdc_assets.defs.runs import run_job
 
     monkeypatch.setenv("CDC_LAG_WARN_SECONDS", "0.1")
     monkeypatch.setenv("CDC_LAG_FAIL_SECONDS", "0.5")
@@ -164,7 +165,6 @@ def test_no_second_apply_run_queues_behind_one_waiting_for_the_same_tables(cdc: 
     """Under steady load a new batch arrives while an apply run for its tables still waits in the queue: that
     run will take in the batch when it starts, so no run is queued behind it; other tables still get one."""
     from dagster import DagsterRunStatus
-    from dagster._core.storage.tags import PARTITION_NAME_TAG
     from dagster._core.test_utils import create_run_for_test
 
     instance = _instance()
@@ -175,7 +175,7 @@ def test_no_second_apply_run_queues_behind_one_waiting_for_the_same_tables(cdc: 
     first = _evaluate(instance, location, None)
     assert _covered(instance, first) == [f"{db}.a"]
     request = first.run_requests[0]
-    tags = {**request.tags, **({PARTITION_NAME_TAG: request.partition_key} if request.partition_key else {})}
+    tags = {**request.tags, **({PARTITION_TAG: request.partition_key} if request.partition_key else {})}
     queued = create_run_for_test(instance, job_name=APPLY_JOB_NAME, status=DagsterRunStatus.NOT_STARTED, tags=tags)
     cdc.execute("INSERT INTO a VALUES (2)", "CREATE TABLE b (id INT PRIMARY KEY)", "INSERT INTO b VALUES (1)")
     _capture(cdc, location)

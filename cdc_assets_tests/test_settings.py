@@ -2,8 +2,8 @@
 
 import pytest
 
-from cdc_assets.errors import CdcUserError
-from cdc_assets.settings import MySQLUrl, TableFilter
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.settings import MySQLUrl, TableFilter
 
 
 def test_url_never_shows_its_password() -> None:

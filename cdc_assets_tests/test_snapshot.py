@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
-from cdc_assets.current_state import read_current
-from cdc_assets.lakehouse import TableRef
-from cdc_assets.state import load_checkpoint
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.state import load_checkpoint
+from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_cli import _assert_user_error, _run
 
@@ -98,8 +98,8 @@ def test_snapshot_streams_a_table_in_key_order_a_chunk_at_a_time(cdc: CdcEnv, mo
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    from cdc_assets import snapshot
-    from cdc_assets.lakehouse import CURRENT
+    from cdc_assets.lake.layout import CURRENT
+    from cdc_assets.stages import snapshot
 
     monkeypatch.setattr(snapshot, "SNAPSHOT_CHUNK_ROWS", 7)
     db = cdc.database

@@ -6,8 +6,8 @@ import pyarrow as pa
 import pymysql
 import pytest
 
-from cdc_assets import source
-from cdc_assets.source_rows import query_chunks, query_columns
+from cdc_assets.source import server as source
+from cdc_assets.source.rows import query_chunks, query_columns
 from cdc_assets_tests.conftest import CdcEnv
 
 # Values around each length encoding: 1 byte up to 250, 2 bytes up to 65,535, 3 bytes beyond.

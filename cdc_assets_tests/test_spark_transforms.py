@@ -4,8 +4,7 @@ process. Each test runs on both, and the engines must give the same rows for the
 import pyarrow as pa
 import pytest
 
-from spark_resources import Transforms
-from spark_resources.engine import by_size
+from spark_resources.engine import Transforms, choose_transforms
 
 ENGINES = ["spark", "arrow"]
 
@@ -88,6 +87,5 @@ def test_both_engines_give_the_same_rows(spark: object) -> None:
 
 
 def test_engine_by_the_size_of_the_run() -> None:
-    choose = by_size(lambda: None, min_rows=1000)
-    assert choose(999).engine == "arrow"
-    assert choose(1000).engine == "spark"
+    assert choose_transforms(999, 1000, lambda: None).engine == "arrow"
+    assert choose_transforms(1000, 1000, lambda: None).engine == "spark"

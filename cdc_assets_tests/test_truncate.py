@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from cdc_assets.change_log import open_table, read_query
-from cdc_assets.current_state import read_current
-from cdc_assets.lakehouse import CHANGES, TableRef
-from cdc_assets.raw_batch import list_batches, read_manifest
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.delta import open_table, read_query
+from cdc_assets.lake.layout import CHANGES
+from cdc_assets.lake.raw_batches import list_batches, read_manifest
+from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cdc_assets.current_state import read_current
-from cdc_assets.lakehouse import TableRef
+from cdc_assets.core.names import TableRef
+from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 EDGE_TABLE = """

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ def _environment(state_dir: Path) -> dict[str, str]:
         SPARK_LOG_DIR=str(state_dir / "log"),
         SPARK_IDENT_STRING=f"cdc-{state_dir.name}",
     )
+    env.setdefault("PYSPARK_PYTHON", sys.executable)  # the tasks' Python: one with the project installed
     return env
 
 

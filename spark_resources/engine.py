@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from spark_resources import local_transforms, transforms
+from spark_resources import arrow_transforms, transforms
 
 DEFAULT_SPARK_MIN_ROWS = 1_000_000  # changes in one stage run from which its transforms go to Spark
 
@@ -25,23 +25,20 @@ class Transforms:
 
     def keyed_changes(self, rows: pa.Table, table_keys: pa.Table) -> pa.Table:
         if self.session is None:
-            return local_transforms.keyed_changes(rows, table_keys)
+            return arrow_transforms.keyed_changes(rows, table_keys)
         return transforms.keyed_changes(self.session(), rows, table_keys)
 
     def latest_change_per_key(self, key_events: pa.Table) -> pa.Table:
         if self.session is None:
-            return local_transforms.latest_change_per_key(key_events)
+            return arrow_transforms.latest_change_per_key(key_events)
         return transforms.latest_change_per_key(self.session(), key_events)
 
 
 TransformsFor = Callable[[int], Transforms]  # the engine for a stage run that processes this many changes
 
 
-def on_spark(session: Callable[[], Any]) -> TransformsFor:
-    """Spark whatever the size of the run."""
-    return lambda rows: Transforms(session)
-
-
-def by_size(session: Callable[[], Any], min_rows: int) -> TransformsFor:
-    """Spark from `min_rows` changes on, Arrow below."""
-    return lambda rows: Transforms(session if rows >= min_rows else None)
+def choose_transforms(changes: int, min_rows: int, session: Callable[[], Any]) -> Transforms:
+    """Spark from `min_rows` changes on, Arrow below: a Spark job's fixed cost (a JVM, the rows sent to it and
+    back) is seconds, more than the transforms take on Arrow for a few hundred thousand changes. The session
+    is only asked for (a JVM started, or a Connect server reached) when Spark is chosen."""
+    return Transforms(session if changes >= min_rows else None)

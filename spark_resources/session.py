@@ -1,78 +1,50 @@
-"""The Spark session resource: local by default, a cluster or a Spark Connect server by CDC_SPARK_MASTER."""
+"""Spark settings for dagster-pyspark's session resource: local by default, a cluster (`spark://…`) or a Spark
+Connect server (`sc://…`) by CDC_SPARK_MASTER, plus any settings of the user's (CDC_SPARK_CONF)."""
 
 from __future__ import annotations
 
 import os
-import threading
-
-from dagster import ConfigurableResource
-from pydantic import Field
-from pyspark.sql import SparkSession
-
-from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS, Transforms, by_size
+import sys
+from typing import Any
 
 DEFAULT_SPARK_MASTER = "local[*]"
 LOCAL_DRIVER_MEMORY = "640m"
-_lock = threading.Lock()
-_sessions: dict[str, SparkSession] = {}
+SHUFFLE_PARTITIONS = 4
 
 
-def spark_session(master: str = DEFAULT_SPARK_MASTER, shuffle_partitions: int = 4) -> SparkSession:
-    """One session per process and master: starting a JVM costs seconds, so every run reuses it."""
-    with _lock:
-        session = _sessions.get(master)
-        if session is not None and _alive(session):
-            return session
-        if master.startswith("sc://"):
-            # A process is either a Spark Connect client or a local driver, never both.
-            session = SparkSession.builder.remote(master).getOrCreate()
-        else:
+def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The session's settings: `spark.remote` for a Connect server (PySpark's builder then makes a Connect
+    client, no JVM here), else `spark.master` with the settings a driver on this machine needs; `extra` (the
+    user's CDC_SPARK_CONF) wins over ours."""
+    if master.startswith("sc://"):
+        config: dict[str, Any] = {"spark.remote": master}
+    else:
+        # PySpark starts the tasks' Python (mapInArrow) as PYSPARK_PYTHON, else a bare `python3`: it must be one
+        # with the project installed, this one unless the user names another (a cluster's, see the README)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        config = {
+            "spark.master": master,
+            "spark.app.name": "cdc-lakehouse",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",  # progress bars would garble the CLI's output
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
+            "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+            # the JVM's heap: a job handles at most 200k changes; the default 1 GB put a run's Python process
+            # and its JVM together just past 2 GB (benchmarks/README.md, huge transaction)
+            "spark.driver.memory": LOCAL_DRIVER_MEMORY,
+            "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
+        }
+        if _on_this_machine(master):  # executors on other machines must reach the driver at its own address
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-            session = (
-                SparkSession.builder.master(master)
-                .appName("cdc-lakehouse")
-                .config("spark.driver.host", "127.0.0.1")
-                .config("spark.driver.bindAddress", "127.0.0.1")
-                .config("spark.ui.enabled", "false")
-                .config("spark.sql.session.timeZone", "UTC")
-                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-                .config("spark.driver.extraJavaOptions", "-Duser.timezone=UTC")
-                # the JVM's heap: a job handles at most 200k changes; the default 1 GB put a run's Python
-                # process and its JVM together just past 2 GB (benchmarks/README.md, huge transaction)
-                .config("spark.driver.memory", LOCAL_DRIVER_MEMORY)
-                .getOrCreate()
-            )
-            session.sparkContext.setLogLevel("ERROR")
-        _sessions[master] = session
-        return session
+            config |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    return {**config, **(extra or {})}
 
 
-def _alive(session: SparkSession) -> bool:
-    """A stopped local session is replaced (Spark Connect sessions reconnect by themselves)."""
-    from pyspark import SparkContext
-
-    if hasattr(session, "sparkContext") and not session.__class__.__module__.startswith("pyspark.sql.connect"):
-        return SparkContext._active_spark_context is not None
-    return True
-
-
-class SparkSessionResource(ConfigurableResource):
-    """Spark for the change-log and current-state assets (`CDC_SPARK_MASTER`: local[*], spark://…, sc://…)."""
-
-    master: str = Field(default=DEFAULT_SPARK_MASTER, description="Spark master URL or Spark Connect remote.")
-    shuffle_partitions: int = Field(default=4, description="spark.sql.shuffle.partitions for the CDC jobs.")
-    min_rows: int = Field(
-        default=DEFAULT_SPARK_MIN_ROWS,
-        description=(
-            "A stage run with at least this many changes runs its transforms on Spark (CDC_SPARK_MIN_ROWS); smaller "
-            "runs take the same transforms on Arrow in the run's process, as a Spark job's fixed cost exceeds them."
-        ),
-    )
-
-    def get_session(self) -> SparkSession:
-        return spark_session(self.master, self.shuffle_partitions)
-
-    def transforms(self, rows: int) -> Transforms:
-        """The engine for a stage run that processes `rows` changes."""
-        return by_size(self.get_session, self.min_rows)(rows)
+def _on_this_machine(master: str) -> bool:
+    """A local master, or a standalone one on this machine's loopback (the tests' and `make spark-cluster-start`'s)."""
+    if master.startswith("local"):
+        return True
+    host = master.split("://", 1)[-1].split(",")[0].rsplit(":", 1)[0]
+    return host in ("127.0.0.1", "localhost")

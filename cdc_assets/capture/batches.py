@@ -1,0 +1,644 @@
+"""Reading the binlog as a replica and cutting it into raw batches at transaction boundaries.
+
+`BatchBuilder` is the pure part: it is fed decoded events and knows transactions, table versions,
+`_cdc_seq` and where a batch may end. `capture_batches` feeds it from the binlog (cdc_assets.capture.binlog).
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from cdc_assets.capture.binlog.events import (
+    FORMAT_DESCRIPTION,
+    MARIADB_GTID,
+    MARIADB_GTID_STANDALONE,
+    MYSQL_GTID,
+    QUERY,
+    ROTATE,
+    ROW_EVENTS,
+    TABLE_MAP,
+    XA_PREPARE,
+    XID,
+    format_post_header_lengths,
+    mariadb_gtid,
+    mysql_gtid,
+    query_text,
+    refuse_unreadable,
+    rotate_target,
+    xa_prepare_is_one_phase,
+)
+from cdc_assets.capture.binlog.protocol import RawEvent, dump_events
+from cdc_assets.capture.binlog.row_images import RowDecoder
+from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map
+from cdc_assets.capture.ddl import schema_changes
+from cdc_assets.capture.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
+from cdc_assets.core import failpoints
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition, binlog_file_number
+from cdc_assets.core.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
+from cdc_assets.core.shapes import SchemaChange, TableShape, shape_json
+from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, RawBatch
+from cdc_assets.source import server as source
+from cdc_assets.source.server import ServerInfo
+
+# Statements that manage accounts can carry passwords: they never enter a raw batch.
+_ACCOUNT_STATEMENT = re.compile(
+    r"^\s*(/\*.*?\*/\s*)*("
+    r"(CREATE|ALTER|DROP|RENAME)\s+(OR\s+REPLACE\s+)?(DEFINER\s*=\s*\S+\s+)?(USER|ROLE)\b"
+    r"|GRANT\b|REVOKE\b|SET\s+(PASSWORD|ROLE|DEFAULT\s+ROLE)\b|CHANGE\s+(MASTER|REPLICATION)\b)",
+    re.IGNORECASE | re.DOTALL,
+)
+# Belt and braces: any other statement that may carry a credential (a password, a FEDERATED or CONNECT
+# table's CONNECTION string, a URL with user:password@) has its string literals blanked.
+_SECRET_HINT = re.compile(r"IDENTIFIED|PASSWORD|CONNECTION\s*=?\s*['\"]|://[^\s/'\"]*:[^\s@'\"]*@", re.IGNORECASE)
+_STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.|\"\")*\"")
+
+
+def redact_statement(query: str) -> str | None:
+    """The statement as it may be stored in a raw batch: None for account management, secrets blanked."""
+    if _ACCOUNT_STATEMENT.search(query):
+        return None
+    if _SECRET_HINT.search(query):
+        return _STRING_LITERAL.sub("'<redacted>'", query)
+    return query
+
+
+_BEGIN = re.compile(r"^\s*(BEGIN|START\s+TRANSACTION|XA\s+START)\b", re.IGNORECASE)
+# A ROLLBACK in the binlog ends a transaction whose non-transactional changes stay made (their rows are
+# in the binlog); a rolled-back transactional change never reaches the binlog at all.
+_END = re.compile(r"^\s*(COMMIT|XA\s+COMMIT|XA\s+ROLLBACK|ROLLBACK(\s+WORK)?\s*$)", re.IGNORECASE)
+_IN_TRANSACTION_MARKER = re.compile(
+    r"^\s*(SAVEPOINT|RELEASE\s+SAVEPOINT|ROLLBACK(\s+WORK)?\s+TO|XA\s+END|XA\s+PREPARE)\b", re.IGNORECASE
+)
+# A row change of an open transaction: RAW_ROWS_SCHEMA without the seq and commit time it gets at COMMIT.
+TRANSACTION_SCHEMA = pa.schema([f for f in RAW_ROWS_SCHEMA if f.name not in ("seq", "commit_ts")])
+_XA_RESOLUTION = re.compile(r"^\s*XA\s+(COMMIT|ROLLBACK|END)\s+(.*?)\s*(ONE\s+PHASE)?\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+
+
+_TRUNCATE = re.compile(
+    r"^\s*(?:/\*.*?\*/\s*)*TRUNCATE\s+(?:TABLE\s+)?(?:(`(?:[^`]|``)+`|[^\s.`;]+)\s*\.\s*)?(`(?:[^`]|``)+`|[^\s.`;]+)",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _identifier(text: str) -> str:
+    return text[1:-1].replace("``", "`") if text.startswith("`") else text
+
+
+def truncated_table(query: str, default_schema: str | None) -> TableRef | None:
+    """The table a TRUNCATE statement empties (None for any other statement)."""
+    match = _TRUNCATE.match(query)
+    if match is None:
+        return None
+    schema = _identifier(match.group(1)) if match.group(1) else default_schema
+    return TableRef(schema, _identifier(match.group(2))) if schema else None
+
+
+def xa_statement(query: str) -> tuple[str, str] | None:
+    """(`END`, `COMMIT` or `ROLLBACK`, the XID as the binlog writes it) of an XA statement, else None."""
+    match = _XA_RESOLUTION.match(query)
+    if match is None or match.group(3):  # XA COMMIT ... ONE PHASE is logged as a plain transaction
+        return None
+    return match.group(1).upper(), re.sub(r"\s+", "", match.group(2))
+
+
+@dataclass(frozen=True)
+class _HoldPoint:
+    """Where a batch must end while an XA transaction is prepared but not yet committed or rolled back:
+    just before it, so the next capture reads it again and finds its outcome."""
+
+    position: BinlogPosition
+    next_seq: int
+    rows: int
+    statements: int
+    transactions: int
+    gtid_state: dict[str, str]
+    first_commit_ts: int | None
+    last_commit_ts: int | None
+    schemas: dict[TableRef, TableShape]
+    changed_schemas: dict[TableRef, TableShape | None]
+
+
+def classify_query(query: str) -> str:
+    """What a QueryEvent is to transaction tracking: begin, end, marker (inside a transaction) or ddl."""
+    if _BEGIN.match(query):
+        return "begin"
+    if _END.match(query):
+        return "end"
+    if _IN_TRANSACTION_MARKER.match(query):
+        return "marker"
+    return "ddl"
+
+
+@dataclass
+class BatchBuilder:
+    """Assembles committed transactions into batches of at most about `max_rows` row changes."""
+
+    start: BinlogPosition
+    next_seq: int = FIRST_SEQ
+    gtid_state: dict[str, str] = field(default_factory=dict)
+    max_rows: int = DEFAULT_MAX_BATCH_ROWS
+    server: dict[str, Any] = field(default_factory=dict)
+    # Every captured table's columns and key as of the current point of the binlog (persisted between
+    # captures under _state/schemas/), so a DDL can be applied to the shape it changes.
+    schemas: dict[TableRef, TableShape] = field(default_factory=dict)
+    table_filter: TableFilter | None = None
+    chunk_rows: int = CHUNK_ROWS  # rows of a transaction or a batch held in memory; beyond it they spill to disk
+    hold_for_xa: bool = True  # False: a reader of what is committed now (no checkpoint) need not stop at a PREPARE
+
+    def __post_init__(self) -> None:
+        self._transaction_dir = SpoolDirectory()
+        self._spools_made = 0
+        self._transaction = self._new_transaction_spool()
+        self._gtid: str | None = None
+        self._group_start: BinlogPosition | None = None
+        self._prepared: dict[str, RowSpool] = {}  # XA transactions prepared, not yet committed or rolled back
+        self._hold: _HoldPoint | None = None
+        self._reset(self.start)
+
+    def _reset(self, start: BinlogPosition) -> None:
+        self.batch_start = start
+        self.batch_start_gtid = _gtid_text(self.gtid_state)
+        self.batch_first_seq = self.next_seq
+        self.committed_end = start
+        self._batch_dir = SpoolDirectory()  # lives on with the RawBatch cut from it
+        self._rows = RowSpool(RAW_ROWS_SCHEMA, self._batch_dir.path / "changes.parquet", self.chunk_rows)
+        self._versions: dict[int, TableShape] = {}  # version id -> shape
+        self._latest: dict[TableRef, int] = {}
+        self.statements: list[dict[str, Any]] = []
+        self.changed_schemas: dict[TableRef, TableShape | None] = {}
+        self._awaiting_commit_ts: list[dict[str, Any]] = []
+        self.events = 0
+        self.transactions = 0
+        self.first_commit_ts: int | None = None
+        self.last_commit_ts: int | None = None
+
+    # -- events ---------------------------------------------------------------------------------------
+    def count_event(self) -> None:
+        self.events += 1
+
+    def begin(self, gtid: str | None, at: BinlogPosition | None = None) -> None:
+        self._transaction.discard()  # a transaction left open (the stream resumed mid-way) never committed
+        self._gtid = gtid
+        self._group_start = at
+
+    # -- XA transactions --------------------------------------------------------------------------------
+    # MariaDB logs an XA transaction's rows when it is PREPAREd (an event group of their own), and its
+    # XA COMMIT or XA ROLLBACK later, after other transactions. Its rows count only at XA COMMIT, and
+    # get their `_cdc_seq` there; until then a batch may not end after the PREPARE.
+
+    def prepare_xa(self, xid: str) -> None:
+        if self._hold is None and self.hold_for_xa:
+            self._hold = _HoldPoint(
+                position=self._group_start or self.committed_end,
+                next_seq=self.next_seq,
+                rows=len(self._rows),
+                statements=len(self.statements),
+                transactions=self.transactions,
+                gtid_state=dict(self.gtid_state),
+                first_commit_ts=self.first_commit_ts,
+                last_commit_ts=self.last_commit_ts,
+                schemas=dict(self.schemas),
+                changed_schemas=dict(self.changed_schemas),
+            )
+        self._prepared[xid] = self._transaction
+        self._transaction = self._new_transaction_spool()
+
+    def _new_transaction_spool(self) -> RowSpool:
+        """A spool for an open transaction's rows, in a file of its own (prepared XA ones live on beside it)."""
+        self._spools_made += 1
+        path = self._transaction_dir.path / f"transaction-{self._spools_made}.parquet"
+        return RowSpool(TRANSACTION_SCHEMA, path, self.chunk_rows)
+
+    def resolve_xa(self, xid: str, committed: bool) -> bool:
+        """The prepared transaction's rows become this group's (XA COMMIT) or go (XA ROLLBACK); False when
+        its PREPARE was never read (it lies before where capture started)."""
+        spool = self._prepared.pop(xid, None)
+        if spool is None:
+            return False
+        if committed:
+            self._transaction.discard()
+            self._transaction = spool
+        else:
+            spool.discard()
+        if not self._prepared:
+            self._hold = None
+        return True
+
+    @property
+    def holding(self) -> bool:
+        return self._hold is not None
+
+    def version_of(self, shape: TableShape) -> int:
+        """The batch-local version id of a table's shape: a new id whenever its columns or key change, so a
+        table's highest id in a batch is its newest shape (even when it changes back)."""
+        latest = self._latest.get(shape.table)
+        if latest is not None and self._versions[latest] == shape:
+            return latest
+        version = len(self._versions)
+        self._versions[version] = shape
+        self._latest[shape.table] = version
+        self._observe(shape)
+        return version
+
+    def _observe(self, shape: TableShape) -> None:
+        """A row event's own columns are the truth: a shape no DDL explained (an unreadable statement,
+        or one applied in a way we did not foresee) becomes an `alter` of its own, at this point."""
+        known = self.schemas.get(shape.table)
+        if known is not None and not known.same_layout(shape):
+            self._record_ddl(None, None, [SchemaChange(shape.table, "alter", known, shape)], None)
+        elif known != shape:
+            self._set_shape(shape.table, shape)
+
+    def _set_shape(self, table: TableRef, shape: TableShape | None) -> None:
+        if shape is None:
+            self.schemas.pop(table, None)
+        else:
+            self.schemas[table] = shape
+        self.changed_schemas[table] = shape
+
+    def _wanted(self, table: TableRef | None) -> bool:
+        return table is not None and (self.table_filter is None or self.table_filter.matches(table.schema, table.table))
+
+    def row_changes(
+        self,
+        shape: TableShape,
+        op: str,
+        befores: Sequence[list[str | None] | None],
+        afters: Sequence[list[str | None] | None],
+    ) -> None:
+        """The rows of one row event of a table of this shape: images before and after, in order."""
+        n = len(befores)
+        version = self.version_of(shape)
+        table = shape.table
+        self._transaction.extend(
+            [[table.schema] * n, [table.table] * n, [version] * n, [op] * n, [self._gtid] * n, befores, afters]
+        )
+        if self._transaction.spilled:
+            failpoints.hit("capture.transaction_spilled")
+
+    def statement(self, schema: str | None, query: str, commit_ts: int | None = None) -> None:
+        """A DDL or TRUNCATE of captured tables: recorded (secrets excluded), with a `_cdc_seq` of its own
+        to order it. A DDL also carries the table changes it makes (`ddl.schema_changes`)."""
+        redacted = redact_statement(query)
+        if redacted is None:
+            return
+        truncated = truncated_table(query, schema)
+        if truncated is not None:
+            if self._wanted(truncated):
+                entry = self._entry(schema, redacted, commit_ts, "truncate")
+                entry["table"] = str(truncated)
+            return
+        try:
+            changes, problem = schema_changes(query, schema, self.schemas), None
+        except Exception as exc:  # noqa: BLE001 - never stall capture on a statement: the row events still tell the shape
+            changes, problem = [], f"{type(exc).__name__}: {exc}"
+        changes = [self._filtered(c) for c in changes if self._wanted(c.table)]
+        in_scope = not schema or self.table_filter is None or self.table_filter.matches_schema(schema)
+        if changes or in_scope:
+            self._record_ddl(schema, redacted, changes, commit_ts, problem)
+
+    def _filtered(self, change: SchemaChange) -> SchemaChange:
+        """A rename to or from a table that is not captured is a plain create or drop."""
+        partner = change.renamed_from or change.renamed_to
+        if partner is not None and not self._wanted(partner):
+            return SchemaChange(change.table, change.action, change.before, change.after)
+        return change
+
+    def _entry(self, schema: str | None, query: str, commit_ts: int | None, kind: str) -> dict[str, Any]:
+        seq = self.next_seq
+        self.next_seq += 1
+        entry: dict[str, Any] = {"seq": str(seq), "schema": schema, "query": query, "gtid": self._gtid, "kind": kind}
+        if commit_ts is not None:
+            entry["commit_ts"] = commit_ts
+        else:
+            self._awaiting_commit_ts.append(entry)
+        self.statements.append(entry)
+        return entry
+
+    def _record_ddl(
+        self,
+        schema: str | None,
+        query: str | None,
+        changes: list[SchemaChange],
+        commit_ts: int | None,
+        problem: str | None = None,
+    ) -> None:
+        entry = self._entry(schema, query or "", commit_ts, "ddl")
+        if query is None:  # seen in a row event's columns, not in a statement
+            entry["implicit"] = True
+        if problem:
+            entry["unparsed"] = problem
+        if changes:
+            # each table change has a `_cdc_seq` of its own (a RENAME of two tables makes four changes)
+            first = int(entry["seq"])
+            self.next_seq += len(changes) - 1
+            entry["changes"] = [{**c.to_json(), "seq": str(first + i)} for i, c in enumerate(changes)]
+        for change in changes:
+            self._set_shape(change.table, change.after)
+
+    def commit(self, end: BinlogPosition, commit_ts: int) -> None:
+        """The transaction ending at `end` committed at `commit_ts` (epoch seconds)."""
+        for entry in self._awaiting_commit_ts:  # an implicit change learns its commit time here
+            entry["commit_ts"] = commit_ts
+        self._awaiting_commit_ts.clear()
+        if len(self._transaction):
+            self.transactions += 1
+            if self.first_commit_ts is None:
+                self.first_commit_ts = commit_ts
+            self.last_commit_ts = commit_ts
+            self._move_transaction_rows(commit_ts * 1_000_000)
+        if self._gtid:
+            self.gtid_state[gtid_domain(self._gtid)] = self._gtid
+        self._transaction.discard()
+        self._gtid = None
+        self.committed_end = end
+
+    def _move_transaction_rows(self, commit_micros: int) -> None:
+        """The committed transaction's rows into the batch, numbered in binlog order and stamped with the
+        commit time: row by row while it is small, row group by row group once it has spilled to disk."""
+        if not self._transaction.spilled:
+            columns = self._transaction.buffered_columns()
+            n = len(columns[0])
+            seqs = range(self.next_seq, self.next_seq + n)
+            self._rows.extend([seqs, *columns[:5], [commit_micros] * n, *columns[5:]])
+            self.next_seq += n
+            return
+        for chunk in self._transaction.chunks():
+            seqs = pa.array(range(self.next_seq, self.next_seq + chunk.num_rows), pa.int64())
+            self.next_seq += chunk.num_rows
+            stamped = chunk.add_column(0, "seq", seqs).add_column(
+                6, "commit_ts", pa.array([commit_micros] * chunk.num_rows, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+            )
+            self._rows.append_table(stamped.select(RAW_ROWS_SCHEMA.names))
+
+    def advance_idle_to(self, position: BinlogPosition) -> None:
+        if not len(self._transaction) and self._gtid is None and self.committed_end < position:
+            self.committed_end = position
+
+    # -- batches --------------------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return len(self._rows)
+
+    def is_full(self) -> bool:
+        return self.rows >= self.max_rows
+
+    def has_progress(self) -> bool:
+        end = self._hold.position if self._hold is not None else self.committed_end
+        return self.batch_start < end
+
+    def cut(self) -> RawBatch:
+        """The batch of everything committed since the last cut; the next batch starts where it ends.
+
+        With an XA transaction still prepared, the batch ends just before it (the end of a capture):
+        what follows is read again by the next capture.
+        """
+        limit = None
+        if self._hold is not None:
+            hold = self._hold
+            limit = hold.rows
+            self.committed_end, self.next_seq, self.transactions = hold.position, hold.next_seq, hold.transactions
+            self.statements = self.statements[: hold.statements]
+            self.gtid_state = hold.gtid_state
+            self.first_commit_ts, self.last_commit_ts = hold.first_commit_ts, hold.last_commit_ts
+            self.schemas, self.changed_schemas = hold.schemas, hold.changed_schemas
+            self._hold = None
+            self._prepared.clear()
+        batch = RawBatch(
+            start=self.batch_start,
+            end=self.committed_end,
+            data_path=self._rows.finish(limit),
+            row_count=len(self._rows) if limit is None else limit,
+            keepalive=self._batch_dir,
+            shapes=dict(self._versions),
+            first_seq=self.batch_first_seq,
+            next_seq=self.next_seq,
+            statements=self.statements,
+            events=self.events,
+            transactions=self.transactions,
+            start_gtid=self.batch_start_gtid,
+            end_gtid=_gtid_text(self.gtid_state),
+            first_commit_ts=self.first_commit_ts,
+            last_commit_ts=self.last_commit_ts,
+            server=self.server,
+            schemas={str(t): shape_json(s) for t, s in self.changed_schemas.items()},
+        )
+        self._reset(self.committed_end)
+        return batch
+
+
+def _gtid_text(state: dict[str, str]) -> str | None:
+    return ",".join(state[k] for k in sorted(state)) or None
+
+
+def parse_gtid_state(text: str | None) -> dict[str, str]:
+    state: dict[str, str] = {}
+    for gtid in (text or "").split(","):
+        gtid = gtid.strip()
+        if gtid:
+            state[gtid_domain(gtid)] = gtid
+    return state
+
+
+def gtid_domain(gtid: str) -> str:
+    """What a GTID's position is kept per: MySQL's source UUID (`uuid:n`), MariaDB's domain (`domain-server-n`)."""
+    return gtid.rsplit(":", 1)[0] if ":" in gtid else gtid.split("-", 1)[0]
+
+
+# -- reading the binlog -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    table_filter: TableFilter
+    server_id: int
+    max_batch_rows: int
+
+
+def capture_batches(
+    url: MySQLUrl,
+    server: ServerInfo,
+    start: BinlogPosition,
+    start_gtid: str | None,
+    next_seq: int,
+    end: BinlogPosition,
+    options: CaptureOptions,
+    schemas: dict[TableRef, TableShape] | None = None,
+    hold_for_xa: bool = True,
+) -> Iterator[RawBatch]:
+    """Batches from `start` up to `end` (a transaction boundary), each ending at a boundary.
+
+    The caller makes each batch durable before asking for the next one, so the stream position
+    never runs far ahead of what is written.
+    """
+    if not start < end:
+        return
+    builder = BatchBuilder(
+        start=start,
+        next_seq=next_seq,
+        gtid_state=parse_gtid_state(start_gtid),
+        max_rows=options.max_batch_rows,
+        server=server.to_json(),
+        schemas=dict(schemas or {}),
+        table_filter=options.table_filter,
+        hold_for_xa=hold_for_xa,
+    )
+    conn = source.connect(url)
+    try:
+        yield from _batches(dump_events(conn, options.server_id, start), builder, end, options, server)
+    finally:
+        conn.close()
+
+
+@dataclass
+class _TableMaps:
+    """Table maps by binlog table id, each parsed once per distinct definition (the same bytes arrive before
+    every transaction that touches the table); None for a table the filter leaves out."""
+
+    mariadb: bool
+    table_filter: TableFilter
+    post_header_length: int = 8
+    by_id: dict[int, tuple[TableMap, RowDecoder | None]] = field(default_factory=dict)
+    _parsed: dict[bytes, tuple[TableMap, RowDecoder | None]] = field(default_factory=dict)
+
+    def read(self, body: bytes) -> tuple[TableMap, RowDecoder | None]:
+        known = self._parsed.get(body)
+        if known is None:
+            table_map = parse_table_map(body, self.mariadb, self.post_header_length)
+            wanted = self.table_filter.matches(table_map.table.schema, table_map.table.table)
+            known = (table_map, RowDecoder(table_map) if wanted else None)
+            self._parsed[body] = known
+        self.by_id[known[0].table_id] = known
+        return known
+
+
+def _batches(
+    events: Iterator[RawEvent], builder: BatchBuilder, end: BinlogPosition, options: CaptureOptions, server: ServerInfo
+) -> Iterator[RawBatch]:
+    """Feed the builder from binlog events, cutting a batch at the first boundary past `max_rows`."""
+    with _no_cycle_collection():
+        yield from _read_events(events, builder, end, options, server)
+
+
+@contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Capture makes millions of short-lived lists and strings, and no reference cycles: the cyclic garbage
+    collector would only walk the growing batch again and again (about 5% of capture time)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_events(
+    events: Iterator[RawEvent], builder: BatchBuilder, end: BinlogPosition, options: CaptureOptions, server: ServerInfo
+) -> Iterator[RawBatch]:
+    maps = _TableMaps(server.flavor == "mariadb", options.table_filter)
+    post_headers = b""
+    log_file = builder.start.log_file
+    file_number = binlog_file_number(log_file)
+    end_key = end.sort_key
+    shapes: dict[int, TableShape] = {}  # binlog table id -> the shape of a captured table
+    in_transaction = False  # between BEGIN (or a non-standalone MariaDB GTID) and its COMMIT / Xid
+    xa_id: str | None = None  # the XID of the XA transaction being read (from its XA END)
+    for event in events:
+        kind = event.type
+        if kind == ROTATE:
+            log_file = rotate_target(event.body)[0]
+            file_number = binlog_file_number(log_file)
+            continue
+        if kind == FORMAT_DESCRIPTION:
+            post_headers = format_post_header_lengths(event.body)
+            maps.post_header_length = _post_header(post_headers, TABLE_MAP, 8)
+            continue
+        if kind not in _CAPTURED:
+            refuse_unreadable(kind)
+            continue
+        end_pos = event.log_pos
+        if not in_transaction and not (file_number, end_pos - event.size) < end_key:
+            # `end` is a boundary and this event starts at or after it (say, after a rotation's
+            # file headers): stop before the next transaction rather than overshoot.
+            builder.advance_idle_to(end)
+            break
+        boundary = False
+        if kind == TABLE_MAP:
+            table_map, decoder = maps.read(event.body)
+            if decoder is not None:
+                shapes[table_map.table_id] = table_map.shape
+                builder.version_of(table_map.shape)
+            continue
+        if kind in ROW_EVENTS:
+            table_id = int.from_bytes(event.body[:6], "little")
+            known = maps.by_id.get(table_id)
+            if known is None:  # no table map read for it (the stream resumed inside a statement)
+                continue
+            builder.count_event()
+            table_map, decoder = known
+            if decoder is None:
+                continue
+            befores, afters = decoder.rows(kind, event.body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
+            builder.row_changes(shapes[table_id], ROW_EVENTS[kind], befores, afters)
+            continue
+        builder.count_event()
+        if kind == MARIADB_GTID or kind == MYSQL_GTID:
+            if kind == MARIADB_GTID:
+                gtid, flags = mariadb_gtid(event.body, event.server_id)
+            else:
+                gtid, flags = mysql_gtid(event.body), MARIADB_GTID_STANDALONE
+            builder.begin(gtid, BinlogPosition(log_file, end_pos - event.size))
+            in_transaction = not flags & MARIADB_GTID_STANDALONE
+        elif kind == XID:
+            boundary = True
+        elif kind == XA_PREPARE:
+            if xa_id is not None and not xa_prepare_is_one_phase(event.body):
+                builder.prepare_xa(xa_id)
+            boundary = True
+        elif kind == QUERY:
+            schema, query = query_text(event.body, _post_header(post_headers, QUERY, 13))
+            statement_kind = classify_query(query)
+            xa = xa_statement(query)
+            if xa is not None and xa[0] == "END":
+                xa_id = xa[1]
+            elif xa is not None:
+                builder.resolve_xa(xa[1], committed=xa[0] == "COMMIT")
+            if statement_kind == "begin":
+                in_transaction = True
+            elif statement_kind == "end":
+                boundary = True
+            elif statement_kind == "ddl":
+                builder.statement(schema, query, event.timestamp)
+                # A DDL is a transaction of its own, unless it opens one (CREATE TABLE ... SELECT).
+                boundary = not in_transaction
+        if boundary:
+            in_transaction = False
+            builder.commit(BinlogPosition(log_file, end_pos), event.timestamp)
+            if not (file_number, end_pos) < end_key:
+                break
+            if builder.is_full() and not builder.holding:
+                yield builder.cut()
+    else:
+        # The stream ran dry before a transaction ended at or after `end`: what lies between the
+        # last boundary and `end` holds no transaction (a rotation, file headers), so `end` is a
+        # boundary too, unless a transaction is still open.
+        builder.advance_idle_to(end)
+    if builder.has_progress():
+        yield builder.cut()
+
+
+_CAPTURED = frozenset({TABLE_MAP, XID, XA_PREPARE, QUERY, MARIADB_GTID, MYSQL_GTID, *ROW_EVENTS})
+
+
+def _post_header(lengths: bytes, event_type: int, default: int) -> int:
+    """The post-header length the format description declares for an event type."""
+    return lengths[event_type - 1] if len(lengths) >= event_type else default

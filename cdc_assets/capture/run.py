@@ -1,0 +1,240 @@
+"""Capture: the binlog read as a replica, from the checkpoint to the binlog end (or a given position), into
+raw batches; the checkpoint moves past each batch only once it is durable. A plain function over plain
+settings: the Dagster asset, the snapshot and tests call the same thing."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymysql
+
+from cdc_assets.capture.batches import CaptureOptions, capture_batches
+from cdc_assets.capture.spool import remove_orphaned_spools
+from cdc_assets.core.errors import disk_full_is_user_error
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.settings import SourceSettings
+from cdc_assets.core.shapes import TableShape, apply_schemas
+from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
+from cdc_assets.lake.locks import Lease, lakehouse_lock
+from cdc_assets.lake.raw_batches import BatchManifest, batch_exists, read_manifest, write_batch
+from cdc_assets.lake.state import (
+    Checkpoint,
+    load_checkpoint,
+    load_registry,
+    load_schemas,
+    register_batch,
+    save_checkpoint,
+    save_registry,
+    save_schemas,
+)
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.source import server as source
+
+
+@dataclass
+class CaptureReport:
+    """What one capture did: for materialization metadata and the CLI."""
+
+    batches: list[BatchManifest] = field(default_factory=list)
+    start: BinlogPosition | None = None
+    end: BinlogPosition | None = None
+    target: BinlogPosition | None = None
+    lag_bytes: int = 0
+    lag_seconds: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.batches)
+
+    @property
+    def events(self) -> int:
+        return sum(b.events for b in self.batches)
+
+    @property
+    def bytes(self) -> int:
+        return sum(b.data_bytes for b in self.batches)
+
+    @property
+    def tables(self) -> list[str]:
+        return sorted({t for b in self.batches for t in b.tables()})
+
+
+def preflight(settings: SourceSettings) -> source.ServerInfo:
+    """Check the server is set up for CDC and the user may read its binlog; raises CdcUserError with the fix."""
+    conn = source.connect(settings.url)
+    try:
+        return source.preflight(conn, settings.url, settings.server_id)
+    finally:
+        conn.close()
+
+
+def capture(
+    settings: SourceSettings,
+    lakehouse: Lakehouse,
+    log: Any | None = None,
+    until: BinlogPosition | None = None,
+    owner: str = "cdc-lakehouse",
+) -> CaptureReport:
+    """Write raw batches from the checkpoint to the binlog end as of now (or to `until`, a transaction
+    boundary such as a snapshot's position), advancing the checkpoint.
+
+    Holds the lakehouse's capture lock throughout: two captures never run at once, whoever starts
+    them, because both would write batches from the same checkpoint.
+    """
+    began = time.monotonic()
+    url = settings.url
+    options = CaptureOptions(settings.table_filter, settings.server_id, settings.max_batch_rows)
+    conn = source.connect(url)
+    try:
+        server = source.preflight(conn, url, settings.server_id)
+        lakehouse.check_writable()
+        with disk_full_is_user_error(str(lakehouse)), lakehouse_lock(
+            lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log
+        ) as lease:
+            run = _Capture(settings, options, server, lakehouse, lease, log)
+            _, report = run.to(conn, until)
+    except pymysql.err.MySQLError as exc:  # from the replication stream, e.g. a purged binlog
+        raise source.describe_error(exc, url) from exc
+    finally:
+        conn.close()
+    lag = capture_lag(settings, lakehouse, time.time())  # a fresh connection: a long capture may outlive the first
+    report.lag_bytes, report.lag_seconds = lag.lag_bytes, lag.seconds
+    report.seconds = time.monotonic() - began
+    return report
+
+
+@dataclass(frozen=True)
+class CaptureLag:
+    """How far capture is behind the source's binlog."""
+
+    checkpoint: Checkpoint | None
+    binlog_end: BinlogPosition
+    lag_bytes: int
+    seconds: float  # see Checkpoint.lag_seconds; unbounded while nothing was ever captured of a non-empty binlog
+
+
+def capture_lag(settings: SourceSettings, lakehouse: Lakehouse, now: float) -> CaptureLag:
+    checkpoint = load_checkpoint(lakehouse.store)
+    conn = source.connect(settings.url)
+    try:
+        end = source.binlog_end(conn)
+        position = checkpoint.position if checkpoint else source.oldest_position(conn)
+        lag_bytes = source.lag_bytes(conn, position)
+    finally:
+        conn.close()
+    if checkpoint is None:
+        seconds = 0.0 if not lag_bytes else float("inf")
+    else:
+        seconds = checkpoint.lag_seconds(lag_bytes, now)
+    return CaptureLag(checkpoint, end, lag_bytes, seconds)
+
+
+@dataclass
+class _Capture:
+    """One capture under the lock: the batches it writes and the state it moves."""
+
+    settings: SourceSettings
+    options: CaptureOptions
+    server: source.ServerInfo
+    lakehouse: Lakehouse
+    lease: Lease
+    log: Any | None
+
+    def to(self, conn: pymysql.Connection, until: BinlogPosition | None) -> tuple[Checkpoint, CaptureReport]:
+        """Batches from the checkpoint to `until` (default: the binlog end now)."""
+        lakehouse, log, lease = self.lakehouse, self.log, self.lease
+        began_at = time.time()
+        # What a capture killed earlier left behind: its local spool, its unfinished uploads under raw/.
+        orphans = len(remove_orphaned_spools()) + lakehouse.store.remove_partial_writes(RAW)
+        if orphans and log is not None:
+            log.info(f"removed {orphans} spool directories and partial uploads left by a capture that was stopped")
+        checkpoint = load_checkpoint(lakehouse.store)
+        start = checkpoint.position if checkpoint else source.oldest_position(conn)
+        source.check_available(conn, start)
+        target = until or source.binlog_end(conn)
+        report = CaptureReport(start=start, target=target)
+        checkpoint = checkpoint or Checkpoint(start)
+        registry = load_registry(lakehouse.store)
+        schemas = load_schemas(lakehouse.store, checkpoint)
+        while checkpoint.position < target:
+            checkpoint, finished = self._capture_from(checkpoint, target, report, registry, schemas)
+            if finished or self._enough(report):
+                break
+        if until is None and not checkpoint.position < target:  # all committed before this capture began is in
+            lease.check()
+            checkpoint = dataclasses.replace(checkpoint, reached_at=began_at)
+            save_checkpoint(lakehouse.store, checkpoint)
+        report.end = checkpoint.position
+        return checkpoint, report
+
+    def _enough(self, report: CaptureReport) -> bool:
+        return self.settings.max_batches is not None and len(report.batches) >= self.settings.max_batches
+
+    def _capture_from(
+        self,
+        checkpoint: Checkpoint,
+        target: BinlogPosition,
+        report: CaptureReport,
+        registry: dict[str, dict[str, str | None]],
+        schemas: dict[TableRef, TableShape],
+    ) -> tuple[Checkpoint, bool]:
+        """Capture from `checkpoint`; returns the new checkpoint and whether the target was reached.
+
+        A batch already visible under the same name (a crash hit between its manifest and the
+        checkpoint) is kept as it is, never rewritten: the checkpoint moves to its end and reading
+        starts again from there.
+        """
+        store, lease, log = self.lakehouse.store, self.lease, self.log
+        for batch in capture_batches(
+            self.settings.url,
+            self.server,
+            checkpoint.position,
+            checkpoint.gtid,
+            checkpoint.next_seq,
+            target,
+            self.options,
+            schemas,
+        ):
+            if batch_exists(store, batch.name):
+                manifest = read_manifest(store, batch.name)
+                adopted = manifest.end != batch.end
+            else:
+                manifest = write_batch(store, batch)
+                adopted = False
+            # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
+            # can miss a table whose changes are captured.
+            if register_batch(registry, manifest.name, manifest.tables()):
+                save_registry(store, registry)
+            # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
+            schemas_name = checkpoint.schemas
+            if manifest.raw.get("schemas"):
+                updated = apply_schemas(schemas, manifest.raw["schemas"])
+                schemas.clear()
+                schemas.update(updated)
+                schemas_name = manifest.name
+                save_schemas(store, schemas_name, schemas)
+            lease.check()
+            checkpoint = Checkpoint(
+                position=manifest.end,
+                gtid=manifest.end_gtid,
+                last_batch=manifest.name,
+                last_commit_ts=manifest.last_commit_ts or checkpoint.last_commit_ts,
+                next_seq=manifest.next_seq,
+                reached_at=checkpoint.reached_at,
+                schemas=schemas_name,
+            )
+            save_checkpoint(store, checkpoint)
+            report.batches.append(manifest)
+            if log is not None:
+                log.info(
+                    f"raw batch {manifest.name}: {manifest.rows} row changes, {manifest.transactions} transactions, "
+                    f"{manifest.start} -> {manifest.end}"
+                )
+            if adopted or self._enough(report):
+                return checkpoint, False
+        return checkpoint, True

@@ -1,0 +1,103 @@
+"""Failpoints: named places at the pipeline's durable steps where a test makes it crash or fail on purpose.
+
+Off, a failpoint costs one dict lookup. On, it does what it was armed with:
+
+- `exit`: end the process at once (`os._exit`), as a SIGKILL or a power cut would: nothing is flushed, no
+  `finally` runs;
+- `ioerror` / `enospc`: raise an OSError (EIO / ENOSPC) there, as a failing or full disk would;
+- `sleep:S`: wait S seconds (a slow step, so another process can act meanwhile);
+- in-process tests may also arm a callable, run right there (say, a second writer's whole commit).
+
+`CDC_FAILPOINTS="name=action,name=action@N"` arms them for a process (so tests arm a `cdc-lakehouse` child);
+`@N` fires on the Nth time the point is reached (default the first). `arm()` arms one in this process.
+Every name is listed in FAILPOINTS, each documented in docs/architecture.md with why recovery is correct.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+ENV = "CDC_FAILPOINTS"
+EXIT_CODE = 77  # what a process ended at a failpoint exits with
+
+FAILPOINTS = frozenset(
+    {
+        "capture.transaction_spilled",  # a huge transaction has spilled rows to the local spool
+        "capture.upload_part",  # a multipart upload of a batch's data is under way (S3)
+        "changes.before_commit",  # a table's append: watermark read, commit not yet made
+        "snapshot.chunks_recorded",  # a Spark snapshot's wave of chunks is written and recorded, not committed
+        "verify.in_snapshot",  # the source's consistent snapshot is open, its tables not read yet
+    }
+)
+
+
+@dataclass
+class _Armed:
+    action: str | Callable[[], None]
+    on_hit: int = 1
+    hits: int = 0
+
+
+_armed: dict[str, _Armed] = {}
+
+
+def _parse(text: str) -> dict[str, _Armed]:
+    armed = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, action = item.partition("=")
+        action, _, nth = action.partition("@")
+        if name not in FAILPOINTS or not action:
+            raise ValueError(f"{ENV}: {item!r} is not name=action for a known failpoint")
+        armed[name] = _Armed(action, int(nth) if nth else 1)
+    return armed
+
+
+_armed.update(_parse(os.environ.get(ENV, "")))
+
+
+def is_armed(name: str) -> bool:
+    return name in _armed
+
+
+def hit(name: str) -> None:
+    """The pipeline passes failpoint `name`: nothing happens unless it is armed."""
+    if not _armed:
+        return
+    armed = _armed.get(name)
+    if armed is None:
+        return
+    armed.hits += 1
+    if armed.hits != armed.on_hit:
+        return
+    action = armed.action
+    if callable(action):
+        action()
+    elif action == "exit":
+        os._exit(EXIT_CODE)
+    elif action == "ioerror":
+        raise OSError(errno.EIO, f"Input/output error (failpoint {name})")
+    elif action == "enospc":
+        raise OSError(errno.ENOSPC, f"No space left on device (failpoint {name})")
+    elif action.startswith("sleep:"):
+        time.sleep(float(action.split(":", 1)[1]))
+    else:
+        raise ValueError(f"failpoint {name}: unknown action {action!r}")
+
+
+@contextmanager
+def arm(name: str, action: str | Callable[[], None], on_hit: int = 1) -> Iterator[_Armed]:
+    """Arm one failpoint in this process for the block; yields its state (`hits`)."""
+    if name not in FAILPOINTS:
+        raise ValueError(f"unknown failpoint {name!r}")
+    armed = _Armed(action, on_hit)
+    _armed[name] = armed
+    try:
+        yield armed
+    finally:
+        if _armed.get(name) is armed:
+            del _armed[name]

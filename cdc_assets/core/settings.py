@@ -1,0 +1,138 @@
+"""Configuration from the environment (CONTRACT §2), parsed into plain values.
+
+Passwords live only in memory: `MySQLUrl` never prints one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlparse
+
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.names import split_name
+
+DEFAULT_SERVER_ID = 4_200_001  # the reader's replica id; the demo source uses 1
+DEFAULT_LAKEHOUSE = "./lakehouse"
+DEFAULT_MAX_BATCH_ROWS = 100_000
+DEFAULT_SNAPSHOT_CHUNK_ROWS = 500_000  # rows one Spark task of a snapshot reads: what a resumed snapshot may read again
+DEFAULT_LOCK_WAIT_SECONDS = 120.0  # how long a stage waits for another run of the same stage to finish
+DEFAULT_CAPTURE_CRON = "* * * * *"
+DEFAULT_FRESHNESS_WARN_MINUTES = 2.0
+DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0
+SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
+
+
+def env_number(name: str, default: float, valid: Callable[[float], bool], meaning: str) -> float:
+    """A number from the environment (default when unset); anything else ends in one sentence with the fix."""
+    text = os.environ.get(name)
+    try:
+        value = float(text) if text else default
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise CdcUserError(f"{name}={text!r} is not {meaning}: set it to e.g. {default:g}.")
+    return value
+
+
+def env_window(
+    names: tuple[str, str], defaults: tuple[float, float], valid: Callable[[float], bool], meaning: str
+) -> tuple[float, float]:
+    """A (warn, fail) pair of thresholds from the environment, each `valid`, warn below fail."""
+    warn_name, fail_name = names
+    warn, fail = (env_number(n, d, valid, meaning) for n, d in zip(names, defaults, strict=True))
+    if warn >= fail:
+        raise CdcUserError(
+            f"{warn_name} ({warn:g}) must be below {fail_name} ({fail:g}): lower the first or raise the second."
+        )
+    return warn, fail
+
+
+@dataclass(frozen=True)
+class MySQLUrl:
+    """`mysql://user:password@host:port` of the source."""
+
+    host: str
+    port: int
+    user: str
+    password: str = field(repr=False)
+
+    @staticmethod
+    def parse(url: str) -> MySQLUrl:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("mysql", "mariadb") or not parsed.hostname or not parsed.username:
+            raise CdcUserError("CDC_MYSQL_URL is not a valid URL: write it as mysql://user:password@host:port.")
+        try:
+            port = parsed.port or 3306
+        except ValueError as exc:
+            raise CdcUserError(
+                "CDC_MYSQL_URL has an invalid port: write it as mysql://user:password@host:port."
+            ) from exc
+        return MySQLUrl(parsed.hostname, port, unquote(parsed.username), unquote(parsed.password or ""))
+
+    def __str__(self) -> str:
+        return f"mysql://{self.user}@{self.host}:{self.port}"
+
+    def connection_settings(self) -> dict[str, object]:
+        return {"host": self.host, "port": self.port, "user": self.user, "password": self.password}
+
+
+@dataclass(frozen=True)
+class TableFilter:
+    """CDC_TABLES / CDC_EXCLUDE_TABLES: comma-separated `schema.table` globs."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    @staticmethod
+    def parse(include: str | None, exclude: str | None) -> TableFilter:
+        def split(text: str | None) -> tuple[str, ...]:
+            globs = tuple(g.strip() for g in (text or "").split(",") if g.strip())
+            for g in globs:
+                try:
+                    split_name(g)
+                except CdcUserError:
+                    raise CdcUserError(
+                        f"Table pattern '{g}' has no schema: write CDC_TABLES and CDC_EXCLUDE_TABLES "
+                        "entries as schema.table globs, e.g. shop.* or shop.orders (a name with a dot in backticks)."
+                    ) from None
+            return globs
+
+        return TableFilter(split(include), split(exclude))
+
+    def matches(self, schema: str, table: str) -> bool:
+        if self.include:
+            if not any(_glob_matches(g, schema, table) for g in self.include):
+                return False
+        elif schema in SYSTEM_SCHEMAS:
+            return False
+        return not any(_glob_matches(g, schema, table) for g in self.exclude)
+
+    def matches_schema(self, schema: str) -> bool:
+        """Whether any table of `schema` could match (used to keep DDL of other schemas out)."""
+        if self.include:
+            return any(fnmatch.fnmatchcase(schema, split_name(g)[0]) for g in self.include)
+        return schema not in SYSTEM_SCHEMAS
+
+
+def _glob_matches(glob: str, schema: str, table: str) -> bool:
+    """A `schema.table` glob against a table: part by part (a part in backticks may hold dots), or against the
+    plain `schema.table` text as earlier versions matched it."""
+    schema_glob, table_glob = split_name(glob)
+    if fnmatch.fnmatchcase(schema, schema_glob) and fnmatch.fnmatchcase(table, table_glob):
+        return True
+    return fnmatch.fnmatchcase(f"{schema}.{table}", glob)
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """How the pipeline reads its source: where, as which replica, which tables, and how it cuts batches."""
+
+    url: MySQLUrl
+    server_id: int = DEFAULT_SERVER_ID
+    table_filter: TableFilter = field(default_factory=TableFilter)
+    max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
+    max_batches: int | None = None  # stop a capture after this many batches (None: to the binlog end)
+    snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS  # a Spark snapshot reads a table in key ranges this long

@@ -1,0 +1,115 @@
+"""What `make demo` sets up around the pipeline: the local source with its sample schema, a live workload
+writing to it, and a guard against a lakehouse left by an earlier demo server."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.defs.resources import initialized_resources
+from cdc_assets.defs.runs import RunOutcome, run_sync, run_verify
+from cdc_assets.lake.layout import STATE
+from cdc_assets.lake.state import load_checkpoint
+from cdc_assets.lake.store import Lakehouse, MissingObject
+from cdc_assets.local_source import Workload, load_sample_schema, server
+from cdc_assets.source.server import LOCAL_SOURCE_DIR
+from cdc_assets.verification.consistency import ConsistentComparison
+
+DEMO_TRANSACTIONS_PER_SECOND = 40
+
+
+@dataclass
+class DemoOutcome:
+    syncs: int
+    last: RunOutcome  # the catch-up sync, or the first that failed
+    comparisons: list[ConsistentComparison]  # empty when a sync failed
+
+
+def run_demo(
+    seconds: float, seed: int, verbose: bool, say: Callable[[str], None], synced: Callable[[RunOutcome], None]
+) -> DemoOutcome:
+    """The local source under a live workload for `seconds`, synced again and again, then once more after the
+    workload stops, then verified. `say` hears what happens, `synced` every sync while the workload runs."""
+    local = start_demo_source(seed)
+    say(f"source: local MariaDB with ROW binlog on 127.0.0.1:{local.port}")
+    syncs = 0
+    with live_workload(local, seed):
+        say(f"live workload running for {seconds:.0f}s while the pipeline syncs")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            outcome = run_sync(verbose)
+            syncs += 1
+            synced(outcome)
+            if not outcome.success:
+                return DemoOutcome(syncs, outcome, [])
+    say("workload stopped; catching up")
+    outcome = run_sync(verbose)
+    syncs += 1
+    return DemoOutcome(syncs, outcome, run_verify() if outcome.success else [])
+
+
+def start_demo_source(seed: int) -> server.LocalServer:
+    """The local MariaDB with the sample schema and its first rows; CDC_MYSQL_URL points at it."""
+    local = server.start(Path.cwd() / LOCAL_SOURCE_DIR)
+    os.environ["CDC_MYSQL_URL"] = local.reader_url()
+    with local.admin_connection(autocommit=False) as conn:
+        load_sample_schema(conn)
+        Workload(conn, seed=seed + int(time.time())).seed()
+    _guard_demo_lakehouse(local, initialized_resources().lakehouse.get())
+    return local
+
+
+@contextmanager
+def live_workload(local: server.LocalServer, seed: int) -> Iterator[None]:
+    """Transactions written to the source in a thread for as long as the block runs."""
+    stop = threading.Event()
+
+    def write() -> None:
+        with local.admin_connection(autocommit=False) as conn:
+            Workload(conn, seed=seed + 1).run_until(stop, pause_s=1.0 / DEMO_TRANSACTIONS_PER_SECOND)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join()
+
+
+def _guard_demo_lakehouse(local: server.LocalServer, lakehouse: Lakehouse) -> None:
+    """A lakehouse built from an earlier, since deleted, demo server would resume at a wrong position."""
+    instance = (local.base_dir / "instance_id").read_text().strip()
+    key = f"{STATE}/demo_source_instance"
+    try:
+        recorded: str | None = lakehouse.store.get(key).decode().strip()
+    except MissingObject:
+        recorded = None
+    if recorded is None:
+        if load_checkpoint(lakehouse.store) is not None:
+            raise CdcUserError(
+                f"The lakehouse at {lakehouse} was built from another source: remove it or set "
+                "CDC_LAKEHOUSE to a new directory for the demo."
+            )
+        lakehouse.store.put(key, instance.encode())
+    elif recorded != instance:
+        raise CdcUserError(
+            f"The lakehouse at {lakehouse} was built from an earlier demo server that no longer exists: remove it "
+            "(rm -rf lakehouse) or set CDC_LAKEHOUSE to a new directory."
+        )
+
+
+def changes_captured() -> int:
+    """Row changes captured since the lakehouse began (the checkpoint's next seq, less one)."""
+    checkpoint = load_checkpoint(initialized_resources().lakehouse.get().store)
+    return checkpoint.next_seq - 1 if checkpoint else 0
+
+
+def lakehouse_location() -> str:
+    return str(initialized_resources().lakehouse.get())

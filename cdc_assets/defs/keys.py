@@ -1,0 +1,18 @@
+"""The names the wiring refers to things by: asset keys, job names and the tags Dagster and the run queue read."""
+
+from dagster import AssetKey
+
+RAW_ASSET = AssetKey("raw_binlog_batches")
+CHANGES_ASSET = AssetKey("table_changes")
+CURRENT_ASSET = AssetKey("current_tables")
+
+CAPTURE_JOB = "capture"
+APPLY_JOB = "apply_changes"
+LAG_JOB = "check_lag"
+SNAPSHOT_JOB = "snapshot"
+
+STAGE_TAG = "cdc/stage"  # capture, apply or check: the run queue lets one capture and one apply run go at a time
+# Dagster's own tags of a run over one partition or a range of them (documented system tags)
+PARTITION_TAG = "dagster/partition"
+PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
+PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"

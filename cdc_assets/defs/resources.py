@@ -1,0 +1,201 @@
+"""Dagster resources, declared once and injected: the source's binlog (which holds the checkpoint), the
+lakehouse (a directory, or S3 through dagster-aws's S3Resource) and the transforms' engine (dagster-pyspark's
+session). Connection settings and credentials set in the environment are passed as `EnvVar`s, so they never
+enter run config; plain numbers and the Spark master are read once, when the definitions load. The resources
+hand plain settings to the Dagster-free code below them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import ConfigurableResource, EnvVar
+from dagster_aws.s3 import S3Resource
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
+
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.settings import (
+    DEFAULT_LAKEHOUSE,
+    DEFAULT_LOCK_WAIT_SECONDS,
+    DEFAULT_MAX_BATCH_ROWS,
+    DEFAULT_SERVER_ID,
+    DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    SourceSettings,
+    TableFilter,
+    env_number,
+)
+from cdc_assets.lake.store import Lakehouse, S3Access
+from cdc_assets.source.server import resolve_mysql_url
+from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
+from spark_resources.resources import TransformsResource
+from spark_resources.session import DEFAULT_SPARK_MASTER, spark_config
+
+
+class BinlogResource(ConfigurableResource):
+    """Reads the source's binlog as a replica and keeps the checkpoint under `_state/` in the lakehouse."""
+
+    mysql_url: str | None = Field(
+        default=None, description="mysql://user:password@host:port (CDC_MYSQL_URL); default: the local demo server."
+    )
+    server_id: int = Field(default=DEFAULT_SERVER_ID, description="Replica server id used to read (CDC_SERVER_ID).")
+    tables: str | None = Field(default=None, description="Comma-separated schema.table globs to include.")
+    exclude_tables: str | None = Field(default=None, description="Comma-separated schema.table globs to exclude.")
+    max_batch_rows: int = Field(
+        default=DEFAULT_MAX_BATCH_ROWS,
+        description="A batch ends at the first transaction boundary after this many row changes.",
+    )
+    max_batches: int | None = Field(default=None, description="Stop after this many batches (None: to the end).")
+    snapshot_chunk_rows: int = Field(
+        default=DEFAULT_SNAPSHOT_CHUNK_ROWS,
+        description="A snapshot on Spark reads a table in primary-key ranges of about this many rows, one task each.",
+    )
+
+    def settings(self) -> SourceSettings:
+        """The source as plain settings; a bad URL or table pattern raises CdcUserError with the fix."""
+        return SourceSettings(
+            url=resolve_mysql_url(self.mysql_url),
+            server_id=self.server_id,
+            table_filter=TableFilter.parse(self.tables, self.exclude_tables),
+            max_batch_rows=self.max_batch_rows,
+            max_batches=self.max_batches,
+            snapshot_chunk_rows=self.snapshot_chunk_rows,
+        )
+
+
+class LakehouseResource(ConfigurableResource):
+    """Where raw batches, state and Delta tables live (`CDC_LAKEHOUSE`: a directory or s3://bucket/prefix)."""
+
+    location: str = Field(default=DEFAULT_LAKEHOUSE, description="Local directory or s3://bucket/prefix.")
+    lock_wait_seconds: float = Field(
+        default=DEFAULT_LOCK_WAIT_SECONDS,
+        description="How long a stage waits for another run of the same stage to finish (CDC_LOCK_WAIT_SECONDS).",
+    )
+    s3: S3Resource = Field(
+        default_factory=S3Resource, description="The S3 of an s3:// lakehouse (the standard AWS_* settings)."
+    )
+
+    def get(self) -> Lakehouse:
+        access = None
+        if self.location.startswith("s3://"):
+            # One set of settings for both: the boto3 client and delta-rs's storage options.
+            s3 = self.s3
+            access = S3Access.of(
+                s3.get_client(),
+                endpoint_url=s3.endpoint_url,
+                region=s3.region_name,
+                access_key_id=s3.aws_access_key_id,
+                secret_access_key=s3.aws_secret_access_key,
+                session_token=s3.aws_session_token,
+            )
+        return Lakehouse(self.location, access, self.lock_wait_seconds)
+
+
+def _env(name: str, default: Any, kind: str = "str") -> Any:
+    """`EnvVar(name)` when the variable is set (so the value stays out of run config), else the default."""
+    if not os.environ.get(name):
+        return default
+    return EnvVar.int(name) if kind == "int" else EnvVar(name)
+
+
+def lock_wait_seconds() -> float:
+    return env_number("CDC_LOCK_WAIT_SECONDS", DEFAULT_LOCK_WAIT_SECONDS, lambda v: v >= 0, "a number of seconds")
+
+
+def snapshot_chunk_rows() -> int:
+    """CDC_SNAPSHOT_CHUNK_ROWS: a positive whole number (read here, not as an EnvVar, to check it first)."""
+    valid = lambda v: v >= 1 and v == int(v)  # noqa: E731
+    return int(env_number("CDC_SNAPSHOT_CHUNK_ROWS", DEFAULT_SNAPSHOT_CHUNK_ROWS, valid, "a positive whole number"))
+
+
+def spark_settings() -> dict[str, str]:
+    """CDC_SPARK_CONF: Spark settings of the user's, as a JSON object of names and values, on top of ours."""
+    text = os.environ.get("CDC_SPARK_CONF")
+    if not text:
+        return {}
+    try:
+        settings = json.loads(text)
+    except ValueError:
+        settings = None
+    if not isinstance(settings, dict) or not all(isinstance(k, str) for k in settings):
+        raise CdcUserError(
+            'CDC_SPARK_CONF is not a JSON object of Spark settings: write it as e.g. {"spark.executor.memory": "2g"}.'
+        )
+    return {k: str(v) for k, v in settings.items()}
+
+
+def spark_min_rows(master: str) -> int:
+    """CDC_SPARK_MIN_ROWS: runs with at least this many changes go to Spark. By default 1M on a local master
+    (a Spark job's fixed cost exceeds smaller runs' work), 0 on a cluster or a Spark Connect server: every run
+    there is Spark's, as a user who points the pipeline at a cluster expects."""
+    default = 0 if master.startswith(("spark://", "sc://")) else DEFAULT_SPARK_MIN_ROWS
+    return int(env_number("CDC_SPARK_MIN_ROWS", default, lambda v: v >= 0 and v == int(v), "a whole number"))
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The code location's resources, by key (the names assets and checks ask for)."""
+
+    binlog: BinlogResource
+    lakehouse: LakehouseResource
+    s3: S3Resource
+    pyspark: LazyPySparkResource
+    transforms: TransformsResource
+
+    def by_key(self) -> dict[str, Any]:
+        return {
+            "binlog": self.binlog,
+            "lakehouse": self.lakehouse,
+            "s3": self.s3,
+            "pyspark": self.pyspark,
+            "transforms": self.transforms,
+        }
+
+
+def resources_from_env() -> Resources:
+    """Every resource configured from the environment (CONTRACT §2), each declared once."""
+    region = "AWS_REGION" if os.environ.get("AWS_REGION") else "AWS_DEFAULT_REGION"
+    s3 = S3Resource(
+        endpoint_url=_env("AWS_ENDPOINT_URL", None),
+        region_name=_env(region, None),
+        aws_access_key_id=_env("AWS_ACCESS_KEY_ID", None),
+        aws_secret_access_key=_env("AWS_SECRET_ACCESS_KEY", None),
+        aws_session_token=_env("AWS_SESSION_TOKEN", None),
+    )
+    master = os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER
+    pyspark = LazyPySparkResource(spark_config=spark_config(master, spark_settings()))
+    return Resources(
+        binlog=BinlogResource(
+            mysql_url=_env("CDC_MYSQL_URL", None),
+            server_id=_env("CDC_SERVER_ID", DEFAULT_SERVER_ID, "int"),
+            tables=_env("CDC_TABLES", None),
+            exclude_tables=_env("CDC_EXCLUDE_TABLES", None),
+            max_batch_rows=_env("CDC_MAX_BATCH_ROWS", DEFAULT_MAX_BATCH_ROWS, "int"),
+            snapshot_chunk_rows=snapshot_chunk_rows(),
+        ),
+        lakehouse=LakehouseResource(
+            location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE), lock_wait_seconds=lock_wait_seconds(), s3=s3
+        ),
+        s3=s3,
+        pyspark=pyspark,
+        transforms=TransformsResource(pyspark=pyspark, min_rows=spark_min_rows(master)),
+    )
+
+
+def initialized_resources() -> Resources:
+    """The same resources with EnvVar values resolved, for use outside a run (CLI verify, status). The Spark
+    ones hold no EnvVar and start nothing until a run asks for a session, so they are passed as they are."""
+    found = resources_from_env()
+    # it holds the S3Resource: Dagster sets nested resources up in a context (S3Resource has no teardown)
+    with found.lakehouse.process_config_and_initialize_cm() as lakehouse:
+        pass
+    return Resources(
+        binlog=found.binlog.process_config_and_initialize(),
+        lakehouse=lakehouse,
+        s3=lakehouse.s3,
+        pyspark=found.pyspark,
+        transforms=found.transforms,
+    )

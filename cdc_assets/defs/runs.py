@@ -1,0 +1,235 @@
+"""Runs of the code location's jobs on the persistent instance in DAGSTER_HOME (what `cdc-lakehouse` drives, so
+`make dev` shows its runs), and the read-only views the CLI prints: verify and status."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import DagsterEventType, DagsterInstance
+
+from cdc_assets.capture.run import capture_lag, preflight
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.defs.freshness import freshness_windows
+from cdc_assets.defs.instance import ensure_dagster_home
+from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SNAPSHOT_JOB
+from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, touched_ranges, with_new_tables
+from cdc_assets.defs.resources import initialized_resources
+from cdc_assets.defs.sensors import apply_run_request
+from cdc_assets.lake.layout import CURRENT_STAGE
+from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.lake.state import known_tables, tables_behind
+from cdc_assets.stages.current_state import missing_current_tables
+from cdc_assets.stages.snapshot_on_spark import snapshots_in_progress
+from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
+from cdc_assets.verification.lag import table_lags
+
+_instances: dict[str, DagsterInstance] = {}
+
+
+def instance() -> DagsterInstance:
+    """The persistent Dagster instance of DAGSTER_HOME, opened once per process and kept open."""
+    home = str(ensure_dagster_home())
+    if home not in _instances:
+        _instances[home] = DagsterInstance.get()
+    return _instances[home]
+
+
+@dataclass
+class RunOutcome:
+    """What one or more runs did: success, each asset's materialization metadata, the checks that failed."""
+
+    success: bool
+    metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed_checks: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def __add__(self, later: RunOutcome) -> RunOutcome:
+        """Two runs' outcomes as one: numbers added, per-table details merged."""
+        metadata = {k: dict(v) for k, v in self.metadata.items()}
+        for asset, values in later.metadata.items():
+            merged = metadata.setdefault(asset, {})
+            for key, value in values.items():
+                old = merged.get(key)
+                if isinstance(value, dict) and isinstance(old, dict):
+                    merged[key] = {**old, **value}
+                elif isinstance(value, int | float) and isinstance(old, int | float) and not isinstance(value, bool):
+                    merged[key] = old + value
+                else:
+                    merged[key] = value
+        return RunOutcome(
+            self.success and later.success,
+            metadata,
+            self.failed_checks + later.failed_checks,
+            self.seconds + later.seconds,
+        )
+
+
+def _user_error_message(error: Any) -> str | None:
+    """The sentence of the CdcUserError behind a Dagster step failure (walking the error's causes)."""
+
+    def subclasses(cls: type) -> set[str]:
+        return {cls.__name__}.union(*(subclasses(c) for c in cls.__subclasses__()))
+
+    user_errors = subclasses(CdcUserError)
+    while error is not None:
+        if getattr(error, "cls_name", None) in user_errors:
+            message = str(getattr(error, "message", "")).strip()
+            prefixes = tuple(user_errors) + ("cdc_assets.",)
+            return message.split(": ", 1)[1] if message.startswith(prefixes) else message
+        error = getattr(error, "cause", None) or getattr(error, "context", None)
+    return None
+
+
+def _root_cause(error: Any) -> str:
+    """The innermost error of a step failure: Dagster's own wrapper ("Error occurred while executing op") says
+    nothing of what went wrong; the full chain stays in the run's event log."""
+    if error is None:
+        return "failed"
+    while (getattr(error, "cause", None) or getattr(error, "context", None)) is not None:
+        error = error.cause or error.context
+    return str(error.message).strip().splitlines()[0]
+
+
+def run_job(
+    job_name: str,
+    verbose: bool = False,
+    op_config: dict[str, Any] | None = None,
+    tags: dict[str, str] | None = None,
+    partition_key: str | None = None,
+) -> RunOutcome:
+    """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix."""
+    from cdc_assets.definitions import build_definitions  # the code location itself: loaded when a run is made
+
+    ensure_dagster_home()
+    resources = initialized_resources()
+    preflight(resources.binlog.settings())  # what the user can fix is said before any run starts
+    resources.lakehouse.get().check_writable()
+    job = build_definitions().resolve_job_def(job_name)
+    began = time.monotonic()
+    run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}}}
+    if op_config:
+        run_config["ops"] = op_config
+    result = job.execute_in_process(
+        instance=instance(),
+        run_config=run_config,
+        raise_on_error=False,
+        tags={"cdc/trigger": "cli", **(tags or {})},
+        partition_key=partition_key,
+    )
+    failures = []
+    for event in result.all_events:
+        if event.event_type == DagsterEventType.STEP_FAILURE:
+            error = event.step_failure_data.error
+            user_message = _user_error_message(error)
+            if user_message:
+                raise CdcUserError(user_message)
+            failures.append(f"{event.step_key}: {_root_cause(error)}")
+    metadata = {}
+    for event in result.all_events:
+        if event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
+            materialization = event.step_materialization_data.materialization
+            metadata[materialization.asset_key.to_user_string()] = {
+                k: getattr(v, "value", v) for k, v in materialization.metadata.items()
+            }
+    failed_checks = [
+        f"{e.asset_key.to_user_string()}:{e.check_name}" for e in result.get_asset_check_evaluations() if not e.passed
+    ]
+    return RunOutcome(result.success and not failed_checks, metadata, failed_checks + failures, time.monotonic() - began)
+
+
+def run_sync(verbose: bool = False) -> RunOutcome:
+    """Capture, then one apply run per consecutive range of the tables with new changes, each with its checks."""
+    outcome = run_job(CAPTURE_JOB, verbose)
+    if not outcome.success:
+        return outcome
+    lakehouse = initialized_resources().lakehouse.get()
+    dagster = instance()
+    ordered, new = with_new_tables(list(dagster.get_dynamic_partitions(TABLES_PARTITIONS_NAME)), known_tables(lakehouse.store))
+    if new:
+        dagster.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
+    pending = set(tables_behind(lakehouse.store, CURRENT_STAGE))  # captured, not yet in current state
+    pending |= set(missing_current_tables(lakehouse, sorted(set(ordered) - pending)))  # removed by hand
+    refused: CdcUserError | None = None
+    for first, last in touched_ranges(ordered, pending):
+        # every range runs: tables of one range do not wait on another's failure
+        request = apply_run_request(first, last, run_key="cli")
+        try:
+            applied = run_job(APPLY_JOB, verbose, tags=dict(request.tags), partition_key=request.partition_key)
+        except CdcUserError as exc:
+            refused = refused or exc
+            continue
+        outcome = outcome + applied
+    if refused is not None:
+        raise refused
+    return outcome
+
+
+def run_snapshot(tables: list[str]) -> RunOutcome:
+    """A snapshot run, its progress (chunks read of chunks, rows, rate) logged as it goes: a long run's only sign."""
+    return run_job(SNAPSHOT_JOB, True, {"snapshot_tables": {"config": {"tables": tables}}})
+
+
+def run_verify(tables: list[str] | None = None) -> list[ConsistentComparison]:
+    """Current-state tables compared with the source at one consistent point (`cdc-lakehouse verify`)."""
+    resources = initialized_resources()
+    return verify_tables(resources.binlog.settings(), resources.lakehouse.get(), tables)
+
+
+@dataclass(frozen=True)
+class Status:
+    """`cdc-lakehouse status`: the checkpoint, lag, tables and freshness."""
+
+    lakehouse: str
+    checkpoint: str | None
+    binlog_end: str
+    lag_bytes: int
+    lag_seconds: float
+    next_seq: int | None
+    gtid: str | None
+    tables: list[str]
+    table_lag_seconds: dict[str, float]
+    freshness_windows_minutes: dict[str, float]  # warn, fail
+    raw_batches: int
+    last_batch: str | None
+    seconds_since_materialized: dict[str, float | None]  # per asset; None: never materialized
+    snapshots_in_progress: dict[str, dict[str, int]]  # per table stopped mid-way: chunks read of chunks, rows
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def collect_status() -> Status:
+    ensure_dagster_home()
+    resources = initialized_resources()
+    lakehouse = resources.lakehouse.get()
+    now = time.time()
+    lag = capture_lag(resources.binlog.settings(), lakehouse, now)
+    checkpoint = lag.checkpoint
+    batches = list_batches(lakehouse.store)
+    freshness: dict[str, float | None] = {}
+    for key in (RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET):
+        event = instance().get_latest_materialization_event(key)
+        freshness[key.to_user_string()] = None if event is None else round(time.time() - event.timestamp, 1)
+    warn, fail = freshness_windows()
+    return Status(
+        lakehouse=str(lakehouse),
+        checkpoint=str(checkpoint.position) if checkpoint else None,
+        binlog_end=str(lag.binlog_end),
+        lag_bytes=lag.lag_bytes,
+        lag_seconds=round(lag.seconds, 1) if checkpoint else 0.0,
+        next_seq=checkpoint.next_seq if checkpoint else None,
+        gtid=checkpoint.gtid if checkpoint else None,
+        tables=known_tables(lakehouse.store),
+        table_lag_seconds={t: round(v, 1) for t, v in table_lags(lakehouse, lag.seconds, now).items()},
+        freshness_windows_minutes={"warn": warn, "fail": fail},
+        raw_batches=len(batches),
+        last_batch=batches[-1] if batches else None,
+        seconds_since_materialized=freshness,
+        snapshots_in_progress={
+            str(r.table): {"chunks_read": len(r.done), "chunks": r.chunks, "rows": r.rows}
+            for r in snapshots_in_progress(lakehouse.store)
+        },
+    )

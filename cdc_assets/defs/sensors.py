@@ -1,0 +1,171 @@
+"""Sensors: on new raw batches, which it turns into change-log and current-state runs for exactly the tables
+the batches touched (registering tables it has not seen as partitions first); and, when
+CDC_CAPTURE_INTERVAL_SECONDS is set, on the binlog itself, capturing continuously instead of on the cron."""
+
+import time
+
+from dagster import (
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    sensor,
+)
+
+from cdc_assets.capture.run import capture_lag
+from cdc_assets.defs.freshness import lag_thresholds
+from cdc_assets.defs.keys import (
+    APPLY_JOB,
+    CAPTURE_JOB,
+    CURRENT_ASSET,
+    PARTITION_RANGE_END_TAG,
+    PARTITION_RANGE_START_TAG,
+    PARTITION_TAG,
+    RAW_ASSET,
+)
+from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, tables_partitions, touched_ranges, with_new_tables
+from cdc_assets.defs.queue import WAITING_STATUSES, capture_in_progress, capture_interval
+from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.lake.layout import CURRENT_STAGE
+from cdc_assets.lake.raw_batches import list_batches, read_manifest
+from cdc_assets.lake.state import load_registry, tables_behind
+from cdc_assets.lake.store import ObjectStore
+
+MAX_BATCHES_PER_TICK = 500
+RETRY_AFTER_SECONDS = 300  # a table left behind is requested again at most this often
+# The raw-batch sensor looks every 15 s, or as often as the binlog sensor when capture runs continuously.
+SENSOR_INTERVAL_SECONDS = int(min(15, capture_interval() or 15))
+
+
+def apply_run_request(first: str, last: str, run_key: str) -> RunRequest:
+    """A run of the apply job for one table, or for a range of consecutive tables."""
+    if first == last:
+        return RunRequest(run_key=run_key, partition_key=first)
+    return RunRequest(run_key=run_key, tags={PARTITION_RANGE_START_TAG: first, PARTITION_RANGE_END_TAG: last})
+
+
+def _confirmation(context: SensorEvaluationContext, partitions: list[str]) -> RunRequest | None:
+    """A run over every table when capture keeps succeeding but no table changed for a while.
+
+    Freshness is judged by the current-state layer's last materialization; without changes to
+    apply it would go stale although it is current. After each successful capture that found the
+    source quiet, the apply job confirms every table is up to date, so freshness fails only when
+    capture itself stops.
+    """
+    if not partitions:
+        return None
+    raw = context.instance.get_latest_materialization_event(RAW_ASSET)
+    current = context.instance.get_latest_materialization_event(CURRENT_ASSET)
+    if raw is None or (current is not None and current.timestamp >= raw.timestamp):
+        return None
+    warn_seconds, _ = lag_thresholds()
+    if current is not None and time.time() - current.timestamp < warn_seconds / 2:
+        return None
+    return apply_run_request(partitions[0], partitions[-1], f"confirm-current-{raw.timestamp:.3f}")
+
+
+@sensor(
+    job_name=APPLY_JOB,
+    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+    description=(
+        "Watches raw/ in the lakehouse (local or S3) for batches after its cursor (the last batch name it "
+        "handled). Registers newly seen tables as partitions of the change and current-state layers and "
+        "requests apply runs for exactly the tables those batches touched (one run per consecutive range of "
+        "table partitions). When capture succeeds but nothing changed, it confirms every table as current."
+    ),
+)
+def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
+    store = lakehouse.get().store
+    names = list_batches(store, after=context.cursor or None)[:MAX_BATCHES_PER_TICK]
+    existing = list(context.instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME))
+    registry = load_registry(store)
+    touched: set[str] = set()
+    for name in names:
+        touched.update(read_manifest(store, name).tables())
+    ordered, new = with_new_tables(existing, touched | set(registry))
+    partition_requests = [tables_partitions.build_add_request(new)] if new else []
+    behind = _left_behind(store, registry, context.cursor or None, touched)
+    retries = [
+        apply_run_request(first, end, f"retry:{first}..{end}:{int(time.time() // RETRY_AFTER_SECONDS)}")
+        for first, end in touched_ranges(ordered, behind)
+    ]
+    if not names:
+        confirmation = _confirmation(context, ordered) if not retries else None
+        if confirmation is None and not partition_requests and not retries:
+            return SkipReason(f"No raw batch after {context.cursor or 'the start'}.")
+        return SensorResult(
+            run_requests=[confirmation] if confirmation else retries, dynamic_partitions_requests=partition_requests
+        )
+    last = names[-1]
+    waiting = _waiting_tables(context, ordered)
+    runs = [
+        apply_run_request(first, end, f"{last}:{first}..{end}")
+        for first, end in touched_ranges(ordered, touched - waiting)
+    ]
+    context.log.info(
+        f"{len(names)} new raw batches up to {last}: {len(touched)} tables in {len(runs)} runs"
+        + (f" ({len(touched & waiting)} tables left to apply runs waiting to start)" if touched & waiting else "")
+        + (f"; {len(behind)} tables left behind by earlier runs requested again" if behind else "")
+    )
+    return SensorResult(run_requests=runs + retries, dynamic_partitions_requests=partition_requests, cursor=last)
+
+
+def _waiting_tables(context: SensorEvaluationContext, ordered: list[str]) -> set[str]:
+    """Tables of apply runs queued and not started yet: such a run takes in every change captured before it
+    starts, so another run for them behind it would only queue up (under steady load the queue would grow)."""
+    runs = context.instance.get_runs(
+        filters=RunsFilter(job_name=APPLY_JOB, statuses=WAITING_STATUSES), limit=MAX_BATCHES_PER_TICK
+    )
+    waiting: set[str] = set()
+    for run in runs:
+        tags = run.tags
+        if PARTITION_TAG in tags:
+            waiting.add(tags[PARTITION_TAG])
+        first, end = tags.get(PARTITION_RANGE_START_TAG), tags.get(PARTITION_RANGE_END_TAG)
+        if first in ordered and end in ordered:
+            waiting.update(ordered[ordered.index(first) : ordered.index(end) + 1])
+    return waiting
+
+
+def _left_behind(store: ObjectStore, registry: dict, cursor: str | None, touched: set[str]) -> set[str]:
+    """Tables whose batches the sensor already handled but whose current state has not taken them in: their
+    run failed, or ran before capture had registered the table. Requested again at most every few minutes."""
+    if cursor is None:
+        return set()
+    behind = tables_behind(store, CURRENT_STAGE, registry)
+    return {t for t in behind if t not in touched and str(registry[t]["last_batch"]) <= cursor}
+
+
+def build_binlog_sensor() -> SensorDefinition:
+    """Capture whenever the binlog has grown past the checkpoint, looking every CDC_CAPTURE_INTERVAL_SECONDS
+    (switched off when that is unset: capture then runs on the capture schedule's cron)."""
+    interval = capture_interval()
+
+    @sensor(
+        name="binlog_sensor",
+        job_name=CAPTURE_JOB,
+        minimum_interval_seconds=int(interval or 30),
+        default_status=DefaultSensorStatus.RUNNING if interval is not None else DefaultSensorStatus.STOPPED,
+        description=(
+            "Continuous capture: every CDC_CAPTURE_INTERVAL_SECONDS, requests a capture run when the source's binlog "
+            "has grown past the checkpoint. Skips while a capture holds the lakehouse's capture lock or waits to start. "
+            "Running when CDC_CAPTURE_INTERVAL_SECONDS is set (the capture schedule is then off)."
+        ),
+    )
+    def binlog_sensor(
+        context: SensorEvaluationContext, binlog: BinlogResource, lakehouse: LakehouseResource
+    ) -> RunRequest | SkipReason:
+        house = lakehouse.get()
+        busy = capture_in_progress(context.instance, house)
+        if busy:
+            return SkipReason(busy)
+        lag = capture_lag(binlog.settings(), house, time.time())
+        if not lag.lag_bytes:
+            return SkipReason(f"The binlog ends at {lag.binlog_end}: nothing new to capture.")
+        return RunRequest()
+
+    return binlog_sensor

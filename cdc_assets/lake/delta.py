@@ -1,0 +1,153 @@
+"""The project's Delta toolkit over delta-rs: opening and querying tables, the seq every CDC commit records,
+fencing of concurrent writers, table properties and small-file compaction. Plain functions over DeltaTable."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, QueryBuilder
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.transaction import Transaction
+
+from cdc_assets.core.errors import CdcUserError
+
+MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
+APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-state table has taken changes in
+
+
+# delta-rs writes min/max statistics of wide decimals wrongly (clamped to the int64 range, or rounded
+# through a float), and readers then skip files that hold matching rows. Such columns get no statistics.
+MAX_DECIMAL_PRECISION_WITH_STATS = 15
+
+
+def _has_safe_stats(f: pa.Field) -> bool:
+    if pa.types.is_decimal(f.type):
+        return f.type.precision <= MAX_DECIMAL_PRECISION_WITH_STATS
+    return not (pa.types.is_struct(f.type) or pa.types.is_list(f.type))
+
+
+# A table is appended to or merged into by every run that touches it: a checkpoint every 10 commits (not 100)
+# keeps opening it to reading at most 10 commit files, and its small files are compacted once there are 32.
+CHECKPOINT_INTERVAL = 10
+SMALL_FILES_BEFORE_COMPACTION = 32
+
+
+def table_configuration(schema: pa.Schema) -> dict[str, str]:
+    """Delta table properties of change logs and current state: statistics only on columns delta-rs records
+    correctly, and frequent checkpoints."""
+    names = [f"`{f.name.replace('`', '``')}`" for f in schema if _has_safe_stats(f)]
+    return {"delta.dataSkippingStatsColumns": ",".join(names), "delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
+
+
+def compact_small_files(table: DeltaTable, target_bytes: int) -> bool:
+    """Bin a table's small files (one per append or merge) into files of `target_bytes` once there are
+    SMALL_FILES_BEFORE_COMPACTION of them, so reads do not open ever more files; a commit of its own, without
+    data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted."""
+    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
+    if (pc.sum(pc.less(sizes, target_bytes // 2)).as_py() or 0) < SMALL_FILES_BEFORE_COMPACTION:
+        return False
+    table.optimize.compact(target_size=target_bytes)
+    return True
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(plain_type(f.type)) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return pa.list_(plain_type(t.value_type))
+    return t
+
+
+def plain_types(rows: pa.Table) -> pa.Table:
+    return rows.cast(pa.schema([f.with_type(plain_type(f.type)) for f in rows.schema]))
+
+
+def read_query(table: DeltaTable, sql: str, name: str = "t") -> pa.Table:
+    """A SQL query over a Delta table (delta-rs), with view types turned into plain Arrow types."""
+    return plain_types(pa.table(QueryBuilder().register(name, table).execute(sql).read_all()))
+
+
+def read_query_chunks(table: DeltaTable, sql: str, name: str, rows_per_chunk: int) -> Iterator[pa.Table]:
+    """`read_query` streamed: about `rows_per_chunk` rows at a time, for results too large to hold at once."""
+    pending: list[pa.RecordBatch] = []
+    held = 0
+    for batch in QueryBuilder().register(name, table).execute(sql):
+        record = pa.record_batch(batch)
+        pending.append(record)
+        held += record.num_rows
+        if held >= rows_per_chunk:
+            yield plain_types(pa.Table.from_batches(pending))
+            pending, held = [], 0
+    if pending:
+        yield plain_types(pa.Table.from_batches(pending))
+
+
+def row_count(table: DeltaTable) -> int:
+    """Rows of a Delta table, from the log's file statistics (no data read)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
+
+
+def open_table(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
+    try:
+        return DeltaTable(uri, storage_options=storage_options)
+    except TableNotFoundError:
+        return None
+
+
+def seq_commit(key: str, seq: int) -> CommitProperties:
+    """Commit properties that record `seq` under `key` in a way no later commit can hide: as commit metadata
+    (for people reading the history) and as a Delta app transaction (`txn` action), which the table's state
+    keeps whatever commits follow (OPTIMIZE, property changes, checkpoints, log clean-up). The app transaction
+    also fences writers: a commit carrying it fails ("Concurrent transaction") when another commit with the
+    same app id landed after the version this writer read, so a writer whose lock expired mid-write cannot
+    add what the run that took over has added."""
+    return CommitProperties(custom_metadata={key: str(seq)}, app_transactions=[Transaction(key, int(seq))])
+
+
+@contextmanager
+def fenced(what: str) -> Iterator[None]:
+    """A commit refused because another writer committed the same app transaction since this writer read the
+    table (see `seq_commit`) ends the run with one sentence: nothing was written twice."""
+    try:
+        yield
+    except CommitFailedError as exc:
+        if "Concurrent transaction" not in str(exc):
+            raise
+        raise CdcUserError(
+            f"Another run committed to {what} while this run was writing it (this run's lock had expired and was "
+            "taken over): this run stopped without writing anything twice; run it again once the other has finished."
+        ) from exc
+
+
+def max_seq(table: DeltaTable | None, metadata_key: str = MAX_SEQ_KEY) -> int | None:
+    """The highest `_cdc_seq` a table has taken in, as its newest CDC commit recorded it (`seq_commit`).
+
+    Tables written before app transactions carry it only in commit metadata, found by walking the history.
+    A change log may fall back to its rows' statistics (every change it took in is a row of it); a current
+    state may not: its newest change can be a delete, whose seq no row holds.
+    """
+    if table is None:
+        return None
+    version = table.transaction_version(metadata_key)
+    if version is not None:
+        return int(version)
+    for commit in table.history():
+        if metadata_key in commit:
+            return int(commit[metadata_key])
+    if metadata_key != MAX_SEQ_KEY:
+        return None
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if "max._cdc_seq" in actions.column_names and actions.num_rows:
+        value = pc.max(actions.column("max._cdc_seq")).as_py()
+        return None if value is None else int(value)
+    return None
+
+

@@ -1,0 +1,266 @@
+"""Data files of the lakehouse's Delta tables, written and read in any process (the run's, or a Spark executor)
+through pyarrow's own filesystems, so executors reach a local directory or S3 without Hadoop's S3 jars; and
+the run process's commit of files written elsewhere, in one Delta commit.
+
+A Spark task writes a table's rows as Parquet files under the table's directory and returns each file's Delta
+add action (path, size, statistics); the run process commits the adds (and the removes of the files they
+replace) with delta-rs. A file no commit names is invisible to every reader; a crash between the write and
+the commit leaves only such files, which the next run's commit does not name either.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import DeltaTable, Schema
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, seq_commit
+
+FILE_ROWS = 1_000_000  # rows per data file written by a task, at most
+ROW_GROUP_ROWS = 128 * 1024
+
+# What a task returns for each file it wrote: the table, and the fields of its Delta add action.
+FILE_ACTION_SCHEMA = pa.schema(
+    [
+        pa.field("table", pa.string(), nullable=False),  # the table's text form (names.TableRef)
+        pa.field("path", pa.string(), nullable=False),  # relative to the table's directory
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("rows", pa.int64(), nullable=False),
+        pa.field("stats", pa.string(), nullable=False),  # Delta statistics, JSON
+        pa.field("modification_time", pa.int64(), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class FileAccess:
+    """How any process reaches the lakehouse's files: its location and, on S3, delta-rs's storage options
+    (endpoint, region, keys). Plain and picklable, so a Spark task gets it with its closure; never printed."""
+
+    location: str  # a local directory or s3://bucket/prefix
+    storage_options: tuple[tuple[str, str], ...] = ()
+
+    def __repr__(self) -> str:  # the options hold credentials
+        return f"FileAccess({self.location!r})"
+
+    @property
+    def is_s3(self) -> bool:
+        return self.location.startswith("s3://")
+
+    def filesystem(self) -> pafs.FileSystem:
+        if not self.is_s3:
+            return pafs.LocalFileSystem()
+        options = dict(self.storage_options)
+        endpoint = options.get("AWS_ENDPOINT_URL", "")
+        scheme, _, host = endpoint.partition("://")
+        return pafs.S3FileSystem(
+            access_key=options.get("AWS_ACCESS_KEY_ID"),
+            secret_key=options.get("AWS_SECRET_ACCESS_KEY"),
+            session_token=options.get("AWS_SESSION_TOKEN"),
+            region=options.get("AWS_REGION"),
+            endpoint_override=host or None,
+            scheme=scheme or "https",
+        )
+
+    def path(self, key: str) -> str:
+        """The filesystem path of a lakehouse key (`current/s/t/part-….parquet`)."""
+        if self.is_s3:
+            return f"{self.location[len('s3://') :].rstrip('/')}/{key}"
+        return f"{self.location.rstrip('/')}/{key}"
+
+
+# -- statistics ------------------------------------------------------------------------------------------------
+
+
+def _bound(value: Any, kind: pa.DataType, upper: bool) -> Any:
+    """A JSON value for a statistic: exact, or widened outward (timestamps to whole milliseconds, as Delta
+    readers expect them), so a reader that skips files by them never skips a matching row."""
+    if pa.types.is_timestamp(kind):
+        moment: dt.datetime = value
+        millis = moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+        if upper and millis != moment:
+            millis += dt.timedelta(milliseconds=1)
+        text = millis.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis.microsecond // 1000:03d}"
+        return text + "Z" if kind.tz else text
+    if pa.types.is_date(kind):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return float(value)
+    return value
+
+
+def _has_stats(kind: pa.DataType) -> bool:
+    if pa.types.is_decimal(kind):
+        return kind.precision <= MAX_DECIMAL_PRECISION_WITH_STATS
+    return (
+        pa.types.is_integer(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_boolean(kind)
+        or pa.types.is_date(kind)
+        or pa.types.is_timestamp(kind)
+    )
+
+
+def delta_stats(rows: pa.Table) -> str:
+    """Delta statistics of a data file's rows: row count, and min, max and null count of each column a reader
+    can skip files by (integers, text, booleans, dates, timestamps, narrow decimals)."""
+    minimum: dict[str, Any] = {}
+    maximum: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for field in rows.schema:
+        if not _has_stats(field.type):
+            continue
+        column = rows.column(field.name)
+        nulls[field.name] = column.null_count
+        if column.null_count == len(column):
+            continue
+        low, high = pc.min_max(column).values()
+        minimum[field.name] = _bound(low.as_py(), field.type, upper=False)
+        maximum[field.name] = _bound(high.as_py(), field.type, upper=True)
+    return json.dumps(
+        {"numRecords": rows.num_rows, "minValues": minimum, "maxValues": maximum, "nullCount": nulls},
+        ensure_ascii=False,
+    )
+
+
+# -- writing and reading on any process ------------------------------------------------------------------------
+
+
+def write_files(access: FileAccess, table_key: str, table_text: str, rows: Iterable[pa.Table]) -> Iterator[dict]:
+    """The rows as Parquet files under the table's directory, FILE_ROWS at most each; one add action per file
+    (FILE_ACTION_SCHEMA's fields). Each file is complete before its action is returned."""
+    fs = access.filesystem()
+    if not access.is_s3:
+        fs.create_dir(access.path(table_key), recursive=True)
+    pending: list[pa.Table] = []
+    held = 0
+
+    def flush() -> dict:
+        data = pa.concat_tables(pending).combine_chunks() if len(pending) > 1 else pending[0]
+        name = f"part-{uuid.uuid4().hex}-c000.zstd.parquet"
+        path = access.path(f"{table_key}/{name}")
+        with fs.open_output_stream(path) as out:
+            pq.write_table(data, out, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+        size = fs.get_file_info(path).size
+        return {
+            "table": table_text,
+            "path": name,
+            "size": size,
+            "rows": data.num_rows,
+            "stats": delta_stats(data),
+            "modification_time": int(time.time() * 1000),
+        }
+
+    for part in rows:
+        if not part.num_rows:
+            continue
+        pending.append(part)
+        held += part.num_rows
+        if held >= FILE_ROWS:
+            yield flush()
+            pending, held = [], 0
+    if pending:
+        yield flush()
+
+
+def read_files(access: FileAccess, table_key: str, paths: Iterable[str], columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """The rows of some of a table's data files (paths relative to its directory), a row group at a time."""
+    fs = access.filesystem()
+    for name in paths:
+        with fs.open_input_file(access.path(f"{table_key}/{name}")) as source:
+            parquet = pq.ParquetFile(source)
+            for group in range(parquet.num_row_groups):
+                yield parquet.read_row_group(group, columns=columns)
+
+
+def conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Rows of an older file in a table's schema now: columns it lacks are NULL, types widened as the log's."""
+    from cdc_assets.lake.delta import plain_types  # view types from delta-rs queries become plain ones
+
+    rows = plain_types(rows)
+    arrays = [
+        rows.column(f.name).cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+# -- committing in the run process -----------------------------------------------------------------------------
+
+
+def add_actions(rows: Iterable[dict], data_change: bool = True) -> list[AddAction]:
+    """Add actions of files a task wrote (FILE_ACTION_SCHEMA rows); `data_change` False for a compaction."""
+    return [
+        AddAction(r["path"], int(r["size"]), {}, int(r["modification_time"]), data_change, r["stats"]) for r in rows
+    ]
+
+
+def remove_actions(table: DeltaTable, paths: Iterable[str], data_change: bool = True) -> list[RemoveAction]:
+    """Remove actions of some of the table's files (paths relative to its directory), with their sizes."""
+    wanted = set(paths)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    now = int(time.time() * 1000)
+    return [
+        RemoveAction(path, data_change, now, size)
+        for path, size in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True)
+        if path in wanted
+    ]
+
+
+def commit_files(
+    existing: DeltaTable | None,
+    uri: str,
+    storage_options: dict[str, str] | None,
+    what: str,
+    schema: pa.Schema,
+    adds: list[AddAction],
+    removes: list[RemoveAction],
+    seq_key: str,
+    seq: int,
+    configuration: dict[str, str],
+    overwrite: bool = False,
+) -> None:
+    """One Delta commit of files written elsewhere, recording `seq` as the table's app transaction (fenced from
+    the version `existing` was read at, see lake.delta.seq_commit).
+
+    An append commits the adds and the removes together; columns `schema` has and the table has not are added
+    first, in a commit of their own (NULL in every row until then: nothing a reader can tell). An overwrite
+    replaces every file of the table by the adds and the table's schema by `schema` (a column's type changed).
+    A table that does not exist yet is created by the commit, with `configuration`."""
+    with fenced(what):
+        if existing is None:
+            create_table_with_add_actions(
+                uri,
+                Schema.from_arrow(schema),
+                adds,
+                mode="append",
+                configuration=configuration,
+                storage_options=storage_options,
+                commit_properties=seq_commit(seq_key, seq),
+            )
+            return
+        if overwrite:
+            existing.create_write_transaction(
+                adds, mode="overwrite", schema=schema, commit_properties=seq_commit(seq_key, seq)
+            )
+            return
+        have = {f.name for f in existing.schema().fields}
+        added = [f for f in schema if f.name not in have]
+        if added:
+            existing.alter.add_columns(Schema.from_arrow(pa.schema(added)).fields)
+        existing.create_write_transaction(
+            [*removes, *adds], mode="append", schema=existing.schema(), commit_properties=seq_commit(seq_key, seq)
+        )

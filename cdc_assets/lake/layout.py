@@ -1,0 +1,17 @@
+"""Where things live under CDC_LAKEHOUSE (CONTRACT §4), and the names of the stages that write them.
+
+Each stage is named after the layer it writes; the lock that keeps two runs of a stage apart and the
+progress files under `_state/progress/<stage>/` carry that name.
+"""
+
+RAW = "raw"  # raw binlog batches: raw/<batch>/{changes.parquet, manifest.json}
+CHANGES = "changes"  # Delta change logs: changes/<schema>/<table>
+CURRENT = "current"  # Delta current state: current/<schema>/<table>
+STATE = "_state"  # checkpoint, registry, shapes, progress, locks
+DELTA_LOG = "_delta_log"
+
+CAPTURE_LOCK = "capture"
+SNAPSHOT_LOCK = "snapshot"  # a snapshot's resumable state under _state/snapshots/
+SNAPSHOTS_STATE = f"{STATE}/snapshots"
+CHANGES_STAGE = CHANGES_LOCK = CHANGES
+CURRENT_STAGE = CURRENT_LOCK = CURRENT

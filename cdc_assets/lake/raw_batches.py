@@ -1,0 +1,265 @@
+"""Raw binlog batches: immutable, self-describing, made visible by a manifest written last.
+
+    raw/<start>/changes.parquet   one row per row change, images as canonical texts
+    raw/<start>/manifest.json     positions, GTIDs, every table version's columns and key,
+                                  DDL statements, counts and the data file's SHA-256
+
+`<start>` is `BinlogPosition.batch_name()` of the batch's first position, so names sort in binlog
+order and a re-run after a crash writes the same name. The content holds no wall-clock time:
+re-capturing the same range yields the same bytes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import io
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.layout import RAW
+from cdc_assets.lake.store import MissingObject, ObjectStore
+
+FORMAT_VERSION = 1
+DATA_FILE = "changes.parquet"
+MANIFEST_FILE = "manifest.json"
+
+RAW_ROWS_SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("schema", pa.string(), nullable=False),
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("table_version", pa.int32(), nullable=False),
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("gtid", pa.string()),
+        pa.field("commit_ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("before", pa.list_(pa.string())),
+        pa.field("after", pa.list_(pa.string())),
+    ]
+)
+
+
+@dataclass
+class RawBatch:
+    """One batch: everything between two transaction boundaries of the binlog."""
+
+    start: BinlogPosition
+    end: BinlogPosition
+    data_path: Path  # the batch's rows as a local Parquet file (capture spools them there, not in memory)
+    row_count: int
+    shapes: dict[int, TableShape]  # the batch's table versions: version id -> the table's shape
+    statements: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+    transactions: int = 0
+    first_seq: int = 1  # `_cdc_seq` of the batch's first change; next_seq follows its last
+    next_seq: int = 1
+    start_gtid: str | None = None
+    end_gtid: str | None = None
+    first_commit_ts: int | None = None  # epoch seconds of the first and last commit in the batch
+    last_commit_ts: int | None = None
+    server: dict[str, Any] = field(default_factory=dict)
+    schemas: dict[str, Any] = field(default_factory=dict)  # table -> shape at the batch's end, where it changed
+    keepalive: Any = None  # what keeps `data_path` on disk while the batch is in use
+
+    @property
+    def name(self) -> str:
+        return self.start.batch_name()
+
+    @property
+    def rows(self) -> pa.Table:
+        """All rows in memory: for checks and tests; the pipeline streams `data_path`."""
+        return pq.read_table(self.data_path)
+
+    def manifest(self, data_sha256: str, data_bytes: int) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "name": self.name,
+            "start": self.start.to_json(),
+            "end": self.end.to_json(),
+            "first_seq": self.first_seq,
+            "next_seq": self.next_seq,
+            "start_gtid": self.start_gtid,
+            "end_gtid": self.end_gtid,
+            "events": self.events,
+            "transactions": self.transactions,
+            "rows": self.row_count,
+            "first_commit_ts": self.first_commit_ts,
+            "last_commit_ts": self.last_commit_ts,
+            "server": self.server,
+            "tables": [shape.versioned_json(i) for i, shape in sorted(self.shapes.items())],
+            "statements": self.statements,
+            "schemas": self.schemas,
+            "data_file": DATA_FILE,
+            "data_sha256": data_sha256,
+            "data_bytes": data_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class BatchManifest:
+    """The manifest of a visible batch, parsed."""
+
+    name: str
+    start: BinlogPosition
+    end: BinlogPosition
+    end_gtid: str | None
+    first_seq: int
+    next_seq: int
+    rows: int
+    events: int
+    transactions: int
+    last_commit_ts: int | None
+    shapes: dict[int, TableShape]  # version id -> shape, as RawBatch.shapes
+    data_sha256: str
+    data_bytes: int
+    raw: dict[str, Any]
+
+    def truncates(self) -> list[dict[str, Any]]:
+        """The batch's TRUNCATE statements, each with the `table` it empties and its `seq`."""
+        return [s for s in self.raw.get("statements", []) if s.get("kind") == "truncate" and s.get("table")]
+
+    def schema_changes(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """(statement, change) for every table change a DDL of the batch makes (ddl.SchemaChange as JSON)."""
+        return [(s, c) for s in self.raw.get("statements", []) if s.get("kind") == "ddl" for c in s.get("changes", [])]
+
+    def tables(self) -> list[str]:
+        """Every table the batch changes: row changes, TRUNCATEs and schema changes."""
+        changed = {c["table"] for _, c in self.schema_changes()}
+        return sorted({str(v.table) for v in self.shapes.values()} | {s["table"] for s in self.truncates()} | changed)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> BatchManifest:
+        return BatchManifest(
+            name=d["name"],
+            start=BinlogPosition.from_json(d["start"]),
+            end=BinlogPosition.from_json(d["end"]),
+            end_gtid=d.get("end_gtid"),
+            first_seq=int(d["first_seq"]),
+            next_seq=int(d["next_seq"]),
+            rows=int(d["rows"]),
+            events=int(d["events"]),
+            transactions=int(d["transactions"]),
+            last_commit_ts=d.get("last_commit_ts"),
+            shapes=dict(TableShape.from_versioned_json(t) for t in d["tables"]),
+            data_sha256=d["data_sha256"],
+            data_bytes=int(d["data_bytes"]),
+            raw=d,
+        )
+
+
+def chain_break(previous: BatchManifest, batch: BatchManifest) -> str | None:
+    """Why `batch` does not follow `previous` exactly (a gap or an overlap), or None when it does."""
+    if batch.start == previous.end and batch.first_seq == previous.next_seq:
+        return None
+    return (
+        f"{batch.name} starts at {batch.start} (seq {batch.first_seq}) but {previous.name} ends at "
+        f"{previous.end} (next seq {previous.next_seq})"
+    )
+
+
+def chain_breaks(manifests: list[BatchManifest], previous: BatchManifest | None = None) -> list[str]:
+    """Every place in consecutive batches (after `previous`, if given) where one does not follow the other."""
+    breaks = []
+    for manifest in manifests:
+        problem = chain_break(previous, manifest) if previous is not None else None
+        if problem:
+            breaks.append(problem)
+        previous = manifest
+    return breaks
+
+
+def _key(name: str, file: str) -> str:
+    return f"{RAW}/{name}/{file}"
+
+
+def _file_digest(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def write_batch(store: ObjectStore, batch: RawBatch) -> BatchManifest:
+    """Write data, then the manifest: the batch becomes visible only when both are durable."""
+    digest, size = _file_digest(batch.data_path)
+    manifest = batch.manifest(digest, size)
+    store.put_file(_key(batch.name, DATA_FILE), batch.data_path)
+    store.put(_key(batch.name, MANIFEST_FILE), json.dumps(manifest, indent=1, sort_keys=True).encode())
+    return BatchManifest.from_json(manifest)
+
+
+def batch_exists(store: ObjectStore, name: str) -> bool:
+    """Whether the batch is visible (its manifest, written last, is there)."""
+    return store.exists(_key(name, MANIFEST_FILE))
+
+
+def list_batches(store: ObjectStore, after: str | None = None) -> list[str]:
+    """Names of visible batches (those with a manifest) after `after`, in binlog order, from one listing."""
+    start_after = _key(after, MANIFEST_FILE) if after else None
+    suffix = f"/{MANIFEST_FILE}"
+    names = (key[len(RAW) + 1 : -len(suffix)] for key in store.list_keys(RAW, start_after) if key.endswith(suffix))
+    return sorted(name for name in names if "/" not in name and (after is None or name > after))
+
+
+def read_manifest(store: ObjectStore, name: str) -> BatchManifest:
+    try:
+        raw = store.get(_key(name, MANIFEST_FILE))
+    except MissingObject as exc:
+        raise CdcUserError(
+            f"Raw batch {name} has no manifest in the lakehouse: restore raw/{name}/ from a backup or "
+            "remove the later state so the batch is captured again."
+        ) from exc
+    try:
+        return BatchManifest.from_json(json.loads(raw))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CdcUserError(f"Raw batch {name} has a corrupt manifest: restore raw/{name}/ from a backup.") from exc
+
+
+def read_row_slices(store: ObjectStore, manifest: BatchManifest, rows_per_slice: int) -> Iterator[pa.Table]:
+    """The batch's rows, checked against the manifest's digest, decoded `rows_per_slice` rows at a time."""
+    data = _checked_data(store, manifest)
+    for batch in pq.ParquetFile(io.BytesIO(data)).iter_batches(batch_size=rows_per_slice):
+        yield pa.Table.from_batches([batch])
+
+
+def read_rows(store: ObjectStore, manifest: BatchManifest) -> pa.Table:
+    """The batch's rows, checked against the manifest's digest."""
+    return pq.read_table(io.BytesIO(_checked_data(store, manifest)))
+
+
+def _checked_data(store: ObjectStore, manifest: BatchManifest) -> bytes:
+    try:
+        data = store.get(_key(manifest.name, DATA_FILE))
+    except MissingObject as exc:
+        raise CdcUserError(
+            f"Raw batch {manifest.name} is missing its data file {DATA_FILE}: restore raw/{manifest.name}/ "
+            "from a backup."
+        ) from exc
+    if hashlib.sha256(data).hexdigest() != manifest.data_sha256:
+        raise CdcUserError(
+            f"Raw batch {manifest.name} is corrupt (its data does not match the manifest's SHA-256): "
+            f"restore raw/{manifest.name}/ from a backup."
+        )
+    return data
+
+
+def seq_floor_at(names: list[str], manifest_at: Callable[[int], BatchManifest], position: BinlogPosition) -> int:
+    """A `_cdc_seq` every change after `position` exceeds, from the batches (names in order, read on demand):
+    the batch holding `position` counts as after it. 0 before the first batch."""
+    index = bisect.bisect_right(names, position.batch_name()) - 1
+    if index < 0:
+        return 0
+    manifest = manifest_at(index)
+    return manifest.next_seq - 1 if manifest.end <= position else manifest.first_seq - 1

@@ -1,0 +1,344 @@
+"""The lakehouse location: objects under `raw/` and `_state/`, Delta tables under `changes/` and `current/`.
+
+A local directory and `s3://bucket/prefix` behave the same: every object is written whole and
+made visible atomically (rename locally, a single PUT on S3), so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from deltalake import DeltaTable
+
+from cdc_assets.core import failpoints
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.names import TableRef, name_of_segment
+from cdc_assets.lake.delta import open_table
+from cdc_assets.lake.files import FileAccess
+from cdc_assets.lake.layout import DELTA_LOG, STATE
+
+
+class MissingObject(KeyError):
+    """An object the pipeline expected is not in the lakehouse."""
+
+
+class ObjectStore(Protocol):
+    def put(self, key: str, data: bytes) -> None: ...
+    def put_file(self, key: str, path: Path) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def exists(self, key: str) -> bool: ...
+    def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]: ...
+    def list_dirs(self, prefix: str) -> list[str]: ...
+    def has_prefix(self, prefix: str) -> bool: ...
+    def remove_partial_writes(self, prefix: str) -> int: ...
+    def delete_table(self, prefix: str) -> None: ...
+    def delete(self, key: str) -> None: ...
+
+
+class LocalStore:
+    """Objects as files under a directory; puts are write-to-temp, fsync, rename."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _write_atomically(self, key: str, write: Callable[[BinaryIO], None]) -> None:
+        """Write to a temporary file, fsync it, rename it into place and fsync the directory: a reader sees
+        the old object or the whole new one, and a crash after return loses neither."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._write_atomically(key, lambda f: f.write(data))
+
+    def put_file(self, key: str, path: Path) -> None:
+        """A local file's content under `key`, atomically (copied in blocks, never whole in memory)."""
+        with path.open("rb") as source:
+            self._write_atomically(key, lambda f: shutil.copyfileobj(source, f, 1 << 20))
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise MissingObject(key) from exc
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]:
+        base = self._path(prefix)
+        if not base.exists():
+            return []
+        keys = sorted(
+            str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file() and not p.name.startswith(".")
+        )
+        return keys if start_after is None else [k for k in keys if k > start_after]
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        base = self._path(prefix)
+        if not base.is_dir():
+            return []
+        return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def remove_partial_writes(self, prefix: str) -> int:
+        """Remove the temporary files of writes a killed process never finished under `prefix/` (only the
+        holder of the lock over that prefix may call this); returns how many."""
+        base = self._path(prefix)
+        partial = [p for p in base.rglob(".*.tmp") if p.is_file()] if base.is_dir() else []
+        for path in partial:
+            path.unlink(missing_ok=True)
+        return len(partial)
+
+    def has_prefix(self, prefix: str) -> bool:
+        """Whether any object lies under `prefix/`."""
+        base = self._path(prefix)
+        return base.is_dir() and any(p.is_file() for p in base.rglob("*"))
+
+    def delete(self, key: str) -> None:
+        """Remove one object (none there: nothing to do)."""
+        self._path(key).unlink(missing_ok=True)
+
+    def delete_table(self, prefix: str) -> None:
+        """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
+        base = self._path(prefix)
+        shutil.rmtree(base / DELTA_LOG, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+class S3Store:
+    """Objects in a bucket under a prefix, through a boto3 S3 client (dagster-aws's S3Resource)."""
+
+    def __init__(self, client: Any, bucket: str, prefix: str) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+
+    def put_file(self, key: str, path: Path) -> None:
+        """A local file's content under `key`, streamed (multipart when large); visible only when complete."""
+        progress = (lambda _sent: failpoints.hit("capture.upload_part")) if failpoints.is_armed("capture.upload_part") else None
+        self.client.upload_file(str(path), self.bucket, self._key(key), Callback=progress)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+        except self.client.exceptions.NoSuchKey as exc:
+            raise MissingObject(key) from exc
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except self.client.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
+    def _list(self, prefix: str, delimiter: str | None, start_after: str | None = None) -> tuple[list[str], list[str]]:
+        full = self._key(prefix).rstrip("/") + "/"
+        keys: list[str] = []
+        dirs: list[str] = []
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        if start_after:
+            kwargs["StartAfter"] = self._key(start_after)
+        for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
+            keys.extend(o["Key"] for o in page.get("Contents", []))
+            dirs.extend(p["Prefix"] for p in page.get("CommonPrefixes", []))
+        strip = len(self._key("")) if self.prefix else 0
+        return sorted(k[strip:] for k in keys), sorted(d[len(full) :].rstrip("/") for d in dirs)
+
+    def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]:
+        return self._list(prefix, None, start_after)[0]
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        return self._list(prefix, "/")[1]
+
+    def remove_partial_writes(self, prefix: str) -> int:
+        """Abort multipart uploads a killed process left under `prefix/` (their parts cost storage and are never
+        visible); only the holder of the lock over that prefix may call this. Returns how many."""
+        full = self._key(prefix).rstrip("/") + "/"
+        aborted = 0
+        for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=full):
+            for upload in page.get("Uploads", []):
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted += 1
+        return aborted
+
+    def has_prefix(self, prefix: str) -> bool:
+        """Whether any object lies under `prefix/` (one listing of at most one key)."""
+        page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(prefix).rstrip("/") + "/", MaxKeys=1)
+        return bool(page.get("KeyCount") or page.get("Contents"))
+
+    def delete(self, key: str) -> None:
+        """Remove one object (none there: nothing to do, as S3 answers)."""
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def delete_table(self, prefix: str) -> None:
+        """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
+        keys = self.list_keys(prefix)
+        for key in sorted(keys, key=lambda k: f"/{DELTA_LOG}/" not in k):
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+
+@dataclass(frozen=True)
+class S3Access:
+    """One S3 seen two ways, from one set of settings: a boto3 client for objects (raw batches, state, locks)
+    and delta-rs's object-store options for Delta tables."""
+
+    client: Any
+    storage_options: dict[str, str]
+
+    @staticmethod
+    def of(
+        client: Any,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+    ) -> S3Access:
+        """Options that mirror the client's settings; what is not given, both take from the standard AWS
+        environment and credential chain."""
+        options = {"conditional_put": "etag"}  # concurrent Delta writers are safe with conditional puts
+        for key, value in (
+            ("AWS_ENDPOINT_URL", endpoint_url),
+            ("AWS_REGION", region),
+            ("AWS_ACCESS_KEY_ID", access_key_id),
+            ("AWS_SECRET_ACCESS_KEY", secret_access_key),
+            ("AWS_SESSION_TOKEN", session_token),
+        ):
+            if value:
+                options[key] = value
+        if (endpoint_url or "").startswith("http://"):
+            options["AWS_ALLOW_HTTP"] = "true"
+        return S3Access(client, options)
+
+    def __repr__(self) -> str:  # never print a secret
+        return f"S3Access(endpoint={self.storage_options.get('AWS_ENDPOINT_URL')!r})"
+
+
+class Lakehouse:
+    """Where everything lives; `location` is a local directory or `s3://bucket/prefix`."""
+
+    def __init__(
+        self,
+        location: str,
+        s3: S3Access | None = None,
+        lock_wait_seconds: float = 120.0,
+    ) -> None:
+        self.lock_wait_seconds = lock_wait_seconds  # how long a stage waits for another run of itself
+        self.location = location.rstrip("/") if location.startswith("s3://") else location
+        if self.is_s3:
+            if s3 is None:
+                raise ValueError(f"{location} is on S3: give the lakehouse its S3Access (client and storage options)")
+            bucket, _, prefix = self.location[len("s3://") :].partition("/")
+            self.s3 = s3
+            self.store: ObjectStore = S3Store(s3.client, bucket, prefix)
+        else:
+            self.root = Path(location).resolve()
+            if self.root.exists() and not self.root.is_dir():
+                raise CdcUserError(
+                    f"CDC_LAKEHOUSE={location} is a file, not a directory: point it at a directory (it is created "
+                    "if missing) or at s3://bucket/prefix."
+                )
+            self.store = LocalStore(self.root)
+
+    @property
+    def is_s3(self) -> bool:
+        return self.location.startswith("s3://")
+
+    def __str__(self) -> str:
+        return self.location if self.is_s3 else str(self.root)
+
+    def table_key(self, layer: str, table: TableRef) -> str:
+        """The table's directory under a Delta layer, relative to the lakehouse: `<layer>/<schema>/<table>`
+        with each name as one safe path segment (see cdc_assets.core.names)."""
+        key = f"{layer}/{table.path}"
+        parts = key.split("/")
+        if len(parts) != 3 or any(p in ("", ".", "..") for p in parts):  # names.path_segment rules this out
+            raise ValueError(f"{table!r} does not map to a directory of its own under {layer}/")
+        return key
+
+    def table_uri(self, layer: str, table: TableRef) -> str:
+        if self.is_s3:
+            return f"{self.location}/{self.table_key(layer, table)}"
+        return str(self.root / self.table_key(layer, table))
+
+    def open(self, layer: str, table: TableRef) -> DeltaTable | None:
+        """A table of a Delta layer at its newest version, or None when it does not exist."""
+        return open_table(self.table_uri(layer, table), self.storage_options())
+
+    def file_access(self) -> FileAccess:
+        """How a Spark task reaches this lakehouse's files (picklable; holds the S3 credentials)."""
+        location = self.location if self.is_s3 else str(self.root)
+        return FileAccess(location, tuple(sorted((self.storage_options() or {}).items())))
+
+    def has_table(self, layer: str, table: TableRef) -> bool:
+        """Whether the table's Delta log exists (without opening the table)."""
+        return self.store.has_prefix(f"{self.table_key(layer, table)}/{DELTA_LOG}")
+
+    def delete_table(self, layer: str, table: TableRef) -> None:
+        """Remove one table's Delta table (its log first), never anything beside it."""
+        self.store.delete_table(self.table_key(layer, table))
+
+    def storage_options(self) -> dict[str, str] | None:
+        """delta-rs object-store options: those of the S3 the boto3 client reaches (None for a directory)."""
+        return dict(self.s3.storage_options) if self.is_s3 else None
+
+    def tables(self, layer: str) -> list[TableRef]:
+        """Tables that exist in a Delta layer."""
+        found = []
+        for schema in self.store.list_dirs(layer):
+            for table in self.store.list_dirs(f"{layer}/{schema}"):
+                found.append(TableRef(name_of_segment(schema), name_of_segment(table)))
+        return found
+
+    def check_writable(self) -> None:
+        """Fail early, with the fix, when the lakehouse cannot be written."""
+        key = f"{STATE}/.write-probe-{uuid.uuid4().hex}"
+        try:
+            self.store.put(key, b"ok")
+            if isinstance(self.store, LocalStore):
+                (self.store.root / key).unlink()
+            else:
+                assert isinstance(self.store, S3Store)
+                self.store.client.delete_object(Bucket=self.store.bucket, Key=self.store._key(key))
+        except CdcUserError:
+            raise
+        except Exception as exc:  # any storage failure is the user's to fix, with this sentence
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            raise CdcUserError(
+                f"Cannot write to the lakehouse at {self} ({reason}): fix its permissions or point "
+                "CDC_LAKEHOUSE at a writable directory or bucket."
+            ) from exc

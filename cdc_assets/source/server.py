@@ -1,0 +1,333 @@
+"""The MySQL/MariaDB source: connecting, checking it is set up for CDC, and where its binlog ends.
+
+Every problem a user can fix becomes a `CdcUserError` whose one sentence names the cause and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pymysql
+import pymysql.cursors
+
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.settings import MySQLUrl, TableFilter
+from cdc_assets.local_source import server as local_server
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+LOCAL_SOURCE_DIR = Path(".local") / "mariadb"
+MIN_MARIADB = (10, 5)
+MIN_MYSQL = (5, 7)
+
+
+def connect(url: MySQLUrl, connect_timeout: int = 10) -> pymysql.Connection:
+    """A connection to the source, with errors a user can fix turned into one sentence."""
+    try:
+        return pymysql.connect(
+            host=url.host,
+            port=url.port,
+            user=url.user,
+            password=url.password,
+            charset="utf8mb4",
+            autocommit=True,
+            connect_timeout=connect_timeout,
+            init_command="SET time_zone = '+00:00'",
+        )
+    except pymysql.err.MySQLError as exc:
+        raise describe_error(exc, url) from exc
+
+
+def local_source_dir() -> Path:
+    """The demo server's directory: under the working directory, else under the project checkout."""
+    for base in (Path.cwd(), PROJECT_ROOT):
+        if (base / LOCAL_SOURCE_DIR / "port").exists():
+            return base / LOCAL_SOURCE_DIR
+    return PROJECT_ROOT / LOCAL_SOURCE_DIR
+
+
+def resolve_mysql_url(configured: str | None) -> MySQLUrl:
+    """The source URL: the configured one (CDC_MYSQL_URL), else the local demo server's."""
+    if configured:
+        return MySQLUrl.parse(configured)
+    local = local_server.running(local_source_dir())
+    if local is None:
+        raise CdcUserError(
+            "No source configured: set CDC_MYSQL_URL=mysql://user:password@host:port, or start the "
+            "local demo server with `make local-source-start`."
+        )
+    return MySQLUrl.parse(local.reader_url())
+
+
+def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:
+    """The user-facing sentence for a connection or permission error."""
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    if code in (2003, 2005, 2006, 2013):
+        return CdcUserError(
+            f"Cannot reach the MySQL server at {url.host}:{url.port}: check that it is running and that "
+            "CDC_MYSQL_URL has the right host and port."
+        )
+    if code in (1045, 1698):
+        return CdcUserError(
+            f"The MySQL server at {url.host}:{url.port} rejected user '{url.user}' (wrong user or password): "
+            "fix the credentials in CDC_MYSQL_URL."
+        )
+    if code in (1227, 1142, 1044, 1370):
+        return CdcUserError(
+            f"User '{url.user}' lacks a privilege the pipeline needs: GRANT REPLICATION SLAVE, "
+            "BINLOG MONITOR (MariaDB) or REPLICATION CLIENT (MySQL), and SELECT ON *.* TO that user."
+        )
+    if code == 1412:
+        return CdcUserError(
+            "A table's definition changed while it was being read in a consistent snapshot (a DDL or TRUNCATE ran "
+            "meanwhile): run the command again."
+        )
+    if code == 1236:
+        text = str(exc.args[1] if len(exc.args) > 1 else exc).lower()
+        if "server_id" in text or "server_uuid" in text:
+            return CdcUserError(
+                "Another replica already reads the binlog with the same server id: set CDC_SERVER_ID to an id "
+                "no other replica uses."
+            )
+        if "purged" in text or "could not find" in text or "not find first log" in text:
+            return CdcUserError(
+                "The MySQL server can no longer serve the binlog from the checkpoint (it was purged): "
+                "re-initialise the lakehouse (remove its _state/, changes/ and current/), run "
+                "`cdc-lakehouse snapshot`, and keep binlogs longer than the pipeline can be down."
+            )
+        return CdcUserError(f"The MySQL server stopped serving the binlog ({exc.args[-1]}): check its error log.")
+    return CdcUserError(f"The MySQL server at {url.host}:{url.port} refused the request ({exc}).")
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the pipeline needs to know about the source."""
+
+    flavor: str  # "mariadb" or "mysql"
+    version: str
+    server_id: int
+    has_gtid: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {"flavor": self.flavor, "version": self.version, "server_id": self.server_id}
+
+
+def _variables(cur: pymysql.cursors.Cursor, names: list[str]) -> dict[str, str]:
+    placeholders = ",".join(["%s"] * len(names))
+    cur.execute(f"SHOW GLOBAL VARIABLES WHERE Variable_name IN ({placeholders})", names)
+    return {name.lower(): str(value) for name, value in cur.fetchall()}
+
+
+def _version_tuple(version: str) -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
+
+def supported_flavor(version: str) -> str:
+    """"mariadb" or "mysql" for a server version string (SELECT VERSION()); refuses versions too old."""
+    flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
+    minimum = MIN_MARIADB if flavor == "mariadb" else MIN_MYSQL
+    if _version_tuple(version) < minimum:
+        raise CdcUserError(
+            f"The source runs {flavor} {version}, which is not supported: upgrade it to "
+            f"{'MariaDB' if flavor == 'mariadb' else 'MySQL'} {minimum[0]}.{minimum[1]} or later."
+        )
+    return flavor
+
+
+def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) -> ServerInfo:
+    """Check the server is set up for row-based CDC and the user may read its binlog."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        version = str(cur.fetchone()[0])
+        flavor = supported_flavor(version)
+        names = [
+            "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
+            "gtid_mode", "gtid_binlog_pos", "log_bin_compress", "binlog_transaction_compression",
+            "binlog_row_value_options",
+        ]  # fmt: skip
+        v = _variables(cur, names)
+    if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
+        raise CdcUserError(
+            "Binary logging is off on the source (log_bin=OFF): start the server with --log-bin and "
+            "--binlog-format=ROW, then sync again."
+        )
+    if v.get("binlog_format", "").upper() != "ROW":
+        raise CdcUserError(
+            f"The source logs statements, not rows (binlog_format={v.get('binlog_format')}): set "
+            "binlog_format=ROW in the server configuration (SET GLOBAL binlog_format='ROW' until restart)."
+        )
+    if v.get("binlog_row_image", "FULL").upper() != "FULL":
+        raise CdcUserError(
+            f"The source logs partial rows (binlog_row_image={v.get('binlog_row_image')}): set "
+            "binlog_row_image=FULL in the server configuration (SET GLOBAL binlog_row_image='FULL')."
+        )
+    if "binlog_row_metadata" not in v:
+        raise CdcUserError(
+            f"The source ({flavor} {version}) cannot log column names in the binlog (binlog_row_metadata), "
+            "so old events could not be read with the columns they had: upgrade it to MySQL 8.0.1+ or MariaDB 10.5+."
+        )
+    if v["binlog_row_metadata"].upper() != "FULL":
+        raise CdcUserError(
+            f"The source does not log column names (binlog_row_metadata={v['binlog_row_metadata']}): set "
+            "binlog_row_metadata=FULL in the server configuration (SET GLOBAL binlog_row_metadata='FULL')."
+        )
+    for variable, fix in (
+        ("log_bin_compress", "SET GLOBAL log_bin_compress=OFF"),
+        ("binlog_transaction_compression", "SET GLOBAL binlog_transaction_compression=OFF"),
+    ):
+        if v.get(variable, "OFF").upper() in ("ON", "1"):
+            raise CdcUserError(
+                f"The source compresses its binlog ({variable}=ON), which the binlog reader cannot decode: "
+                f"turn it off in the server configuration ({fix})."
+            )
+    if "PARTIAL_JSON" in v.get("binlog_row_value_options", "").upper():
+        raise CdcUserError(
+            "The source logs partial JSON updates (binlog_row_value_options=PARTIAL_JSON): set "
+            "binlog_row_value_options='' in the server configuration."
+        )
+    source_id = int(v.get("server_id", "0"))
+    if source_id == reader_server_id:
+        raise CdcUserError(
+            f"CDC_SERVER_ID={reader_server_id} is the source's own server_id: set CDC_SERVER_ID to an id "
+            "no server in the replication topology uses."
+        )
+    _check_privileges(conn, url)
+    has_gtid = bool(v.get("gtid_binlog_pos")) or v.get("gtid_mode", "OFF").upper() == "ON"
+    return ServerInfo(flavor=flavor, version=version, server_id=source_id, has_gtid=has_gtid)
+
+
+def _check_privileges(conn: pymysql.Connection, url: MySQLUrl) -> None:
+    with conn.cursor() as cur:
+        cur.execute("SHOW GRANTS FOR CURRENT_USER()")
+        grants = " ".join(str(row[0]).upper() for row in cur.fetchall())
+    replication = any(p in grants for p in ("ALL PRIVILEGES ON *.*", "REPLICATION SLAVE", "REPLICATION REPLICA"))
+    try:
+        binlog_files(conn)
+        monitor = True
+    except CdcUserError:
+        monitor = False
+    if not (replication and monitor):
+        raise CdcUserError(
+            f"User '{url.user}' cannot read the binlog: GRANT REPLICATION SLAVE, BINLOG MONITOR (MariaDB) or "
+            "REPLICATION CLIENT (MySQL), and SELECT ON *.* TO that user."
+        )
+
+
+def binlog_files(conn: pymysql.Connection) -> list[tuple[str, int]]:
+    """(file name, size) of every binlog the server still has, oldest first."""
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW BINARY LOGS")
+            return [(str(row[0]), int(row[1])) for row in cur.fetchall()]
+    except pymysql.err.MySQLError as exc:
+        raise CdcUserError(
+            "The source cannot list its binlogs (binary logging off, or the user lacks BINLOG MONITOR / "
+            "REPLICATION CLIENT): enable log_bin and grant the privilege."
+        ) from exc
+
+
+def binlog_end(conn: pymysql.Connection) -> BinlogPosition:
+    """Where the binlog ends now: always a transaction boundary."""
+    with conn.cursor() as cur:
+        for statement in ("SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"):
+            try:
+                cur.execute(statement)
+            except pymysql.err.ProgrammingError:
+                continue
+            row = cur.fetchone()
+            if row:
+                return BinlogPosition(str(row[0]), int(row[1]))
+    raise CdcUserError("Binary logging is off on the source (log_bin=OFF): start the server with --log-bin.")
+
+
+def oldest_position(conn: pymysql.Connection) -> BinlogPosition:
+    """The start of the oldest binlog still on the server."""
+    files = binlog_files(conn)
+    if not files:
+        raise CdcUserError("Binary logging is off on the source (log_bin=OFF): start the server with --log-bin.")
+    return BinlogPosition(files[0][0], 4)
+
+
+def check_available(conn: pymysql.Connection, position: BinlogPosition) -> None:
+    """Fail with the fix when the checkpoint's binlog is gone from the server, or lies past its end."""
+    files = binlog_files(conn)
+    names = dict(files)
+    if position.log_file in names and position.log_pos <= names[position.log_file]:
+        return
+    newest = BinlogPosition(*files[-1]) if files else None
+    if newest is not None and newest < position:
+        raise CdcUserError(
+            f"The checkpoint {position} lies past the end of the source's binlog ({newest}): the lakehouse was built "
+            "from another server, or this one's binlog was reset (RESET MASTER); point CDC_MYSQL_URL at the server "
+            "the lakehouse came from, or re-initialise the lakehouse (remove its _state/, changes/ and current/) "
+            "and run `cdc-lakehouse snapshot`."
+        )
+    oldest = files[0][0] if files else "none"
+    raise CdcUserError(
+        f"The checkpoint {position} is no longer on the source (oldest binlog: {oldest}; it was purged): "
+        "re-initialise the lakehouse (remove its _state/, changes/ and current/), run `cdc-lakehouse snapshot`, and "
+        "keep binlogs longer (binlog_expire_logs_seconds) than the pipeline can be down."
+    )
+
+
+def lag_bytes(conn: pymysql.Connection, position: BinlogPosition) -> int:
+    """Bytes of binlog between `position` and the end."""
+    total = 0
+    for name, size in binlog_files(conn):
+        here = BinlogPosition(name, size)
+        if here.sort_key[0] < position.sort_key[0]:
+            continue
+        if name == position.log_file:
+            total += max(size - position.log_pos, 0)
+        else:
+            total += max(size - 4, 0)
+    return total
+
+
+@contextmanager
+def consistent_snapshot(conn: pymysql.Connection, server: ServerInfo) -> Iterator[BinlogPosition]:
+    """A read transaction whose view is exactly the binlog up to the yielded position.
+
+    MariaDB reports the binlog position of a consistent snapshot without any lock; MySQL needs a
+    moment of FLUSH TABLES WITH READ LOCK (the RELOAD privilege) to pair the two.
+    """
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        try:
+            if server.flavor == "mariadb":
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                cur.execute("SHOW STATUS WHERE Variable_name IN ('binlog_snapshot_file', 'binlog_snapshot_position')")
+                status = {name.lower(): value for name, value in cur.fetchall()}
+                position = BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
+            else:
+                cur.execute("FLUSH TABLES WITH READ LOCK")
+                try:
+                    position = binlog_end(conn)
+                    cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                finally:
+                    cur.execute("UNLOCK TABLES")
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] in (1227, 1044):
+                raise CdcUserError(
+                    "The source user may not take a consistent snapshot: on MySQL GRANT RELOAD ON *.* to it "
+                    "(MariaDB needs no extra privilege)."
+                ) from exc
+            raise
+        try:
+            yield position
+        finally:
+            cur.execute("ROLLBACK")
+
+
+def source_tables(conn: pymysql.Connection, table_filter: TableFilter) -> list[TableRef]:
+    """Base tables of the source that the filter includes."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'")
+        rows = cur.fetchall()
+    return sorted((TableRef(s, t) for s, t in rows if table_filter.matches(s, t)), key=str)

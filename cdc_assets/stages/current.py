@@ -1,0 +1,287 @@
+"""The current-state stage: every change log's pending changes applied to current/<schema>/<table>, in `_cdc_seq` order."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Collection
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_assets.core.arrow import runs
+from cdc_assets.core.errors import disk_full_is_user_error
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import for_each_table
+from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
+from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_LOCK, CURRENT_STAGE
+from cdc_assets.lake.locks import Lease, lakehouse_lock
+from cdc_assets.lake.state import TableProgress, known_tables, load_progress, save_progress
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages import current_state
+from cdc_assets.stages.change_log import DDL_COLUMN
+from cdc_assets.stages.current_state import (
+    SCHEMA_OPS,
+    ApplyResult,
+    PendingTable,
+    applied_seq,
+    apply_changes,
+    apply_keyless_changes,
+    apply_schema_change,
+    pending_at_most,
+    read_pending,
+)
+from cdc_assets.stages.steps import CurrentReport, Step, independent_chains, record_outcomes
+from spark_resources.engine import Transforms, TransformsFor
+
+
+def table_steps(pending: PendingTable) -> list[Step]:
+    """A table's pending changes split at its schema changes, each part under the version then in force."""
+    changes = pending.changes.sort_by("_cdc_seq")
+    is_schema = pc.is_in(changes.column("_cdc_op"), pa.array(SCHEMA_OPS))
+    if not pc.any(is_schema).as_py():
+        return _segment_steps(pending, pending.shape, changes)
+    schema_rows = changes.filter(is_schema).to_pylist()
+    events = []
+    for row in schema_rows:
+        detail = json.loads(row[DDL_COLUMN])
+        events.append((row["_cdc_seq"], SchemaChange.from_json(detail), row["_cdc_commit_ts"]))
+    events.sort(key=lambda e: e[0])
+    data = changes.filter(pc.invert(is_schema))
+    seqs = data.column("_cdc_seq")
+    steps = []
+    version = pending.shape
+    if events[0][1].before is not None:
+        version = events[0][1].before
+    bounds = [e[0] for e in events] + [None]
+    lower = None
+    for i, upper in enumerate(bounds):
+        mask = pc.less(seqs, upper) if upper is not None else pc.is_valid(seqs)
+        if lower is not None:
+            mask = pc.and_(mask, pc.greater(seqs, lower))
+        part = data.filter(mask)
+        steps += _segment_steps(pending, version, part)
+        if i < len(events):
+            seq, change, commit_ts = events[i]
+            steps.append(Step(seq, pending.table, change=change, commit_ts=commit_ts))
+            if change.after is not None:
+                version = change.after
+            lower = seq
+    return steps
+
+
+def _segment_steps(pending: PendingTable, version: TableShape, part: pa.Table) -> list[Step]:
+    """Changes under one version: one step, or (index only) one per MAX_CHANGES_PER_MERGE changes, read later."""
+    if not part.num_rows:
+        return []
+    if not pending.index_only:
+        segment = PendingTable(pending.table, version, part, pending.applied_seq)
+        return [Step(int(part.column("_cdc_seq")[0].as_py()), pending.table, segment=segment)]
+    seqs = part.column("_cdc_seq")
+    steps = []
+    size = current_state.MAX_CHANGES_PER_MERGE
+    for offset in range(0, len(seqs), size):
+        window = seqs.slice(offset, size)
+        low, high = int(window[0].as_py()), int(window[-1].as_py())
+        segment = PendingTable(pending.table, version, part.slice(0, 0), pending.applied_seq, bounds=(low, high))
+        steps.append(Step(low, pending.table, segment=segment))
+    return steps
+
+
+def pending_tables(
+    lakehouse: Lakehouse, changes_progress: dict[str, TableProgress], current_progress: dict[str, TableProgress]
+) -> list[PendingTable]:
+    """Tables whose change log has changes their current state has not taken in."""
+
+    def read(name: str) -> PendingTable | None:
+        shape = changes_progress[name].shape
+        if shape is None:  # no change log yet
+            return None
+        return read_pending(lakehouse, TableRef.parse(name), shape, current_progress.get(name))
+
+    return [p for p in for_each_table(changes_progress, read) if p is not None]
+
+
+def _rename_partners(pending: list[PendingTable]) -> set[str]:
+    """The other side of every RENAME among the pending schema changes."""
+    details = (p.changes.column(DDL_COLUMN).drop_null().to_pylist() for p in pending if DDL_COLUMN in p.changes.column_names)
+    return renamed_partners(json.loads(detail) for part in details for detail in part)
+
+
+def apply_pending(
+    lakehouse: Lakehouse,
+    transforms: TransformsFor,
+    tables: Collection[str] | None = None,
+    log: Any | None = None,
+    owner: str = "cdc-lakehouse",
+) -> CurrentReport:
+    """Apply the newest pending change per key of `tables` (default: all); one Spark job picks them all.
+
+    Holds the lakehouse's current-state lock so two runs never merge into the same table at once.
+    A renamed table's rows move with it, so both sides of a RENAME are taken in together.
+    """
+    began = time.monotonic()
+    report = CurrentReport()
+    store = lakehouse.store
+    wait = lakehouse.lock_wait_seconds
+    with (
+        disk_full_is_user_error(str(lakehouse)),
+        lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log) as lease,
+    ):
+        targets = set(known_tables(lakehouse.store, tables))
+        reached: dict[str, TableProgress] = {}
+        current: dict[str, TableProgress] = {}
+        pending: list[PendingTable] = []
+        dropped: dict[str, int | None] = {}
+        engine = transforms(_pending_estimate(lakehouse, targets))
+        if engine.session is not None:  # on Spark no pending row is read here (stages/current_on_spark.py)
+            from cdc_assets.stages.current_on_spark import apply_on_spark
+
+            apply_on_spark(lakehouse, engine.session, targets, reached, current, report, lease, log, dropped)
+        else:
+            while True:
+                # What the change logs hold now; recorded as this stage's progress once it is applied.
+                new = sorted(targets - set(reached))
+                reached.update({t: load_progress(store, CHANGES_STAGE, t) for t in new})
+                current.update({t: load_progress(store, CURRENT_STAGE, t) for t in new})
+                pending += pending_tables(lakehouse, {t: reached[t] for t in new}, current)
+                partners = _rename_partners(pending) - targets
+                if not partners:
+                    break
+                targets |= partners
+            if pending:
+                _apply(lakehouse, engine, pending, report, lease, log, dropped)
+        lease.check()
+
+        def saved(item: tuple[str, TableProgress]) -> None:
+            table, progress = item
+            before = current[table]
+            floor = dropped[table] if table in dropped else before.dropped_seq
+            present = lakehouse.has_table(CURRENT, TableRef.parse(table))
+            # a drop empties the table for good: a table created after it owes nothing to an earlier snapshot
+            snapshot = None if dropped.get(table) is not None else before.snapshot_seq
+            save_progress(
+                store, CURRENT_STAGE, table, TableProgress(progress.batch, None, floor, present, snapshot if present else None)
+            )
+
+        for_each_table([(t, p) for t, p in reached.items() if p.batch is not None], saved)
+        report.tables = sorted(targets)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _pending_estimate(lakehouse: Lakehouse, tables: Collection[str]) -> int:
+    """An upper bound of the changes pending in the tables, from their change logs' file statistics: what
+    decides the engine before any change is read."""
+
+    def estimate(name: str) -> int:
+        table = TableRef.parse(name)
+        log = lakehouse.open(CHANGES, table)
+        return 0 if log is None else pending_at_most(log, max_seq(lakehouse.open(CURRENT, table), APPLIED_SEQ_KEY))
+
+    return sum(for_each_table(sorted(tables), estimate))
+
+
+def _apply(
+    lakehouse: Lakehouse,
+    engine: Transforms,
+    pending: list[PendingTable],
+    report: CurrentReport,
+    lease: Lease,
+    log: Any | None,
+    dropped: dict[str, int | None],
+) -> None:
+    steps = sorted((s for p in pending for s in table_steps(p)), key=lambda s: s.seq)
+    segments = {i: s.segment for i, s in enumerate(steps) if s.segment is not None}
+    # One transform picks the newest change per key of every part already read; a part read later (a
+    # table with millions of pending changes) gets one of its own when its turn comes.
+    keyed = {i: p for i, p in segments.items() if p.shape.primary_key and p.bounds is None}
+    latest = (
+        _by_table_id(engine.latest_change_per_key(pa.concat_tables([_key_events(i, p) for i, p in keyed.items()])))
+        if keyed
+        else {}
+    )
+
+    def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
+        """One table's steps (with its rename partners'), in `_cdc_seq` order."""
+        done: list[tuple[Step, str | ApplyResult]] = []
+        for n, (i, step) in enumerate(chain):
+            lease.check()  # on S3 a lease lost to another run means: merge nothing more
+            if step.change is not None:
+                assert step.commit_ts is not None
+                following = chain[n + 1][1] if n + 1 < len(chain) else None
+                if _created_with_its_rows(lakehouse, step, following):
+                    done.append((step, "created"))
+                    continue
+                done.append((step, apply_schema_change(lakehouse, step.change, step.seq, step.commit_ts)))
+                continue
+            segment = segments[i]
+            if segment.bounds is not None:
+                segment = segment.load(lakehouse)
+                if segment.shape.primary_key:
+                    done.append(
+                        (step, apply_changes(lakehouse, segment, engine.latest_change_per_key(_key_events(i, segment))))
+                    )
+                else:
+                    done.append((step, apply_keyless_changes(lakehouse, segment)))
+            elif segment.shape.primary_key:
+                done.append((step, apply_changes(lakehouse, segment, latest[i] if i in latest else _no_changes())))
+            else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
+                done.append((step, apply_keyless_changes(lakehouse, segment)))
+        return done
+
+    record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), engine.engine)
+
+
+def _created_with_its_rows(lakehouse: Lakehouse, step: Step, following: Step | None) -> bool:
+    """A new table whose first rows come in the very next step is created by that step, rows and all: one
+    Delta commit instead of an empty table and then its rows."""
+    change = step.change
+    return (
+        change is not None
+        and change.action == "create"
+        and change.renamed_from is None
+        and change.after is not None
+        and following is not None
+        and following.segment is not None
+        and following.table == step.table
+        and following.segment.shape.columns == change.after.columns
+        and following.segment.shape.primary_key == change.after.primary_key
+        and applied_seq(lakehouse, step.table) is None
+    )
+
+
+def _no_changes() -> pa.Table:
+    # made when needed: building a table makes pyarrow import pandas, half a second of every run's start
+    return pa.schema(
+        [("table_id", pa.int32()), ("key", pa.string()), ("seq", pa.int64()), ("action", pa.string())]
+    ).empty_table()
+
+
+def _by_table_id(latest: pa.Table) -> dict[int, pa.Table]:
+    """The newest changes split by `table_id`, without a filter per table."""
+    ordered = latest.sort_by([("table_id", "ascending"), ("seq", "ascending")])
+    return {ids[0]: ordered.slice(offset, length) for ids, offset, length in runs(ordered, ["table_id"])}
+
+
+def _key_events(table_id: int, pending: PendingTable) -> pa.Table:
+    """The part's changes as key events for latest_change_per_key. After a TRUNCATE only the changes that
+    follow it decide a key's row; the rows before it go."""
+    changes = pending.changes.filter(pc.greater(pending.changes.column("_cdc_seq"), pending.truncate_seq or -1))
+    return pa.table(
+        {
+            "table_id": pa.array([table_id] * changes.num_rows, pa.int32()),
+            "seq": changes.column("_cdc_seq"),
+            "op": changes.column("_cdc_op"),
+            "key": changes.column("_cdc_key"),
+            "before_key": changes.column("_cdc_before_key"),
+        }
+    )
+
+
+def current_row_count(lakehouse: Lakehouse, table: str) -> int | None:
+    """Rows in a current-state table, from the Delta log's file statistics (no data read)."""
+    dt = lakehouse.open(CURRENT, TableRef.parse(table))
+    return None if dt is None else row_count(dt)

@@ -1,0 +1,179 @@
+"""The current-state stage on Spark: the run process plans and commits, Spark tasks read and write every row.
+
+Per table, tasks read the pending part of its change log (the files past its applied seq); the run process
+learns only the pending events (TRUNCATE and schema changes, one row each) and the count and highest seq of
+the changes. The changes between two schema changes are one segment, applied by spark_resources.current_state
+(copy on write of the files their keys fall in) and committed in one Delta commit whose app transaction is the
+segment's last seq; schema changes are applied in `_cdc_seq` order between them. Tables are applied side by
+side, the two sides of a RENAME together, as on the Arrow engine (stages/current.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import for_each_table
+from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq
+from cdc_assets.lake.files import add_actions, commit_files, remove_actions
+from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_STAGE
+from cdc_assets.lake.locks import Lease
+from cdc_assets.lake.state import TableProgress, load_progress
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.current_state import (
+    CURRENT_FILE_BYTES,
+    SCHEMA_OPS,
+    ApplyResult,
+    applied_floor,
+    current_configuration,
+    current_schema,
+)
+from cdc_assets.stages.steps import CurrentReport, SparkSegment, Step, independent_chains, record_outcomes
+
+
+@dataclass
+class _Pending:
+    table: TableRef
+    frame: Any
+    events: list[dict[str, Any]]
+    changes: int
+    max_seq: int
+    applied: int | None
+    shape: TableShape
+
+
+def _pending(lakehouse: Lakehouse, spark: Any, table: TableRef, shape: TableShape, progress: TableProgress) -> _Pending | None:
+    from spark_resources.current_state import summarize, table_frame
+
+    log = lakehouse.open(CHANGES, table)
+    log_max = max_seq(log)
+    applied = applied_floor(lakehouse, table, lakehouse.open(CURRENT, table), progress)
+    if log is None or log_max is None or (applied is not None and log_max <= applied):
+        return None
+    actions = pa.table(log.get_add_actions(flatten=True))
+    paths = actions.column("path").to_pylist()
+    if applied is not None and "max._cdc_seq" in actions.column_names:  # files wholly taken in are not read
+        highs = actions.column("max._cdc_seq").to_pylist()
+        paths = [p for p, high in zip(paths, highs, strict=True) if high is None or high > applied]
+    schema = pa.schema(log.schema().to_arrow())
+    frame = table_frame(spark, lakehouse.file_access(), lakehouse.table_key(CHANGES, table), paths, schema, applied)
+    summary = summarize(frame)
+    if not summary.changes:
+        return None
+    return _Pending(table, frame, summary.events, summary.changes, int(summary.max_seq), applied, shape)
+
+
+def _steps(pending: _Pending) -> list[Step]:
+    """The table's segments and schema changes in `_cdc_seq` order. A segment sorts just after the event that
+    opens it (its changes all come after that event's seq and before the next one's)."""
+    schema_events = [e for e in pending.events if e["_cdc_op"] in SCHEMA_OPS]
+    truncates = [int(e["_cdc_seq"]) for e in pending.events if e["_cdc_op"] == "truncate"]
+    shape = pending.shape
+    if schema_events:
+        first = SchemaChange.from_json(json.loads(schema_events[0]["_cdc_ddl"]))
+        if first.before is not None:
+            shape = first.before
+    steps: list[Step] = []
+    lower = pending.applied if pending.applied is not None else 0
+    for event in [*schema_events, None]:
+        upper = int(event["_cdc_seq"]) - 1 if event is not None else pending.max_seq
+        if upper > lower:
+            within = [t for t in truncates if lower < t <= upper]
+            segment = SparkSegment(shape, pending.frame, lower, upper, max(within) if within else None, pending.changes)
+            steps.append(Step(lower + 0.5, pending.table, segment=segment))
+        if event is None:
+            break
+        change = SchemaChange.from_json(json.loads(event["_cdc_ddl"]))
+        steps.append(Step(int(event["_cdc_seq"]), pending.table, change=change, commit_ts=event["_cdc_commit_ts"]))
+        if change.after is not None:
+            shape = change.after
+        lower = int(event["_cdc_seq"])
+    return steps
+
+
+def _apply_segment(lakehouse: Lakehouse, spark: Any, table: TableRef, segment: SparkSegment) -> ApplyResult:
+    from pyspark.sql import functions as F
+
+    from spark_resources.current_state import latest_changes, merge_keyed, merge_keyless
+
+    access = lakehouse.file_access()
+    key = lakehouse.table_key(CURRENT, table)
+    existing = lakehouse.open(CURRENT, table)  # the version the merge reads: its commit is fenced from it
+    actions = pa.table(existing.get_add_actions(flatten=True)) if existing is not None else pa.table({"path": pa.array([], pa.string())})
+    window = segment.frame.where((F.col("_cdc_seq") > segment.after) & (F.col("_cdc_seq") <= segment.upto))
+    if segment.shape.primary_key:
+        latest = latest_changes(window, segment.shape, segment.truncate_seq)
+        done = merge_keyed(spark, access, key, str(table), latest, segment.shape, actions, segment.truncate_seq, segment.changes)
+    else:
+        done = merge_keyless(spark, access, key, str(table), window, segment.shape, actions, segment.truncate_seq)
+    schema = current_schema(segment.shape)
+    if done.adds or done.removed or existing is None:
+        commit_files(
+            existing, lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), key, schema,
+            add_actions(done.adds), remove_actions(existing, done.removed) if existing is not None else [],
+            APPLIED_SEQ_KEY, segment.upto, current_configuration(schema),
+        )  # fmt: skip
+    upserted = done.inserted + done.updated
+    return ApplyResult(table, segment.changes, upserted, done.deleted, done.inserted, done.updated, done.deleted, segment.upto)
+
+
+def apply_on_spark(
+    lakehouse: Lakehouse,
+    session: Callable[[], Any],
+    targets: set[str],
+    reached: dict[str, TableProgress],
+    current: dict[str, TableProgress],
+    report: CurrentReport,
+    lease: Lease,
+    log: Any | None,
+    dropped: dict[str, int | None],
+) -> None:
+    """Every target table's pending changes applied on Spark; `targets` grows by rename partners, `reached`
+    and `current` get each table's progress of both stages (for the caller to save)."""
+    from spark_resources.current_state import apply_schema_change
+    from spark_resources.files_job import compact_table
+
+    store = lakehouse.store
+    spark = session()
+    pending: list[_Pending] = []
+    while True:
+        new = sorted(targets - set(reached))
+        reached.update({t: load_progress(store, CHANGES_STAGE, t) for t in new})
+        current.update({t: load_progress(store, CURRENT_STAGE, t) for t in new})
+        shaped = [t for t in new if reached[t].shape is not None]
+
+        def read(name: str) -> _Pending | None:
+            shape = reached[name].shape
+            assert shape is not None
+            return _pending(lakehouse, spark, TableRef.parse(name), shape, current[name])
+
+        pending += [p for p in for_each_table(shaped, read) if p is not None]
+        details = (json.loads(e["_cdc_ddl"]) for p in pending for e in p.events if e.get("_cdc_ddl"))
+        partners = renamed_partners(details) - targets
+        if not partners:
+            break
+        targets |= partners
+    steps = sorted((s for p in pending for s in _steps(p)), key=lambda s: s.seq)
+
+    def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
+        done: list[tuple[Step, str | ApplyResult]] = []
+        for _, step in chain:
+            lease.check()  # on S3 a lease lost to another run means: merge nothing more
+            if step.change is not None:
+                assert step.commit_ts is not None
+                done.append((step, apply_schema_change(lakehouse, spark, step.change, int(step.seq), step.commit_ts)))
+                continue
+            assert isinstance(step.segment, SparkSegment)
+            done.append((step, _apply_segment(lakehouse, spark, step.table, step.segment)))
+        for table in {str(step.table) for _, step in chain}:
+            if lakehouse.has_table(CURRENT, TableRef.parse(table)):
+                compact_table(lakehouse, spark, CURRENT, TableRef.parse(table), CURRENT_FILE_BYTES, APPLIED_SEQ_KEY)
+        return done
+
+    record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), "spark")

@@ -1,0 +1,566 @@
+"""Current-state tables: `current/<schema>/<table>`, one row per source row (CONTRACT §4, §6).
+
+A run applies, per key, only the newest pending change (chosen by one Spark job over all tables):
+upserts write the row, deletes remove it, a key-changing update does both. A change not newer
+than the row's `_cdc_seq` is ignored, so replaying changes is a no-op.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable, write_deltalake
+from deltalake.table import TableMerger
+
+from cdc_assets.core.arrow import sorted_by_key
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import for_each_table
+from cdc_assets.core.shapes import Default, SchemaChange, TableShape
+from cdc_assets.lake.delta import (
+    APPLIED_SEQ_KEY,
+    compact_small_files,
+    fenced,
+    max_seq,
+    read_query,
+    seq_commit,
+    table_configuration,
+)
+from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
+from cdc_assets.lake.state import TableProgress, load_progress
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.change_log import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE
+
+META_COLUMNS = ("_cdc_seq", "_cdc_commit_ts")
+
+
+def quote(name: str) -> str:
+    """A SQL identifier for delta-rs predicates (case and odd characters preserved)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so each row has a key of its own
+DUP_TYPE = pa.int32()
+
+
+def current_schema(version: TableShape) -> pa.Schema:
+    source = arrow_schema(list(version.columns))
+    meta = [pa.field("_cdc_seq", SEQ_TYPE), pa.field("_cdc_commit_ts", COMMIT_TS_TYPE)]
+    if not version.primary_key:
+        meta.append(pa.field(DUP_COLUMN, DUP_TYPE))
+    return pa.schema(list(source) + meta)
+
+
+def current_configuration(schema: pa.Schema) -> dict[str, str]:
+    """Table properties of a current-state table: safe statistics and the file size merges keep to."""
+    return {**table_configuration(schema), "delta.targetFileSize": str(CURRENT_FILE_BYTES)}
+
+
+def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
+    """`_cdc_dup` for rows of a keyless table: the ordinal of each row among the rows identical to it."""
+    counts: dict[tuple, int] = {}
+    ordinals = []
+    for values in zip(*(rows.column(c).to_pylist() for c in columns), strict=True) if rows.num_rows else []:
+        ordinals.append(counts.get(values, 0))
+        counts[values] = ordinals[-1] + 1
+    return pa.array(ordinals, DUP_TYPE)
+
+
+# Current-state files roll over at this size, for full rewrites and merges alike (`delta.targetFileSize`).
+# Written sorted by primary key, each file then covers a narrow key range, and a merge rewrites only the
+# files whose range holds a changed key: its cost follows how far the changes spread, not the table's size.
+CURRENT_FILE_BYTES = 4 * 1024 * 1024
+
+MAX_CHANGES_PER_MERGE = 200_000  # changes read and merged at once: bounds memory when a table has millions pending
+SCHEMA_OPS = ("create", "alter", "drop")
+
+
+@dataclass
+class PendingTable:
+    """Changes of one table not yet applied to its current state.
+
+    When there are more than MAX_CHANGES_PER_MERGE, `changes` holds only their `_cdc_seq`, `_cdc_op`,
+    `_cdc_commit_ts` and `_cdc_ddl` (`index_only`), and each part of at most that many changes is read
+    when it is applied (`bounds`, `load`).
+    """
+
+    table: TableRef
+    shape: TableShape
+    changes: pa.Table
+    applied_seq: int | None
+    index_only: bool = False
+    bounds: tuple[int, int] | None = None  # the first and last `_cdc_seq` of a part still to be read
+
+    def load(self, lakehouse: Lakehouse) -> PendingTable:
+        """This part with its rows read from the change log (itself when they are there already)."""
+        if self.bounds is None:
+            return self
+        low, high = self.bounds
+        log = lakehouse.open(CHANGES, self.table)
+        assert log is not None
+        ops = ", ".join(f"'{op}'" for op in SCHEMA_OPS)
+        sql = f"SELECT * FROM changes WHERE _cdc_seq >= {low} AND _cdc_seq <= {high} AND _cdc_op NOT IN ({ops})"
+        return PendingTable(self.table, self.shape, read_query(log, sql, "changes"), self.applied_seq)
+
+    @property
+    def truncate_seq(self) -> int | None:
+        """`_cdc_seq` of the last pending TRUNCATE: every row written before it goes."""
+        seqs = self.changes.filter(pc.equal(self.changes.column("_cdc_op"), "truncate")).column("_cdc_seq")
+        return None if len(seqs) == 0 else int(pc.max(seqs).as_py())
+
+
+def applied_floor(lakehouse: Lakehouse, table: TableRef, current: DeltaTable | None, progress: TableProgress | None) -> int | None:
+    """The `_cdc_seq` up to which the table's current state has taken changes in (None: all are pending).
+
+    A table whose current state was dropped has taken in everything up to its DROP (`dropped_seq`). One whose
+    current state should exist (`present`) but is gone was removed behind the pipeline's back: it is rebuilt
+    from its whole change log, unless a snapshot loaded it (its rows are then not all in the log), which only
+    a new snapshot can mend.
+    """
+    applied = max_seq(current, APPLIED_SEQ_KEY)
+    if current is None and progress is not None:
+        if progress.present and progress.snapshot_seq is not None:
+            raise CdcUserError(
+                f"The current state of {table} is missing from the lakehouse ({lakehouse.table_key(CURRENT, table)}) "
+                f"and was loaded by a snapshot, so its change log cannot rebuild it: run `cdc-lakehouse snapshot {table}`."
+            )
+        applied = None if progress.present else progress.dropped_seq
+    return applied
+
+
+def read_pending(
+    lakehouse: Lakehouse, table: TableRef, version: TableShape, progress: TableProgress | None = None
+) -> PendingTable | None:
+    """Changes newer than the current-state table's applied `_cdc_seq` (`applied_floor`), or None when it is
+    up to date; `progress` is the stage's saved progress of the table."""
+    log = lakehouse.open(CHANGES, table)
+    log_max = max_seq(log)
+    applied = applied_floor(lakehouse, table, lakehouse.open(CURRENT, table), progress)
+    if log is None or log_max is None or (applied is not None and log_max <= applied):
+        return None
+    where = "" if applied is None else f" WHERE _cdc_seq > {int(applied)}"
+    if (  # the file statistics' bound first; the exact count only when the bound is too high
+        pending_at_most(log, applied) <= MAX_CHANGES_PER_MERGE
+        or read_query(log, f"SELECT count(*) AS n FROM changes{where}", "changes").column(0)[0].as_py()
+        <= MAX_CHANGES_PER_MERGE
+    ):
+        return PendingTable(table, version, read_query(log, f"SELECT * FROM changes{where}", "changes"), applied)
+    names = [f.name for f in log.schema().fields]
+    index = ["_cdc_seq", "_cdc_op", "_cdc_commit_ts"] + ([DDL_COLUMN] if DDL_COLUMN in names else [])
+    changes = read_query(log, f"SELECT {', '.join(index)} FROM changes{where}", "changes")
+    if DDL_COLUMN not in names:
+        changes = changes.append_column(DDL_COLUMN, pa.nulls(changes.num_rows, pa.string()))
+    return PendingTable(table, version, changes, applied, index_only=True)
+
+
+def current_expected(lakehouse: Lakehouse, table: TableRef, progress: TableProgress) -> bool:
+    """Whether the current-state stage left a current-state table for `table` (so one missing was removed
+    behind its back). Progress saved before `present` was recorded: applied, not dropped, with a change log."""
+    if progress.present is not None:
+        return progress.present
+    return progress.batch is not None and progress.dropped_seq is None and lakehouse.has_table(CHANGES, table)
+
+
+def missing_current_tables(lakehouse: Lakehouse, tables: list[str]) -> list[str]:
+    """Tables whose current state the stage left in place and that are gone: the next apply rebuilds them."""
+
+    def missing(name: str) -> bool:
+        table = TableRef.parse(name)
+        progress = load_progress(lakehouse.store, CURRENT_STAGE, name)
+        return current_expected(lakehouse, table, progress) and not lakehouse.has_table(CURRENT, table)
+
+    return [name for name, gone in zip(tables, for_each_table(tables, missing), strict=True) if gone]
+
+
+def pending_at_most(log: DeltaTable, applied: int | None) -> int:
+    """An upper bound of the changes past `applied`, from the files' statistics (no data read): the rows of
+    every file whose highest `_cdc_seq` is past it."""
+    actions = pa.table(log.get_add_actions(flatten=True))
+    if not actions.num_rows:
+        return 0
+    records = actions.column("num_records")
+    if applied is not None and "max._cdc_seq" in actions.column_names:
+        newer = pc.fill_null(pc.greater(actions.column("max._cdc_seq"), applied), True)
+        records = pc.filter(records, newer)
+    return int(pc.sum(records).as_py() or 0)
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    table: TableRef
+    changes_in: int
+    upserted: int
+    deleted: int
+    inserted: int
+    updated: int
+    removed: int
+    applied_seq: int
+
+    def __add__(self, later: ApplyResult) -> ApplyResult:
+        """Two steps applied to one table in a run, as one."""
+        return ApplyResult(
+            later.table,
+            self.changes_in + later.changes_in,
+            self.upserted + later.upserted,
+            self.deleted + later.deleted,
+            self.inserted + later.inserted,
+            self.updated + later.updated,
+            self.removed + later.removed,
+            later.applied_seq,
+        )
+
+
+def _rows_for(pending: PendingTable, seqs: pa.Array, image: str) -> pa.Table:
+    """Rows of the given changes: the changed row (`image="after"`) or its before-image."""
+    columns = [c.name for c in pending.shape.columns]
+    chosen = pending.changes.filter(pc.is_in(pending.changes.column("_cdc_seq"), value_set=seqs.cast(SEQ_TYPE)))
+    if image == "after":
+        data = {c: chosen.column(c) for c in columns}
+    else:
+        before = chosen.column("_cdc_before").combine_chunks()
+        data = {c: before.field(c) for c in columns}
+    data["_cdc_seq"] = chosen.column("_cdc_seq")
+    data["_cdc_commit_ts"] = chosen.column("_cdc_commit_ts")
+    data["_cdc_action"] = pa.array(["upsert" if image == "after" else "delete"] * chosen.num_rows, pa.string())
+    schema = pa.schema(list(current_schema(pending.shape)) + [pa.field("_cdc_action", pa.string())])
+    return pa.table(data).cast(schema)
+
+
+def _open_or_create(lakehouse: Lakehouse, pending: PendingTable) -> DeltaTable:
+    """The table's current state, created empty (with its statistics settings) the first time."""
+    target = lakehouse.open(CURRENT, pending.table)
+    if target is None:
+        schema = current_schema(pending.shape)
+        target = DeltaTable.create(
+            lakehouse.table_uri(CURRENT, pending.table),
+            schema=schema,
+            storage_options=lakehouse.storage_options(),
+            configuration=current_configuration(schema),
+        )
+    return target
+
+
+def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table) -> ApplyResult:
+    """Merge the newest change per key (`latest`: key, seq, action for this table) into current state."""
+    target = lakehouse.open(CURRENT, pending.table)
+    actions = latest.column("action")
+    upserts = _rows_for(pending, latest.filter(pc.equal(actions, "upsert")).column("seq"), "after")
+    deletes = _rows_for(pending, latest.filter(pc.equal(actions, "delete")).column("seq"), "before")
+    source = pa.concat_tables([upserts, deletes])
+    new_applied = int(pc.max(pending.changes.column("_cdc_seq")).as_py())
+    keys = list(pending.shape.primary_key)
+    if target is None or not target.file_uris():  # a new or empty table: no row to match, each upsert is a new row
+        rows = sorted_by_key(upserts.drop_columns(["_cdc_action"]), keys)
+        with fenced(lakehouse.table_key(CURRENT, pending.table)):
+            write_deltalake(
+                target if target is not None else lakehouse.table_uri(CURRENT, pending.table),
+                rows,
+                mode="append",
+                schema_mode="merge",
+                storage_options=None if target is not None else lakehouse.storage_options(),
+                configuration=None if target is not None else current_configuration(rows.schema),
+                commit_properties=seq_commit(APPLIED_SEQ_KEY, new_applied),
+            )
+        return ApplyResult(
+            pending.table, pending.changes.num_rows, upserts.num_rows, deletes.num_rows, rows.num_rows, 0, 0, new_applied
+        )
+
+    on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)  # keyless tables: apply_keyless_changes
+    assignments = {quote(f.name): f"s.{quote(f.name)}" for f in current_schema(pending.shape)}
+    newer = "s._cdc_seq > t._cdc_seq"
+    merge = (
+        _merge_into(target, source, on, new_applied)
+        .when_matched_delete(predicate=f"s._cdc_action = 'delete' AND {newer}")
+        .when_matched_update(updates=assignments, predicate=f"s._cdc_action = 'upsert' AND {newer}")
+        .when_not_matched_insert(updates=assignments, predicate="s._cdc_action = 'upsert'")
+    )
+    metrics = _execute(lakehouse, pending, target, merge)
+    return ApplyResult(
+        table=pending.table,
+        changes_in=pending.changes.num_rows,
+        upserted=upserts.num_rows,
+        deleted=deletes.num_rows,
+        inserted=int(metrics.get("num_target_rows_inserted", 0)),
+        updated=int(metrics.get("num_target_rows_updated", 0)),
+        removed=int(metrics.get("num_target_rows_deleted", 0)),
+        applied_seq=new_applied,
+    )
+
+
+def _merge_into(target: DeltaTable, source: pa.Table, predicate: str, new_applied: int) -> TableMerger:
+    """A merge of `source` (alias s) into the current state (alias t) that records `new_applied`."""
+    return target.merge(
+        source,
+        predicate=predicate,
+        source_alias="s",
+        target_alias="t",
+        merge_schema=True,
+        streamed_exec=False,  # lets delta-rs prune target files by the source's key range first
+        commit_properties=seq_commit(APPLIED_SEQ_KEY, new_applied),
+    )
+
+
+def _execute(lakehouse: Lakehouse, pending: PendingTable, target: DeltaTable, merge: TableMerger) -> dict[str, Any]:
+    """Run a merge, fenced, with a pending TRUNCATE's removal of older rows in the same commit; then compact
+    the table's small files when there are enough. Returns delta-rs's metrics."""
+    truncated = pending.truncate_seq
+    if truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
+        merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
+    with fenced(lakehouse.table_key(CURRENT, pending.table)):
+        metrics = merge.execute()
+    compact_small_files(target, CURRENT_FILE_BYTES)
+    return metrics
+
+
+def _images(changes: pa.Table, columns: list[str], image: str, weight: int) -> pa.Table:
+    """Row images of changes with a weight: +1 for each row an insert or update writes, -1 for each it removes."""
+    if image == "after":
+        chosen = changes.filter(pc.is_in(changes.column("_cdc_op"), pa.array(["insert", "update"])))
+        data = {c: chosen.column(c) for c in columns}
+    else:
+        chosen = changes.filter(pc.is_in(changes.column("_cdc_op"), pa.array(["delete", "update"])))
+        before = chosen.column("_cdc_before").combine_chunks()
+        data = {c: before.field(c) for c in columns}
+    data["_cdc_weight"] = pa.array([weight] * chosen.num_rows, pa.int64())
+    data["_cdc_seq"] = chosen.column("_cdc_seq")
+    data["_cdc_commit_ts"] = chosen.column("_cdc_commit_ts")
+    return pa.table(data)
+
+
+def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyResult:
+    """Apply a keyless table's changes with duplicates kept as the source keeps them.
+
+    Per distinct row, the pending changes add or remove copies (an update removes one copy of its
+    before-image and adds one of its after-image); the current state then holds exactly that many
+    copies, told apart by `_cdc_dup`. A TRUNCATE first empties the table: only changes after it count.
+
+    Counting is not idempotent as a keyed upsert is, so the changes are taken against the very table version
+    the merge commits on: those its applied seq already holds are left out (a run that took over after this
+    one's lock expired may have applied them), and the commit is fenced from that version on.
+    """
+    schema = current_schema(pending.shape)
+    target = _open_or_create(lakehouse, pending)
+    done = max_seq(target, APPLIED_SEQ_KEY)
+    if done is not None and pending.changes.num_rows:
+        pending = PendingTable(
+            pending.table,
+            pending.shape,
+            pending.changes.filter(pc.greater(pending.changes.column("_cdc_seq"), done)),
+            done,
+        )
+        if not pending.changes.num_rows:
+            return ApplyResult(pending.table, 0, 0, 0, 0, 0, 0, done)
+    columns = [c.name for c in pending.shape.columns]
+    truncated = pending.truncate_seq
+    changes = pending.changes
+    if truncated is not None:
+        changes = changes.filter(pc.greater(changes.column("_cdc_seq"), truncated))
+    moves = pa.concat_tables([_images(changes, columns, "after", 1), _images(changes, columns, "before", -1)])
+    net = moves.group_by(columns, use_threads=False).aggregate(
+        [("_cdc_weight", "sum"), ("_cdc_seq", "max"), ("_cdc_commit_ts", "max")]
+    )
+    existing: dict[tuple, int] = {}
+    if truncated is None and net.num_rows:
+        current = read_query(target, f"SELECT {', '.join(quote(c) for c in columns)} FROM current", "current")
+        for values in zip(*(current.column(c).to_pylist() for c in columns), strict=True) if current.num_rows else []:
+            existing[values] = existing.get(values, 0) + 1
+    inserts: list[dict] = []
+    deletes: list[dict] = []
+    for row in net.to_pylist():
+        values = tuple(row[c] for c in columns)
+        have = existing.get(values, 0)
+        want = max(have + int(row["_cdc_weight_sum"]), 0)
+        image = {c: row[c] for c in columns}
+        meta = {"_cdc_seq": row["_cdc_seq_max"], "_cdc_commit_ts": row["_cdc_commit_ts_max"]}
+        inserts += [{**image, **meta, DUP_COLUMN: n, "_cdc_action": "upsert"} for n in range(have, want)]
+        deletes += [{**image, **meta, DUP_COLUMN: n, "_cdc_action": "delete"} for n in range(want, have)]
+    source_schema = pa.schema(list(schema) + [pa.field("_cdc_action", pa.string())])
+    source = pa.Table.from_pylist(inserts + deletes, schema=source_schema)
+    new_applied = int(pc.max(pending.changes.column("_cdc_seq")).as_py())
+    # each term in parentheses: DataFusion would otherwise parse `a IS NOT DISTINCT FROM b AND c ...` wrongly
+    same_row = " AND ".join(f"(t.{quote(c)} IS NOT DISTINCT FROM s.{quote(c)})" for c in columns)
+    merge = (
+        _merge_into(target, source, f"{same_row} AND t.{DUP_COLUMN} = s.{DUP_COLUMN}", new_applied)
+        .when_matched_delete(predicate="s._cdc_action = 'delete'")
+        # a copy written again after a TRUNCATE matches its old self: it takes the new change's seq and time
+        .when_matched_update(
+            updates={"_cdc_seq": "s._cdc_seq", "_cdc_commit_ts": "s._cdc_commit_ts"},
+            predicate="s._cdc_action = 'upsert'",
+        )
+        .when_not_matched_insert(
+            updates={quote(f.name): f"s.{quote(f.name)}" for f in schema}, predicate="s._cdc_action = 'upsert'"
+        )
+    )
+    metrics = _execute(lakehouse, pending, target, merge)
+    return ApplyResult(
+        table=pending.table,
+        changes_in=pending.changes.num_rows,
+        upserted=len(inserts),
+        deleted=len(deletes),
+        inserted=int(metrics.get("num_target_rows_inserted", 0)),
+        updated=0,
+        removed=int(metrics.get("num_target_rows_deleted", 0)),
+        applied_seq=new_applied,
+    )
+
+
+def read_current(lakehouse: Lakehouse, table: TableRef, columns: list[str] | None = None) -> pa.Table | None:
+    """The current-state rows of a table (None when it does not exist yet)."""
+    dt = lakehouse.open(CURRENT, table)
+    if dt is None:
+        return None
+    select = "*" if columns is None else ", ".join(quote(c) for c in columns)
+    return read_query(dt, f"SELECT {select} FROM current", "current")
+
+
+# -- schema changes -------------------------------------------------------------------------------------------
+
+
+def applied_seq(lakehouse: Lakehouse, table: TableRef) -> int | None:
+    """The `_cdc_seq` up to which the table's current state has taken changes in (None: no table)."""
+    return max_seq(lakehouse.open(CURRENT, table), APPLIED_SEQ_KEY)
+
+
+def _default_column(spec: ColumnSpec, default: Default | None, rows: int, commit_ts: dt.datetime) -> pa.Array:
+    """An added column's values in the rows that were there before it (see ddl.Default)."""
+    target = arrow_type(spec)
+    if default is None or default.kind == "unknown" or (default.kind == "value" and default.text is None):
+        return pa.nulls(rows, target)
+    if default.kind == "now":
+        moment = commit_ts.replace(tzinfo=None)
+        text = {"date": moment.date().isoformat(), "time": moment.time().isoformat()}.get(
+            spec.type, moment.isoformat(sep=" ", timespec="microseconds")
+        )
+    else:
+        text = default.text
+    return decode_column(spec, pa.array([text] * rows, pa.string()))
+
+
+def reshape_rows(
+    rows: pa.Table, change: SchemaChange, after: TableShape, commit_ts: dt.datetime, table: TableRef
+) -> pa.Table:
+    """Current-state rows of the table before an ALTER, as the ALTER leaves them: renamed columns keep
+    their values, dropped ones go, added ones take their default, modified ones are converted."""
+    schema = current_schema(after)
+    before = {c.name: c for c in change.before.columns} if change.before is not None else {}
+    arrays = []
+    for spec in after.columns:
+        old = None if spec.name in change.defaults else change.renames.get(spec.name, spec.name)
+        if old is not None and old in rows.column_names:
+            try:
+                arrays.append(convert_column(rows.column(old), before.get(old), spec))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise CdcUserError(
+                    f"{table}: column {old} cannot be converted to {arrow_type(spec)} as the source's ALTER TABLE did "
+                    f"({exc}): run `cdc-lakehouse snapshot {table}` to load the table again."
+                ) from exc
+        else:
+            arrays.append(_default_column(spec, change.defaults.get(spec.name), rows.num_rows, commit_ts))
+    arrays += [rows.column("_cdc_seq"), rows.column("_cdc_commit_ts")]
+    if not after.primary_key:
+        if DUP_COLUMN in rows.column_names:
+            arrays.append(rows.column(DUP_COLUMN))
+        else:
+            arrays.append(number_duplicates(rows, [c.name for c in after.columns]))
+    return pa.Table.from_arrays(
+        [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema
+    )
+
+
+def _truncated_time(text: str | None, fsp: int) -> str | None:
+    """A TIME text at fewer or more fractional digits: extra digits are cut, as MariaDB's ALTER TABLE does."""
+    if text is None:
+        return None
+    negative = text.startswith("-")
+    clock, _, fraction = text.lstrip("-").partition(".")
+    hours, minutes, seconds = (int(p) for p in clock.split(":"))
+    unit = 10 ** (6 - fsp)
+    micros = ((hours * 60 + minutes) * 60 + seconds) * 1_000_000 + int((fraction or "0").ljust(6, "0")[:6]) // unit * unit
+    return format_time(dt.timedelta(microseconds=-micros if negative else micros), fsp)
+
+
+def convert_column(values: pa.ChunkedArray | pa.Array, old: ColumnSpec | None, new: ColumnSpec) -> pa.Array:
+    """A column's values after MODIFY COLUMN, converted to the new type as the server converts them:
+    fractional seconds beyond the new precision are cut (MariaDB), decimals are rounded to the new scale."""
+    target = arrow_type(new)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+    if old is None or old == new:
+        return values.cast(target)
+    if new.type == "time" and old.type == "time":
+        return pa.array([_truncated_time(v, new.fsp) for v in values.to_pylist()], pa.string())
+    if new.type in ("datetime", "timestamp") and pa.types.is_timestamp(values.type) and new.fsp < old.fsp:
+        unit = 10 ** (6 - new.fsp)
+        cut = [None if v is None else v.replace(microsecond=v.microsecond // unit * unit) for v in values.to_pylist()]
+        return pa.array(cut, values.type).cast(target)
+    if new.type == "decimal" and pa.types.is_decimal(values.type) and (new.scale or 0) < values.type.scale:
+        values = pc.round(values, ndigits=new.scale or 0, round_mode="half_away_from_zero")
+    return pc.cast(values, target)
+
+
+def replace_current(
+    lakehouse: Lakehouse,
+    table: TableRef,
+    rows: pa.Table | pa.RecordBatchReader,
+    seq: int,
+    existing: DeltaTable | None,
+) -> None:
+    """The table's current state replaced by `rows` (in key order) in one Delta commit that records `seq` as
+    applied (an ALTER's rewrite, a created table, a snapshot).
+
+    Written through `existing` (the version the caller read its applied seq from), so the commit is fenced
+    against any other writer's commit since (see lake.delta.seq_commit). The table properties only apply
+    when the table is created: delta-rs keeps an existing table's."""
+    with fenced(lakehouse.table_key(CURRENT, table)):
+        write_deltalake(
+            existing if existing is not None else lakehouse.table_uri(CURRENT, table),
+            rows,
+            mode="overwrite",
+            schema_mode="overwrite",
+            storage_options=None if existing is not None else lakehouse.storage_options(),
+            configuration=current_configuration(rows.schema),
+            commit_properties=seq_commit(APPLIED_SEQ_KEY, seq),
+        )
+
+
+def apply_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int, commit_ts: dt.datetime) -> str:
+    """Apply one table's schema change at `seq` to its current state; returns what was done.
+
+    Idempotent: a current state that has taken in `seq` already is left alone, so a repeat after a
+    crash changes nothing twice.
+    """
+    table = change.table
+    existing = lakehouse.open(CURRENT, table)
+    applied = max_seq(existing, APPLIED_SEQ_KEY)
+    if applied is not None and applied >= seq:
+        return "already applied"
+    if change.action == "drop":
+        if applied is None:
+            return "no current state"
+        lakehouse.delete_table(CURRENT, table)
+        return "dropped" if change.renamed_to is None else f"renamed to {change.renamed_to}"
+    if change.after is None:  # a shape only the row events will tell (CREATE TABLE ... SELECT, LIKE an unknown)
+        return "shape unknown"
+    after = change.after
+    if change.action == "create":
+        rows = None
+        if change.renamed_from is not None:
+            rows = read_current(lakehouse, change.renamed_from)
+        if rows is None:
+            rows = current_schema(after).empty_table()
+        else:
+            rows = reshape_rows(rows, SchemaChange(table, "alter", change.after, change.after), after, commit_ts, table)
+        replace_current(lakehouse, table, sorted_by_key(rows, after.primary_key), seq, existing)
+        return f"created from {change.renamed_from}" if change.renamed_from else "created"
+    if applied is None:
+        return "no current state"
+    rows = read_query(existing, "SELECT * FROM current", "current") if existing is not None else None
+    assert rows is not None
+    reshaped = reshape_rows(rows, change, after, commit_ts, table)
+    replace_current(lakehouse, table, sorted_by_key(reshaped, after.primary_key), seq, existing)
+    return "altered"

@@ -1,0 +1,272 @@
+"""Snapshots: a table's existing rows loaded into current state, consistently with the binlog position.
+
+The rows are read inside one consistent snapshot whose binlog position P is known, in primary-key order and a
+chunk at a time into a local Parquet spool (memory does not grow with the table). Capture then
+runs to exactly P, so the `_cdc_seq` of the last change at or before P is known: the snapshot rows
+get that seq and the table's applied watermark is set to it. Every change after P is newer and
+applies on top; every change up to P is already contained in the snapshot and is skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pymysql
+
+from cdc_assets.capture.run import CaptureReport, capture
+from cdc_assets.capture.spool import SpoolDirectory
+from cdc_assets.core.errors import CdcUserError, disk_full_is_user_error
+from cdc_assets.core.mysql_types import arrow_schema
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import SourceSettings
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.layout import (
+    CAPTURE_LOCK,
+    CHANGES_LOCK,
+    CHANGES_STAGE,
+    CURRENT,
+    CURRENT_LOCK,
+    CURRENT_STAGE,
+    SNAPSHOT_LOCK,
+)
+from cdc_assets.lake.locks import lakehouse_lock
+from cdc_assets.lake.state import (
+    TableProgress,
+    load_checkpoint,
+    load_progress,
+    load_registry,
+    load_schemas,
+    save_checkpoint,
+    save_progress,
+    save_registry,
+    save_schemas,
+)
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.source import server as source
+from cdc_assets.source.rows import read_source_chunks, source_row_estimates, source_shapes
+from cdc_assets.stages.change_log import COMMIT_TS_TYPE, SEQ_TYPE
+from cdc_assets.stages.current_state import DUP_COLUMN, current_schema, number_duplicates, replace_current
+from spark_resources.engine import TransformsFor
+
+SNAPSHOT_CHUNK_ROWS = 100_000  # rows read from the source and held in memory at once
+SNAPSHOT_WRITE_ROWS = 2_000_000  # rows handed to delta-rs at once: several files' worth
+
+
+@dataclass
+class SnapshotReport:
+    position: str = ""
+    seq: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    capture: CaptureReport | None = None
+    seconds: float = 0.0
+
+
+def _tables(conn: Any, settings: SourceSettings, requested: list[str]) -> list[TableRef]:
+    table_filter = settings.table_filter
+    if not requested:
+        return source.source_tables(conn, table_filter)
+    tables = [TableRef.parse(t) for t in requested]
+    for table in tables:
+        if not table_filter.matches(table.schema, table.table):
+            raise CdcUserError(
+                f"{table} is excluded by CDC_TABLES / CDC_EXCLUDE_TABLES, so its changes would never follow the "
+                "snapshot: include it there first."
+            )
+    return tables
+
+
+def take_snapshot(
+    settings: SourceSettings,
+    lakehouse: Lakehouse,
+    requested: list[str],
+    log: Any | None = None,
+    owner: str = "cdc-lakehouse",
+    transforms: TransformsFor | None = None,
+) -> SnapshotReport:
+    """Load the tables' existing rows into current state, consistently with the binlog. On the Arrow engine
+    (the default below CDC_SPARK_MIN_ROWS rows) in this process inside one consistent snapshot; on Spark by
+    parallel tasks a key range at a time, without a lock on the source (stages/snapshot_on_spark.py)."""
+    wait = lakehouse.lock_wait_seconds
+    with disk_full_is_user_error(str(lakehouse)), lakehouse_lock(lakehouse, SNAPSHOT_LOCK, "snapshot", owner, wait, log=log):
+        if transforms is not None:
+            engine = transforms(_rows_estimate(settings, requested))
+            if engine.session is not None:
+                from cdc_assets.stages.snapshot_on_spark import snapshot_on_spark
+
+                tables = _requested_tables(settings, requested)
+                return snapshot_on_spark(settings, lakehouse, tables, engine.session, log, owner)
+        return _take_snapshot(settings, lakehouse, requested, log, owner)
+
+
+def _requested_tables(settings: SourceSettings, requested: list[str]) -> list[TableRef]:
+    conn = source.connect(settings.url)
+    try:
+        return _tables(conn, settings, requested)
+    finally:
+        conn.close()
+
+
+def _rows_estimate(settings: SourceSettings, requested: list[str]) -> int:
+    """The server's estimate of the tables' rows: what decides the engine."""
+    conn = source.connect(settings.url)
+    try:
+        return sum(source_row_estimates(conn, _tables(conn, settings, requested)).values())
+    finally:
+        conn.close()
+
+
+def _take_snapshot(
+    settings: SourceSettings, lakehouse: Lakehouse, requested: list[str], log: Any | None, owner: str
+) -> SnapshotReport:
+    began = time.monotonic()
+    url = settings.url
+    conn = source.connect(url)
+    report = SnapshotReport()
+    try:
+        server = source.preflight(conn, url, settings.server_id)
+        lakehouse.check_writable()
+        tables = _tables(conn, settings, requested)
+        loaded: dict[TableRef, tuple[TableShape, Path]] = {}
+        spool = SpoolDirectory()
+        with source.consistent_snapshot(conn, server) as position:
+            checkpoint = load_checkpoint(lakehouse.store)
+            if checkpoint is not None and position < checkpoint.position:
+                raise CdcUserError(
+                    f"A sync moved the checkpoint past the snapshot's position {position}: run the snapshot again "
+                    "when no sync is running."
+                )
+            taken_at = dt.datetime.now(dt.UTC)
+            shapes = source_shapes(conn, tables)
+            for n, table in enumerate(tables):
+                shape = shapes[table]
+                if shape is None:
+                    raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
+                loaded[table] = (shape, spool.path / f"{n}.parquet")
+                report.rows[str(table)] = _spool_rows(conn, shape, loaded[table][1])
+                if log is not None:
+                    log.info(f"{table}: {report.rows[str(table)]} rows read at {position}")
+    except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, a table dropped meanwhile
+        raise source.describe_error(exc, url) from exc
+    finally:
+        conn.close()
+
+    report.capture = capture(settings, lakehouse, log=log, until=position, owner=owner)
+    checkpoint = load_checkpoint(lakehouse.store)
+    if checkpoint is None or checkpoint.position != position:
+        raise CdcUserError(
+            f"Capture did not stop at the snapshot's position {position}: run the snapshot again when no sync is running."
+        )
+    seq = checkpoint.next_seq - 1
+    wait = lakehouse.lock_wait_seconds
+    with (
+        lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log),
+        lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log),
+    ):
+        for shape, rows in loaded.values():
+            _load_current(lakehouse, shape, rows, seq, taken_at)
+            record_loaded(lakehouse, shape, seq)
+    spool.remove()
+    register_loaded(lakehouse, [shape for shape, _ in loaded.values()], seq, owner, log)
+    report.position, report.seq = str(position), seq
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def record_loaded(lakehouse: Lakehouse, shape: TableShape, seq: int) -> None:
+    """Progress after a table's current state was loaded at `seq` (the caller holds both stages' locks): the
+    change-log stage knows its shape, the current-state stage that a snapshot loaded it."""
+    store, table = lakehouse.store, str(shape.table)
+    progress = load_progress(store, CHANGES_STAGE, table)
+    if progress.shape is None:  # no change log yet: the current state needs the columns and key
+        save_progress(store, CHANGES_STAGE, table, TableProgress(progress.batch, shape))
+    applied = load_progress(store, CURRENT_STAGE, table)
+    save_progress(store, CURRENT_STAGE, table, TableProgress(applied.batch, None, None, present=True, snapshot_seq=seq))
+
+
+def register_loaded(lakehouse: Lakehouse, shapes: list[TableShape], seq: int, owner: str, log: Any | None) -> None:
+    """Capture learns of the loaded tables (the registry, under the capture lock) and of their shapes."""
+    store = lakehouse.store
+    with lakehouse_lock(lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log):
+        registry = load_registry(store)
+        for shape in shapes:
+            registry.setdefault(str(shape.table), {"first_batch": None, "last_batch": None})
+        save_registry(store, registry)
+        _remember_shapes(lakehouse, shapes, seq)
+
+
+def _remember_shapes(lakehouse: Lakehouse, shapes: list[TableShape], seq: int) -> None:
+    """Capture learns the shapes of snapshot tables it has not seen a row of, so that a DDL on such a
+    table before its first row change still reshapes its current state."""
+    store = lakehouse.store
+    checkpoint = load_checkpoint(store)
+    if checkpoint is None:
+        return
+    schemas = load_schemas(store, checkpoint)
+    unknown = [v for v in shapes if v.table not in schemas]
+    if not unknown:
+        return
+    for shape in unknown:
+        schemas[shape.table] = shape
+    name = f"{checkpoint.last_batch or 'start'}-snapshot-{seq}"
+    save_schemas(store, name, schemas)
+    save_checkpoint(store, dataclasses.replace(checkpoint, schemas=name))
+
+
+def _spool_rows(conn: pymysql.Connection, shape: TableShape, path: Path) -> int:
+    """The table's rows into a local Parquet file, a chunk at a time and in primary-key order (so the current
+    state is written with each file holding a narrow key range); returns how many."""
+    columns = list(shape.columns)
+    rows = 0
+    with pq.ParquetWriter(path, arrow_schema(columns)) as writer:
+        for part in read_source_chunks(conn, shape.table, columns, SNAPSHOT_CHUNK_ROWS, shape.primary_key):
+            writer.write_table(part)
+            rows += part.num_rows
+    return rows
+
+
+def _regrouped(parquet: pq.ParquetFile) -> Iterator[pa.Table]:
+    """The spool's rows in parts of SNAPSHOT_WRITE_ROWS, each one Arrow batch.
+
+    delta-rs deals the batches of a stream out to its writers in turn, so files made from small batches would
+    each hold rows from all over the key range. From batches of several files' worth, each file holds one
+    stretch of keys (a file may straddle the end of one batch and the start of the next a writer gets): a merge
+    of a narrow key range rewrites a few files, however large the table."""
+    parts: list[pa.Table] = []
+    rows = 0
+    for group in range(parquet.num_row_groups):
+        parts.append(parquet.read_row_group(group))
+        rows += parts[-1].num_rows
+        if rows >= SNAPSHOT_WRITE_ROWS:
+            yield pa.concat_tables(parts).combine_chunks()
+            parts, rows = [], 0
+    if parts:
+        yield pa.concat_tables(parts).combine_chunks()
+
+
+def _load_current(lakehouse: Lakehouse, shape: TableShape, rows: Path, seq: int, taken_at: dt.datetime) -> None:
+    """Replace the table's current state with the snapshot rows in one Delta commit, streamed from the spool."""
+    schema = current_schema(shape)
+    parquet = pq.ParquetFile(rows)
+
+    def with_metadata(part: pa.Table) -> pa.Table:
+        part = part.append_column("_cdc_seq", pa.array([seq] * part.num_rows, SEQ_TYPE)).append_column(
+            "_cdc_commit_ts", pa.array([taken_at] * part.num_rows, COMMIT_TS_TYPE)
+        )
+        if not shape.primary_key:  # identical rows of a keyless table are told apart by their ordinal
+            part = part.append_column(DUP_COLUMN, number_duplicates(part, [c.name for c in shape.columns]))
+        return part.cast(schema)
+
+    if shape.primary_key:  # in key order already: streamed, SNAPSHOT_WRITE_ROWS in memory at a time
+        batches = (b for part in _regrouped(parquet) for b in with_metadata(part).to_batches())
+        data: pa.Table | pa.RecordBatchReader = pa.RecordBatchReader.from_batches(schema, batches)
+    else:  # duplicates are numbered over the whole table: it is read at once
+        data = with_metadata(parquet.read())
+    replace_current(lakehouse, shape.table, data, seq, lakehouse.open(CURRENT, shape.table))

@@ -1,0 +1,437 @@
+"""Snapshots on Spark: parallel tasks read a table's rows a primary-key range (chunk) at a time, with no lock on
+the source, and write them as current-state files; the run process plans the chunks, keeps a resumable record
+of them and commits each table in one Delta commit.
+
+Consistency is the low-watermark method of DBLog and Flink CDC's incremental snapshot, with the watermark shared
+by a table's chunks. Before any chunk is read, the run process takes a binlog position L (the low watermark)
+such that every transaction up to L is visible to any read that starts later, and captures the binlog up to L,
+which gives S, the `_cdc_seq` of the last change at or before L. Each chunk is then read by one SELECT (one
+consistent read) at some moment after L, and its rows get `_cdc_seq` = S. The table's current state is committed
+with S as its applied seq, so the next sync applies every change after L on top of the rows, in seq order:
+
+- a row's image in a chunk is its state at the chunk's read, after L; every change to it after that read is
+  after L too, so it is applied and the newest one wins;
+- a change after L that a chunk's read already saw is applied again, with the same full row image: a no-op;
+- a row deleted (or its key moved) before its chunk was read is not in the chunk, and its delete applies.
+
+So no write during the snapshot is lost or doubled. A change's after-image is the whole row (binlog_row_image
+FULL, which preflight requires), which is what makes replaying it idempotent.
+
+Chunking (rows per chunk: CDC_SNAPSHOT_CHUNK_ROWS): a single integer key is cut into equal ranges of values
+between its least and greatest; any other key (text, dates, decimals, composite keys) by an index walk, each
+boundary the key that many entries after the one before (text keys compare in the column's collation on the
+server, as the ranges are read). A keyless table has nothing to cut by or to make a replay idempotent with: it
+is one chunk, read by one task inside a consistent snapshot of its own whose binlog position P is exact, and
+capture runs to exactly P, as the Arrow engine's snapshot does.
+
+Resumable: `_state/snapshots/<schema>/<table>.json` holds L, S, the chunk boundaries and the files of every chunk
+written, saved after each wave of chunks. A snapshot killed and started again for the same tables reads only the
+chunks not recorded there (files a killed wave wrote are never committed: left for a VACUUM).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import functools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymysql
+
+from cdc_assets.capture.run import CaptureReport, capture
+from cdc_assets.core import failpoints
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.settings import SourceSettings
+from cdc_assets.core.shapes import TableShape, shape_from_json, shape_json
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY
+from cdc_assets.lake.files import add_actions, commit_files
+from cdc_assets.lake.layout import CHANGES_LOCK, CURRENT, CURRENT_LOCK, SNAPSHOTS_STATE
+from cdc_assets.lake.locks import lakehouse_lock
+from cdc_assets.lake.raw_batches import list_batches, read_manifest, seq_floor_at
+from cdc_assets.lake.state import load_checkpoint
+from cdc_assets.lake.store import Lakehouse, MissingObject, ObjectStore
+from cdc_assets.source import server as source
+from cdc_assets.source.rows import key_boundaries, source_row_estimates, source_shapes
+from cdc_assets.stages.current_state import current_configuration, current_schema
+from cdc_assets.stages.snapshot import SnapshotReport, record_loaded, register_loaded
+
+MIN_WAVE_CHUNKS = 8  # chunks read between two saves of the record (at least): what a kill may make it read again
+
+
+# -- key values in the record ------------------------------------------------------------------------------------
+
+
+def encode_key(values: tuple) -> list[Any]:
+    """A key (as PyMySQL returns it) as JSON values that `decode_key` turns back into the same Python values."""
+
+    def one(v: Any) -> Any:
+        if v is None or isinstance(v, bool | int | float | str):
+            return v
+        if isinstance(v, bytes):
+            return {"bytes": base64.b64encode(v).decode()}
+        if isinstance(v, decimal.Decimal):
+            return {"decimal": str(v)}
+        if isinstance(v, dt.datetime):
+            return {"datetime": v.isoformat()}
+        if isinstance(v, dt.date):
+            return {"date": v.isoformat()}
+        if isinstance(v, dt.timedelta):
+            return {"time_us": (v.days * 86_400 + v.seconds) * 1_000_000 + v.microseconds}
+        raise TypeError(f"no record of a key value of type {type(v).__name__}")
+
+    return [one(v) for v in values]
+
+
+def decode_key(values: list[Any]) -> tuple:
+    def one(v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        (kind, text), *_ = v.items()
+        decoders: dict[str, Callable[[Any], Any]] = {
+            "bytes": base64.b64decode,
+            "decimal": decimal.Decimal,
+            "datetime": dt.datetime.fromisoformat,
+            "date": dt.date.fromisoformat,
+            "time_us": lambda us: dt.timedelta(microseconds=us),
+        }
+        return decoders[kind](text)
+
+    return tuple(one(v) for v in values)
+
+
+# -- the resumable record of one table's snapshot -----------------------------------------------------------------
+
+
+@dataclass
+class TableSnapshot:
+    """One table's snapshot in progress: its low watermark and seq, its chunks and the files of those done."""
+
+    shape: TableShape
+    low: BinlogPosition
+    seq: int
+    taken_at: dt.datetime
+    bounds: list[tuple]  # chunk n holds the keys in [bounds[n-1], bounds[n]); a keyless table: no bounds, one chunk
+    done: dict[int, list[dict]] = field(default_factory=dict)  # chunk -> the add actions of its files
+    committed: bool = False
+
+    @property
+    def table(self) -> TableRef:
+        return self.shape.table
+
+    @property
+    def keyed(self) -> bool:
+        return bool(self.shape.primary_key)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.bounds) + 1
+
+    @property
+    def rows(self) -> int:
+        return sum(int(a["rows"]) for actions in self.done.values() for a in actions)
+
+    def chunk_range(self, n: int) -> tuple[tuple | None, tuple | None]:
+        return (self.bounds[n - 1] if n else None, self.bounds[n] if n < len(self.bounds) else None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "table": str(self.table),
+            "shape": shape_json(self.shape),
+            "low": self.low.to_json(),
+            "seq": self.seq,
+            "taken_at": self.taken_at.isoformat(),
+            "bounds": [encode_key(b) for b in self.bounds],
+            "done": {str(n): actions for n, actions in sorted(self.done.items())},
+            "committed": self.committed,
+        }
+
+    @staticmethod
+    def from_json(table: TableRef, d: dict[str, Any]) -> TableSnapshot:
+        shape = shape_from_json(table, d["shape"])
+        assert shape is not None
+        return TableSnapshot(
+            shape,
+            BinlogPosition.from_json(d["low"]),
+            int(d["seq"]),
+            dt.datetime.fromisoformat(d["taken_at"]),
+            [decode_key(b) for b in d["bounds"]],
+            {int(n): actions for n, actions in d["done"].items()},
+            bool(d["committed"]),
+        )
+
+
+def _record_key(table: TableRef) -> str:
+    return f"{SNAPSHOTS_STATE}/{table.path}.json"
+
+
+def load_record(store: ObjectStore, table: TableRef) -> TableSnapshot | None:
+    return _load_record(store, _record_key(table))
+
+
+def _load_record(store: ObjectStore, key: str) -> TableSnapshot | None:
+    try:
+        raw = store.get(key)
+    except MissingObject:
+        return None
+    try:
+        d = json.loads(raw)
+        return TableSnapshot.from_json(TableRef.parse(d["table"]), d)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CdcUserError(
+            f"The record of a snapshot in progress ({key}) is corrupt: delete it, and that table's snapshot starts over."
+        ) from exc
+
+
+def _save_record(store: ObjectStore, record: TableSnapshot) -> None:
+    store.put(_record_key(record.table), json.dumps(record.to_json(), default=str).encode())
+
+
+def snapshots_in_progress(store: ObjectStore) -> list[TableSnapshot]:
+    """The snapshots a kill or an error stopped, for `status`: run `snapshot` again for them to resume."""
+    found = (_load_record(store, key) for key in store.list_keys(SNAPSHOTS_STATE) if key.endswith(".json"))
+    return [record for record in found if record is not None]
+
+
+# -- the snapshot -------------------------------------------------------------------------------------------------
+
+
+def low_watermark(conn: pymysql.Connection, server: source.ServerInfo) -> BinlogPosition:
+    """A binlog position every transaction up to which is visible to any read that starts after this returns.
+
+    MariaDB gives the position of a consistent snapshot without any lock. MySQL offers no lock-free way: its
+    binlog end is taken, and a transaction whose binlog write is done but whose commit is not yet visible at that
+    instant (microseconds, between its binlog flush and its engine commit) could be missed by a chunk read at
+    once; chunks are read seconds later, after the capture up to the watermark."""
+    if server.flavor == "mariadb":
+        with source.consistent_snapshot(conn, server) as position:
+            return position
+    return source.binlog_end(conn)
+
+
+def seq_at(
+    settings: SourceSettings, lakehouse: Lakehouse, position: BinlogPosition, exact: bool, log: Any | None, owner: str
+) -> tuple[int, CaptureReport | None]:
+    """The `_cdc_seq` of the last change at or before `position`, capturing up to it first when the checkpoint
+    is before it. A checkpoint already past it (a sync ran) gives a lower bound from the raw batches, unless
+    `exact` is asked for."""
+    store = lakehouse.store
+    checkpoint, report = load_checkpoint(store), None
+    while checkpoint is None or checkpoint.position < position:
+        report = capture(settings, lakehouse, log=log, until=position, owner=owner)
+        reached = load_checkpoint(store)
+        if reached == checkpoint:
+            raise CdcUserError(f"Capture did not reach the snapshot's position {position}: run the snapshot again.")
+        checkpoint = reached
+    if checkpoint.position == position:
+        return checkpoint.next_seq - 1, report
+    if exact:
+        raise CdcUserError(
+            f"A sync moved the checkpoint past the snapshot's position {position}: run the snapshot again when no "
+            "sync is running."
+        )
+    names = list_batches(store)
+    return seq_floor_at(names, lambda n: read_manifest(store, names[n]), position), report
+
+
+@dataclass
+class _Run:
+    """One snapshot run on Spark: its settings and where it reports."""
+
+    settings: SourceSettings
+    lakehouse: Lakehouse
+    spark: Any
+    log: Any | None
+    owner: str
+    report: SnapshotReport
+    began: float = field(default_factory=time.monotonic)
+    rows_read: int = 0
+
+    def info(self, message: str) -> None:
+        if self.log is not None:
+            self.log.info(message)
+
+
+def snapshot_on_spark(
+    settings: SourceSettings,
+    lakehouse: Lakehouse,
+    tables: list[TableRef],
+    session: Callable[[], Any],
+    log: Any | None,
+    owner: str,
+) -> SnapshotReport:
+    """Snapshot `tables` on Spark, resuming any of them a stopped snapshot left a record of."""
+    run = _Run(settings, lakehouse, None, log, owner, SnapshotReport())
+    if not tables:
+        return run.report
+    records, server = _plan(run, tables)
+    run.spark = session()
+    _read_keyed(run, [r for r in records if r.keyed and not r.committed])
+    _read_keyless(run, server, [r for r in records if not r.keyed and not r.committed])
+    register_loaded(lakehouse, [r.shape for r in records], max(r.seq for r in records), owner, log)
+    for record in records:
+        lakehouse.store.delete(_record_key(record.table))
+        run.report.rows[str(record.table)] = record.rows
+    keyed = [r for r in records if r.keyed] or records
+    run.report.position, run.report.seq = str(min(r.low for r in keyed)), min(r.seq for r in keyed)
+    run.report.seconds = time.monotonic() - run.began
+    return run.report
+
+
+def _plan(run: _Run, tables: list[TableRef]) -> tuple[list[TableSnapshot], source.ServerInfo]:
+    """The tables' records: those a stopped snapshot left (when the table's shape is still the same), new ones
+    with their chunks cut at one low watermark for the rest."""
+    settings, store = run.settings, run.lakehouse.store
+    conn = source.connect(settings.url)
+    try:
+        server = source.preflight(conn, settings.url, settings.server_id)
+        run.lakehouse.check_writable()
+        shapes = source_shapes(conn, tables)
+        found: dict[TableRef, TableSnapshot] = {}
+        for table in tables:
+            shape = shapes[table]
+            if shape is None:
+                raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
+            record = load_record(store, table)
+            if record is not None and record.shape != shape:
+                run.info(f"{table}: its columns changed since its snapshot stopped; it starts over")
+                record = None
+            if record is not None:
+                found[table] = record
+                run.info(f"{table}: resuming its snapshot, {len(record.done)} of {record.chunks} chunks already read")
+        fresh = [t for t in tables if t not in found]
+        if not fresh:
+            return [found[t] for t in tables], server
+        low = low_watermark(conn, server)
+        taken_at = dt.datetime.now(dt.UTC)
+        keyed = [t for t in fresh if shapes[t].primary_key]  # type: ignore[union-attr]
+        estimates = source_row_estimates(conn, keyed)
+        chunk_rows = settings.snapshot_chunk_rows
+        bounds = {t: key_boundaries(conn, shapes[t], chunk_rows, estimates[t]) for t in keyed}  # type: ignore[arg-type]
+    except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, a table dropped meanwhile
+        raise source.describe_error(exc, settings.url) from exc
+    finally:
+        conn.close()
+    seq, run.report.capture = seq_at(settings, run.lakehouse, low, False, run.log, run.owner)
+    for table in fresh:
+        found[table] = TableSnapshot(shapes[table], low, seq, taken_at, bounds.get(table, []))  # type: ignore[arg-type]
+        _save_record(store, found[table])
+    run.info(f"low watermark {low} (seq {seq}): {sum(found[t].chunks for t in keyed)} chunks to read in {len(keyed)} tables")
+    return [found[t] for t in tables], server
+
+
+def _wave_size(spark: Any) -> int:
+    try:
+        return max(MIN_WAVE_CHUNKS, 2 * int(spark.sparkContext.defaultParallelism))
+    except Exception:  # Spark Connect has no SparkContext
+        return MIN_WAVE_CHUNKS
+
+
+def _read_keyed(run: _Run, records: list[TableSnapshot]) -> None:
+    """The chunks not yet read, in waves across the tables; each table committed once its chunks are all read."""
+    from spark_resources.snapshots import ChunkRead, read_chunks
+
+    lakehouse, store = run.lakehouse, run.lakehouse.store
+    for record in records:
+        if len(record.done) == record.chunks:  # read in full before a stop: only its commit was missing
+            _commit(run, record, [a for actions in record.done.values() for a in actions])
+    todo = [(r, n) for r in records if not r.committed for n in range(r.chunks) if n not in r.done]
+    total = sum(r.chunks for r in records)
+    wave = _wave_size(run.spark)
+    for start in range(0, len(todo), wave):
+        part = todo[start : start + wave]
+        chunks = {
+            i: ChunkRead(lakehouse.table_key(CURRENT, r.table), r.shape, *r.chunk_range(n), r.seq, r.taken_at)
+            for i, (r, n) in enumerate(part)
+        }
+        written = read_chunks(run.spark, run.settings.url, lakehouse.file_access(), chunks)
+        for i, (record, n) in enumerate(part):
+            record.done[n] = [{k: v for k, v in a.items() if k != "chunk"} for a in written if a["chunk"] == i]
+            run.rows_read += sum(int(a["rows"]) for a in record.done[n])
+        for record in {id(r): r for r, _ in part}.values():
+            _save_record(store, record)
+        failpoints.hit("snapshot.chunks_recorded")
+        done = sum(len(r.done) for r in records)
+        rate = run.rows_read / max(time.monotonic() - run.began, 1e-3)
+        run.info(f"snapshot: {done} of {total} chunks read, {sum(r.rows for r in records):,} rows, {rate:,.0f} rows/s")
+        for record in {id(r): r for r, _ in part}.values():
+            if len(record.done) == record.chunks:
+                _commit(run, record, [a for actions in record.done.values() for a in actions])
+
+
+def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnapshot]) -> None:
+    """Keyless tables, each read whole by one task at its own exact position, then given that position's seq."""
+    if not records:
+        return
+    from spark_resources.files_job import rewrite_files
+    from spark_resources.snapshots import ChunkRead, read_whole_tables, with_seq
+
+    lakehouse = run.lakehouse
+    access = lakehouse.file_access()
+    work = {
+        i: ChunkRead(lakehouse.table_key(CURRENT, r.table), r.shape, None, None, 0, r.taken_at)
+        for i, r in enumerate(records)
+    }
+    found = read_whole_tables(run.spark, run.settings.url, server, access, work)
+    for i in sorted(found, key=lambda i: found[i][1]):  # capture moves forward only: positions in order
+        record, (files, position) = records[i], found[i]
+        record.low = position
+        record.seq, _ = seq_at(run.settings, lakehouse, position, True, run.log, run.owner)
+        table_key = work[i].table_key
+        rewritten = rewrite_files(
+            run.spark, access, table_key, str(record.table), [[f["path"]] for f in files], functools.partial(with_seq, seq=record.seq)
+        )
+        record.done = {0: rewritten}
+        _save_record(lakehouse.store, record)
+        _commit(run, record, rewritten)
+        fs = access.filesystem()
+        for f in files:  # the rows with no seq yet: never committed
+            fs.delete_file(access.path(f"{table_key}/{f['path']}"))
+        run.rows_read += record.rows
+        run.info(f"{record.table}: {record.rows:,} rows read whole at {position} (no primary key)")
+
+
+def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:
+    """The table's current state replaced by the snapshot's files in one Delta commit that records its seq as
+    applied; refused when the table's columns changed while it was read (its record is dropped: run it again)."""
+    lakehouse, table = run.lakehouse, record.table
+    conn = source.connect(run.settings.url)
+    try:
+        now = source_shapes(conn, [table])[table]
+    finally:
+        conn.close()
+    if now != record.shape:
+        lakehouse.store.delete(_record_key(table))
+        raise CdcUserError(
+            f"The columns of {table} changed while its snapshot read it: run `cdc-lakehouse snapshot {table}` again."
+        )
+    schema = current_schema(record.shape)
+    wait = lakehouse.lock_wait_seconds
+    with (
+        lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", run.owner, wait, log=run.log),
+        lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", run.owner, wait, log=run.log),
+    ):
+        existing = lakehouse.open(CURRENT, table)
+        commit_files(
+            existing,
+            lakehouse.table_uri(CURRENT, table),
+            lakehouse.storage_options(),
+            lakehouse.table_key(CURRENT, table),
+            schema,
+            add_actions(files),
+            [],
+            APPLIED_SEQ_KEY,
+            record.seq,
+            current_configuration(schema),
+            overwrite=existing is not None,
+        )
+        record_loaded(lakehouse, record.shape, record.seq)
+    record.committed = True
+    _save_record(lakehouse.store, record)
+    run.info(f"{table}: {record.rows:,} rows committed at seq {record.seq}")

@@ -1,0 +1,537 @@
+"""Current state against the source at one consistent point, without false differences while the source writes.
+
+A current-state table holds its source table as of its applied `_cdc_seq` A; a consistent read snapshot of the
+source holds it as of a binlog position S. Between the two lie the changes "in flight": captured after A (raw
+batches) or not captured yet (the binlog from the checkpoint to S). Every key such a change touches, before or
+after it, is left out on both sides; every other row must be equal, which is proved by row counts, an
+order-independent checksum per side and the row-for-row comparison of `verify`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pymysql
+from deltalake import DeltaTable
+
+from cdc_assets.capture.batches import CaptureOptions, capture_batches
+from cdc_assets.core import failpoints
+from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import TABLE_WORKERS, for_each_table
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.settings import SourceSettings, TableFilter
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, read_query, read_query_chunks, row_count
+from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
+from cdc_assets.lake.raw_batches import (
+    RAW_ROWS_SCHEMA,
+    BatchManifest,
+    list_batches,
+    read_manifest,
+    read_rows,
+    seq_floor_at,
+)
+from cdc_assets.lake.state import Checkpoint, load_checkpoint, load_progress
+from cdc_assets.lake.store import Lakehouse, ObjectStore
+from cdc_assets.source import server as source
+from cdc_assets.source.rows import (
+    count_source_rows,
+    read_source_chunks,
+    read_source_table,
+    source_row_estimates,
+    source_shapes,
+)
+from cdc_assets.stages.current_state import current_expected
+from cdc_assets.verification import buckets as bucketed
+from cdc_assets.verification.compare import TableDiff, align_current, compare_tables, tables_to_verify
+from cdc_assets.verification.row_hashes import EMPTY_CHECKSUM, checksum_text, content_checksum
+
+MAX_SERVER_ID = (1 << 32) - 1
+# A table changed by DDL after the snapshot began: "Table definition has changed, please retry transaction"
+# (1412), a column or the table itself gone meanwhile (1054, 1146).
+DEFINITION_CHANGED_ERRORS = (1412, 1054, 1146)
+SEQ_NONE = 0  # "after seq 0": every captured change of a table without an applied seq is in flight
+
+
+def _without_keys(rows: pa.Table, key_names: list[str], keys: set[tuple[Any, ...]]) -> pa.Table:
+    """The rows whose key is not among `keys` (the keys changed in flight)."""
+    if not keys or not rows.num_rows:
+        return rows
+    key_values = zip(*(rows.column(n).to_pylist() for n in key_names), strict=True)
+    return rows.filter(pa.array([k not in keys for k in key_values], pa.bool_()))
+
+
+@dataclass
+class ConsistentComparison:
+    """A current-state table compared with its source at one consistent point, in-flight keys left out."""
+
+    table: TableRef
+    position: str  # the source snapshot's binlog position (str(BinlogPosition))
+    applied_seq: int | None  # current-state table's applied _cdc_seq that was compared
+    source_rows: int  # rows in the source snapshot
+    lakehouse_rows: int
+    compared_rows: int  # source rows compared after leaving out keys changed in flight
+    in_flight_keys: int  # distinct keys changed after applied_seq up to the snapshot (left out on both sides)
+    source_checksum: str  # order-independent checksum over the compared rows (hex), same algorithm both sides
+    lakehouse_checksum: str
+    diff: TableDiff  # (verification/compare.py) computed over the compared rows only
+    not_compared: str | None = None  # why no row could be compared now (a TRUNCATE or DDL of the table in flight)
+    buckets: int = 0  # how many buckets the table was compared in, streamed (0: read whole; see verification/buckets.py)
+
+    @property
+    def ok(self) -> bool:
+        return self.diff.ok and self.source_checksum == self.lakehouse_checksum
+
+    def describe(self) -> str:
+        left_out = f"{self.in_flight_keys} keys changed in flight left out" if self.in_flight_keys else ""
+        if self.not_compared:
+            return f"{self.table}: not compared at {self.position}: {self.not_compared}"
+        if self.ok:
+            tail = f"; {left_out}" if left_out else ""
+            matched = f"{self.compared_rows} rows match at {self.position} (checksum {self.source_checksum})"
+            return f"{self.table}: {matched}{tail}"
+        text = self.diff.describe()
+        if self.diff.ok:  # equal keys and values, yet the checksums differ: a value whose repr differs
+            text = f"{self.table}: checksums differ over {self.compared_rows} rows"
+        else:
+            text += f"; checksums {self.source_checksum} / {self.lakehouse_checksum}"
+        return f"{text} (at {self.position}" + (f"; {left_out})" if left_out else ")")
+
+
+@dataclass
+class _Target:
+    """One table under comparison: what is in flight for it, and the keys found in flight so far."""
+
+    table: TableRef
+    shape: TableShape | None  # the source's shape in the snapshot (None: the table does not exist)
+    applied_seq: int | None
+    current: DeltaTable | None
+    after_seq: int = SEQ_NONE  # changes with a larger `_cdc_seq` are in flight
+    keys: set[tuple[Any, ...]] = field(default_factory=set)
+    not_compared: str | None = None
+    missing: str | None = None  # why the lakehouse should have a current-state table it does not have
+    unsettled: tuple[int, str] | None = None  # the last change in flight not made row by row: its seq, and why
+    created_seq: int | None = None  # the last plain CREATE of the table in flight
+    large_rows: int = 0  # more rows than LARGE_TABLE_ROWS on some side: how many (compared in buckets); else 0
+
+    @property
+    def columns(self) -> list[ColumnSpec]:
+        return list(self.shape.columns) if self.shape else []
+
+    @property
+    def key(self) -> list[str]:
+        """The source's primary key (empty: the whole row is the key)."""
+        return list(self.shape.primary_key) if self.shape else []
+
+    @property
+    def key_names(self) -> list[str]:
+        return self.key or [c.name for c in self.columns]
+
+    def key_types(self) -> list[pa.DataType]:
+        by_name = {c.name: c for c in self.columns}
+        return [arrow_type(by_name[n]) for n in self.key_names]
+
+
+def verify_server_id(reader_id: int, source_id: int) -> int:
+    """Replica id for verify's own binlog reading: not the pipeline's, so a running sync keeps its stream."""
+    candidate = reader_id
+    while candidate in (reader_id, source_id, 0):
+        candidate = candidate % MAX_SERVER_ID + 1
+    return candidate
+
+
+def _literal_glob(name: str) -> str:
+    """A TableFilter glob matching exactly `name`."""
+    return re.sub(r"([*?\[])", r"[\1]", name)
+
+
+def _image_keys(rows: pa.Table, version: TableShape, target: _Target) -> set[tuple[Any, ...]] | None:
+    """Keys in the before- and after-images of one table version's changes, typed like the source's (None: the
+    version lacks a key column or its types do not convert, i.e. the table's shape changed)."""
+    by_name = {c.name: (i, c) for i, c in enumerate(version.columns)}
+    names = target.key_names
+    if not names or any(n not in by_name for n in names):
+        return None
+    keys: set[tuple[Any, ...]] = set()
+    for image in ("before", "after"):
+        images = rows.column(image).combine_chunks() if rows.num_rows else pa.array([], rows.schema.field(image).type)
+        images = images.filter(pc.is_valid(images))
+        if not len(images):
+            continue
+        values = []
+        for name, target_type in zip(names, target.key_types(), strict=True):
+            index, column = by_name[name]
+            try:
+                values.append(decode_column(column, pc.list_element(images, index)).cast(target_type).to_pylist())
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                return None
+        keys.update(zip(*values, strict=True))
+    return keys
+
+
+def _statement_effect(statement: dict[str, Any], table: TableRef) -> str | None:
+    """What a recorded DDL or TRUNCATE does to `table` other than row by row: "create" (a plain CREATE TABLE:
+    every row it gets later is a row change in flight), "unsettles" (its rows change without row events, or it
+    goes), or None.
+
+    A TRUNCATE names its table and a parsed DDL its table changes, exactly; any other statement counts when
+    the table's name appears in it (conservative)."""
+    mine = str(table)
+    if statement.get("kind") == "truncate" and statement.get("table"):
+        return "unsettles" if statement["table"] == mine else None
+    changes = statement.get("changes")
+    if changes:
+        effect = None
+        for c in changes:
+            if mine in (c.get("renamed_from"), c.get("renamed_to")):
+                return "unsettles"
+            if c["table"] == mine:
+                effect = "create" if c["action"] == "create" and not c.get("renamed_from") else "unsettles"
+        return effect
+    query = str(statement.get("query") or "")
+    name = r"`?" + re.escape(table.table) + r"`?(?![\w$`])"
+    if not re.search(r"(?<![\w$])" + name, query, re.IGNORECASE):
+        return None
+    schema = statement.get("schema")
+    if schema and schema != table.schema and table.schema.lower() not in query.lower():
+        return None
+    creates = r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s+(IF\s+NOT\s+EXISTS\s+)?(`?" + re.escape(table.schema) + r"`?\.)?"
+    return "create" if re.match(creates + name, query, re.IGNORECASE) else "unsettles"
+
+
+def _collect(
+    rows: pa.Table, versions: dict[int, TableShape], statements: list[dict[str, Any]], targets: list[_Target]
+) -> None:
+    """Add the in-flight keys and statements of one batch (raw or read from the binlog now) to the targets.
+    Whether a table can be compared is settled once every batch is in (`_settle`)."""
+    for target in targets:
+        for statement in statements:
+            seq = int(statement["seq"])
+            effect = _statement_effect(statement, target.table) if seq > target.after_seq else None
+            if effect == "create":
+                target.created_seq = seq
+            elif effect == "unsettles":
+                kind = statement.get("kind", "ddl")
+                target.unsettled = (seq, f"a {kind} of the table is in flight ({statement['query'][:80]!r})")
+        if not rows.num_rows:
+            continue
+        mine = rows.filter(
+            pc.and_(
+                pc.and_(
+                    pc.equal(rows.column("schema"), target.table.schema),
+                    pc.equal(rows.column("table"), target.table.table),
+                ),
+                pc.greater(rows.column("seq"), pa.scalar(target.after_seq, pa.int64())),
+            )
+        )
+        for version_id in pc.unique(mine.column("table_version")).to_pylist():
+            part = mine.filter(pc.equal(mine.column("table_version"), version_id))
+            keys = _image_keys(part, versions[version_id], target)
+            if keys is None:
+                reason = (
+                    "it changed in flight and is gone from the source"
+                    if not target.columns
+                    else "its changes in flight have other columns or another key than the source now"
+                )
+                target.unsettled = (int(pc.max(part.column("seq")).as_py()), reason)
+                continue
+            target.keys |= keys
+
+
+def _settle(targets: list[_Target]) -> None:
+    """A table is not compared when something in flight changed it other than row by row, unless a plain
+    CREATE of it came later: all its rows then come from row changes in flight, left out on both sides."""
+    for target in targets:
+        if target.unsettled is not None and (target.created_seq is None or target.unsettled[0] > target.created_seq):
+            target.not_compared = target.unsettled[1]
+
+
+class _Manifests:
+    """Manifests of visible batches, read once each (they are immutable)."""
+
+    def __init__(self, store: ObjectStore, names: list[str]) -> None:
+        self.store = store
+        self.names = names
+        self._read: dict[str, BatchManifest] = {}
+
+    def __getitem__(self, index: int) -> BatchManifest:
+        name = self.names[index]
+        if name not in self._read:
+            self._read[name] = read_manifest(self.store, name)
+        return self._read[name]
+
+    def first_after(self, seq: int) -> int:
+        """Index of the first batch holding a `_cdc_seq` above `seq` (seqs grow with batch names)."""
+        low, high = 0, len(self.names)
+        while low < high:
+            middle = (low + high) // 2
+            if self[middle].next_seq - 1 > seq:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
+    def seq_floor_at(self, position: BinlogPosition) -> int:
+        """A seq that every change after `position` exceeds: the batch holding `position` counts as after it."""
+        return seq_floor_at(self.names, self.__getitem__, position)
+
+
+def _scan_raw_batches(store: ObjectStore, manifests: _Manifests, targets: list[_Target]) -> None:
+    """In-flight keys from raw batches past each table's applied seq; rows only of batches that list the table."""
+    if not targets:
+        return
+    for index in range(manifests.first_after(min(t.after_seq for t in targets)), len(manifests.names)):
+        manifest = manifests[index]
+        wanted = [t for t in targets if manifest.next_seq - 1 > t.after_seq]
+        listed = {v.table for v in manifest.shapes.values()} & {t.table for t in wanted}
+        rows = read_rows(store, manifest) if listed else RAW_ROWS_SCHEMA.empty_table()
+        _collect(rows, manifest.shapes, manifest.raw.get("statements", []), wanted)
+
+
+def _scan_binlog(
+    settings: SourceSettings,
+    conn: pymysql.Connection,
+    server: source.ServerInfo,
+    checkpoint: Checkpoint,
+    position: BinlogPosition,
+    targets: list[_Target],
+) -> None:
+    """In-flight keys from the binlog between the checkpoint and the snapshot, read in memory (nothing written)."""
+    base = settings.table_filter
+    captured = [t for t in targets if base.matches(t.table.schema, t.table.table)]
+    if not captured or not checkpoint.position < position:
+        return
+    source.check_available(conn, checkpoint.position)
+    only = TableFilter(tuple(_literal_glob(str(t.table)) for t in captured), base.exclude)
+    options = CaptureOptions(only, verify_server_id(settings.server_id, server.server_id), settings.max_batch_rows)
+    for batch in capture_batches(
+        settings.url, server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, position, options, hold_for_xa=False
+    ):  # every transaction committed by now is in flight, also those after an XA PREPARE not yet decided
+        _collect(batch.rows, batch.shapes, batch.statements, captured)
+
+
+def _open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | None, int | None]:
+    """The current-state table (one object) and an applied seq its rows hold at least.
+
+    delta-rs reads commit history from the newest commit even on a table loaded at an older version, so the
+    seq could be newer than the loaded rows; moving the object to the newest version after reading the seq
+    makes the rows at least as new. Applied seqs only grow, so the seq never overstates what the rows hold.
+    """
+    current = lakehouse.open(CURRENT, table)
+    if current is None:
+        return None, None
+    applied = max_seq(current, APPLIED_SEQ_KEY)
+    current.update_incremental()
+    return current, applied
+
+
+def _missing_reason(lakehouse: Lakehouse, target: _Target) -> str | None:
+    """Why a table without current state should have one (see current_state.current_expected), or None."""
+    progress = load_progress(lakehouse.store, CURRENT_STAGE, str(target.table))
+    if not current_expected(lakehouse, target.table, progress):
+        return None
+    fix = (
+        f"`cdc-lakehouse snapshot {target.table}` loads it again"
+        if progress.snapshot_seq is not None
+        else "`cdc-lakehouse sync` rebuilds it from its change log"
+    )
+    where = lakehouse.table_key(CURRENT, target.table)
+    return f"its current-state table {where} is missing from the lakehouse (removed by hand?): {fix}"
+
+
+def _lake_rows(current: DeltaTable | None) -> int:
+    return 0 if current is None else row_count(current)
+
+
+def _source_columns(names: list[str]) -> list[str]:
+    """A current-state table's columns without the `_cdc_` metadata ones."""
+    return [n for n in names if not n.startswith("_cdc_")]
+
+
+def _read_lake(target: _Target) -> pa.Table | None:
+    if target.current is None or target.large_rows:
+        return None
+    return read_query(target.current, "SELECT * FROM current", "current")
+
+
+def _lake_chunks(target: _Target) -> Iterator[pa.Table]:
+    if target.current is not None:
+        yield from read_query_chunks(target.current, "SELECT * FROM current", "current", bucketed.STREAM_ROWS)
+
+
+def _comparison(
+    target: _Target, position: BinlogPosition, diff: TableDiff, source_rows: int, lake_rows: int, compared: int,
+    source_sum: str, lake_sum: str, buckets: int = 0,
+) -> ConsistentComparison:  # fmt: skip
+    return ConsistentComparison(
+        target.table, str(position), target.applied_seq, source_rows, lake_rows, compared, len(target.keys),
+        source_sum, lake_sum, diff, target.not_compared, buckets,
+    )  # fmt: skip
+
+
+def _compare(
+    conn: pymysql.Connection, position: BinlogPosition, target: _Target, lake: pa.Table | None
+) -> ConsistentComparison:
+    """Both sides with the in-flight keys left out: counts, checksums and the row-for-row diff."""
+    if target.missing:
+        return _missing(target, position)
+    if target.large_rows:
+        return _compare_large(conn, position, target)
+    table = target.table
+    lake_rows = lake.num_rows if lake is not None else 0
+    source_table = read_source_table(conn, table, target.columns) if target.columns else None
+    source_rows = source_table.num_rows if source_table is not None else 0
+
+    def result(diff: TableDiff, compared: int, source_sum: str, lake_sum: str) -> ConsistentComparison:
+        return _comparison(target, position, diff, source_rows, lake_rows, compared, source_sum, lake_sum)
+
+    if target.not_compared:
+        return result(TableDiff(table, source_rows, lake_rows), 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
+    if source_table is None:
+        if not lake_rows:
+            return result(TableDiff(table), 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
+        assert lake is not None
+        data = lake.select(_source_columns(lake.column_names))
+        diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
+        return result(diff, 0, EMPTY_CHECKSUM, content_checksum(data))
+    aligned = source_table.schema.empty_table() if lake is None else align_current(table, source_table, lake)
+    kept_source = _without_keys(source_table, target.key_names, target.keys)
+    if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
+        assert lake is not None
+        data = lake.select(_source_columns(lake.column_names))
+        return result(aligned, kept_source.num_rows, content_checksum(kept_source), content_checksum(data))
+    kept_lake = _without_keys(aligned, target.key_names, target.keys)
+    diff = compare_tables(table, kept_source, kept_lake, target.key)
+    return result(diff, kept_source.num_rows, content_checksum(kept_source), content_checksum(kept_lake))
+
+
+def _missing(target: _Target, position: BinlogPosition) -> ConsistentComparison:
+    """A current-state table the pipeline made and someone removed: a difference, whatever is in flight."""
+    diff = TableDiff(target.table, schema_problem=target.missing)
+    target.not_compared = None  # whatever is in flight, the table itself is gone
+    return _comparison(target, position, diff, 0, 0, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
+
+
+def _unsettled(target: _Target, position: BinlogPosition) -> ConsistentComparison:
+    """A table whose definition changed after the snapshot began: InnoDB cannot read it in the snapshot
+    (error 1412), so it is not compared this time, as a DDL found in flight would not be."""
+    target.not_compared = "its definition changed after the consistent snapshot began (a DDL or TRUNCATE in flight)"
+    lake_rows = _lake_rows(target.current)
+    return _comparison(
+        target, position, TableDiff(target.table, 0, lake_rows), 0, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM
+    )
+
+
+def _compare_in_snapshot(
+    conn: pymysql.Connection, position: BinlogPosition, target: _Target, lake: pa.Table | None
+) -> ConsistentComparison:
+    try:
+        return _compare(conn, position, target, lake)
+    except pymysql.err.MySQLError as exc:
+        if exc.args and exc.args[0] in DEFINITION_CHANGED_ERRORS:
+            return _unsettled(target, position)
+        raise
+
+
+def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _Target) -> ConsistentComparison:
+    """`_compare` for a table too large to read whole: both sides streamed and compared in bucketed."""
+    table = target.table
+
+    def keep(rows: pa.Table) -> pa.Table:
+        return _without_keys(rows, target.key_names, target.keys)
+
+    result = partial(_comparison, target, position)
+    if target.not_compared:
+        source_rows = count_source_rows(conn, table) if target.columns else 0
+        lake_rows = _lake_rows(target.current)
+        return result(TableDiff(table, source_rows, lake_rows), source_rows, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
+    lake_schema = read_query(target.current, "SELECT * FROM current LIMIT 0", "current").schema if target.current else None
+    if not target.columns:  # gone from the source: what the lakehouse still holds
+        data = _source_columns(lake_schema.names) if lake_schema else []
+        lake_rows, _, lake_sum = bucketed.hash_sum_streamed(_lake_chunks(target), lambda r: r.select(data))
+        diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
+        return result(diff, 0, lake_rows, 0, EMPTY_CHECKSUM, checksum_text(lake_sum))
+    schema = arrow_schema(target.columns)
+    source_chunks = read_source_chunks(conn, table, target.columns, bucketed.STREAM_ROWS)
+    aligned = align_current(table, schema.empty_table(), (lake_schema or schema).empty_table())
+    if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
+        source_rows, kept, source_sum = bucketed.hash_sum_streamed(source_chunks, keep)
+        data = _source_columns(lake_schema.names) if lake_schema else []
+        lake_rows, _, lake_sum = bucketed.hash_sum_streamed(_lake_chunks(target), lambda r: r.select(data))
+        aligned.source_rows, aligned.lakehouse_rows = source_rows, lake_rows
+        return result(aligned, source_rows, lake_rows, kept, checksum_text(source_sum), checksum_text(lake_sum))
+    lake_chunks = (align_current(table, schema.empty_table(), chunk) for chunk in _lake_chunks(target))
+    buckets = bucketed.bucket_count(target.large_rows)
+    found = bucketed.compare_in_buckets(table, schema, source_chunks, lake_chunks, target.key, buckets, keep)
+    return result(
+        found.diff, found.source_rows, found.lakehouse_rows, found.compared_rows,
+        checksum_text(found.source_hash_sum), checksum_text(found.lakehouse_hash_sum), buckets,
+    )  # fmt: skip
+
+
+def compare_many(settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:
+    """Tables compared at one consistent point: one source snapshot, one pass over raw batches and the binlog."""
+    url = settings.url
+    conn = source.connect(url)
+    try:
+        server = source.preflight(conn, url, settings.server_id)
+        # information_schema is not part of the snapshot: the shapes read before it and again after the rows
+        # were read prove the shape inside it, when they agree (a DDL in between makes them differ).
+        shapes = source_shapes(conn, tables)
+        with source.consistent_snapshot(conn, server) as position:
+            failpoints.hit("verify.in_snapshot")
+            opened = for_each_table(tables, lambda table: _open_current(lakehouse, table))
+            targets = [
+                _Target(table, shapes[table], applied, current)
+                for table, (current, applied) in zip(tables, opened, strict=True)
+            ]
+            gone = for_each_table([t for t in targets if t.current is None], partial(_missing_reason, lakehouse))
+            for target, reason in zip([t for t in targets if t.current is None], gone, strict=True):
+                target.missing = reason
+            # Read after the current-state tables: the checkpoint and the batches cover every applied seq.
+            checkpoint = load_checkpoint(lakehouse.store)
+            manifests = _Manifests(lakehouse.store, list_batches(lakehouse.store))
+            # A sync may have captured (and applied) past the snapshot: changes after it are in flight too.
+            floor = manifests.seq_floor_at(position) if checkpoint and position < checkpoint.position else None
+            estimates = source_row_estimates(conn, tables)
+            for target in targets:
+                applied = SEQ_NONE if target.applied_seq is None else target.applied_seq
+                target.after_seq = applied if floor is None else min(applied, floor)
+                most = max(estimates[target.table], _lake_rows(target.current))
+                target.large_rows = most if most > bucketed.LARGE_TABLE_ROWS else 0
+            _scan_raw_batches(lakehouse.store, manifests, targets)
+            if checkpoint is not None:
+                _scan_binlog(settings, conn, server, checkpoint, position, targets)
+            _settle(targets)
+            # The lakehouse side is read on threads (delta-rs works outside the GIL) while this one reads the
+            # source, table by table, inside the one snapshot.
+            with ThreadPoolExecutor(TABLE_WORKERS, thread_name_prefix="cdc-lake") as pool:
+                lakes = [pool.submit(_read_lake, t) for t in targets]
+                results = [
+                    _compare_in_snapshot(conn, position, t, lake.result()) for t, lake in zip(targets, lakes, strict=True)
+                ]
+            settled = source_shapes(conn, tables)
+            return [
+                _unsettled(t, position) if settled[t.table] != shapes[t.table] and not t.missing else result
+                for t, result in zip(targets, results, strict=True)
+            ]
+    except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, or the binlog reader refused
+        raise source.describe_error(exc, url) from exc
+    finally:
+        conn.close()
+
+
+def verify_tables(
+    settings: SourceSettings, lakehouse: Lakehouse, requested: list[str] | None = None
+) -> list[ConsistentComparison]:
+    """`cdc-lakehouse verify`: the tables asked for (default: every table the lakehouse knows) compared with
+    the source at one consistent point, keys changed in flight left out on both sides."""
+    return compare_many(settings, lakehouse, tables_to_verify(lakehouse, requested))

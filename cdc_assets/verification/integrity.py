@@ -1,0 +1,46 @@
+"""The lakehouse against itself: raw batches follow each other without gap or overlap, and no change log
+holds a `_cdc_seq` twice."""
+
+from __future__ import annotations
+
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import for_each_table
+from cdc_assets.lake.delta import read_query
+from cdc_assets.lake.layout import CHANGES
+from cdc_assets.lake.raw_batches import chain_breaks, list_batches, read_manifest
+from cdc_assets.lake.state import known_tables, load_checkpoint
+from cdc_assets.lake.store import Lakehouse
+
+
+def batch_chain_breaks(lakehouse: Lakehouse, since: str | None = None) -> list[str]:
+    """Places where a raw batch does not start exactly where the one before it ended.
+
+    With `since`, only from the batch before it on (what a capture run added); the checkpoint must
+    sit at the end of the last batch.
+    """
+    store = lakehouse.store
+    names = list_batches(store)
+    if since in names:
+        names = names[max(names.index(since) - 1, 0) :]
+    manifests = [read_manifest(store, name) for name in names]
+    breaks = chain_breaks(manifests)
+    last = manifests[-1] if manifests else None
+    checkpoint = load_checkpoint(store)
+    if last is not None and checkpoint is not None and checkpoint.last_batch == last.name:
+        if checkpoint.position != last.end:
+            breaks.append(f"the checkpoint {checkpoint.position} is not the end {last.end} of {last.name}")
+    return breaks
+
+
+def duplicate_seqs(lakehouse: Lakehouse, tables: list[str] | None = None) -> dict[str, int]:
+    """Change logs in which some `_cdc_seq` appears more than once, with how many extra rows."""
+
+    def extra_rows(name: str) -> int:
+        log = lakehouse.open(CHANGES, TableRef.parse(name))
+        if log is None:
+            return 0
+        counts = read_query(log, "SELECT COUNT(*) AS n, COUNT(DISTINCT _cdc_seq) AS d FROM changes", "changes")
+        return int(counts.column("n")[0].as_py() - counts.column("d")[0].as_py())
+
+    names = tables if tables is not None else known_tables(lakehouse.store)
+    return {name: n for name, n in zip(names, for_each_table(names, extra_rows), strict=True) if n}

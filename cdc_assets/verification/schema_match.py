@@ -1,0 +1,57 @@
+"""Whether each current-state table has its source table's columns, order and Delta types (CONTRACT §4, §5)."""
+
+import pyarrow as pa
+
+from cdc_assets.core.mysql_types import arrow_type
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import for_each_table
+from cdc_assets.core.settings import SourceSettings
+from cdc_assets.lake.delta import plain_type
+from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.source import server as source
+from cdc_assets.source.rows import source_shapes
+
+
+def schema_difference(source_fields: list[pa.Field], current: pa.Schema) -> str | None:
+    """What is wrong with `current` against the source's columns, or None when it matches."""
+    names = current.names
+    source_names = [f.name for f in source_fields]
+    if names[: len(source_names)] != source_names:
+        return f"columns are {names[: len(source_names)]}, the source has {source_names}"
+    extra = [n for n in names[len(source_names) :] if not n.startswith("_cdc_")]
+    if extra:
+        return f"columns {extra} are not in the source"
+    wrong = [
+        f"{f.name} is {current.field(f.name).type}, expected {f.type}"
+        for f in source_fields
+        if current.field(f.name).type != f.type
+    ]
+    return "; ".join(wrong) or None
+
+
+def schema_differences(settings: SourceSettings, lakehouse: Lakehouse, tables: list[str]) -> dict[str, str]:
+    """Per table with a problem, one sentence about it."""
+    refs = [TableRef.parse(name) for name in tables]
+    conn = source.connect(settings.url)
+    try:
+        shapes = source_shapes(conn, refs)
+    finally:
+        conn.close()
+    opened = for_each_table(refs, lambda t: lakehouse.open(CURRENT, t))
+    problems = {}
+    for name, table, dt in zip(tables, refs, opened, strict=True):
+        shape = shapes[table]
+        if shape is None:
+            if dt is not None:
+                problems[name] = "the table no longer exists in the source"
+            continue
+        if dt is None:
+            problems[name] = "there is no current-state table yet"
+            continue
+        arrow = pa.schema(dt.schema().to_arrow())
+        current = pa.schema([f.with_type(plain_type(f.type)) for f in arrow])
+        problem = schema_difference([pa.field(c.name, arrow_type(c)) for c in shape.columns], current)
+        if problem:
+            problems[name] = problem
+    return problems

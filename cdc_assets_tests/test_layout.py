@@ -1,0 +1,139 @@
+"""The layout's import rules (docs/architecture.md) hold: read from every module's imports, no server needed."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# what each part may import of the project; Dagster only in the Dagster layer (and spark_resources.resources)
+ALLOWED = {
+    "cdc_assets.core": {"cdc_assets.core"},
+    "cdc_assets.lake": {"cdc_assets.core", "cdc_assets.lake"},
+    "cdc_assets.source": {"cdc_assets.core", "cdc_assets.source", "cdc_assets.local_source"},
+    "cdc_assets.capture": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.source", "cdc_assets.capture"},
+    "cdc_assets.stages": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.capture",
+        "cdc_assets.stages",
+        "spark_resources.engine",
+        "spark_resources.change_logs",
+        "spark_resources.current_state",
+        "spark_resources.files_job",
+        "spark_resources.snapshots",
+    },
+    "cdc_assets.verification": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.capture",
+        "cdc_assets.stages",
+        "cdc_assets.verification",
+    },
+    "cdc_assets.local_source": {"cdc_assets.local_source"},
+    "spark_resources.engine": {"spark_resources.transforms", "spark_resources.arrow_transforms"},
+    "spark_resources.arrow_transforms": {"spark_resources.transforms"},
+    "spark_resources.transforms": set(),
+    "spark_resources.session": set(),
+    "spark_resources.connect_server": set(),
+    "spark_resources.cluster": set(),
+    # the stages' Spark jobs: they run the stages' own pure functions on the executors
+    "spark_resources.files_job": {"cdc_assets.core", "cdc_assets.lake"},
+    "spark_resources.change_logs": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.stages.change_log",
+        "spark_resources.files_job",
+        "spark_resources.transforms",
+    },
+    "spark_resources.current_state": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.stages.change_log",
+        "cdc_assets.stages.current_state",
+        "spark_resources.files_job",
+    },
+    "spark_resources.snapshots": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.stages.current_state",
+        "spark_resources.files_job",
+    },
+    "spark_resources.resources": {"spark_resources.engine"},
+    "cdc_assets.definitions": {"cdc_assets.defs"},
+    "cdc_assets.cli": {"cdc_assets.defs", "cdc_assets.core", "cdc_assets.lake.layout", "cdc_assets.verification"},
+}
+DAGSTER = ("dagster", "dagster_aws", "dagster_pyspark")
+MAY_IMPORT_DAGSTER = ("cdc_assets.defs", "cdc_assets.definitions", "spark_resources.resources")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from pkg import module`
+    return found
+
+
+def _modules() -> dict[str, set[str]]:
+    files = [p for package in ("cdc_assets", "spark_resources") for p in (ROOT / package).rglob("*.py")]
+    return {_module_name(p): _imports(p) for p in files}
+
+
+def _part(module: str) -> str | None:
+    return next((part for part in sorted(ALLOWED, key=len, reverse=True) if module == part or module.startswith(part + ".")), None)
+
+
+def test_each_part_imports_only_what_its_rule_allows() -> None:
+    modules = _modules()
+    broken = []
+    for module, imports in modules.items():
+        part = _part(module)
+        if part is None:
+            continue  # defs/: the Dagster wiring may import everything
+        for name in imports:
+            if name.split(".")[0] in DAGSTER and not module.startswith(MAY_IMPORT_DAGSTER):
+                broken.append(f"{module} imports {name}")
+            project = [m for m in modules if name == m and "." in m]  # a package's own name says nothing
+            if project and not any(name == a or name.startswith(a + ".") for a in ALLOWED[part]):
+                broken.append(f"{module} imports {name}")
+    assert broken == []
+
+
+def test_no_import_cycle_and_no_private_dagster_api_but_the_event_log() -> None:
+    modules = _modules()
+    graph = {m: {i for i in imports if i in modules and i != m} for m, imports in modules.items()}
+    # a package's __init__ importing its own modules is how a package is assembled, not a cycle of concerns
+    graph = {m: {i for i in deps if not (m and i.startswith(m + "."))} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+    private = sorted(
+        f"{m} imports {i}" for m, imports in modules.items() for i in imports if i.startswith("dagster._")
+    )
+    assert all(line.startswith("cdc_assets.defs.event_log ") for line in private), private

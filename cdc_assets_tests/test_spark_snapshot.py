@@ -1,0 +1,127 @@
+"""Snapshots on the Spark engine: tasks read primary-key chunks without a lock while the source writes, the
+run process records and commits; a stopped snapshot resumes with the chunks it has not read. Each ends with
+the lakehouse equal to the source."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from cdc_assets.core import failpoints
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.layout import CURRENT
+from cdc_assets.stages.snapshot_on_spark import decode_key, encode_key, snapshots_in_progress
+from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.test_cli import _run
+
+ROWS = 3_000
+
+
+def test_a_key_survives_the_record() -> None:
+    key = (7, "naïve ✅", b"\x00\xff", decimal.Decimal("-12.50"), dt.datetime(2026, 1, 2, 3, 4, 5, 6), dt.date(2026, 1, 2))
+    key += (dt.timedelta(hours=-838, microseconds=1), 2.5)
+    assert decode_key(encode_key(key)) == key
+
+
+def create_tables(cdc: CdcEnv) -> None:
+    """An integer key, a composite key with text in it, and no key at all."""
+    cdc.execute(
+        "CREATE TABLE ints (id INT PRIMARY KEY, n INT NOT NULL, note VARCHAR(40))",
+        "CREATE TABLE texts (region VARCHAR(10), code VARCHAR(20), qty DECIMAL(9,2), PRIMARY KEY (region, code))",
+        "CREATE TABLE bag (a INT, b VARCHAR(10))",
+    )
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.executemany("INSERT INTO ints VALUES (%s, 0, 'start')", [(i,) for i in range(ROWS)])
+        rows = [(f"r{i % 7}", f"Code-{i:05d} ✅", i / 4) for i in range(ROWS)]
+        cur.executemany("INSERT INTO texts VALUES (%s, %s, %s)", rows)
+        cur.executemany("INSERT INTO bag VALUES (%s, %s)", [(i % 5, "same") for i in range(200)])
+
+
+@contextmanager
+def writing(cdc: CdcEnv) -> Iterator[list[int]]:
+    """Writes to every table (updates, deletes, inserts, a key moved) until the block ends."""
+    stop = threading.Event()
+    writes = [0]
+
+    def write() -> None:
+        with cdc.admin() as conn, conn.cursor() as cur:
+            i = 0
+            while not stop.is_set():
+                cur.execute("UPDATE ints SET n = n + 1, note = %s WHERE id = %s", (f"w{i}", (i * 7919) % ROWS))
+                cur.execute("UPDATE texts SET qty = qty + 1 WHERE region = %s AND code = %s", (f"r{i % 7}", f"Code-{(i * 31) % ROWS:05d} ✅"))
+                if i % 5 == 0:
+                    cur.execute("DELETE FROM ints WHERE id = %s", ((i * 104729) % ROWS,))
+                    cur.execute("INSERT INTO ints VALUES (%s, 0, 'new')", (ROWS + i,))
+                    cur.execute("UPDATE ints SET id = %s WHERE id = %s", (10 * ROWS + i, (i * 15485863) % ROWS))
+                    cur.execute("INSERT INTO bag VALUES (%s, 'later')", (i % 3,))
+                    cur.execute("DELETE FROM bag WHERE a = %s LIMIT 1", (i % 5,))
+                i += 1
+                writes[0] = i
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        yield writes
+    finally:
+        stop.set()
+        writer.join()
+
+
+@pytest.fixture
+def spark_snapshots(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> CdcEnv:
+    monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "0")  # every run on Spark, whatever its size
+    monkeypatch.setenv("CDC_SNAPSHOT_CHUNK_ROWS", "250")
+    return cdc
+
+
+def _assert_equal(cdc: CdcEnv, tables: int) -> None:
+    results = cdc.verify()
+    assert len(results) == tables
+    assert [r.describe() for r in results if not r.ok] == []
+
+
+def test_a_snapshot_on_spark_reads_chunks_while_the_source_writes(spark_snapshots: CdcEnv, capsys) -> None:
+    cdc = spark_snapshots
+    create_tables(cdc)
+    with writing(cdc) as writes:
+        code, out, err = _run(["snapshot"], capsys)
+        assert code == 0, out + err
+        during = writes[0]
+    assert during > 20  # the source really changed while the chunks were read
+    [planned] = re.findall(r"(\d+) chunks to read in 2 tables", err)  # 2 keyed tables, CDC_SNAPSHOT_CHUNK_ROWS each
+    assert 2 * (ROWS // 250) - 2 <= int(planned) <= 2 * (ROWS // 250) + 2
+    assert re.search(rf"{planned} of {planned} chunks read, [\d,]+ rows, [\d,]+ rows/s", err)  # progress
+    ints = cdc.lakehouse.open(CURRENT, TableRef(cdc.database, "ints"))
+    assert ints is not None and len(ints.file_uris()) >= ROWS // 250 - 1  # written a chunk at a time
+    assert snapshots_in_progress(cdc.lakehouse.store) == []  # nothing left to resume
+    assert cdc.sync() == 0
+    _assert_equal(cdc, 3)
+
+
+def test_a_stopped_snapshot_resumes_with_the_chunks_it_has_not_read(spark_snapshots: CdcEnv, capsys) -> None:
+    cdc = spark_snapshots
+    create_tables(cdc)
+
+    def stop() -> None:
+        raise RuntimeError("stopped by the test")
+
+    with writing(cdc), failpoints.arm("snapshot.chunks_recorded", stop):
+        code, _, _ = _run(["snapshot"], capsys)
+        assert code != 0
+        [stopped] = [r for r in snapshots_in_progress(cdc.lakehouse.store) if r.table.table == "ints"]
+        assert 0 < len(stopped.done) < stopped.chunks
+        read_before = {a["path"] for actions in stopped.done.values() for a in actions}
+        code, out, err = _run(["snapshot"], capsys)
+        assert code == 0, out + err
+    assert f"resuming its snapshot, {len(stopped.done)} of {stopped.chunks} chunks already read" in err
+    ints = cdc.lakehouse.open(CURRENT, TableRef(cdc.database, "ints"))
+    assert ints is not None
+    assert read_before <= {a for a in ints.get_add_actions(flatten=True).column("path").to_pylist()}  # not read again
+    assert cdc.sync() == 0
+    _assert_equal(cdc, 3)

@@ -1,0 +1,103 @@
+"""The Spark transforms of `spark_resources.transforms` on Arrow, in this process: same inputs, same rows out.
+
+A Spark job costs seconds before it does any work (a JVM, the rows sent to it and back), more than these
+transforms take on Arrow for a few hundred thousand changes; `engine.choose_transforms` picks the
+engine by how many changes a stage processes. `test_spark_transforms` runs both engines on the same rows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spark_resources.transforms import KEY_EVENTS_SCHEMA
+
+_CONTROL = r"[\x00-\x1f]"
+
+
+def _jackson_string(text: str) -> str:
+    """A JSON string as Spark's to_json (Jackson) writes it: non-ASCII kept, control characters escaped
+    (\\uXXXX in upper-case hex but for the five short escapes)."""
+    encoded = json.dumps(text, ensure_ascii=False)
+    return encoded if "\\u" not in encoded else _upper_hex_escapes(encoded)
+
+
+def _upper_hex_escapes(encoded: str) -> str:
+    parts = encoded.split("\\u")
+    return parts[0] + "".join("\\u" + p[:4].upper() + p[4:] for p in parts[1:])
+
+
+def _json_element(values: pa.Array) -> pa.Array:
+    """Each value as a JSON string, `null` for NULL."""
+    if pc.any(pc.match_substring_regex(values, _CONTROL)).as_py():  # rare: escape in Python
+        quoted = pa.array([None if v is None else _jackson_string(v) for v in values.to_pylist()], pa.string())
+    else:
+        escaped = pc.replace_substring(pc.replace_substring(values, "\\", "\\\\"), '"', '\\"')
+        quoted = pc.binary_join_element_wise('"', escaped, '"', "")
+    return pc.fill_null(quoted, "null")
+
+
+def json_keys(images: pa.Array, key_idx: list[int]) -> pa.Array:
+    """The key of each row image as the JSON array of its key columns' texts (NULL for a NULL image)."""
+    if not len(images):
+        return pa.array([], pa.string())
+    elements = [_json_element(pc.list_element(images, i)) for i in key_idx]
+    inner = elements[0] if len(elements) == 1 else pc.binary_join_element_wise(*elements, ",")
+    keys = pc.binary_join_element_wise("[", inner, "]", "")
+    return pc.if_else(pc.is_valid(images), keys, pa.scalar(None, pa.string()))
+
+
+def keyed_changes(rows: pa.Table, table_keys: pa.Table) -> pa.Table:
+    """`spark_resources.transforms.keyed_changes` on Arrow: rows with `key` and `before_key`, ordered by table and
+    seq; rows whose (batch, table_version) has no entry in `table_keys` are left out."""
+    index_of = {
+        (k["batch"], k["table_version"]): tuple(k["key_idx"]) for k in table_keys.to_pylist()
+    }  # a few per table and batch
+    group = pc.binary_join_element_wise(rows.column("batch"), pc.cast(rows.column("table_version"), pa.string()), "\x1f")
+    encoded = pc.dictionary_encode(group).combine_chunks()
+    codes_by_key: dict[tuple[int, ...], list[int]] = {}
+    for code, name in enumerate(encoded.dictionary.to_pylist()):
+        batch, version = name.split("\x1f")
+        key_idx = index_of.get((batch, int(version)))
+        if key_idx is not None:
+            codes_by_key.setdefault(key_idx, []).append(code)
+    parts = []
+    for key_idx, codes in codes_by_key.items():
+        part = rows.filter(pc.is_in(encoded.indices, pa.array(codes, encoded.indices.type)))
+        after, before = part.column("after").combine_chunks(), part.column("before").combine_chunks()
+        image = pc.if_else(pc.is_valid(after), after, before)
+        part = part.append_column("key", json_keys(image, list(key_idx)))
+        parts.append(part.append_column("before_key", json_keys(before, list(key_idx))))
+    if not parts:
+        empty = rows.schema.append(pa.field("key", pa.string())).append(pa.field("before_key", pa.string()))
+        return empty.empty_table()
+    return pa.concat_tables(parts).sort_by([("schema", "ascending"), ("table", "ascending"), ("seq", "ascending")])
+
+
+def latest_change_per_key(key_events: pa.Table) -> pa.Table:
+    """`spark_resources.transforms.latest_change_per_key` on Arrow: (table_id, key, seq, action), the newest
+    change per (table, key), ordered by table_id and seq."""
+    events = key_events.cast(KEY_EVENTS_SCHEMA)
+    op = events.column("op")
+    upserts = events.filter(pc.is_in(op, pa.array(["insert", "update"])))
+    moved = pc.and_kleene(pc.equal(op, "update"), pc.not_equal(events.column("before_key"), events.column("key")))
+    deletes = events.filter(pc.or_kleene(pc.equal(op, "delete"), moved))
+    changes = pa.concat_tables(
+        [
+            pa.table(
+                {
+                    "table_id": part.column("table_id"),
+                    "key": part.column(key),
+                    "seq": part.column("seq"),
+                    "action": pa.array([action] * part.num_rows, pa.string()),
+                }
+            )
+            for part, key, action in ((upserts, "key", "upsert"), (deletes, "before_key", "delete"))
+        ]
+    )
+    newest = changes.group_by(["table_id", "key"], use_threads=False).aggregate([("seq", "max")])
+    newest = newest.rename_columns(["table_id", "key", "seq"])
+    latest = newest.join(changes, keys=["table_id", "key", "seq"], join_type="inner", use_threads=False)
+    return latest.select(["table_id", "key", "seq", "action"]).sort_by([("table_id", "ascending"), ("seq", "ascending")])

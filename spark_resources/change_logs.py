@@ -1,0 +1,151 @@
+"""The change-log stage on Spark, with no row passing through the run process.
+
+Spark tasks read the raw batches' data files from the lakehouse themselves (pyarrow's filesystems: a local
+directory or S3, no Hadoop jars), key the changes in one job over every table, type them per table and write
+each table's new change-log files; the run process gets back only the files' add actions and commits them,
+one Delta commit per table (cdc_assets/stages/changes.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame, SparkSession
+
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, write_files
+from cdc_assets.lake.layout import CHANGES, RAW
+from cdc_assets.lake.raw_batches import DATA_FILE, RAW_ROWS_SCHEMA
+from cdc_assets.stages.change_log import conform_to_log, rows_for_tables, typed_changes, with_batch
+from spark_resources.transforms import arrow_frame, keyed_frame, spark_schema
+
+RAW_WITH_BATCH = pa.schema(list(RAW_ROWS_SCHEMA) + [pa.field("batch", pa.string(), nullable=False)])
+WRITTEN_SCHEMA = pa.schema(
+    list(FILE_ACTION_SCHEMA)
+    + [
+        pa.field("max_seq", pa.int64(), nullable=False),
+        pa.field("inserts", pa.int64(), nullable=False),
+        pa.field("updates", pa.int64(), nullable=False),
+        pa.field("deletes", pa.int64(), nullable=False),
+    ]
+)
+READ_SLICE_ROWS = 100_000
+
+
+@dataclass(frozen=True)
+class ChangeLogTargets:
+    """What the tasks need to write each table's change-log files: its directory, the `_cdc_seq` it has
+    already taken in, and the schema its files take (the log's, unified with this run's versions)."""
+
+    access: FileAccess
+    watermarks: dict[str, int | None]  # table text -> the change log's highest `_cdc_seq`
+    schemas: dict[str, pa.Schema]  # table text -> the schema the new files take
+    versions: dict[tuple[str, int], TableShape]
+    ddl: dict[tuple[str, int], str]
+
+
+def _read_raw(access: FileAccess, starts: dict[str, str | None]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A task's reader of raw batches: each batch's data file, checked against its manifest's SHA-256 and
+    read a row group at a time, with the rows of the wanted tables after each one's start."""
+
+    def read(tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        fs = access.filesystem()
+        for task in tasks:
+            for batch, digest in zip(task.column("batch").to_pylist(), task.column("sha256").to_pylist(), strict=True):
+                path = access.path(f"{RAW}/{batch}/{DATA_FILE}")
+                check = hashlib.sha256()
+                with fs.open_input_stream(path) as source:
+                    while block := source.read(1 << 20):
+                        check.update(block)
+                if check.hexdigest() != digest:
+                    raise CdcUserError(
+                        f"Raw batch {batch} is corrupt (its data does not match the manifest's SHA-256): "
+                        f"restore raw/{batch}/ from a backup."
+                    )
+                with fs.open_input_file(path) as source:
+                    parquet = pq.ParquetFile(source)
+                    for part in parquet.iter_batches(batch_size=READ_SLICE_ROWS):
+                        rows = rows_for_tables(with_batch(pa.Table.from_batches([part]), batch), starts)
+                        yield from rows.cast(RAW_WITH_BATCH).to_batches()
+
+    return read
+
+
+def raw_changes(
+    spark: SparkSession, access: FileAccess, batches: list[tuple[str, str]], starts: dict[str, str | None]
+) -> DataFrame:
+    """The raw rows of the batches (name, data SHA-256) for the tables in `starts`, read by Spark tasks."""
+    tasks = arrow_frame(spark, pa.table({"batch": [b for b, _ in batches], "sha256": [d for _, d in batches]}))
+    return tasks.repartition(max(1, min(len(batches), 64))).mapInArrow(_read_raw(access, starts), spark_schema(RAW_WITH_BATCH))
+
+
+def _write_logs(targets: ChangeLogTargets) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A task's writer: its share of the keyed changes typed per table, past each log's watermark, written as
+    files of FILE_ROWS rows at most; one add action (and counts) per file."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        held: dict[str, list[pa.Table]] = {}
+        counts: dict[str, int] = {}
+
+        def flush(table: str) -> Iterator[pa.RecordBatch]:
+            parts, held[table], counts[table] = held[table], [], 0
+            if not parts:
+                return
+            rows = pa.concat_tables(parts).sort_by("_cdc_seq")
+            ops = rows.column("_cdc_op")
+            for action in write_files(targets.access, f"{CHANGES}/{TableRef.parse(table).path}", table, [rows]):
+                action.update(
+                    max_seq=int(pc.max(rows.column("_cdc_seq")).as_py()),
+                    inserts=int(pc.sum(pc.equal(ops, "insert")).as_py() or 0),
+                    updates=int(pc.sum(pc.equal(ops, "update")).as_py() or 0),
+                    deletes=int(pc.sum(pc.equal(ops, "delete")).as_py() or 0),
+                )
+                yield pa.RecordBatch.from_pylist([action], schema=WRITTEN_SCHEMA)
+
+        for batch in batches:
+            rows = pa.Table.from_batches([batch])
+            names = pc.binary_join_element_wise(rows.column("schema"), rows.column("table"), "\x00")
+            for joined in pc.unique(names).to_pylist():
+                schema_name, table_name = joined.split("\x00")
+                table = str(TableRef(schema_name, table_name))
+                typed = typed_changes(rows.filter(pc.equal(names, joined)), targets.versions, targets.ddl)
+                watermark = targets.watermarks.get(table)
+                if watermark is not None:
+                    typed = typed.filter(pc.greater(typed.column("_cdc_seq"), watermark))
+                if not typed.num_rows:
+                    continue
+                held.setdefault(table, []).append(conform_to_log(typed, targets.schemas[table]))
+                counts[table] = counts.get(table, 0) + typed.num_rows
+                if counts[table] >= FILE_ROWS:
+                    yield from flush(table)
+        for table in list(held):
+            yield from flush(table)
+
+    return write
+
+
+def write_change_logs(
+    spark: SparkSession,
+    raw: DataFrame,
+    statement_rows: pa.Table | None,
+    table_keys: pa.Table,
+    targets: ChangeLogTargets,
+) -> list[dict]:
+    """Key the changes (one job over every table), then type and write each table's new change-log files on
+    the executors; returns the files' add actions with their counts (the only rows the run process sees)."""
+    changes = raw
+    if statement_rows is not None and statement_rows.num_rows:
+        changes = changes.unionByName(arrow_frame(spark, statement_rows.cast(RAW_WITH_BATCH)))
+    keyed = keyed_frame(changes, arrow_frame(spark, table_keys))
+    parallelism = max(1, min(len(targets.schemas), 8))
+    written = keyed.repartition(parallelism, "schema", "table").mapInArrow(
+        _write_logs(targets), spark_schema(WRITTEN_SCHEMA)
+    )
+    return [row.asDict() for row in written.collect()]

@@ -1,0 +1,103 @@
+"""Spark jobs over a Delta table's own data files: each task reads some of them with pyarrow (a local directory or
+S3, no Hadoop jars), transforms the rows and writes new files; the run process commits the swap. Used to
+compact small files, to rewrite a change log whose column type changed, and to reshape a current-state table
+after an ALTER: no row passes through the run process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.delta import SMALL_FILES_BEFORE_COMPACTION, max_seq
+from cdc_assets.lake.files import (
+    FILE_ACTION_SCHEMA,
+    FileAccess,
+    add_actions,
+    commit_files,
+    conformed,
+    read_files,
+    remove_actions,
+    write_files,
+)
+from cdc_assets.lake.store import Lakehouse
+from spark_resources.transforms import arrow_frame, spark_schema
+
+
+def rewrite_files(
+    spark: SparkSession,
+    access: FileAccess,
+    table_key: str,
+    table_text: str,
+    groups: list[list[str]],
+    transform: Callable[[pa.Table], pa.Table],
+    target_key: str | None = None,
+    whole: bool = False,
+) -> list[dict]:
+    """Each group of the table's files (paths relative to its directory) read by one task, its rows passed
+    through `transform` (a row group at a time, or the whole group at once with `whole`) and written as new
+    files (in `target_key`'s directory: a renamed table's); returns their add actions."""
+    if not groups:
+        return []
+    tasks = arrow_frame(spark, pa.table({"group": pa.array(groups, pa.list_(pa.string()))}))
+
+    def rewrite(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for paths in batch.column("group").to_pylist():
+                parts = read_files(access, table_key, paths)
+                if whole:
+                    read = list(parts)
+                    parts = iter([pa.concat_tables(read, promote_options="permissive")] if read else [])
+                rows = (transform(part) for part in parts)
+                for action in write_files(access, target_key or table_key, table_text, rows):
+                    yield pa.RecordBatch.from_pylist([action], schema=FILE_ACTION_SCHEMA)
+
+    written = tasks.repartition(min(len(groups), 64)).mapInArrow(rewrite, spark_schema(FILE_ACTION_SCHEMA))
+    return [row.asDict() for row in written.collect()]
+
+
+def small_file_groups(paths_and_sizes: list[tuple[str, int]], target_bytes: int) -> list[list[str]]:
+    """Files grouped so that each group adds up to about `target_bytes`: one task, one new file each."""
+    groups: list[list[str]] = []
+    size = 0
+    for path, bytes_ in sorted(paths_and_sizes):
+        if not groups or size + bytes_ > target_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(path)
+        size += bytes_
+    return [g for g in groups if g]
+
+
+def compact_table(
+    lakehouse: Lakehouse, spark: SparkSession, layer: str, table: TableRef, target_bytes: int, seq_key: str
+) -> bool:
+    """`lake.delta.compact_small_files` with the reading and writing done by Spark tasks: the small files (once
+    there are SMALL_FILES_BEFORE_COMPACTION of them) rewritten as files of about `target_bytes`, committed
+    with their removes as a change of layout, not of data."""
+    existing = lakehouse.open(layer, table)
+    if existing is None:
+        return False
+    actions = pa.table(existing.get_add_actions(flatten=True))
+    small = [
+        (p, s)
+        for p, s in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True)
+        if s < target_bytes // 2
+    ]
+    if len(small) < SMALL_FILES_BEFORE_COMPACTION:
+        return False
+    schema = pa.schema(existing.schema().to_arrow())
+    key = lakehouse.table_key(layer, table)
+    written = rewrite_files(
+        spark, lakehouse.file_access(), key, str(table), small_file_groups(small, target_bytes),
+        lambda rows: conformed(rows, schema),
+    )  # fmt: skip
+    seq = max_seq(existing, seq_key) or 0
+    commit_files(
+        existing, lakehouse.table_uri(layer, table), lakehouse.storage_options(), key, schema,
+        add_actions(written, data_change=False), remove_actions(existing, [p for p, _ in small], data_change=False),
+        seq_key, seq, {},
+    )  # fmt: skip
+    return True

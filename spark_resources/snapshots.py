@@ -1,0 +1,121 @@
+"""Snapshots on Spark: tasks read a table's rows from the source one primary-key range at a time (each task its
+own PyMySQL connection) and write them as current-state files; the run process only plans the ranges and
+commits (cdc_assets/stages/snapshot_on_spark.py). No task takes a lock on the source."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.settings import MySQLUrl
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FileAccess, write_files
+from cdc_assets.source import server as source
+from cdc_assets.source.rows import key_range_select, read_query_rows, read_source_chunks
+from cdc_assets.stages.current_state import DUP_COLUMN, current_schema, number_duplicates
+from spark_resources.transforms import arrow_frame, spark_schema
+
+READ_ROWS = 100_000  # rows a task holds at once
+CHUNK_SCHEMA = pa.schema(list(FILE_ACTION_SCHEMA) + [pa.field("chunk", pa.int64(), nullable=False)])
+WHOLE_SCHEMA = pa.schema(
+    list(CHUNK_SCHEMA) + [pa.field("log_file", pa.string(), nullable=False), pa.field("log_pos", pa.int64(), nullable=False)]
+)
+
+
+@dataclass(frozen=True)
+class ChunkRead:
+    """One task's work: the rows of `shape`'s table whose key is in [low, high) (None: unbounded), written
+    under `table_key` with `_cdc_seq` = `seq`."""
+
+    table_key: str
+    shape: TableShape
+    low: tuple | None
+    high: tuple | None
+    seq: int
+    taken_at: dt.datetime
+
+
+def with_snapshot_columns(rows: pa.Table, shape: TableShape, seq: int, taken_at: dt.datetime) -> pa.Table:
+    """Source rows as current-state rows: every row the snapshot's seq and time."""
+    rows = rows.append_column("_cdc_seq", pa.array([seq] * rows.num_rows, pa.int64())).append_column(
+        "_cdc_commit_ts", pa.array([taken_at] * rows.num_rows, pa.timestamp("us", tz="UTC"))
+    )
+    if not shape.primary_key:  # identical rows of a keyless table are told apart by their ordinal
+        rows = rows.append_column(DUP_COLUMN, number_duplicates(rows, shape.column_names))
+    return rows.cast(current_schema(shape))
+
+
+def with_seq(rows: pa.Table, seq: int) -> pa.Table:
+    """Snapshot rows given the seq of their position, once capture has reached it (keyless tables)."""
+    index = rows.schema.get_field_index("_cdc_seq")
+    return rows.set_column(index, rows.schema.field(index), pa.array([seq] * rows.num_rows, pa.int64()))
+
+
+def _one_task_each(spark: SparkSession, ids: list[int]) -> object:
+    return arrow_frame(spark, pa.table({"chunk": pa.array(ids, pa.int64())})).repartition(len(ids))
+
+
+def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: dict[int, ChunkRead]) -> list[dict]:
+    """Every chunk read by a task of its own and written as files (one SELECT each: one consistent read);
+    the files' add actions, each with its chunk's id."""
+    if not chunks:
+        return []
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        conn = source.connect(url)
+        try:
+            for batch in batches:
+                for chunk in batch.column("chunk").to_pylist():
+                    work = chunks[chunk]
+                    sql = key_range_select(conn, work.shape, work.low, work.high)
+                    rows = (
+                        with_snapshot_columns(part, work.shape, work.seq, work.taken_at)
+                        for part in read_query_rows(conn, list(work.shape.columns), sql, READ_ROWS)
+                    )
+                    for action in write_files(access, work.table_key, str(work.shape.table), rows):
+                        yield pa.RecordBatch.from_pylist([{**action, "chunk": chunk}], schema=CHUNK_SCHEMA)
+        finally:
+            conn.close()
+
+    written = _one_task_each(spark, sorted(chunks)).mapInArrow(read, spark_schema(CHUNK_SCHEMA))
+    return [r.asDict() for r in written.collect()]
+
+
+def read_whole_tables(
+    spark: SparkSession, url: MySQLUrl, server: source.ServerInfo, access: FileAccess, tables: dict[int, ChunkRead]
+) -> dict[int, tuple[list[dict], BinlogPosition]]:
+    """Each table read whole by one task inside a consistent snapshot of its own, for keyless tables: their
+    copies of a row are numbered over the whole table, and changes can only be replayed over them from exactly
+    the snapshot's binlog position. Returns each table's files and that position."""
+    if not tables:
+        return {}
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for chunk in batch.column("chunk").to_pylist():
+                work = tables[chunk]
+                conn = source.connect(url)
+                try:
+                    with source.consistent_snapshot(conn, server) as position:
+                        parts = list(read_source_chunks(conn, work.shape.table, list(work.shape.columns), READ_ROWS))
+                finally:
+                    conn.close()
+                rows = with_snapshot_columns(pa.concat_tables(parts), work.shape, work.seq, work.taken_at)
+                where = {"chunk": chunk, "log_file": position.log_file, "log_pos": position.log_pos}
+                actions = list(write_files(access, work.table_key, str(work.shape.table), [rows]))
+                none = {"table": str(work.shape.table), "path": "", "size": 0, "rows": 0, "stats": "", "modification_time": 0}
+                for action in actions or [none]:  # an empty table still reports its position
+                    yield pa.RecordBatch.from_pylist([{**action, **where}], schema=WHOLE_SCHEMA)
+
+    found: dict[int, tuple[list[dict], BinlogPosition]] = {}
+    for row in _one_task_each(spark, sorted(tables)).mapInArrow(read, spark_schema(WHOLE_SCHEMA)).collect():
+        action = row.asDict()
+        files, _ = found.setdefault(action["chunk"], ([], BinlogPosition(action["log_file"], int(action["log_pos"]))))
+        if action["path"]:
+            files.append(action)
+    return found
