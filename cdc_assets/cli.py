@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs import demo
+from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
 from cdc_assets.defs.runs import RunOutcome, collect_status, run_snapshot, run_sync, run_verify
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
 from cdc_assets.verification.consistency import ConsistentComparison
@@ -81,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_sync(outcome: RunOutcome) -> None:
-    raw = outcome.metadata.get("raw_binlog_batches", {})
-    changes = outcome.metadata.get("table_changes", {})
-    current = outcome.metadata.get("current_tables", {})
+    raw = outcome.of(RAW_ASSET)
+    changes = outcome.of(CHANGES_ASSET)
+    current = outcome.of(CURRENT_ASSET)
     print(
         f"captured {raw.get('batches', 0)} raw batches ({raw.get('rows', 0)} row changes, "
         f"{raw.get('table_count', 0)} tables) up to {raw.get('last_position', '?')}"
@@ -109,7 +110,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     outcome = run_snapshot(args.snapshot_tables)
-    current = outcome.metadata.get("current_tables", {})
+    current = outcome.of(CURRENT_ASSET)
     for table, rows in sorted((current.get("per_table") or {}).items()):
         print(f"{table}: {rows} rows loaded")
     for problem in outcome.failed_checks:
@@ -174,8 +175,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _print_progress(outcome: RunOutcome) -> None:
-    raw = outcome.metadata.get("raw_binlog_batches", {})
-    current = outcome.metadata.get("current_tables", {})
+    raw = outcome.of(RAW_ASSET)
+    current = outcome.of(CURRENT_ASSET)
     print(
         f"  sync: {raw.get('rows', 0)} row changes captured, {current.get('changes_in', 0)} applied "
         f"to {current.get('tables', 0)} tables in {outcome.seconds:.1f}s"

@@ -10,7 +10,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.capture.run import capture
 from cdc_assets.core.names import TableRef
-from cdc_assets.definitions import build_definitions
+from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
 from cdc_assets.defs.keys import LAG_JOB as LAG_JOB_NAME
 from cdc_assets.defs.resources import BinlogResource

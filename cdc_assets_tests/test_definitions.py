@@ -8,9 +8,9 @@ import pytest
 from dagster import AssetKey
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.definitions import build_definitions
+from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.freshness import lag_thresholds
-from cdc_assets.defs.resources import resources_from_env
+from cdc_assets.defs.resources import initialized_resources, resources_from_env
 
 ASSETS = {"raw_binlog_batches": "capture", "table_changes": "changes", "current_tables": "current"}
 
@@ -93,7 +93,7 @@ def test_resources_are_declared_once_and_read_the_environment(monkeypatch) -> No
     monkeypatch.delenv("CDC_SPARK_MIN_ROWS")
     monkeypatch.setenv("CDC_MYSQL_URL", "mysql://reader:secret@127.0.0.1:9")
     monkeypatch.setenv("CDC_SNAPSHOT_CHUNK_ROWS", "2500")
-    assert resources_from_env().binlog.settings().snapshot_chunk_rows == 2500
+    assert initialized_resources().binlog.settings().snapshot_chunk_rows == 2500
     monkeypatch.setenv("CDC_SNAPSHOT_CHUNK_ROWS", "0")
     with pytest.raises(CdcUserError, match="CDC_SNAPSHOT_CHUNK_ROWS='0' is not a positive whole number"):
         resources_from_env()

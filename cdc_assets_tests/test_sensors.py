@@ -8,7 +8,7 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
 from cdc_assets.capture.run import capture
-from cdc_assets.definitions import build_definitions
+from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
 from cdc_assets.defs.keys import PARTITION_RANGE_END_TAG, PARTITION_RANGE_START_TAG, PARTITION_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME

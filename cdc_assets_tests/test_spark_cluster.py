@@ -15,7 +15,7 @@ import pytest
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.layout import CURRENT
-from cdc_assets.stages.snapshot_on_spark import TableSnapshot, snapshots_in_progress
+from cdc_assets.stages.snapshot_records import TableSnapshot, snapshots_in_progress
 from cdc_assets_tests.conftest import CdcEnv, run_cli, use_s3
 from cdc_assets_tests.test_spark_snapshot import create_tables, writing
 
@@ -115,7 +115,7 @@ def test_a_snapshot_on_the_cluster_killed_and_resumed_under_a_writer(
         resumed = run_cli("snapshot", env=env)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
         assert writes[0] > 20  # the source changed throughout
-    assert f"resuming its snapshot, {len(ints.done)} of {ints.chunks} chunks already read" in resumed.stderr
+    assert f"resuming its snapshot, {len(ints.done)} of {ints.chunks} chunks already read" in resumed.stdout
     assert snapshots_in_progress(initialized_resources().lakehouse.get().store) == []
     current = initialized_resources().lakehouse.get().open(CURRENT, TableRef(cdc.database, "ints"))
     assert current is not None

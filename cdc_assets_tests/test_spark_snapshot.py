@@ -16,7 +16,7 @@ import pytest
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.layout import CURRENT
-from cdc_assets.stages.snapshot_on_spark import decode_key, encode_key, snapshots_in_progress
+from cdc_assets.stages.snapshot_records import decode_key, encode_key, snapshots_in_progress
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_cli import _run
 
@@ -94,9 +94,9 @@ def test_a_snapshot_on_spark_reads_chunks_while_the_source_writes(spark_snapshot
         assert code == 0, out + err
         during = writes[0]
     assert during > 20  # the source really changed while the chunks were read
-    [planned] = re.findall(r"(\d+) chunks to read in 2 tables", err)  # 2 keyed tables, CDC_SNAPSHOT_CHUNK_ROWS each
+    [planned] = re.findall(r"(\d+) chunks to read in 2 tables", out)  # 2 keyed tables, CDC_SNAPSHOT_CHUNK_ROWS each
     assert 2 * (ROWS // 250) - 2 <= int(planned) <= 2 * (ROWS // 250) + 2
-    assert re.search(rf"{planned} of {planned} chunks read, [\d,]+ rows, [\d,]+ rows/s", err)  # progress
+    assert re.search(rf"{planned} of {planned} chunks read, [\d,]+ rows, [\d,]+ rows/s", out)  # progress
     ints = cdc.lakehouse.open(CURRENT, TableRef(cdc.database, "ints"))
     assert ints is not None and len(ints.file_uris()) >= ROWS // 250 - 1  # written a chunk at a time
     assert snapshots_in_progress(cdc.lakehouse.store) == []  # nothing left to resume
@@ -119,7 +119,7 @@ def test_a_stopped_snapshot_resumes_with_the_chunks_it_has_not_read(spark_snapsh
         read_before = {a["path"] for actions in stopped.done.values() for a in actions}
         code, out, err = _run(["snapshot"], capsys)
         assert code == 0, out + err
-    assert f"resuming its snapshot, {len(stopped.done)} of {stopped.chunks} chunks already read" in err
+    assert f"resuming its snapshot, {len(stopped.done)} of {stopped.chunks} chunks already read" in out
     ints = cdc.lakehouse.open(CURRENT, TableRef(cdc.database, "ints"))
     assert ints is not None
     assert read_before <= {a for a in ints.get_add_actions(flatten=True).column("path").to_pylist()}  # not read again

@@ -20,10 +20,10 @@ from pyspark.sql import DataFrame, SparkSession
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.change_rows import conform_to_log, rows_for_tables, typed_changes, with_batch
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, write_files
 from cdc_assets.lake.layout import CHANGES, RAW
 from cdc_assets.lake.raw_batches import DATA_FILE, RAW_ROWS_SCHEMA
-from cdc_assets.stages.change_log import conform_to_log, rows_for_tables, typed_changes, with_batch
 from spark_resources.transforms import arrow_frame, keyed_frame, spark_schema
 
 RAW_WITH_BATCH = pa.schema(list(RAW_ROWS_SCHEMA) + [pa.field("batch", pa.string(), nullable=False)])

@@ -10,7 +10,6 @@ all of its files.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import reduce
@@ -21,23 +20,17 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from cdc_assets.core.shapes import SchemaChange, TableShape
-from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.change_rows import cast_column
+from cdc_assets.lake.current_rows import DUP_COLUMN, SCHEMA_OPS, current_schema
 from cdc_assets.lake.files import (
     FILE_ACTION_SCHEMA,
     FILE_ROWS,
     FileAccess,
-    add_actions,
-    commit_files,
     conformed,
     read_files,
     write_files,
 )
-from cdc_assets.lake.layout import CURRENT
-from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.change_log import cast_column
-from cdc_assets.stages.current_state import DUP_COLUMN, SCHEMA_OPS, current_configuration, current_schema, reshape_rows
-from spark_resources.files_job import rewrite_files
 from spark_resources.transforms import arrow_frame, spark_schema
 
 SPARK_FILE_ROWS = FILE_ROWS
@@ -356,58 +349,4 @@ def merge_keyless(
     return _collect(written, paths)
 
 
-# -- schema changes ----------------------------------------------------------------------------------------------
 
-
-def apply_schema_change(
-    lakehouse: Lakehouse, spark: SparkSession, change: SchemaChange, seq: int, commit_ts: dt.datetime
-) -> str:
-    """`stages.current_state.apply_schema_change` with the rows reshaped by Spark tasks: an ALTER rewrites
-    every file of the table, a RENAME's new table is written from the old one's files; the run process commits.
-    Idempotent in the same way: a table that has taken in `seq` already is left alone."""
-    table = change.table
-    existing = lakehouse.open(CURRENT, table)
-    applied = max_seq(existing, APPLIED_SEQ_KEY)
-    if applied is not None and applied >= seq:
-        return "already applied"
-    if change.action == "drop":
-        if applied is None:
-            return "no current state"
-        lakehouse.delete_table(CURRENT, table)
-        return "dropped" if change.renamed_to is None else f"renamed to {change.renamed_to}"
-    if change.after is None:
-        return "shape unknown"
-    after = change.after
-    schema = current_schema(after)
-    key, uri, access = lakehouse.table_key(CURRENT, table), lakehouse.table_uri(CURRENT, table), lakehouse.file_access()
-    if change.action == "create":
-        source = lakehouse.open(CURRENT, change.renamed_from) if change.renamed_from is not None else None
-        adds: list[dict] = []
-        if source is not None:
-            assert change.renamed_from is not None
-            whole = SchemaChange(table, "alter", after, after)
-            paths = pa.table(source.get_add_actions(flatten=True)).column("path").to_pylist()
-            adds = rewrite_files(
-                spark, access, lakehouse.table_key(CURRENT, change.renamed_from), str(table), [[p] for p in paths],
-                lambda rows: reshape_rows(rows, whole, after, commit_ts, table), target_key=key,
-            )  # fmt: skip
-        commit_files(
-            existing, uri, lakehouse.storage_options(), key, schema, add_actions(adds), [], APPLIED_SEQ_KEY, seq,
-            current_configuration(schema), overwrite=existing is not None,
-        )  # fmt: skip
-        return f"created from {change.renamed_from}" if source is not None else "created"
-    if existing is None or applied is None:
-        return "no current state"
-    paths = pa.table(existing.get_add_actions(flatten=True)).column("path").to_pylist()
-    # a table that loses its key numbers its identical rows over the whole table: one task reads it all
-    whole = not after.primary_key and DUP_COLUMN not in existing.schema().to_arrow().names
-    groups = [paths] if whole else [[p] for p in paths]
-    adds = rewrite_files(
-        spark, access, key, str(table), groups, lambda rows: reshape_rows(rows, change, after, commit_ts, table),
-        whole=whole,
-    )  # fmt: skip
-    commit_files(
-        existing, uri, lakehouse.storage_options(), key, schema, add_actions(adds), [], APPLIED_SEQ_KEY, seq,
-        current_configuration(schema), overwrite=True,
-    )  # fmt: skip
-    return "altered"

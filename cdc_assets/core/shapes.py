@@ -7,7 +7,7 @@ the change logs and current state (the shape a table's changes are typed and mer
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,3 +144,15 @@ def renamed_partners(changes: Iterable[dict[str, Any]]) -> set[str]:
     """Every table on the other side of a RENAME among schema changes (as SchemaChange JSON): a renamed table's
     rows move with it, so a stage takes both sides in together."""
     return {t for change in changes for t in (change.get("renamed_from"), change.get("renamed_to")) if t}
+
+
+def with_rename_partners(targets: set[str], take_in: Callable[[list[str]], set[str]]) -> set[str]:
+    """`targets` grown by the other side of every RENAME found among them, until none is left: a renamed
+    table's rows move with it, so a stage takes both sides in together. `take_in` reads the tables it is
+    given (the first time all of `targets`, then the partners just found) and returns the partners it saw."""
+    new = sorted(targets)
+    while new:
+        partners = take_in(new) - targets
+        targets |= partners
+        new = sorted(partners)
+    return targets

@@ -8,10 +8,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagster import DagsterEventType, DagsterInstance
+from dagster import AssetKey, DagsterEventType, DagsterInstance
 
 from cdc_assets.capture.run import capture_lag, preflight
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.freshness import freshness_windows
 from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SNAPSHOT_JOB
@@ -22,7 +23,7 @@ from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.stages.current_state import missing_current_tables
-from cdc_assets.stages.snapshot_on_spark import snapshots_in_progress
+from cdc_assets.stages.snapshot_records import snapshots_in_progress
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
 from cdc_assets.verification.lag import table_lags
 
@@ -45,6 +46,10 @@ class RunOutcome:
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
     failed_checks: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+    def of(self, asset: AssetKey) -> dict[str, Any]:
+        """The materialization metadata of `asset` in these runs (empty when they did not materialize it)."""
+        return self.metadata.get(asset.to_user_string(), {})
 
     def __add__(self, later: RunOutcome) -> RunOutcome:
         """Two runs' outcomes as one: numbers added, per-table details merged."""
@@ -101,15 +106,15 @@ def run_job(
     partition_key: str | None = None,
 ) -> RunOutcome:
     """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix."""
-    from cdc_assets.definitions import build_definitions  # the code location itself: loaded when a run is made
-
     ensure_dagster_home()
     resources = initialized_resources()
     preflight(resources.binlog.settings())  # what the user can fix is said before any run starts
     resources.lakehouse.get().check_writable()
     job = build_definitions().resolve_job_def(job_name)
     began = time.monotonic()
-    run_config: dict[str, Any] = {"loggers": {"console": {"config": {"log_level": "INFO" if verbose else "CRITICAL"}}}}
+    # verbose: the pipeline's progress messages, never Dagster's events (a failure's stack trace stays in the run)
+    loggers = {"progress": {}} if verbose else {"console": {"config": {"log_level": "CRITICAL"}}}
+    run_config: dict[str, Any] = {"loggers": loggers}
     if op_config:
         run_config["ops"] = op_config
     result = job.execute_in_process(

@@ -14,16 +14,16 @@ from cdc_assets.core.arrow import runs
 from cdc_assets.core.errors import disk_full_is_user_error
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
-from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners
+from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
+from cdc_assets.lake.change_rows import DDL_COLUMN
+from cdc_assets.lake.current_rows import SCHEMA_OPS
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_LOCK, CURRENT_STAGE
 from cdc_assets.lake.locks import Lease, lakehouse_lock
 from cdc_assets.lake.state import TableProgress, known_tables, load_progress, save_progress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages import current_state
-from cdc_assets.stages.change_log import DDL_COLUMN
 from cdc_assets.stages.current_state import (
-    SCHEMA_OPS,
     ApplyResult,
     PendingTable,
     applied_seq,
@@ -136,21 +136,20 @@ def apply_pending(
         pending: list[PendingTable] = []
         dropped: dict[str, int | None] = {}
         engine = transforms(_pending_estimate(lakehouse, targets))
-        if engine.session is not None:  # on Spark no pending row is read here (stages/current_on_spark.py)
-            from cdc_assets.stages.current_on_spark import apply_on_spark
+        if engine.session is not None:  # on Spark no pending row is read here
+            from cdc_assets.stages.current_on_spark import apply_on_spark  # pyspark loads only for a Spark run
 
             apply_on_spark(lakehouse, engine.session, targets, reached, current, report, lease, log, dropped)
         else:
-            while True:
+
+            def take_in(new: list[str]) -> set[str]:
                 # What the change logs hold now; recorded as this stage's progress once it is applied.
-                new = sorted(targets - set(reached))
                 reached.update({t: load_progress(store, CHANGES_STAGE, t) for t in new})
                 current.update({t: load_progress(store, CURRENT_STAGE, t) for t in new})
-                pending += pending_tables(lakehouse, {t: reached[t] for t in new}, current)
-                partners = _rename_partners(pending) - targets
-                if not partners:
-                    break
-                targets |= partners
+                pending.extend(pending_tables(lakehouse, {t: reached[t] for t in new}, current))
+                return _rename_partners(pending)
+
+            with_rename_partners(targets, take_in)
             if pending:
                 _apply(lakehouse, engine, pending, report, lease, log, dropped)
         lease.check()

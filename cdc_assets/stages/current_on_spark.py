@@ -10,31 +10,43 @@ side, the two sides of a RENAME together, as on the Arrow engine (stages/current
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
-from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners
+from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
+from cdc_assets.lake.current_rows import (
+    CURRENT_FILE_BYTES,
+    DUP_COLUMN,
+    SCHEMA_OPS,
+    current_configuration,
+    current_schema,
+    reshape_rows,
+)
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq
 from cdc_assets.lake.files import add_actions, commit_files, remove_actions
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.locks import Lease
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.current_state import (
-    CURRENT_FILE_BYTES,
-    SCHEMA_OPS,
-    ApplyResult,
-    applied_floor,
-    current_configuration,
-    current_schema,
-)
+from cdc_assets.stages.current_state import ApplyResult, applied_floor, settle_schema_change
 from cdc_assets.stages.steps import CurrentReport, SparkSegment, Step, independent_chains, record_outcomes
+from spark_resources.current_state import (
+    latest_changes,
+    merge_keyed,
+    merge_keyless,
+    summarize,
+    table_frame,
+)
+from spark_resources.files_job import compact_table, rewrite_files
 
 
 @dataclass
@@ -49,7 +61,6 @@ class _Pending:
 
 
 def _pending(lakehouse: Lakehouse, spark: Any, table: TableRef, shape: TableShape, progress: TableProgress) -> _Pending | None:
-    from spark_resources.current_state import summarize, table_frame
 
     log = lakehouse.open(CHANGES, table)
     log_max = max_seq(log)
@@ -98,9 +109,7 @@ def _steps(pending: _Pending) -> list[Step]:
 
 
 def _apply_segment(lakehouse: Lakehouse, spark: Any, table: TableRef, segment: SparkSegment) -> ApplyResult:
-    from pyspark.sql import functions as F
 
-    from spark_resources.current_state import latest_changes, merge_keyed, merge_keyless
 
     access = lakehouse.file_access()
     key = lakehouse.table_key(CURRENT, table)
@@ -136,29 +145,24 @@ def apply_on_spark(
 ) -> None:
     """Every target table's pending changes applied on Spark; `targets` grows by rename partners, `reached`
     and `current` get each table's progress of both stages (for the caller to save)."""
-    from spark_resources.current_state import apply_schema_change
-    from spark_resources.files_job import compact_table
 
     store = lakehouse.store
     spark = session()
     pending: list[_Pending] = []
-    while True:
-        new = sorted(targets - set(reached))
+
+    def read(name: str) -> _Pending | None:
+        shape = reached[name].shape
+        assert shape is not None
+        return _pending(lakehouse, spark, TableRef.parse(name), shape, current[name])
+
+    def take_in(new: list[str]) -> set[str]:
         reached.update({t: load_progress(store, CHANGES_STAGE, t) for t in new})
         current.update({t: load_progress(store, CURRENT_STAGE, t) for t in new})
         shaped = [t for t in new if reached[t].shape is not None]
+        pending.extend(p for p in for_each_table(shaped, read) if p is not None)
+        return renamed_partners(json.loads(e["_cdc_ddl"]) for p in pending for e in p.events if e.get("_cdc_ddl"))
 
-        def read(name: str) -> _Pending | None:
-            shape = reached[name].shape
-            assert shape is not None
-            return _pending(lakehouse, spark, TableRef.parse(name), shape, current[name])
-
-        pending += [p for p in for_each_table(shaped, read) if p is not None]
-        details = (json.loads(e["_cdc_ddl"]) for p in pending for e in p.events if e.get("_cdc_ddl"))
-        partners = renamed_partners(details) - targets
-        if not partners:
-            break
-        targets |= partners
+    with_rename_partners(targets, take_in)
     steps = sorted((s for p in pending for s in _steps(p)), key=lambda s: s.seq)
 
     def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
@@ -167,7 +171,7 @@ def apply_on_spark(
             lease.check()  # on S3 a lease lost to another run means: merge nothing more
             if step.change is not None:
                 assert step.commit_ts is not None
-                done.append((step, apply_schema_change(lakehouse, spark, step.change, int(step.seq), step.commit_ts)))
+                done.append((step, _apply_schema_change(lakehouse, spark, step.change, int(step.seq), step.commit_ts)))
                 continue
             assert isinstance(step.segment, SparkSegment)
             done.append((step, _apply_segment(lakehouse, spark, step.table, step.segment)))
@@ -177,3 +181,48 @@ def apply_on_spark(
         return done
 
     record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), "spark")
+
+
+def _apply_schema_change(
+    lakehouse: Lakehouse, spark: SparkSession, change: SchemaChange, seq: int, commit_ts: dt.datetime
+) -> str:
+    """`current_state.apply_schema_change` with the rows reshaped by Spark tasks: an ALTER rewrites
+    every file of the table, a RENAME's new table is written from the old one's files; the run process commits.
+    Idempotent in the same way: a table that has taken in `seq` already is left alone."""
+    done, existing = settle_schema_change(lakehouse, change, seq)
+    if done is not None:
+        return done
+    table, after = change.table, change.after
+    assert after is not None
+    schema = current_schema(after)
+    key, uri, access = lakehouse.table_key(CURRENT, table), lakehouse.table_uri(CURRENT, table), lakehouse.file_access()
+    if change.action == "create":
+        source = lakehouse.open(CURRENT, change.renamed_from) if change.renamed_from is not None else None
+        adds: list[dict] = []
+        if source is not None:
+            assert change.renamed_from is not None
+            whole = SchemaChange(table, "alter", after, after)
+            paths = pa.table(source.get_add_actions(flatten=True)).column("path").to_pylist()
+            adds = rewrite_files(
+                spark, access, lakehouse.table_key(CURRENT, change.renamed_from), str(table), [[p] for p in paths],
+                lambda rows: reshape_rows(rows, whole, after, commit_ts, table), target_key=key,
+            )  # fmt: skip
+        commit_files(
+            existing, uri, lakehouse.storage_options(), key, schema, add_actions(adds), [], APPLIED_SEQ_KEY, seq,
+            current_configuration(schema), overwrite=existing is not None,
+        )  # fmt: skip
+        return f"created from {change.renamed_from}" if source is not None else "created"
+    assert existing is not None
+    paths = pa.table(existing.get_add_actions(flatten=True)).column("path").to_pylist()
+    # a table that loses its key numbers its identical rows over the whole table: one task reads it all
+    whole = not after.primary_key and DUP_COLUMN not in existing.schema().to_arrow().names
+    groups = [paths] if whole else [[p] for p in paths]
+    adds = rewrite_files(
+        spark, access, key, str(table), groups, lambda rows: reshape_rows(rows, change, after, commit_ts, table),
+        whole=whole,
+    )  # fmt: skip
+    commit_files(
+        existing, uri, lakehouse.storage_options(), key, schema, add_actions(adds), [], APPLIED_SEQ_KEY, seq,
+        current_configuration(schema), overwrite=True,
+    )  # fmt: skip
+    return "altered"

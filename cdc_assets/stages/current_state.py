@@ -18,10 +18,18 @@ from deltalake.table import TableMerger
 
 from cdc_assets.core.arrow import sorted_by_key
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
-from cdc_assets.core.shapes import Default, SchemaChange, TableShape
+from cdc_assets.core.shapes import SchemaChange, TableShape
+from cdc_assets.lake.change_rows import DDL_COLUMN, SEQ_TYPE
+from cdc_assets.lake.current_rows import (
+    CURRENT_FILE_BYTES,
+    DUP_COLUMN,
+    SCHEMA_OPS,
+    current_configuration,
+    current_schema,
+    reshape_rows,
+)
 from cdc_assets.lake.delta import (
     APPLIED_SEQ_KEY,
     compact_small_files,
@@ -29,14 +37,10 @@ from cdc_assets.lake.delta import (
     max_seq,
     read_query,
     seq_commit,
-    table_configuration,
 )
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.change_log import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE
-
-META_COLUMNS = ("_cdc_seq", "_cdc_commit_ts")
 
 
 def quote(name: str) -> str:
@@ -44,40 +48,7 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so each row has a key of its own
-DUP_TYPE = pa.int32()
-
-
-def current_schema(version: TableShape) -> pa.Schema:
-    source = arrow_schema(list(version.columns))
-    meta = [pa.field("_cdc_seq", SEQ_TYPE), pa.field("_cdc_commit_ts", COMMIT_TS_TYPE)]
-    if not version.primary_key:
-        meta.append(pa.field(DUP_COLUMN, DUP_TYPE))
-    return pa.schema(list(source) + meta)
-
-
-def current_configuration(schema: pa.Schema) -> dict[str, str]:
-    """Table properties of a current-state table: safe statistics and the file size merges keep to."""
-    return {**table_configuration(schema), "delta.targetFileSize": str(CURRENT_FILE_BYTES)}
-
-
-def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
-    """`_cdc_dup` for rows of a keyless table: the ordinal of each row among the rows identical to it."""
-    counts: dict[tuple, int] = {}
-    ordinals = []
-    for values in zip(*(rows.column(c).to_pylist() for c in columns), strict=True) if rows.num_rows else []:
-        ordinals.append(counts.get(values, 0))
-        counts[values] = ordinals[-1] + 1
-    return pa.array(ordinals, DUP_TYPE)
-
-
-# Current-state files roll over at this size, for full rewrites and merges alike (`delta.targetFileSize`).
-# Written sorted by primary key, each file then covers a narrow key range, and a merge rewrites only the
-# files whose range holds a changed key: its cost follows how far the changes spread, not the table's size.
-CURRENT_FILE_BYTES = 4 * 1024 * 1024
-
 MAX_CHANGES_PER_MERGE = 200_000  # changes read and merged at once: bounds memory when a table has millions pending
-SCHEMA_OPS = ("create", "alter", "drop")
 
 
 @dataclass
@@ -426,83 +397,6 @@ def applied_seq(lakehouse: Lakehouse, table: TableRef) -> int | None:
     return max_seq(lakehouse.open(CURRENT, table), APPLIED_SEQ_KEY)
 
 
-def _default_column(spec: ColumnSpec, default: Default | None, rows: int, commit_ts: dt.datetime) -> pa.Array:
-    """An added column's values in the rows that were there before it (see ddl.Default)."""
-    target = arrow_type(spec)
-    if default is None or default.kind == "unknown" or (default.kind == "value" and default.text is None):
-        return pa.nulls(rows, target)
-    if default.kind == "now":
-        moment = commit_ts.replace(tzinfo=None)
-        text = {"date": moment.date().isoformat(), "time": moment.time().isoformat()}.get(
-            spec.type, moment.isoformat(sep=" ", timespec="microseconds")
-        )
-    else:
-        text = default.text
-    return decode_column(spec, pa.array([text] * rows, pa.string()))
-
-
-def reshape_rows(
-    rows: pa.Table, change: SchemaChange, after: TableShape, commit_ts: dt.datetime, table: TableRef
-) -> pa.Table:
-    """Current-state rows of the table before an ALTER, as the ALTER leaves them: renamed columns keep
-    their values, dropped ones go, added ones take their default, modified ones are converted."""
-    schema = current_schema(after)
-    before = {c.name: c for c in change.before.columns} if change.before is not None else {}
-    arrays = []
-    for spec in after.columns:
-        old = None if spec.name in change.defaults else change.renames.get(spec.name, spec.name)
-        if old is not None and old in rows.column_names:
-            try:
-                arrays.append(convert_column(rows.column(old), before.get(old), spec))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise CdcUserError(
-                    f"{table}: column {old} cannot be converted to {arrow_type(spec)} as the source's ALTER TABLE did "
-                    f"({exc}): run `cdc-lakehouse snapshot {table}` to load the table again."
-                ) from exc
-        else:
-            arrays.append(_default_column(spec, change.defaults.get(spec.name), rows.num_rows, commit_ts))
-    arrays += [rows.column("_cdc_seq"), rows.column("_cdc_commit_ts")]
-    if not after.primary_key:
-        if DUP_COLUMN in rows.column_names:
-            arrays.append(rows.column(DUP_COLUMN))
-        else:
-            arrays.append(number_duplicates(rows, [c.name for c in after.columns]))
-    return pa.Table.from_arrays(
-        [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema
-    )
-
-
-def _truncated_time(text: str | None, fsp: int) -> str | None:
-    """A TIME text at fewer or more fractional digits: extra digits are cut, as MariaDB's ALTER TABLE does."""
-    if text is None:
-        return None
-    negative = text.startswith("-")
-    clock, _, fraction = text.lstrip("-").partition(".")
-    hours, minutes, seconds = (int(p) for p in clock.split(":"))
-    unit = 10 ** (6 - fsp)
-    micros = ((hours * 60 + minutes) * 60 + seconds) * 1_000_000 + int((fraction or "0").ljust(6, "0")[:6]) // unit * unit
-    return format_time(dt.timedelta(microseconds=-micros if negative else micros), fsp)
-
-
-def convert_column(values: pa.ChunkedArray | pa.Array, old: ColumnSpec | None, new: ColumnSpec) -> pa.Array:
-    """A column's values after MODIFY COLUMN, converted to the new type as the server converts them:
-    fractional seconds beyond the new precision are cut (MariaDB), decimals are rounded to the new scale."""
-    target = arrow_type(new)
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
-    if old is None or old == new:
-        return values.cast(target)
-    if new.type == "time" and old.type == "time":
-        return pa.array([_truncated_time(v, new.fsp) for v in values.to_pylist()], pa.string())
-    if new.type in ("datetime", "timestamp") and pa.types.is_timestamp(values.type) and new.fsp < old.fsp:
-        unit = 10 ** (6 - new.fsp)
-        cut = [None if v is None else v.replace(microsecond=v.microsecond // unit * unit) for v in values.to_pylist()]
-        return pa.array(cut, values.type).cast(target)
-    if new.type == "decimal" and pa.types.is_decimal(values.type) and (new.scale or 0) < values.type.scale:
-        values = pc.round(values, ndigits=new.scale or 0, round_mode="half_away_from_zero")
-    return pc.cast(values, target)
-
-
 def replace_current(
     lakehouse: Lakehouse,
     table: TableRef,
@@ -528,39 +422,45 @@ def replace_current(
         )
 
 
-def apply_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int, commit_ts: dt.datetime) -> str:
-    """Apply one table's schema change at `seq` to its current state; returns what was done.
-
-    Idempotent: a current state that has taken in `seq` already is left alone, so a repeat after a
-    crash changes nothing twice.
-    """
-    table = change.table
-    existing = lakehouse.open(CURRENT, table)
+def settle_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int) -> tuple[str | None, DeltaTable | None]:
+    """What a schema change at `seq` needs no rows for, on either engine: a repeat after a crash (the table
+    has taken `seq` in already), a DROP, a shape only the row events will tell (CREATE TABLE ... SELECT, LIKE
+    an unknown table), an ALTER of a table with no current state. Returns what was done, or None when the
+    rows must be written (a CREATE, a RENAME's new side, an ALTER), and the table as it is."""
+    existing = lakehouse.open(CURRENT, change.table)
     applied = max_seq(existing, APPLIED_SEQ_KEY)
     if applied is not None and applied >= seq:
-        return "already applied"
+        return "already applied", existing
     if change.action == "drop":
         if applied is None:
-            return "no current state"
-        lakehouse.delete_table(CURRENT, table)
-        return "dropped" if change.renamed_to is None else f"renamed to {change.renamed_to}"
-    if change.after is None:  # a shape only the row events will tell (CREATE TABLE ... SELECT, LIKE an unknown)
-        return "shape unknown"
-    after = change.after
+            return "no current state", existing
+        lakehouse.delete_table(CURRENT, change.table)
+        return ("dropped" if change.renamed_to is None else f"renamed to {change.renamed_to}"), None
+    if change.after is None:
+        return "shape unknown", existing
+    if change.action != "create" and (existing is None or applied is None):
+        return "no current state", existing
+    return None, existing
+
+
+def apply_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int, commit_ts: dt.datetime) -> str:
+    """Apply one table's schema change at `seq` to its current state; returns what was done. Idempotent
+    (settle_schema_change): a repeat after a crash changes nothing twice."""
+    done, existing = settle_schema_change(lakehouse, change, seq)
+    if done is not None:
+        return done
+    table, after = change.table, change.after
+    assert after is not None
     if change.action == "create":
-        rows = None
-        if change.renamed_from is not None:
-            rows = read_current(lakehouse, change.renamed_from)
+        rows = read_current(lakehouse, change.renamed_from) if change.renamed_from is not None else None
         if rows is None:
             rows = current_schema(after).empty_table()
         else:
-            rows = reshape_rows(rows, SchemaChange(table, "alter", change.after, change.after), after, commit_ts, table)
+            rows = reshape_rows(rows, SchemaChange(table, "alter", after, after), after, commit_ts, table)
         replace_current(lakehouse, table, sorted_by_key(rows, after.primary_key), seq, existing)
         return f"created from {change.renamed_from}" if change.renamed_from else "created"
-    if applied is None:
-        return "no current state"
-    rows = read_query(existing, "SELECT * FROM current", "current") if existing is not None else None
-    assert rows is not None
+    assert existing is not None
+    rows = read_query(existing, "SELECT * FROM current", "current")
     reshaped = reshape_rows(rows, change, after, commit_ts, table)
     replace_current(lakehouse, table, sorted_by_key(reshaped, after.primary_key), seq, existing)
     return "altered"

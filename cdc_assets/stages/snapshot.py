@@ -9,11 +9,9 @@ applies on top; every change up to P is already contained in the snapshot and is
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,52 +19,34 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pymysql
 
-from cdc_assets.capture.run import CaptureReport, capture
+from cdc_assets.capture.run import capture
 from cdc_assets.capture.spool import SpoolDirectory
 from cdc_assets.core.errors import CdcUserError, disk_full_is_user_error
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE
+from cdc_assets.lake.current_rows import DUP_COLUMN, current_schema, number_duplicates
 from cdc_assets.lake.layout import (
-    CAPTURE_LOCK,
     CHANGES_LOCK,
-    CHANGES_STAGE,
     CURRENT,
     CURRENT_LOCK,
-    CURRENT_STAGE,
     SNAPSHOT_LOCK,
 )
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.state import (
-    TableProgress,
     load_checkpoint,
-    load_progress,
-    load_registry,
-    load_schemas,
-    save_checkpoint,
-    save_progress,
-    save_registry,
-    save_schemas,
 )
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_chunks, source_row_estimates, source_shapes
-from cdc_assets.stages.change_log import COMMIT_TS_TYPE, SEQ_TYPE
-from cdc_assets.stages.current_state import DUP_COLUMN, current_schema, number_duplicates, replace_current
+from cdc_assets.stages.current_state import replace_current
+from cdc_assets.stages.loaded_tables import SnapshotReport, record_loaded, register_loaded
 from spark_resources.engine import TransformsFor
 
 SNAPSHOT_CHUNK_ROWS = 100_000  # rows read from the source and held in memory at once
 SNAPSHOT_WRITE_ROWS = 2_000_000  # rows handed to delta-rs at once: several files' worth
-
-
-@dataclass
-class SnapshotReport:
-    position: str = ""
-    seq: int = 0
-    rows: dict[str, int] = field(default_factory=dict)
-    capture: CaptureReport | None = None
-    seconds: float = 0.0
 
 
 def _tables(conn: Any, settings: SourceSettings, requested: list[str]) -> list[TableRef]:
@@ -99,7 +79,7 @@ def take_snapshot(
         if transforms is not None:
             engine = transforms(_rows_estimate(settings, requested))
             if engine.session is not None:
-                from cdc_assets.stages.snapshot_on_spark import snapshot_on_spark
+                from cdc_assets.stages.snapshot_on_spark import snapshot_on_spark  # pyspark loads only for Spark
 
                 tables = _requested_tables(settings, requested)
                 return snapshot_on_spark(settings, lakehouse, tables, engine.session, log, owner)
@@ -178,46 +158,6 @@ def _take_snapshot(
     report.position, report.seq = str(position), seq
     report.seconds = time.monotonic() - began
     return report
-
-
-def record_loaded(lakehouse: Lakehouse, shape: TableShape, seq: int) -> None:
-    """Progress after a table's current state was loaded at `seq` (the caller holds both stages' locks): the
-    change-log stage knows its shape, the current-state stage that a snapshot loaded it."""
-    store, table = lakehouse.store, str(shape.table)
-    progress = load_progress(store, CHANGES_STAGE, table)
-    if progress.shape is None:  # no change log yet: the current state needs the columns and key
-        save_progress(store, CHANGES_STAGE, table, TableProgress(progress.batch, shape))
-    applied = load_progress(store, CURRENT_STAGE, table)
-    save_progress(store, CURRENT_STAGE, table, TableProgress(applied.batch, None, None, present=True, snapshot_seq=seq))
-
-
-def register_loaded(lakehouse: Lakehouse, shapes: list[TableShape], seq: int, owner: str, log: Any | None) -> None:
-    """Capture learns of the loaded tables (the registry, under the capture lock) and of their shapes."""
-    store = lakehouse.store
-    with lakehouse_lock(lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log):
-        registry = load_registry(store)
-        for shape in shapes:
-            registry.setdefault(str(shape.table), {"first_batch": None, "last_batch": None})
-        save_registry(store, registry)
-        _remember_shapes(lakehouse, shapes, seq)
-
-
-def _remember_shapes(lakehouse: Lakehouse, shapes: list[TableShape], seq: int) -> None:
-    """Capture learns the shapes of snapshot tables it has not seen a row of, so that a DDL on such a
-    table before its first row change still reshapes its current state."""
-    store = lakehouse.store
-    checkpoint = load_checkpoint(store)
-    if checkpoint is None:
-        return
-    schemas = load_schemas(store, checkpoint)
-    unknown = [v for v in shapes if v.table not in schemas]
-    if not unknown:
-        return
-    for shape in unknown:
-        schemas[shape.table] = shape
-    name = f"{checkpoint.last_batch or 'start'}-snapshot-{seq}"
-    save_schemas(store, name, schemas)
-    save_checkpoint(store, dataclasses.replace(checkpoint, schemas=name))
 
 
 def _spool_rows(conn: pymysql.Connection, shape: TableShape, path: Path) -> int:

@@ -31,11 +31,8 @@ chunks not recorded there (files a killed wave wrote are never committed: left f
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import decimal
 import functools
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,157 +46,22 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings
-from cdc_assets.core.shapes import TableShape, shape_from_json, shape_json
+from cdc_assets.lake.current_rows import current_configuration, current_schema
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY
 from cdc_assets.lake.files import add_actions, commit_files
-from cdc_assets.lake.layout import CHANGES_LOCK, CURRENT, CURRENT_LOCK, SNAPSHOTS_STATE
+from cdc_assets.lake.layout import CHANGES_LOCK, CURRENT, CURRENT_LOCK
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.raw_batches import list_batches, read_manifest, seq_floor_at
 from cdc_assets.lake.state import load_checkpoint
-from cdc_assets.lake.store import Lakehouse, MissingObject, ObjectStore
+from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_boundaries, source_row_estimates, source_shapes
-from cdc_assets.stages.current_state import current_configuration, current_schema
-from cdc_assets.stages.snapshot import SnapshotReport, record_loaded, register_loaded
+from cdc_assets.stages.loaded_tables import SnapshotReport, record_loaded, register_loaded
+from cdc_assets.stages.snapshot_records import TableSnapshot, load_record, record_key, save_record
+from spark_resources.files_job import rewrite_files
+from spark_resources.snapshots import ChunkRead, read_chunks, read_whole_tables, with_seq
 
 MIN_WAVE_CHUNKS = 8  # chunks read between two saves of the record (at least): what a kill may make it read again
-
-
-# -- key values in the record ------------------------------------------------------------------------------------
-
-
-def encode_key(values: tuple) -> list[Any]:
-    """A key (as PyMySQL returns it) as JSON values that `decode_key` turns back into the same Python values."""
-
-    def one(v: Any) -> Any:
-        if v is None or isinstance(v, bool | int | float | str):
-            return v
-        if isinstance(v, bytes):
-            return {"bytes": base64.b64encode(v).decode()}
-        if isinstance(v, decimal.Decimal):
-            return {"decimal": str(v)}
-        if isinstance(v, dt.datetime):
-            return {"datetime": v.isoformat()}
-        if isinstance(v, dt.date):
-            return {"date": v.isoformat()}
-        if isinstance(v, dt.timedelta):
-            return {"time_us": (v.days * 86_400 + v.seconds) * 1_000_000 + v.microseconds}
-        raise TypeError(f"no record of a key value of type {type(v).__name__}")
-
-    return [one(v) for v in values]
-
-
-def decode_key(values: list[Any]) -> tuple:
-    def one(v: Any) -> Any:
-        if not isinstance(v, dict):
-            return v
-        (kind, text), *_ = v.items()
-        decoders: dict[str, Callable[[Any], Any]] = {
-            "bytes": base64.b64decode,
-            "decimal": decimal.Decimal,
-            "datetime": dt.datetime.fromisoformat,
-            "date": dt.date.fromisoformat,
-            "time_us": lambda us: dt.timedelta(microseconds=us),
-        }
-        return decoders[kind](text)
-
-    return tuple(one(v) for v in values)
-
-
-# -- the resumable record of one table's snapshot -----------------------------------------------------------------
-
-
-@dataclass
-class TableSnapshot:
-    """One table's snapshot in progress: its low watermark and seq, its chunks and the files of those done."""
-
-    shape: TableShape
-    low: BinlogPosition
-    seq: int
-    taken_at: dt.datetime
-    bounds: list[tuple]  # chunk n holds the keys in [bounds[n-1], bounds[n]); a keyless table: no bounds, one chunk
-    done: dict[int, list[dict]] = field(default_factory=dict)  # chunk -> the add actions of its files
-    committed: bool = False
-
-    @property
-    def table(self) -> TableRef:
-        return self.shape.table
-
-    @property
-    def keyed(self) -> bool:
-        return bool(self.shape.primary_key)
-
-    @property
-    def chunks(self) -> int:
-        return len(self.bounds) + 1
-
-    @property
-    def rows(self) -> int:
-        return sum(int(a["rows"]) for actions in self.done.values() for a in actions)
-
-    def chunk_range(self, n: int) -> tuple[tuple | None, tuple | None]:
-        return (self.bounds[n - 1] if n else None, self.bounds[n] if n < len(self.bounds) else None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "table": str(self.table),
-            "shape": shape_json(self.shape),
-            "low": self.low.to_json(),
-            "seq": self.seq,
-            "taken_at": self.taken_at.isoformat(),
-            "bounds": [encode_key(b) for b in self.bounds],
-            "done": {str(n): actions for n, actions in sorted(self.done.items())},
-            "committed": self.committed,
-        }
-
-    @staticmethod
-    def from_json(table: TableRef, d: dict[str, Any]) -> TableSnapshot:
-        shape = shape_from_json(table, d["shape"])
-        assert shape is not None
-        return TableSnapshot(
-            shape,
-            BinlogPosition.from_json(d["low"]),
-            int(d["seq"]),
-            dt.datetime.fromisoformat(d["taken_at"]),
-            [decode_key(b) for b in d["bounds"]],
-            {int(n): actions for n, actions in d["done"].items()},
-            bool(d["committed"]),
-        )
-
-
-def _record_key(table: TableRef) -> str:
-    return f"{SNAPSHOTS_STATE}/{table.path}.json"
-
-
-def load_record(store: ObjectStore, table: TableRef) -> TableSnapshot | None:
-    return _load_record(store, _record_key(table))
-
-
-def _load_record(store: ObjectStore, key: str) -> TableSnapshot | None:
-    try:
-        raw = store.get(key)
-    except MissingObject:
-        return None
-    try:
-        d = json.loads(raw)
-        return TableSnapshot.from_json(TableRef.parse(d["table"]), d)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise CdcUserError(
-            f"The record of a snapshot in progress ({key}) is corrupt: delete it, and that table's snapshot starts over."
-        ) from exc
-
-
-def _save_record(store: ObjectStore, record: TableSnapshot) -> None:
-    store.put(_record_key(record.table), json.dumps(record.to_json(), default=str).encode())
-
-
-def snapshots_in_progress(store: ObjectStore) -> list[TableSnapshot]:
-    """The snapshots a kill or an error stopped, for `status`: run `snapshot` again for them to resume."""
-    found = (_load_record(store, key) for key in store.list_keys(SNAPSHOTS_STATE) if key.endswith(".json"))
-    return [record for record in found if record is not None]
-
-
-# -- the snapshot -------------------------------------------------------------------------------------------------
 
 
 def low_watermark(conn: pymysql.Connection, server: source.ServerInfo) -> BinlogPosition:
@@ -276,7 +138,7 @@ def snapshot_on_spark(
     _read_keyless(run, server, [r for r in records if not r.keyed and not r.committed])
     register_loaded(lakehouse, [r.shape for r in records], max(r.seq for r in records), owner, log)
     for record in records:
-        lakehouse.store.delete(_record_key(record.table))
+        lakehouse.store.delete(record_key(record.table))
         run.report.rows[str(record.table)] = record.rows
     keyed = [r for r in records if r.keyed] or records
     run.report.position, run.report.seq = str(min(r.low for r in keyed)), min(r.seq for r in keyed)
@@ -305,23 +167,23 @@ def _plan(run: _Run, tables: list[TableRef]) -> tuple[list[TableSnapshot], sourc
             if record is not None:
                 found[table] = record
                 run.info(f"{table}: resuming its snapshot, {len(record.done)} of {record.chunks} chunks already read")
-        fresh = [t for t in tables if t not in found]
+        fresh = {t: shape for t in tables if t not in found and (shape := shapes[t]) is not None}
         if not fresh:
             return [found[t] for t in tables], server
         low = low_watermark(conn, server)
         taken_at = dt.datetime.now(dt.UTC)
-        keyed = [t for t in fresh if shapes[t].primary_key]  # type: ignore[union-attr]
+        keyed = [t for t, shape in fresh.items() if shape.primary_key]
         estimates = source_row_estimates(conn, keyed)
         chunk_rows = settings.snapshot_chunk_rows
-        bounds = {t: key_boundaries(conn, shapes[t], chunk_rows, estimates[t]) for t in keyed}  # type: ignore[arg-type]
+        bounds = {t: key_boundaries(conn, fresh[t], chunk_rows, estimates[t]) for t in keyed}
     except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, a table dropped meanwhile
         raise source.describe_error(exc, settings.url) from exc
     finally:
         conn.close()
     seq, run.report.capture = seq_at(settings, run.lakehouse, low, False, run.log, run.owner)
-    for table in fresh:
-        found[table] = TableSnapshot(shapes[table], low, seq, taken_at, bounds.get(table, []))  # type: ignore[arg-type]
-        _save_record(store, found[table])
+    for table, shape in fresh.items():
+        found[table] = TableSnapshot(shape, low, seq, taken_at, bounds.get(table, []))
+        save_record(store, found[table])
     run.info(f"low watermark {low} (seq {seq}): {sum(found[t].chunks for t in keyed)} chunks to read in {len(keyed)} tables")
     return [found[t] for t in tables], server
 
@@ -335,8 +197,6 @@ def _wave_size(spark: Any) -> int:
 
 def _read_keyed(run: _Run, records: list[TableSnapshot]) -> None:
     """The chunks not yet read, in waves across the tables; each table committed once its chunks are all read."""
-    from spark_resources.snapshots import ChunkRead, read_chunks
-
     lakehouse, store = run.lakehouse, run.lakehouse.store
     for record in records:
         if len(record.done) == record.chunks:  # read in full before a stop: only its commit was missing
@@ -355,7 +215,7 @@ def _read_keyed(run: _Run, records: list[TableSnapshot]) -> None:
             record.done[n] = [{k: v for k, v in a.items() if k != "chunk"} for a in written if a["chunk"] == i]
             run.rows_read += sum(int(a["rows"]) for a in record.done[n])
         for record in {id(r): r for r, _ in part}.values():
-            _save_record(store, record)
+            save_record(store, record)
         failpoints.hit("snapshot.chunks_recorded")
         done = sum(len(r.done) for r in records)
         rate = run.rows_read / max(time.monotonic() - run.began, 1e-3)
@@ -369,9 +229,6 @@ def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnaps
     """Keyless tables, each read whole by one task at its own exact position, then given that position's seq."""
     if not records:
         return
-    from spark_resources.files_job import rewrite_files
-    from spark_resources.snapshots import ChunkRead, read_whole_tables, with_seq
-
     lakehouse = run.lakehouse
     access = lakehouse.file_access()
     work = {
@@ -388,7 +245,7 @@ def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnaps
             run.spark, access, table_key, str(record.table), [[f["path"]] for f in files], functools.partial(with_seq, seq=record.seq)
         )
         record.done = {0: rewritten}
-        _save_record(lakehouse.store, record)
+        save_record(lakehouse.store, record)
         _commit(run, record, rewritten)
         fs = access.filesystem()
         for f in files:  # the rows with no seq yet: never committed
@@ -407,7 +264,7 @@ def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:
     finally:
         conn.close()
     if now != record.shape:
-        lakehouse.store.delete(_record_key(table))
+        lakehouse.store.delete(record_key(table))
         raise CdcUserError(
             f"The columns of {table} changed while its snapshot read it: run `cdc-lakehouse snapshot {table}` again."
         )
@@ -433,5 +290,5 @@ def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:
         )
         record_loaded(lakehouse, record.shape, record.seq)
     record.committed = True
-    _save_record(lakehouse.store, record)
+    save_record(lakehouse.store, record)
     run.info(f"{table}: {record.rows:,} rows committed at seq {record.seq}")

@@ -1,0 +1,215 @@
+"""The rows of the change logs (`changes/<schema>/<table>`), as plain Arrow: raw rows typed per table version,
+schemas unified across versions, values cast to a wider type. Used by the change-log stage in the run's
+process and by its Spark job on the executors, so both write the same rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_assets.core.mysql_types import arrow_schema, decode_image
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.delta import plain_type
+
+SEQ_TYPE = pa.int64()
+
+
+COMMIT_TS_TYPE = pa.timestamp("us", tz="UTC")
+
+
+DDL_COLUMN = "_cdc_ddl"  # on schema-change rows (_cdc_op create, alter, drop): what the DDL did, as JSON
+
+
+def change_log_metadata_fields(source: pa.Schema) -> list[pa.Field]:
+    return [
+        pa.field("_cdc_op", pa.string(), nullable=False),
+        pa.field("_cdc_seq", SEQ_TYPE, nullable=False),
+        pa.field("_cdc_commit_ts", COMMIT_TS_TYPE, nullable=False),
+        pa.field("_cdc_gtid", pa.string()),
+        pa.field("_cdc_batch", pa.string(), nullable=False),
+        pa.field("_cdc_before", pa.struct(list(source))),
+        pa.field("_cdc_key", pa.string()),
+        pa.field("_cdc_before_key", pa.string()),
+    ]
+
+
+def build_change_table(version: TableShape, rows: pa.Table) -> pa.Table:
+    """Typed change-log rows of one table version from keyed generic rows (see spark_resources.transforms).
+
+    Source columns hold the row after the change, or the deleted row for a delete; `_cdc_before`
+    holds the row before an update or delete.
+    """
+    columns = list(version.columns)
+    source = arrow_schema(columns)
+    is_delete = pc.equal(rows.column("op"), "delete")
+    image = decode_image(columns, pc.if_else(is_delete, rows.column("before"), rows.column("after")))
+    before = decode_image(columns, rows.column("before"))
+    arrays = [image.field(i) for i in range(len(columns))]
+    arrays += [
+        rows.column("op").combine_chunks(),
+        rows.column("seq").combine_chunks().cast(SEQ_TYPE),
+        rows.column("commit_ts").combine_chunks().cast(COMMIT_TS_TYPE),
+        rows.column("gtid").combine_chunks(),
+        rows.column("batch").combine_chunks(),
+        before,
+        rows.column("key").combine_chunks(),
+        rows.column("before_key").combine_chunks(),
+    ]
+    schema = pa.schema(list(source) + change_log_metadata_fields(source))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def unified_type(old: pa.DataType, new: pa.DataType) -> pa.DataType:
+    """A type that holds every value of both: the change log's column type after a MODIFY COLUMN.
+
+    Widening keeps the wider numeric type; anything else falls back to text, which every value has.
+    """
+    if old == new:
+        return old
+    if pa.types.is_struct(old) and pa.types.is_struct(new):
+        fields = {f.name: f.type for f in old}
+        for f in new:
+            fields[f.name] = unified_type(fields[f.name], f.type) if f.name in fields else f.type
+        return pa.struct([pa.field(name, t) for name, t in fields.items()])
+    ints = [t for t in (old, new) if pa.types.is_integer(t)]
+    if len(ints) == 2:
+        return old if old.bit_width >= new.bit_width else new
+    decimals = [t for t in (old, new) if pa.types.is_decimal(t)]
+    if decimals and len(decimals) + len(ints) == 2:
+        digits = max(t.precision - t.scale if pa.types.is_decimal(t) else 20 for t in (old, new))
+        scale = max(t.scale for t in decimals)
+        if digits + scale <= MAX_DECIMAL_PRECISION:
+            return pa.decimal128(digits + scale, scale)
+    if pa.types.is_floating(old) and pa.types.is_floating(new):
+        return pa.float64()
+    if pa.types.is_timestamp(old) and pa.types.is_timestamp(new) and old.tz == new.tz:
+        return old
+    if pa.types.is_binary(old) and pa.types.is_binary(new):
+        return pa.binary()
+    return pa.string()
+
+
+MAX_DECIMAL_PRECISION = 38
+
+
+def cast_column(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array:
+    """`values` as `target` (struct fields by name, missing ones NULL), for unified_type's targets."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+    if values.type == target:
+        return values
+    if pa.types.is_struct(target):
+        names = [f.name for f in values.type]
+        children = [
+            cast_column(values.field(f.name), f.type) if f.name in names else pa.nulls(len(values), f.type)
+            for f in target
+        ]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=pc.is_null(values))
+    if pa.types.is_string(target) and pa.types.is_binary(values.type):
+        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()], target)
+    return pc.cast(values, target)
+
+
+def conformed_schema(existing: pa.Schema, incoming: pa.Schema) -> pa.Schema | None:
+    """The change log's schema with every column both have at a type holding both (None: no change needed)."""
+    changed = False
+    fields = []
+    for f in existing:
+        if f.name in incoming.names and incoming.field(f.name).type != f.type:
+            fields.append(f.with_type(unified_type(f.type, incoming.field(f.name).type)))
+            changed = changed or fields[-1].type != f.type
+        else:
+            fields.append(f)
+    return pa.schema(fields) if changed else None
+
+
+def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
+    """Schemas of several versions of one source table's change log as one: columns are unioned in the order
+    they appear, and a column whose type changed takes `unified_type`."""
+    fields: dict[str, pa.DataType] = {}
+    for schema in schemas:
+        for f in schema:
+            fields[f.name] = unified_type(fields[f.name], f.type) if f.name in fields else f.type
+    return pa.schema([pa.field(name, t) for name, t in fields.items()])
+
+
+def change_log_schema(shape: TableShape, with_ddl: bool = False) -> pa.Schema:
+    """The schema of a table version's change-log rows (build_change_table's)."""
+    source = arrow_schema(list(shape.columns))
+    ddl = [pa.field(DDL_COLUMN, pa.string())] if with_ddl else []
+    return pa.schema(list(source) + change_log_metadata_fields(source) + ddl)
+
+
+def log_target_schema(existing: pa.Schema | None, incoming: pa.Schema) -> tuple[pa.Schema, bool]:
+    """The schema a change log takes to hold `incoming` rows too, and whether its existing rows must be
+    rewritten for it (a column's type changed: MODIFY COLUMN)."""
+    if existing is None:
+        return incoming, False
+    current = pa.schema([f.with_type(plain_type(f.type)) for f in existing])
+    retyped = conformed_schema(current, incoming)
+    return unified_schema([retyped or current, incoming]), retyped is not None
+
+
+def conform_to_log(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Change-log rows in the schema the log's files take (columns they lack NULL, types widened)."""
+    return pa.Table.from_arrays(
+        [
+            cast_column(rows.column(f.name), f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+            for f in schema
+        ],
+        schema=schema,
+    )
+
+
+def concat_unified(tables: list[pa.Table]) -> pa.Table:
+    """Tables of several versions of one source table as one: columns are unioned (missing ones NULL) and
+    a column whose type changed takes `unified_type`."""
+    schema = unified_schema([t.schema for t in tables])
+    return pa.concat_tables(
+        [
+            pa.Table.from_arrays(
+                [
+                    cast_column(t.column(f.name), f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+                    for f in schema
+                ],
+                schema=schema,
+            )
+            for t in tables
+        ]
+    )
+
+
+def with_batch(rows: pa.Table, batch: str) -> pa.Table:
+    """Raw rows with the name of the batch they came from (`_cdc_batch` of the change log)."""
+    return rows.append_column("batch", pa.array([batch] * rows.num_rows, pa.string()))
+
+
+def typed_changes(rows: pa.Table, versions: dict[tuple[str, int], TableShape], ddl: dict[tuple[str, int], str]) -> pa.Table:
+    """One table's keyed generic rows as change-log rows, whatever number of table versions they span, in
+    `_cdc_seq` order. A schema change's row carries the change in `_cdc_ddl` (JSON: statement, action, shapes
+    before and after, column renames, defaults), so the change log says what happened between its versions."""
+    typed = []
+    pairs = pc.unique(
+        pc.binary_join_element_wise(rows.column("batch"), rows.column("table_version").cast(pa.string()), "\x1f")
+    )
+    for pair in pairs.to_pylist():
+        batch, version_id = pair.split("\x1f")
+        mask = pc.and_(pc.equal(rows.column("batch"), batch), pc.equal(rows.column("table_version"), int(version_id)))
+        part = build_change_table(versions[(batch, int(version_id))], rows.filter(mask))
+        if (batch, int(version_id)) in ddl:
+            part = part.append_column(DDL_COLUMN, pa.array([ddl[(batch, int(version_id))]] * part.num_rows, pa.string()))
+        typed.append(part)
+    return concat_unified(typed).sort_by("_cdc_seq")
+
+
+def rows_for_tables(rows: pa.Table, starts: dict[str, str | None]) -> pa.Table:
+    """Rows of the wanted tables in batches after each table's own start."""
+    names = list(starts)
+    refs = [TableRef.parse(n) for n in names]
+    # joined with NUL, which no identifier holds: names with dots stay apart
+    joined = pc.binary_join_element_wise(rows.column("schema"), rows.column("table"), "\x00")
+    index = pc.index_in(joined, pa.array([f"{t.schema}\x00{t.table}" for t in refs]))
+    start_after = pc.take(pa.array([starts[n] or "" for n in names], pa.string()), index)
+    wanted = pc.and_(pc.is_valid(index), pc.greater(rows.column("batch"), start_after))
+    return rows.filter(pc.fill_null(wanted, False))

@@ -1,0 +1,131 @@
+"""The rows of the current-state tables (`current/<schema>/<table>`), as plain Arrow: their schema and table
+properties, the numbering of a keyless table's identical rows, and the rows an ALTER TABLE leaves. Used by
+the current-state stage and snapshots in the run's process and by their Spark jobs on the executors."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.shapes import Default, SchemaChange, TableShape
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE
+from cdc_assets.lake.delta import table_configuration
+
+DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so each row has a key of its own
+
+
+DUP_TYPE = pa.int32()
+
+
+def current_schema(version: TableShape) -> pa.Schema:
+    source = arrow_schema(list(version.columns))
+    meta = [pa.field("_cdc_seq", SEQ_TYPE), pa.field("_cdc_commit_ts", COMMIT_TS_TYPE)]
+    if not version.primary_key:
+        meta.append(pa.field(DUP_COLUMN, DUP_TYPE))
+    return pa.schema(list(source) + meta)
+
+
+def current_configuration(schema: pa.Schema) -> dict[str, str]:
+    """Table properties of a current-state table: safe statistics and the file size merges keep to."""
+    return {**table_configuration(schema), "delta.targetFileSize": str(CURRENT_FILE_BYTES)}
+
+
+def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
+    """`_cdc_dup` for rows of a keyless table: the ordinal of each row among the rows identical to it."""
+    counts: dict[tuple, int] = {}
+    ordinals = []
+    for values in zip(*(rows.column(c).to_pylist() for c in columns), strict=True) if rows.num_rows else []:
+        ordinals.append(counts.get(values, 0))
+        counts[values] = ordinals[-1] + 1
+    return pa.array(ordinals, DUP_TYPE)
+
+
+# Current-state files roll over at this size, for full rewrites and merges alike (`delta.targetFileSize`).
+# Written sorted by primary key, each file then covers a narrow key range, and a merge rewrites only the
+# files whose range holds a changed key: its cost follows how far the changes spread, not the table's size.
+CURRENT_FILE_BYTES = 4 * 1024 * 1024
+
+
+SCHEMA_OPS = ("create", "alter", "drop")
+
+
+def _default_column(spec: ColumnSpec, default: Default | None, rows: int, commit_ts: dt.datetime) -> pa.Array:
+    """An added column's values in the rows that were there before it (see ddl.Default)."""
+    target = arrow_type(spec)
+    if default is None or default.kind == "unknown" or (default.kind == "value" and default.text is None):
+        return pa.nulls(rows, target)
+    if default.kind == "now":
+        moment = commit_ts.replace(tzinfo=None)
+        text = {"date": moment.date().isoformat(), "time": moment.time().isoformat()}.get(
+            spec.type, moment.isoformat(sep=" ", timespec="microseconds")
+        )
+    else:
+        text = default.text
+    return decode_column(spec, pa.array([text] * rows, pa.string()))
+
+
+def reshape_rows(
+    rows: pa.Table, change: SchemaChange, after: TableShape, commit_ts: dt.datetime, table: TableRef
+) -> pa.Table:
+    """Current-state rows of the table before an ALTER, as the ALTER leaves them: renamed columns keep
+    their values, dropped ones go, added ones take their default, modified ones are converted."""
+    schema = current_schema(after)
+    before = {c.name: c for c in change.before.columns} if change.before is not None else {}
+    arrays = []
+    for spec in after.columns:
+        old = None if spec.name in change.defaults else change.renames.get(spec.name, spec.name)
+        if old is not None and old in rows.column_names:
+            try:
+                arrays.append(convert_column(rows.column(old), before.get(old), spec))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise CdcUserError(
+                    f"{table}: column {old} cannot be converted to {arrow_type(spec)} as the source's ALTER TABLE did "
+                    f"({exc}): run `cdc-lakehouse snapshot {table}` to load the table again."
+                ) from exc
+        else:
+            arrays.append(_default_column(spec, change.defaults.get(spec.name), rows.num_rows, commit_ts))
+    arrays += [rows.column("_cdc_seq"), rows.column("_cdc_commit_ts")]
+    if not after.primary_key:
+        if DUP_COLUMN in rows.column_names:
+            arrays.append(rows.column(DUP_COLUMN))
+        else:
+            arrays.append(number_duplicates(rows, [c.name for c in after.columns]))
+    return pa.Table.from_arrays(
+        [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema
+    )
+
+
+def _truncated_time(text: str | None, fsp: int) -> str | None:
+    """A TIME text at fewer or more fractional digits: extra digits are cut, as MariaDB's ALTER TABLE does."""
+    if text is None:
+        return None
+    negative = text.startswith("-")
+    clock, _, fraction = text.lstrip("-").partition(".")
+    hours, minutes, seconds = (int(p) for p in clock.split(":"))
+    unit = 10 ** (6 - fsp)
+    micros = ((hours * 60 + minutes) * 60 + seconds) * 1_000_000 + int((fraction or "0").ljust(6, "0")[:6]) // unit * unit
+    return format_time(dt.timedelta(microseconds=-micros if negative else micros), fsp)
+
+
+def convert_column(values: pa.ChunkedArray | pa.Array, old: ColumnSpec | None, new: ColumnSpec) -> pa.Array:
+    """A column's values after MODIFY COLUMN, converted to the new type as the server converts them:
+    fractional seconds beyond the new precision are cut (MariaDB), decimals are rounded to the new scale."""
+    target = arrow_type(new)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+    if old is None or old == new:
+        return values.cast(target)
+    if new.type == "time" and old.type == "time":
+        return pa.array([_truncated_time(v, new.fsp) for v in values.to_pylist()], pa.string())
+    if new.type in ("datetime", "timestamp") and pa.types.is_timestamp(values.type) and new.fsp < old.fsp:
+        unit = 10 ** (6 - new.fsp)
+        cut = [None if v is None else v.replace(microsecond=v.microsecond // unit * unit) for v in values.to_pylist()]
+        return pa.array(cut, values.type).cast(target)
+    if new.type == "decimal" and pa.types.is_decimal(values.type) and (new.scale or 0) < values.type.scale:
+        values = pc.round(values, ndigits=new.scale or 0, round_mode="half_away_from_zero")
+    return pc.cast(values, target)

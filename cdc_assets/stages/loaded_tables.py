@@ -1,0 +1,74 @@
+"""What a snapshot records once it has loaded tables, whatever engine read them: its report, the tables'
+progress in both stages, and capture's registry and shapes, so changes after the snapshot apply on top."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc_assets.capture.run import CaptureReport
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.layout import CAPTURE_LOCK, CHANGES_STAGE, CURRENT_STAGE
+from cdc_assets.lake.locks import lakehouse_lock
+from cdc_assets.lake.state import (
+    TableProgress,
+    load_checkpoint,
+    load_progress,
+    load_registry,
+    load_schemas,
+    save_checkpoint,
+    save_progress,
+    save_registry,
+    save_schemas,
+)
+from cdc_assets.lake.store import Lakehouse
+
+
+@dataclass
+class SnapshotReport:
+    position: str = ""
+    seq: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    capture: CaptureReport | None = None
+    seconds: float = 0.0
+
+
+def record_loaded(lakehouse: Lakehouse, shape: TableShape, seq: int) -> None:
+    """Progress after a table's current state was loaded at `seq` (the caller holds both stages' locks): the
+    change-log stage knows its shape, the current-state stage that a snapshot loaded it."""
+    store, table = lakehouse.store, str(shape.table)
+    progress = load_progress(store, CHANGES_STAGE, table)
+    if progress.shape is None:  # no change log yet: the current state needs the columns and key
+        save_progress(store, CHANGES_STAGE, table, TableProgress(progress.batch, shape))
+    applied = load_progress(store, CURRENT_STAGE, table)
+    save_progress(store, CURRENT_STAGE, table, TableProgress(applied.batch, None, None, present=True, snapshot_seq=seq))
+
+
+def register_loaded(lakehouse: Lakehouse, shapes: list[TableShape], seq: int, owner: str, log: Any | None) -> None:
+    """Capture learns of the loaded tables (the registry, under the capture lock) and of their shapes."""
+    store = lakehouse.store
+    with lakehouse_lock(lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log):
+        registry = load_registry(store)
+        for shape in shapes:
+            registry.setdefault(str(shape.table), {"first_batch": None, "last_batch": None})
+        save_registry(store, registry)
+        _remember_shapes(lakehouse, shapes, seq)
+
+
+def _remember_shapes(lakehouse: Lakehouse, shapes: list[TableShape], seq: int) -> None:
+    """Capture learns the shapes of snapshot tables it has not seen a row of, so that a DDL on such a
+    table before its first row change still reshapes its current state."""
+    store = lakehouse.store
+    checkpoint = load_checkpoint(store)
+    if checkpoint is None:
+        return
+    schemas = load_schemas(store, checkpoint)
+    unknown = [v for v in shapes if v.table not in schemas]
+    if not unknown:
+        return
+    for shape in unknown:
+        schemas[shape.table] = shape
+    name = f"{checkpoint.last_batch or 'start'}-snapshot-{seq}"
+    save_schemas(store, name, schemas)
+    save_checkpoint(store, dataclasses.replace(checkpoint, schemas=name))
