@@ -22,6 +22,7 @@ from cdc_assets.lake.delta import (
     read_query,
     table_configuration,
 )
+from cdc_assets.lake.files import add_actions, commit_files, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.change_log import append_changes
@@ -107,3 +108,27 @@ def test_the_watermark_survives_any_number_of_commits_that_are_not_the_pipelines
     log.create_checkpoint()
     log.cleanup_metadata()
     assert max_seq(open_table(lakehouse.table_uri(CHANGES, table), None)) == 5
+
+
+def test_a_copy_on_write_whose_files_an_optimize_replaced_is_refused_with_one_sentence(tmp_path: Path) -> None:
+    """A Spark merge read the table at one version and rewrote two of its files; a user's OPTIMIZE compacted
+    them meanwhile. Committing the rewrite's removes and adds (as stages/current_on_spark.py does) is refused by
+    Delta's conflict check, with one sentence, and the table keeps the OPTIMIZE's files and the same rows."""
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    table = TableRef("s", "t")
+    for first in (1, 6):
+        append_changes(lakehouse, table, _changes(first, 5))
+    uri = lakehouse.table_uri(CHANGES, table)
+    read_by_merge = open_table(uri, None)
+    rewritten = write_files(lakehouse.file_access(), lakehouse.table_key(CHANGES, table), str(table), [_changes(1, 10)])
+    open_table(uri, None).optimize.compact()
+    paths = pa.table(read_by_merge.get_add_actions(flatten=True)).column("path").to_pylist()
+    schema = pa.schema(read_by_merge.schema().to_arrow())
+    with pytest.raises(CdcUserError, match="changed files of s.t while this run was rewriting them"):
+        commit_files(
+            read_by_merge, uri, None, "s.t", schema, add_actions(rewritten), remove_actions(read_by_merge, paths),
+            MAX_SEQ_KEY, 10, {},
+        )  # fmt: skip
+    after = open_table(uri, None)
+    assert len(after.file_uris()) == 1  # the OPTIMIZE's file, nothing of the refused commit
+    assert read_query(after, "SELECT _cdc_seq FROM t ORDER BY _cdc_seq").column(0).to_pylist() == list(range(1, 11))

@@ -102,29 +102,41 @@ def open_table(uri: str, storage_options: dict[str, str] | None) -> DeltaTable |
         return None
 
 
-def seq_commit(key: str, seq: int) -> CommitProperties:
+def seq_commit(key: str, seq: int, exact: bool = False) -> CommitProperties:
     """Commit properties that record `seq` under `key` in a way no later commit can hide: as commit metadata
     (for people reading the history) and as a Delta app transaction (`txn` action), which the table's state
     keeps whatever commits follow (OPTIMIZE, property changes, checkpoints, log clean-up). The app transaction
     also fences writers: a commit carrying it fails ("Concurrent transaction") when another commit with the
     same app id landed after the version this writer read, so a writer whose lock expired mid-write cannot
-    add what the run that took over has added."""
-    return CommitProperties(custom_metadata={key: str(seq)}, app_transactions=[Transaction(key, int(seq))])
+    add what the run that took over has added. `exact`: the commit takes the version after the one read, or
+    fails (no rebase onto commits made since: see lake.files.commit_files)."""
+    return CommitProperties(
+        custom_metadata={key: str(seq)},
+        app_transactions=[Transaction(key, int(seq))],
+        max_commit_retries=0 if exact else None,
+    )
 
 
 @contextmanager
 def fenced(what: str) -> Iterator[None]:
     """A commit refused because another writer committed the same app transaction since this writer read the
-    table (see `seq_commit`) ends the run with one sentence: nothing was written twice."""
+    table (see `seq_commit`), or removed a file this commit removes, ends the run with one sentence: nothing
+    was written twice."""
     try:
         yield
     except CommitFailedError as exc:
-        if "Concurrent transaction" not in str(exc):
-            raise
-        raise CdcUserError(
-            f"Another run committed to {what} while this run was writing it (this run's lock had expired and was "
-            "taken over): this run stopped without writing anything twice; run it again once the other has finished."
-        ) from exc
+        if "Concurrent transaction" in str(exc):
+            raise CdcUserError(
+                f"Another run committed to {what} while this run was writing it (this run's lock had expired and "
+                "was taken over): this run stopped without writing anything twice; run it again once the other has "
+                "finished."
+            ) from exc
+        if "concurrent transaction" in str(exc).lower():  # a MERGE whose files another commit replaced or added to
+            raise CdcUserError(
+                f"Another writer (an OPTIMIZE or another run) changed files of {what} while this run was rewriting "
+                "them: this run committed nothing; run it again."
+            ) from exc
+        raise
 
 
 def max_seq(table: DeltaTable | None, metadata_key: str = MAX_SEQ_KEY) -> int | None:

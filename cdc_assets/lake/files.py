@@ -24,8 +24,10 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, Schema
+from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, seq_commit
 
 FILE_ROWS = 1_000_000  # rows per data file written by a task, at most
@@ -198,6 +200,23 @@ def conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def put_object(access: FileAccess, key: str, data: bytes) -> None:
+    """A small object written whole or not at all, from any process: on S3 a single PUT appears only when
+    complete; locally a hidden temporary file (which the store's listings skip) is renamed into place."""
+    fs = access.filesystem()
+    path = access.path(key)
+    if access.is_s3:
+        with fs.open_output_stream(path) as out:
+            out.write(data)
+        return
+    parent, _, name = path.rpartition("/")
+    fs.create_dir(parent, recursive=True)
+    temporary = f"{parent}/.{name}.{uuid.uuid4().hex}"
+    with fs.open_output_stream(temporary) as out:
+        out.write(data)
+    fs.move(temporary, path)
+
+
 # -- committing in the run process -----------------------------------------------------------------------------
 
 
@@ -239,7 +258,13 @@ def commit_files(
     An append commits the adds and the removes together; columns `schema` has and the table has not are added
     first, in a commit of their own (NULL in every row until then: nothing a reader can tell). An overwrite
     replaces every file of the table by the adds and the table's schema by `schema` (a column's type changed).
-    A table that does not exist yet is created by the commit, with `configuration`."""
+    A table that does not exist yet is created by the commit, with `configuration`.
+
+    A commit that replaces files (removes, or an overwrite) was computed from the files of the version
+    `existing` was read at, so it is made at exactly the next version (no silent rebase: delta-rs' conflict
+    check lets a remove of a file an OPTIMIZE already compacted through, and the compacted copy of its rows
+    would then stay beside their rewrite). When another commit took that version, the commit goes on from the
+    newest version only if that still holds every file it replaces; else the run stops with one sentence."""
     with fenced(what):
         if existing is None:
             create_table_with_add_actions(
@@ -252,15 +277,47 @@ def commit_files(
                 commit_properties=seq_commit(seq_key, seq),
             )
             return
-        if overwrite:
-            existing.create_write_transaction(
-                adds, mode="overwrite", schema=schema, commit_properties=seq_commit(seq_key, seq)
-            )
-            return
-        have = {f.name for f in existing.schema().fields}
-        added = [f for f in schema if f.name not in have]
-        if added:
-            existing.alter.add_columns(Schema.from_arrow(pa.schema(added)).fields)
-        existing.create_write_transaction(
-            [*removes, *adds], mode="append", schema=existing.schema(), commit_properties=seq_commit(seq_key, seq)
-        )
+        if not overwrite:
+            have = {f.name for f in existing.schema().fields}
+            added = [f for f in schema if f.name not in have]
+            if added:
+                existing.alter.add_columns(Schema.from_arrow(pa.schema(added)).fields)
+        replaces = overwrite or bool(removes)
+        read_files, read_seq = _file_paths(existing), existing.transaction_version(seq_key)
+        for _ in range(MAX_REBASES + 1):
+            try:
+                if overwrite:
+                    existing.create_write_transaction(
+                        adds, mode="overwrite", schema=schema, commit_properties=seq_commit(seq_key, seq, exact=True)
+                    )
+                else:
+                    existing.create_write_transaction(
+                        [*removes, *adds], mode="append", schema=existing.schema(),
+                        commit_properties=seq_commit(seq_key, seq, exact=replaces),
+                    )  # fmt: skip
+                return
+            except CommitFailedError:
+                if not replaces:
+                    raise
+                read_version = existing.version()
+                existing.update_incremental()
+                if existing.version() == read_version:  # no other commit: not a race
+                    raise
+                if existing.transaction_version(seq_key) != read_seq:  # the run that took over this one's lock
+                    raise CommitFailedError("Concurrent transaction: another run recorded its seq") from None
+                now = _file_paths(existing)
+                kept = now == read_files if overwrite else {r.path for r in removes} <= now
+                if not kept:
+                    raise CdcUserError(
+                        f"Another writer (an OPTIMIZE or another run) changed files of {what} while this run was "
+                        "rewriting them: this run committed nothing; run it again."
+                    ) from None
+                read_files = now
+        raise CdcUserError(f"{what} kept changing while this run committed to it: run it again.")
+
+
+MAX_REBASES = 5  # commits of others (property changes, checkpoints) a replacing commit goes on past
+
+
+def _file_paths(table: DeltaTable) -> set[str]:
+    return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
