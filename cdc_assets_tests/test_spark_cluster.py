@@ -1,13 +1,11 @@
 """The pipeline on a real Spark standalone cluster (a master and two workers, each a JVM with its own Python
-workers): every stage's reading, transforming and writing in the executors, on a local lakehouse and on S3."""
+workers): every stage's reading, transforming and writing in the executors, on a local lakehouse and on S3. A
+snapshot SIGKILLed mid-way under a writer resumes with only its missing chunks; syncs with schema changes and a
+TRUNCATE follow; each step ends with every table equal to the source."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
+import json
 
 import boto3
 import pytest
@@ -15,20 +13,31 @@ import pytest
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.layout import CURRENT
-from cdc_assets.stages.snapshot_records import TableSnapshot, snapshots_in_progress
+from cdc_assets.stages.snapshot_records import snapshots_in_progress
 from cdc_assets_tests.conftest import CdcEnv, run_cli, use_s3
-from cdc_assets_tests.test_spark_snapshot import create_tables, writing
+from cdc_assets_tests.test_spark_snapshot import (
+    assert_resumed,
+    committed_files,
+    create_tables,
+    killed_mid_snapshot,
+    writing,
+)
 
 
-def _workload(cdc: CdcEnv, round_: int) -> None:
-    base = round_ * 100
+def _workload(cdc: CdcEnv) -> None:
+    """Changes to every kind of table, and then to every table's shape: columns added and widened, a TRUNCATE."""
     with cdc.admin() as conn, conn.cursor() as cur:
-        cur.executemany("INSERT INTO orders (id, item, qty) VALUES (%s, %s, %s)", [(base + i, f"item {i} ✅", i) for i in range(40)])
-        cur.executemany("INSERT INTO notes VALUES (%s, %s)", [(i % 3, f"n{round_}") for i in range(10)])
-        cur.execute("UPDATE orders SET qty = qty + 1 WHERE id % 3 = 0")
-        cur.execute("DELETE FROM orders WHERE id % 7 = 0")
-        cur.execute("UPDATE orders SET id = id + 10000 WHERE id = %s", (base + 1,))
-        cur.execute("DELETE FROM notes WHERE a = 1 LIMIT 2")
+        cur.executemany("INSERT INTO ints VALUES (%s, %s, 'more ✅')", [(100_000 + i, i) for i in range(40)])
+        cur.execute("UPDATE ints SET n = n + 1 WHERE id % 3 = 0")
+        cur.execute("DELETE FROM ints WHERE id % 7 = 0")
+        cur.execute("UPDATE ints SET id = 5000000 WHERE id = 100001")
+        cur.execute("DELETE FROM bag WHERE a = 1 LIMIT 2")
+        cur.execute("ALTER TABLE ints ADD COLUMN tag VARCHAR(10) DEFAULT 'new'")
+        cur.execute("ALTER TABLE texts MODIFY qty DECIMAL(12,3)")
+        cur.execute("UPDATE texts SET qty = qty / 3 WHERE region = 'r1'")
+        cur.execute("TRUNCATE TABLE bag")
+        cur.executemany("INSERT INTO bag VALUES (%s, %s)", [(i % 2, "after") for i in range(6)])
+        cur.executemany("INSERT INTO ints (id, n, note) VALUES (%s, %s, 'last')", [(200_000 + i, i) for i in range(20)])
 
 
 def _sync_on(cluster: object, cdc: CdcEnv) -> None:
@@ -51,74 +60,27 @@ def _lakehouse_on(where: str, cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch, s3_e
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_a_sync_with_ddl_and_truncate_on_the_cluster(
-    cdc: CdcEnv, spark_cluster: object, where: str, monkeypatch: pytest.MonkeyPatch, s3_endpoint: str
-) -> None:
-    _lakehouse_on(where, cdc, monkeypatch, s3_endpoint)
-    cdc.execute(
-        "CREATE TABLE orders (id INT PRIMARY KEY, item VARCHAR(40), qty SMALLINT)",
-        "CREATE TABLE notes (a INT, b VARCHAR(10))",
-    )
-    _workload(cdc, 0)
-    _sync_on(spark_cluster, cdc)
-    _assert_equal(cdc, 2)
-    _workload(cdc, 1)
-    cdc.execute(
-        "ALTER TABLE orders ADD COLUMN note VARCHAR(10) DEFAULT 'new'",
-        "ALTER TABLE orders MODIFY qty INT",
-        "TRUNCATE TABLE notes",
-        "INSERT INTO notes VALUES (9, 'after')",
-    )
-    _workload(cdc, 2)
-    _sync_on(spark_cluster, cdc)
-    _assert_equal(cdc, 2)
-    log = spark_cluster.master_log.read_text()  # type: ignore[attr-defined]
-    assert "Registered app" in log  # the runs were the cluster's, not a local Spark's
-    if where == "local":
-        assert any(cdc.lakehouse_dir.joinpath(CURRENT, TableRef(cdc.database, "orders").path).glob("*.zstd.parquet"))
-
-
-def _stopped_snapshots(timeout: float, process: subprocess.Popen) -> list[TableSnapshot]:
-    """The records of the snapshot in progress once a wave of its chunks is recorded."""
-    store = initialized_resources().lakehouse.get().store
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        records = snapshots_in_progress(store)
-        if any(r.done for r in records):
-            return records
-        time.sleep(0.2)
-    raise AssertionError(f"no chunk recorded (snapshot exited with {process.poll()})")
-
-
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_a_snapshot_on_the_cluster_killed_and_resumed_under_a_writer(
+def test_a_snapshot_killed_and_resumed_under_a_writer_then_syncs_with_ddl_and_truncate_on_the_cluster(
     cdc: CdcEnv, spark_cluster: object, where: str, monkeypatch: pytest.MonkeyPatch, s3_endpoint: str, tmp_path
 ) -> None:
     _lakehouse_on(where, cdc, monkeypatch, s3_endpoint)
     create_tables(cdc)
-    env = {"CDC_SPARK_MASTER": spark_cluster.master, "CDC_SNAPSHOT_CHUNK_ROWS": "250"}  # type: ignore[attr-defined]
+    on_cluster = {"CDC_SPARK_MASTER": spark_cluster.master, "CDC_SNAPSHOT_CHUNK_ROWS": "250"}  # type: ignore[attr-defined]
+    # each executor's Python worker stalls after recording its second chunk: the kill lands mid-way, for certain
+    stalls = {**on_cluster, "CDC_SPARK_CONF": json.dumps({"spark.executorEnv.CDC_FAILPOINTS": "snapshot.chunk_written=sleep:600@2"})}
     with writing(cdc) as writes:
-        log = (tmp_path / "killed.log").open("w")
-        # after its first wave is recorded the snapshot waits, and is killed there: mid-way, for certain
-        armed = {**env, "CDC_FAILPOINTS": "snapshot.chunks_recorded=sleep:120"}
-        killed = subprocess.Popen(
-            [sys.executable, "-m", "cdc_assets.cli", "snapshot"], env={**os.environ, **armed}, stdout=log, stderr=log
-        )
-        try:
-            stopped = _stopped_snapshots(300, killed)
-        finally:
-            os.kill(killed.pid, signal.SIGKILL)
-            killed.wait()
-        [ints] = [r for r in stopped if r.table.table == "ints"]
-        assert 0 < len(ints.done) < ints.chunks
-        written_before = {a["path"] for actions in ints.done.values() for a in actions}
-        resumed = run_cli("snapshot", env=env)
+        stopped = killed_mid_snapshot(stalls, tmp_path / "killed.log")
+        resumed = run_cli("snapshot", env=on_cluster)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
         assert writes[0] > 20  # the source changed throughout
-    assert f"resuming its snapshot, {len(ints.done)} of {ints.chunks} chunks already read" in resumed.stdout
     assert snapshots_in_progress(initialized_resources().lakehouse.get().store) == []
-    current = initialized_resources().lakehouse.get().open(CURRENT, TableRef(cdc.database, "ints"))
-    assert current is not None
-    assert written_before <= set(current.get_add_actions(flatten=True).column("path").to_pylist())  # not read again
+    assert_resumed(stopped, resumed.stdout, committed_files(cdc))
     _sync_on(spark_cluster, cdc)
     _assert_equal(cdc, 3)
+    _workload(cdc)
+    _sync_on(spark_cluster, cdc)
+    _assert_equal(cdc, 3)
+    log = spark_cluster.master_log.read_text()  # type: ignore[attr-defined]
+    assert "Registered app" in log  # the runs were the cluster's, not a local Spark's
+    if where == "local":
+        assert any(cdc.lakehouse_dir.joinpath(CURRENT, TableRef(cdc.database, "ints").path).glob("*.zstd.parquet"))

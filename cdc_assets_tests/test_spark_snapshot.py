@@ -6,18 +6,24 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
+from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.layout import CURRENT
-from cdc_assets.stages.snapshot_records import decode_key, encode_key, snapshots_in_progress
-from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets.stages.snapshot_records import TableSnapshot, decode_key, encode_key, snapshots_in_progress
+from cdc_assets_tests.conftest import CdcEnv, run_cli
 from cdc_assets_tests.test_cli import _run
 
 ROWS = 3_000
@@ -57,8 +63,8 @@ def writing(cdc: CdcEnv) -> Iterator[list[int]]:
                 cur.execute("UPDATE texts SET qty = qty + 1 WHERE region = %s AND code = %s", (f"r{i % 7}", f"Code-{(i * 31) % ROWS:05d} ✅"))
                 if i % 5 == 0:
                     cur.execute("DELETE FROM ints WHERE id = %s", ((i * 104729) % ROWS,))
-                    cur.execute("INSERT INTO ints VALUES (%s, 0, 'new')", (ROWS + i,))
-                    cur.execute("UPDATE ints SET id = %s WHERE id = %s", (10 * ROWS + i, (i * 15485863) % ROWS))
+                    cur.execute("INSERT INTO ints VALUES (%s, 0, 'new')", (1_000_000 + i,))
+                    cur.execute("UPDATE ints SET id = %s WHERE id = %s", (2_000_000 + i, (i * 15485863) % ROWS))
                     cur.execute("INSERT INTO bag VALUES (%s, 'later')", (i % 3,))
                     cur.execute("DELETE FROM bag WHERE a = %s LIMIT 1", (i % 5,))
                 i += 1
@@ -104,24 +110,59 @@ def test_a_snapshot_on_spark_reads_chunks_while_the_source_writes(spark_snapshot
     _assert_equal(cdc, 3)
 
 
-def test_a_stopped_snapshot_resumes_with_the_chunks_it_has_not_read(spark_snapshots: CdcEnv, capsys) -> None:
+def killed_mid_snapshot(env: dict[str, str], log_path: Path) -> list[TableSnapshot]:
+    """`cdc-lakehouse snapshot` SIGKILLed while its Spark job is reading chunks: each Python worker of the
+    executors stalls after recording its second chunk (`env` arms that failpoint for them), so some chunks are
+    recorded and others are not, for certain. Returns the records of the keyed tables as the kill left them."""
+    store = initialized_resources().lakehouse.get().store
+    with log_path.open("w") as log:
+        snapshot = subprocess.Popen(
+            [sys.executable, "-m", "cdc_assets.cli", "snapshot"],
+            env={**os.environ, **env}, stdout=log, stderr=log, start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            while not any(r.done for r in snapshots_in_progress(store)):
+                assert time.monotonic() < deadline and snapshot.poll() is None, log_path.read_text()[-3000:]
+                time.sleep(0.2)
+            time.sleep(1)  # the other workers record theirs too
+        finally:
+            os.killpg(snapshot.pid, signal.SIGKILL)  # the driver and its JVM
+            snapshot.wait()
+    stopped = [r for r in snapshots_in_progress(store) if r.keyed]
+    assert len(stopped) == 2
+    assert 0 < sum(len(r.done) for r in stopped) < sum(r.chunks for r in stopped)
+    return stopped
+
+
+def assert_resumed(stopped: list[TableSnapshot], output: str, current: dict[str, set[str]]) -> None:
+    """The snapshot started again said what it had read already, and committed those chunks' files as they were."""
+    for record in stopped:
+        assert f"{record.table}: resuming its snapshot, {len(record.done)} of {record.chunks} chunks already read" in output
+        assert {a["path"] for actions in record.done.values() for a in actions} <= current[record.table.table]
+
+
+def test_a_snapshot_killed_mid_way_resumes_with_the_chunks_it_has_not_read(spark_snapshots: CdcEnv, tmp_path: Path) -> None:
     cdc = spark_snapshots
     create_tables(cdc)
-
-    def stop() -> None:
-        raise RuntimeError("stopped by the test")
-
-    with writing(cdc), failpoints.arm("snapshot.chunks_recorded", stop):
-        code, _, _ = _run(["snapshot"], capsys)
-        assert code != 0
-        [stopped] = [r for r in snapshots_in_progress(cdc.lakehouse.store) if r.table.table == "ints"]
-        assert 0 < len(stopped.done) < stopped.chunks
-        read_before = {a["path"] for actions in stopped.done.values() for a in actions}
-        code, out, err = _run(["snapshot"], capsys)
-        assert code == 0, out + err
-    assert f"resuming its snapshot, {len(stopped.done)} of {stopped.chunks} chunks already read" in out
-    ints = cdc.lakehouse.open(CURRENT, TableRef(cdc.database, "ints"))
-    assert ints is not None
-    assert read_before <= {a for a in ints.get_add_actions(flatten=True).column("path").to_pylist()}  # not read again
+    with writing(cdc) as writes:
+        stalls = {"CDC_SPARK_MASTER": "local[2]", "CDC_FAILPOINTS": "snapshot.chunk_written=sleep:600@2"}
+        stopped = killed_mid_snapshot(stalls, tmp_path / "killed.log")
+        resumed = run_cli("snapshot", env={"CDC_SPARK_MASTER": "local[2]"})
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr[-3000:]
+        assert writes[0] > 20  # the source changed throughout
+    assert snapshots_in_progress(cdc.lakehouse.store) == []  # nothing left to resume
+    assert_resumed(stopped, resumed.stdout, committed_files(cdc))
     assert cdc.sync() == 0
     _assert_equal(cdc, 3)
+
+
+def committed_files(cdc: CdcEnv) -> dict[str, set[str]]:
+    """The data files of each current-state table of the test's database."""
+    lakehouse = initialized_resources().lakehouse.get()
+    found = {}
+    for table in ("ints", "texts"):
+        current = lakehouse.open(CURRENT, TableRef(cdc.database, table))
+        assert current is not None
+        found[table] = set(current.get_add_actions(flatten=True).column("path").to_pylist())
+    return found

@@ -5,17 +5,19 @@ commits (cdc_assets/stages/snapshot_on_spark.py). No task takes a lock on the so
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.current_rows import DUP_COLUMN, current_schema, number_duplicates
-from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FileAccess, write_files
+from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FileAccess, put_object, write_files
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_range_select, read_query_rows, read_source_chunks
 from spark_resources.transforms import arrow_frame, spark_schema
@@ -38,6 +40,7 @@ class ChunkRead:
     high: tuple | None
     seq: int
     taken_at: dt.datetime
+    done_key: str = ""  # where the task records the chunk once its files are complete (keyed chunks)
 
 
 def with_snapshot_columns(rows: pa.Table, shape: TableShape, seq: int, taken_at: dt.datetime) -> pa.Table:
@@ -61,8 +64,8 @@ def _one_task_each(spark: SparkSession, ids: list[int]) -> object:
 
 
 def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: dict[int, ChunkRead]) -> list[dict]:
-    """Every chunk read by a task of its own and written as files (one SELECT each: one consistent read);
-    the files' add actions, each with its chunk's id."""
+    """Every chunk read by a task of its own and written as files (one SELECT each: one consistent read), then
+    recorded at its `done_key`; the files' add actions, each with its chunk's id."""
     if not chunks:
         return []
 
@@ -77,7 +80,11 @@ def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: 
                         with_snapshot_columns(part, work.shape, work.seq, work.taken_at)
                         for part in read_query_rows(conn, list(work.shape.columns), sql, READ_ROWS)
                     )
-                    for action in write_files(access, work.table_key, str(work.shape.table), rows):
+                    actions = list(write_files(access, work.table_key, str(work.shape.table), rows))
+                    # the chunk is done only once this object exists: a snapshot started again skips it
+                    put_object(access, work.done_key, json.dumps(actions).encode())
+                    failpoints.hit("snapshot.chunk_written")
+                    for action in actions:
                         yield pa.RecordBatch.from_pylist([{**action, "chunk": chunk}], schema=CHUNK_SCHEMA)
         finally:
             conn.close()

@@ -30,7 +30,7 @@ FAILPOINTS = frozenset(
         "capture.transaction_spilled",  # a huge transaction has spilled rows to the local spool
         "capture.upload_part",  # a multipart upload of a batch's data is under way (S3)
         "changes.before_commit",  # a table's append: watermark read, commit not yet made
-        "snapshot.chunks_recorded",  # a Spark snapshot's wave of chunks is written and recorded, not committed
+        "snapshot.chunk_written",  # a Spark snapshot task has written and recorded a chunk (in the executor)
         "verify.in_snapshot",  # the source's consistent snapshot is open, its tables not read yet
     }
 )

@@ -12,6 +12,8 @@ DELTA_LOG = "_delta_log"
 
 CAPTURE_LOCK = "capture"
 SNAPSHOT_LOCK = "snapshot"  # a snapshot's resumable state under _state/snapshots/
-SNAPSHOTS_STATE = f"{STATE}/snapshots"
+SNAPSHOTS_STATE = f"{STATE}/snapshots"  # one record per table: <schema>/<table>.json
+# one object per chunk a Spark snapshot task has written: <schema>/<table>/<seq>/<chunk>.done
+SNAPSHOT_CHUNKS_STATE = f"{STATE}/snapshot_chunks"
 CHANGES_STAGE = CHANGES_LOCK = CHANGES
 CURRENT_STAGE = CURRENT_LOCK = CURRENT

@@ -24,15 +24,19 @@ server, as the ranges are read). A keyless table has nothing to cut by or to mak
 is one chunk, read by one task inside a consistent snapshot of its own whose binlog position P is exact, and
 capture runs to exactly P, as the Arrow engine's snapshot does.
 
-Resumable: `_state/snapshots/<schema>/<table>.json` holds L, S, the chunk boundaries and the files of every chunk
-written, saved after each wave of chunks. A snapshot killed and started again for the same tables reads only the
-chunks not recorded there (files a killed wave wrote are never committed: left for a VACUUM).
+Resumable at chunk granularity: `_state/snapshots/<schema>/<table>.json` holds L, S and the chunk boundaries,
+written before any chunk is read; each task, once its chunk's files are complete, records the chunk under
+`_state/snapshot_chunks/` (snapshot_records.py). A snapshot killed at any moment and started again for the same
+tables reads only the chunks not recorded (files of chunks in flight are never committed: left for a VACUUM).
+All chunks of all tables are one Spark job; while it runs, the run process logs progress (chunks read of the
+total, rows, rows/s) from the chunks recorded, every PROGRESS_EVERY_SECONDS.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +45,6 @@ from typing import Any
 import pymysql
 
 from cdc_assets.capture.run import CaptureReport, capture
-from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
@@ -57,11 +60,18 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_boundaries, source_row_estimates, source_shapes
 from cdc_assets.stages.loaded_tables import SnapshotReport, record_loaded, register_loaded
-from cdc_assets.stages.snapshot_records import TableSnapshot, load_record, record_key, save_record
+from cdc_assets.stages.snapshot_records import (
+    TableSnapshot,
+    chunk_done_key,
+    chunks_written,
+    forget_record,
+    load_record,
+    save_record,
+)
 from spark_resources.files_job import rewrite_files
 from spark_resources.snapshots import ChunkRead, read_chunks, read_whole_tables, with_seq
 
-MIN_WAVE_CHUNKS = 8  # chunks read between two saves of the record (at least): what a kill may make it read again
+PROGRESS_EVERY_SECONDS = 5.0  # how often a snapshot logs its progress while its chunks are read
 
 
 def low_watermark(conn: pymysql.Connection, server: source.ServerInfo) -> BinlogPosition:
@@ -113,7 +123,6 @@ class _Run:
     owner: str
     report: SnapshotReport
     began: float = field(default_factory=time.monotonic)
-    rows_read: int = 0
 
     def info(self, message: str) -> None:
         if self.log is not None:
@@ -138,7 +147,7 @@ def snapshot_on_spark(
     _read_keyless(run, server, [r for r in records if not r.keyed and not r.committed])
     register_loaded(lakehouse, [r.shape for r in records], max(r.seq for r in records), owner, log)
     for record in records:
-        lakehouse.store.delete(record_key(record.table))
+        forget_record(lakehouse.store, record.table)
         run.report.rows[str(record.table)] = record.rows
     keyed = [r for r in records if r.keyed] or records
     run.report.position, run.report.seq = str(min(r.low for r in keyed)), min(r.seq for r in keyed)
@@ -188,41 +197,56 @@ def _plan(run: _Run, tables: list[TableRef]) -> tuple[list[TableSnapshot], sourc
     return [found[t] for t in tables], server
 
 
-def _wave_size(spark: Any) -> int:
-    try:
-        return max(MIN_WAVE_CHUNKS, 2 * int(spark.sparkContext.defaultParallelism))
-    except Exception:  # Spark Connect has no SparkContext
-        return MIN_WAVE_CHUNKS
-
-
 def _read_keyed(run: _Run, records: list[TableSnapshot]) -> None:
-    """The chunks not yet read, in waves across the tables; each table committed once its chunks are all read."""
-    lakehouse, store = run.lakehouse, run.lakehouse.store
+    """The chunks not yet read, in one Spark job over every table (a task each); each table committed once its
+    chunks are all read. While the job runs, progress is logged from the chunks the tasks have recorded."""
+    lakehouse = run.lakehouse
     for record in records:
         if len(record.done) == record.chunks:  # read in full before a stop: only its commit was missing
             _commit(run, record, [a for actions in record.done.values() for a in actions])
-    todo = [(r, n) for r in records if not r.committed for n in range(r.chunks) if n not in r.done]
+    pending = [r for r in records if not r.committed]
+    todo = [(r, n) for r in pending for n in range(r.chunks) if n not in r.done]
+    if not todo:
+        return
+    chunks = {
+        i: ChunkRead(
+            lakehouse.table_key(CURRENT, r.table), r.shape, *r.chunk_range(n), r.seq, r.taken_at,
+            chunk_done_key(r.table, r.seq, n),
+        )  # fmt: skip
+        for i, (r, n) in enumerate(todo)
+    }
+    outcome: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            outcome["written"] = read_chunks(run.spark, run.settings.url, lakehouse.file_access(), chunks)
+        except BaseException as exc:  # re-raised in the run's thread
+            outcome["error"] = exc
+
+    job = threading.Thread(target=read, name="snapshot-chunks", daemon=True)
+    job.start()
+    while job.is_alive():
+        job.join(PROGRESS_EVERY_SECONDS)
+        if job.is_alive():
+            for record in pending:
+                record.done.update(chunks_written(lakehouse.store, record, record.done))
+            _progress(run, pending)
+    if "error" in outcome:
+        raise outcome["error"]
+    written = outcome["written"]
+    for i, (record, n) in enumerate(todo):
+        record.done[n] = [{k: v for k, v in a.items() if k != "chunk"} for a in written if a["chunk"] == i]
+    _progress(run, pending)
+    for record in pending:
+        _commit(run, record, [a for actions in record.done.values() for a in actions])
+
+
+def _progress(run: _Run, records: list[TableSnapshot]) -> None:
+    done = sum(len(r.done) for r in records)
+    rows = sum(r.rows for r in records)
+    rate = rows / max(time.monotonic() - run.began, 1e-3)
     total = sum(r.chunks for r in records)
-    wave = _wave_size(run.spark)
-    for start in range(0, len(todo), wave):
-        part = todo[start : start + wave]
-        chunks = {
-            i: ChunkRead(lakehouse.table_key(CURRENT, r.table), r.shape, *r.chunk_range(n), r.seq, r.taken_at)
-            for i, (r, n) in enumerate(part)
-        }
-        written = read_chunks(run.spark, run.settings.url, lakehouse.file_access(), chunks)
-        for i, (record, n) in enumerate(part):
-            record.done[n] = [{k: v for k, v in a.items() if k != "chunk"} for a in written if a["chunk"] == i]
-            run.rows_read += sum(int(a["rows"]) for a in record.done[n])
-        for record in {id(r): r for r, _ in part}.values():
-            save_record(store, record)
-        failpoints.hit("snapshot.chunks_recorded")
-        done = sum(len(r.done) for r in records)
-        rate = run.rows_read / max(time.monotonic() - run.began, 1e-3)
-        run.info(f"snapshot: {done} of {total} chunks read, {sum(r.rows for r in records):,} rows, {rate:,.0f} rows/s")
-        for record in {id(r): r for r, _ in part}.values():
-            if len(record.done) == record.chunks:
-                _commit(run, record, [a for actions in record.done.values() for a in actions])
+    run.info(f"snapshot: {done} of {total} chunks read, {rows:,} rows, {rate:,.0f} rows/s")
 
 
 def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnapshot]) -> None:
@@ -250,7 +274,6 @@ def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnaps
         fs = access.filesystem()
         for f in files:  # the rows with no seq yet: never committed
             fs.delete_file(access.path(f"{table_key}/{f['path']}"))
-        run.rows_read += record.rows
         run.info(f"{record.table}: {record.rows:,} rows read whole at {position} (no primary key)")
 
 
@@ -264,7 +287,7 @@ def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:
     finally:
         conn.close()
     if now != record.shape:
-        lakehouse.store.delete(record_key(table))
+        forget_record(lakehouse.store, table)
         raise CdcUserError(
             f"The columns of {table} changed while its snapshot read it: run `cdc-lakehouse snapshot {table}` again."
         )

@@ -1,6 +1,10 @@
 """The resumable record of a snapshot on Spark, one per table under `_state/snapshots/`: its watermark and seq,
 its key chunks and the files of each chunk written, so a snapshot started again reads only what is missing,
-and `status` names the snapshots a kill or an error stopped."""
+and `status` names the snapshots a kill or an error stopped.
+
+The run process writes the record when it plans the chunks; each Spark task, once a chunk's files are complete,
+writes that chunk's add actions as an object of its own under `_state/snapshot_chunks/` (`chunk_done_key`). A
+record read back takes in those objects, so a snapshot killed at any moment loses at most the chunks in flight."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import base64
 import datetime as dt
 import decimal
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +20,7 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.shapes import TableShape, shape_from_json, shape_json
-from cdc_assets.lake.layout import SNAPSHOTS_STATE
+from cdc_assets.lake.layout import SNAPSHOT_CHUNKS_STATE, SNAPSHOTS_STATE
 from cdc_assets.lake.store import MissingObject, ObjectStore
 
 
@@ -120,6 +124,16 @@ def record_key(table: TableRef) -> str:
     return f"{SNAPSHOTS_STATE}/{table.path}.json"
 
 
+def chunks_prefix(table: TableRef, seq: int | None = None) -> str:
+    """Where the tasks of the table's snapshot at `seq` record their chunks (all of its snapshots': None)."""
+    return f"{SNAPSHOT_CHUNKS_STATE}/{table.path}/" + ("" if seq is None else f"{seq}/")
+
+
+def chunk_done_key(table: TableRef, seq: int, chunk: int) -> str:
+    """The object a task writes once a chunk's files are complete: their add actions, as a JSON list."""
+    return f"{chunks_prefix(table, seq)}{chunk}.done"
+
+
 def load_record(store: ObjectStore, table: TableRef) -> TableSnapshot | None:
     return _load_record(store, record_key(table))
 
@@ -131,15 +145,42 @@ def _load_record(store: ObjectStore, key: str) -> TableSnapshot | None:
         return None
     try:
         d = json.loads(raw)
-        return TableSnapshot.from_json(TableRef.parse(d["table"]), d)
+        record = TableSnapshot.from_json(TableRef.parse(d["table"]), d)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CdcUserError(
             f"The record of a snapshot in progress ({key}) is corrupt: delete it, and that table's snapshot starts over."
         ) from exc
+    record.done.update(chunks_written(store, record))
+    return record
+
+
+def chunks_written(store: ObjectStore, record: TableSnapshot, known: Collection[int] = ()) -> dict[int, list[dict]]:
+    """The chunks the snapshot's tasks recorded as written, but those `known` already. An object cut short by
+    a crash of its task is not a chunk done: its chunk is read again."""
+    prefix = chunks_prefix(record.table, record.seq)
+    done: dict[int, list[dict]] = {}
+    for key in store.list_keys(prefix):
+        name = key[len(prefix) :]
+        if not name.endswith(".done") or not name[: -len(".done")].isdigit() or int(name[: -len(".done")]) in known:
+            continue
+        try:
+            actions = json.loads(store.get(key))
+        except (ValueError, MissingObject):
+            continue
+        if isinstance(actions, list):
+            done[int(name[: -len(".done")])] = actions
+    return done
 
 
 def save_record(store: ObjectStore, record: TableSnapshot) -> None:
     store.put(record_key(record.table), json.dumps(record.to_json(), default=str).encode())
+
+
+def forget_record(store: ObjectStore, table: TableRef) -> None:
+    """The table's snapshot is committed (or must start over): its record and its chunks' objects go."""
+    for key in store.list_keys(chunks_prefix(table)):
+        store.delete(key)
+    store.delete(record_key(table))
 
 
 def snapshots_in_progress(store: ObjectStore) -> list[TableSnapshot]:
