@@ -22,6 +22,7 @@ ALLOWED = {
         "cdc_assets.capture",
         "cdc_assets.stages",
         "spark_resources.engine",
+        "spark_resources.arrow_transforms",
         # the Spark jobs the stages run on the executors (the stages plan and commit)
         "spark_resources.change_logs",
         "spark_resources.current_state",
@@ -49,8 +50,8 @@ ALLOWED = {
         "cdc_assets.defs",
         "spark_resources",
     },
-    "spark_resources.engine": {"spark_resources.transforms", "spark_resources.arrow_transforms"},
-    "spark_resources.arrow_transforms": {"spark_resources.transforms"},
+    "spark_resources.engine": set(),
+    "spark_resources.arrow_transforms": set(),
     "spark_resources.transforms": set(),
     "spark_resources.session": set(),
     "spark_resources.connect_server": set(),

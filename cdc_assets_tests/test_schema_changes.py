@@ -226,7 +226,6 @@ def test_a_transaction_larger_than_a_spark_job_and_a_merge_is_taken_in_parts(cdc
     job of the change-log stage and than one merge of the current-state stage."""
     from cdc_assets.stages import changes, current_state
 
-    monkeypatch.setattr(changes, "MAX_ROWS_PER_JOB", 7)
     monkeypatch.setattr(changes, "MAX_ROWS_PER_ARROW_JOB", 7)
     monkeypatch.setattr(current_state, "MAX_CHANGES_PER_MERGE", 5)
     monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "4")

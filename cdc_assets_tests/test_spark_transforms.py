@@ -1,17 +1,12 @@
-"""The pipeline's two transforms on both engines: Spark (the session's real SparkSession) and Arrow in the
-process. Each test runs on both, and the engines must give the same rows for the same input."""
+"""The stages' transforms: keying changes, the same on Spark (the change-log job's `keyed_frame`) and on Arrow
+(whichever engine wrote a change log, a key has one text), and the newest change per key on Arrow. The
+current-state job's own pick on Spark is proved end to end (test_spark_stages, test_spark_cluster)."""
 
 import pyarrow as pa
-import pytest
 
-from spark_resources.engine import Transforms, choose_transforms
-
-ENGINES = ["spark", "arrow"]
-
-
-@pytest.fixture(params=ENGINES)
-def engine(request: pytest.FixtureRequest, spark: object) -> Transforms:
-    return Transforms((lambda: spark) if request.param == "spark" else None)
+from spark_resources.arrow_transforms import keyed_changes, latest_change_per_key
+from spark_resources.engine import choose_transforms
+from spark_resources.transforms import arrow_frame, keyed_frame
 
 
 def _events(rows: list[tuple]) -> pa.Table:
@@ -19,7 +14,7 @@ def _events(rows: list[tuple]) -> pa.Table:
     return pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
 
 
-def test_latest_change_per_key(engine: Transforms) -> None:
+def test_latest_change_per_key() -> None:
     events = _events(
         [
             (0, 1, "insert", '["a"]', None),
@@ -31,7 +26,7 @@ def test_latest_change_per_key(engine: Transforms) -> None:
             (1, 7, "insert", '["a"]', None),  # the same key in another table is another row
         ]
     )
-    latest = engine.latest_change_per_key(events).to_pylist()
+    latest = latest_change_per_key(events).to_pylist()
     assert [(r["table_id"], r["key"], r["seq"], r["action"]) for r in latest] == [
         (0, '["b"]', 3, "upsert"),
         (0, '["c"]', 5, "delete"),
@@ -66,9 +61,14 @@ def _raw_rows() -> tuple[pa.Table, pa.Table]:
     return rows, keys
 
 
-def test_keyed_changes_in_one_job_over_tables(engine: Transforms) -> None:
+def _keyed_on_spark(spark: object, rows: pa.Table, keys: pa.Table) -> pa.Table:
+    keyed = keyed_frame(arrow_frame(spark, rows), arrow_frame(spark, keys))  # type: ignore[arg-type]
+    return keyed.orderBy("schema", "table", "seq").toArrow()
+
+
+def test_keyed_changes_in_one_job_over_tables() -> None:
     rows, keys = _raw_rows()
-    keyed = engine.keyed_changes(rows, keys).to_pylist()
+    keyed = keyed_changes(rows, keys).to_pylist()
     assert [(r["table"], r["seq"], r["key"], r["before_key"]) for r in keyed] == [
         ("a", 2, '["1","y"]', '["1","y"]'),
         ("b", 1, '["7"]', None),
@@ -77,13 +77,9 @@ def test_keyed_changes_in_one_job_over_tables(engine: Transforms) -> None:
     ]  # the row of a table version without keys (z) is left out
 
 
-def test_both_engines_give_the_same_rows(spark: object) -> None:
+def test_both_engines_key_a_change_the_same_way(spark: object) -> None:
     rows, keys = _raw_rows()
-    on_spark, on_arrow = Transforms(lambda: spark), Transforms()
-    assert on_spark.keyed_changes(rows, keys).to_pylist() == on_arrow.keyed_changes(rows, keys).to_pylist()
-    keyed = on_arrow.keyed_changes(rows, keys)
-    events = keyed.select(["seq", "op", "key", "before_key"]).add_column(0, "table_id", pa.array([0, 1, 1, 2], pa.int32()))
-    assert on_spark.latest_change_per_key(events).to_pylist() == on_arrow.latest_change_per_key(events).to_pylist()
+    assert _keyed_on_spark(spark, rows, keys).to_pylist() == keyed_changes(rows, keys).to_pylist()
 
 
 def test_engine_by_the_size_of_the_run() -> None:

@@ -1,8 +1,7 @@
-"""The Spark transforms of `spark_resources.transforms` on Arrow, in this process: same inputs, same rows out.
-
-A Spark job costs seconds before it does any work (a JVM, the rows sent to it and back), more than these
-transforms take on Arrow for a few hundred thousand changes; `engine.choose_transforms` picks the
-engine by how many changes a stage processes. `test_spark_transforms` runs both engines on the same rows.
+"""The stages' set-based transforms on Arrow, in the run's process: keying changes (as Spark's `keyed_frame`
+does in the change-log job, to the same JSON texts) and picking the newest change per key (as the current-state
+job does on Spark). A Spark job costs seconds before it does any work, more than these take on Arrow for a few
+hundred thousand changes; `engine.choose_transforms` picks the engine by how many changes a stage processes.
 """
 
 from __future__ import annotations
@@ -12,7 +11,15 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from spark_resources.transforms import KEY_EVENTS_SCHEMA
+KEY_EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("table_id", pa.int32(), nullable=False),
+        pa.field("seq", pa.int64(), nullable=False),
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("key", pa.string()),
+        pa.field("before_key", pa.string()),
+    ]
+)
 
 _CONTROL = r"[\x00-\x1f]"
 
@@ -50,8 +57,8 @@ def json_keys(images: pa.Array, key_idx: list[int]) -> pa.Array:
 
 
 def keyed_changes(rows: pa.Table, table_keys: pa.Table) -> pa.Table:
-    """`spark_resources.transforms.keyed_changes` on Arrow: rows with `key` and `before_key`, ordered by table and
-    seq; rows whose (batch, table_version) has no entry in `table_keys` are left out."""
+    """Raw rows with `key` and `before_key` (`spark_resources.transforms.keyed_frame` on Arrow), ordered by table
+    and seq; rows whose (batch, table_version) has no entry in `table_keys` are left out."""
     index_of = {
         (k["batch"], k["table_version"]): tuple(k["key_idx"]) for k in table_keys.to_pylist()
     }  # a few per table and batch
@@ -77,8 +84,8 @@ def keyed_changes(rows: pa.Table, table_keys: pa.Table) -> pa.Table:
 
 
 def latest_change_per_key(key_events: pa.Table) -> pa.Table:
-    """`spark_resources.transforms.latest_change_per_key` on Arrow: (table_id, key, seq, action), the newest
-    change per (table, key), ordered by table_id and seq."""
+    """For every (table, key) touched, the newest change: `upsert` its row or `delete` it; an update that moves a
+    row to another key does both. Returns (table_id, key, seq, action) ordered by table_id and seq."""
     events = key_events.cast(KEY_EVENTS_SCHEMA)
     op = events.column("op")
     upserts = events.filter(pc.is_in(op, pa.array(["insert", "update"])))

@@ -1,27 +1,15 @@
-"""Spark-side transforms: each is one Spark job over every table at once.
-
-Tables differ in columns, so these jobs work on the generic form of a change (table, `_cdc_seq`,
-operation, row images as canonical texts, keys as JSON texts). Typing columns per table happens
-afterwards, vectorised in Arrow.
-"""
+"""Spark-side transforms over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical
+texts, keys as JSON texts), so one job covers every table whatever its columns; and the frames of rows held
+here. spark_resources.arrow_transforms does the same on Arrow: both must key a change identically, since a
+change log may be written by either engine over time (`test_spark_transforms`)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
-
-KEY_EVENTS_SCHEMA = pa.schema(
-    [
-        pa.field("table_id", pa.int32(), nullable=False),
-        pa.field("seq", pa.int64(), nullable=False),
-        pa.field("op", pa.string(), nullable=False),
-        pa.field("key", pa.string()),
-        pa.field("before_key", pa.string()),
-    ]
-)
 
 
 def spark_schema(schema: pa.Schema) -> StructType:
@@ -50,36 +38,3 @@ def keyed_frame(changes: DataFrame, table_keys: DataFrame) -> DataFrame:
         _key_json(F.coalesce(F.col("after"), F.col("before"))).alias("key"),
         _key_json(F.col("before")).alias("before_key"),
     )
-
-
-def keyed_changes(spark: SparkSession, rows: pa.Table, table_keys: pa.Table) -> pa.Table:
-    """`keyed_frame` of rows held here, back as Arrow ordered by table and seq."""
-    keyed = keyed_frame(arrow_frame(spark, rows), arrow_frame(spark, table_keys))
-    return keyed.orderBy("schema", "table", "seq").toArrow()
-
-
-def latest_frame(events: DataFrame) -> DataFrame:
-    """For every (table, key) touched, the newest change: `upsert` its row or `delete` it.
-
-    An update that changes the key both deletes the old key and upserts the new one, so the row
-    moves. Returns (table_id, key, seq, action).
-    """
-    upserts = events.where(F.col("op").isin("insert", "update")).select(
-        "table_id", "key", "seq", F.lit("upsert").alias("action")
-    )
-    deletes = events.where(
-        (F.col("op") == "delete") | ((F.col("op") == "update") & (F.col("before_key") != F.col("key")))
-    ).select("table_id", F.col("before_key").alias("key"), "seq", F.lit("delete").alias("action"))
-    newest_first = Window.partitionBy("table_id", "key").orderBy(F.col("seq").desc())
-    return (
-        upserts.unionByName(deletes)
-        .withColumn("rank", F.row_number().over(newest_first))
-        .where(F.col("rank") == 1)
-        .drop("rank")
-    )
-
-
-def latest_change_per_key(spark: SparkSession, key_events: pa.Table) -> pa.Table:
-    """`latest_frame` of key events held here, back as Arrow ordered by table and seq."""
-    latest = latest_frame(arrow_frame(spark, key_events.cast(KEY_EVENTS_SCHEMA)))
-    return latest.orderBy("table_id", "seq").toArrow()

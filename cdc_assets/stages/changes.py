@@ -32,10 +32,10 @@ from cdc_assets.lake.state import known_tables, load_progress, load_registry
 from cdc_assets.lake.store import Lakehouse, ObjectStore
 from cdc_assets.stages.change_log import AppendResult, append_changes
 from cdc_assets.stages.change_plan import ChangePlan, ChangesReport, Piece, plan_piece, record_progress
-from spark_resources.engine import Transforms, TransformsFor
+from spark_resources.arrow_transforms import keyed_changes
+from spark_resources.engine import TransformsFor
 
-MAX_ROWS_PER_JOB = 200_000  # row changes per Spark job: bounds the memory of the stage (Python and JVM)
-MAX_ROWS_PER_ARROW_JOB = 500_000  # the same on Arrow, where a row costs less memory (no JVM copy)
+MAX_ROWS_PER_ARROW_JOB = 500_000  # row changes keyed at once on Arrow: bounds the memory of the stage
 
 
 def _starts(lakehouse: Lakehouse, tables: list[str]) -> dict[str, str | None]:
@@ -158,11 +158,10 @@ def _process(
 
         process_on_spark(lakehouse, engine.session, manifests, starts, progress, report, lease, log)
         return
-    rows_per_job = MAX_ROWS_PER_ARROW_JOB if engine.engine == "arrow" else MAX_ROWS_PER_JOB
-    for chunk in _chunks(manifests, rows_per_job):
+    for chunk in _chunks(manifests, MAX_ROWS_PER_ARROW_JOB):
         newest: dict[str, TableShape] = {}  # per table, the shape of its newest changes taken in
-        for piece in _pieces(store, chunk, starts, rows_per_job):
-            _take_in(lakehouse, engine, plan_piece(piece, starts, progress, newest), starts, report, lease, log)
+        for piece in _pieces(store, chunk, starts, MAX_ROWS_PER_ARROW_JOB):
+            _take_in(lakehouse, plan_piece(piece, starts, progress, newest), starts, report, lease, log)
         lease.check()
         record_progress(store, starts, progress, newest, chunk[-1].name)
         report.batches.extend(m.name for m in chunk)
@@ -191,7 +190,6 @@ def _pieces(
 
 def _take_in(
     lakehouse: Lakehouse,
-    engine: Transforms,
     plan: ChangePlan,
     starts: dict[str, str | None],
     report: ChangesReport,
@@ -207,7 +205,7 @@ def _take_in(
     if rows is None or not rows.num_rows:
         return
     report.rows_in += rows.num_rows
-    keyed = engine.keyed_changes(rows, plan.table_keys())
+    keyed = keyed_changes(rows, plan.table_keys())
     del rows
 
     def append(table_slice: tuple[TableRef, int, int]) -> AppendResult:

@@ -34,7 +34,8 @@ from cdc_assets.stages.current_state import (
     read_pending,
 )
 from cdc_assets.stages.steps import CurrentReport, Step, independent_chains, record_outcomes
-from spark_resources.engine import Transforms, TransformsFor
+from spark_resources.arrow_transforms import latest_change_per_key
+from spark_resources.engine import TransformsFor
 
 
 def table_steps(pending: PendingTable) -> list[Step]:
@@ -151,7 +152,7 @@ def apply_pending(
 
             with_rename_partners(targets, take_in)
             if pending:
-                _apply(lakehouse, engine, pending, report, lease, log, dropped)
+                _apply(lakehouse, pending, report, lease, log, dropped)
         lease.check()
 
         def saved(item: tuple[str, TableProgress]) -> None:
@@ -185,7 +186,6 @@ def _pending_estimate(lakehouse: Lakehouse, tables: Collection[str]) -> int:
 
 def _apply(
     lakehouse: Lakehouse,
-    engine: Transforms,
     pending: list[PendingTable],
     report: CurrentReport,
     lease: Lease,
@@ -198,7 +198,7 @@ def _apply(
     # table with millions of pending changes) gets one of its own when its turn comes.
     keyed = {i: p for i, p in segments.items() if p.shape.primary_key and p.bounds is None}
     latest = (
-        _by_table_id(engine.latest_change_per_key(pa.concat_tables([_key_events(i, p) for i, p in keyed.items()])))
+        _by_table_id(latest_change_per_key(pa.concat_tables([_key_events(i, p) for i, p in keyed.items()])))
         if keyed
         else {}
     )
@@ -221,7 +221,7 @@ def _apply(
                 segment = segment.load(lakehouse)
                 if segment.shape.primary_key:
                     done.append(
-                        (step, apply_changes(lakehouse, segment, engine.latest_change_per_key(_key_events(i, segment))))
+                        (step, apply_changes(lakehouse, segment, latest_change_per_key(_key_events(i, segment))))
                     )
                 else:
                     done.append((step, apply_keyless_changes(lakehouse, segment)))
@@ -231,7 +231,7 @@ def _apply(
                 done.append((step, apply_keyless_changes(lakehouse, segment)))
         return done
 
-    record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), engine.engine)
+    record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), "arrow")
 
 
 def _created_with_its_rows(lakehouse: Lakehouse, step: Step, following: Step | None) -> bool:
