@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.local/dagster_home
 SPARK_CONNECT_PORT ?= 15002
 
-.PHONY: demo test dev bench workload lint system-deps install local-source-start local-source-stop clean
+.PHONY: demo test dev bench workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
 
 ## System packages: a MariaDB server (run as our own dedicated instance) and a Java 17+ runtime for Spark.
 system-deps:
@@ -47,14 +47,26 @@ bench: install
 	$(BIN)/python -m benchmarks.large_table
 	$(BIN)/python -m benchmarks.steady_load
 
-## The UI and the daemon (schedules, sensors, freshness). Runs share one long-lived Spark Connect server, so
-## no run pays for a JVM start; set CDC_SPARK_MASTER to use another Spark. `make workload` writes to the source.
+## The UI and the daemon (schedules, sensors, freshness). Without CDC_SPARK_MASTER, runs share one long-lived
+## Spark Connect server (no run pays for a JVM start) and take Spark only from CDC_SPARK_MIN_ROWS changes on;
+## with CDC_SPARK_MASTER set (say the cluster of `make spark-cluster-start`), every run goes there and Spark
+## does every stage unless CDC_SPARK_MIN_ROWS says otherwise. `make workload` writes to the source.
 dev: install
 	$(BIN)/python -m cdc_assets.local_source start
-	$(BIN)/python -m spark_resources.connect_server start --port $(SPARK_CONNECT_PORT)
-	CDC_SPARK_MASTER="$${CDC_SPARK_MASTER:-sc://127.0.0.1:$(SPARK_CONNECT_PORT)}" \
-		CDC_SPARK_MIN_ROWS="$${CDC_SPARK_MIN_ROWS:-1000000}" DAGSTER_EVENT_BATCH_SIZE=1000 \
-		$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	@if [ -z "$$CDC_SPARK_MASTER" ]; then $(BIN)/python -m spark_resources.connect_server start --port $(SPARK_CONNECT_PORT); fi
+	@if [ -z "$$CDC_SPARK_MASTER" ]; then \
+		export CDC_SPARK_MASTER="sc://127.0.0.1:$(SPARK_CONNECT_PORT)" CDC_SPARK_MIN_ROWS="$${CDC_SPARK_MIN_ROWS:-1000000}"; fi; \
+	DAGSTER_EVENT_BATCH_SIZE=1000 $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+## A Spark standalone cluster on 127.0.0.1 from the pyspark wheel: a master on port 7077 and SPARK_WORKERS workers
+## (one core, 1 GB each; JVMs of their own, stopped by process id). It prints the master's URL: use it as
+## CDC_SPARK_MASTER (`CDC_SPARK_MASTER=spark://127.0.0.1:7077 make dev`). Logs under .local/spark_cluster/.
+SPARK_WORKERS ?= 2
+spark-cluster-start: install
+	$(BIN)/python -m spark_resources.cluster start --workers $(SPARK_WORKERS)
+
+spark-cluster-stop: install
+	$(BIN)/python -m spark_resources.cluster stop
 
 ## The demo's live workload against the local source, until Ctrl-C (run it beside `make dev`).
 workload: install
@@ -71,4 +83,5 @@ local-source-stop: install
 
 clean: local-source-stop
 	-$(BIN)/python -m spark_resources.connect_server stop --port $(SPARK_CONNECT_PORT)
+	-$(BIN)/python -m spark_resources.cluster stop
 	rm -rf .local lakehouse

@@ -81,7 +81,12 @@ def test_resources_are_declared_once_and_read_the_environment(monkeypatch) -> No
     assert config["spark.sql.shuffle.partitions"] == "8"  # the user's setting wins over ours
     assert config["spark.driver.host"] == "127.0.0.1"  # executors on this machine reach the driver there
     monkeypatch.setenv("CDC_SPARK_MASTER", "spark://spark-master.internal:7077")
-    assert "spark.driver.host" not in resources_from_env().pyspark.spark_config  # others: at its own address
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    remote = resources_from_env().pyspark.spark_config
+    assert "spark.driver.host" not in remote  # others reach the driver at its own address
+    assert "spark.pyspark.python" not in remote  # a cluster elsewhere runs its workers' own Python
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/cdc/bin/python")
+    assert resources_from_env().pyspark.spark_config["spark.pyspark.python"] == "/opt/cdc/bin/python"
     monkeypatch.setenv("CDC_SPARK_MASTER", "local[1]")
     monkeypatch.setenv("CDC_SPARK_CONF", "spark.executor.memory=2g")
     with pytest.raises(CdcUserError, match="CDC_SPARK_CONF is not a JSON object"):

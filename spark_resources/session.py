@@ -19,9 +19,6 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
     if master.startswith("sc://"):
         config: dict[str, Any] = {"spark.remote": master}
     else:
-        # PySpark starts the tasks' Python (mapInArrow) as PYSPARK_PYTHON, else a bare `python3`: it must be one
-        # with the project installed, this one unless the user names another (a cluster's, see the README)
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         config = {
             "spark.master": master,
             "spark.app.name": "cdc-lakehouse",
@@ -34,8 +31,14 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
             # the JVM's heap: a job handles at most 200k changes; the default 1 GB put a run's Python process
             # and its JVM together just past 2 GB (benchmarks/README.md, huge transaction)
             "spark.driver.memory": LOCAL_DRIVER_MEMORY,
-            "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
         }
+        # The tasks' Python (mapInArrow) must have the project installed. On this machine that is this
+        # interpreter; a cluster elsewhere runs its workers' own (their PYSPARK_PYTHON, or python3 on their PATH),
+        # unless the user names one here with PYSPARK_PYTHON (see the README, "Running on a Spark cluster").
+        if _on_this_machine(master):
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        if os.environ.get("PYSPARK_PYTHON"):
+            config["spark.pyspark.python"] = os.environ["PYSPARK_PYTHON"]
         if _on_this_machine(master):  # executors on other machines must reach the driver at its own address
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             config |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
