@@ -89,7 +89,7 @@ def _cli(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def _make_table(server: local_server.LocalServer, table: str, rows: int) -> None:
+def make_table(server: local_server.LocalServer, table: str, rows: int) -> None:
     """N rows in key order, written without the binlog (the snapshot is what brings them to the lakehouse)."""
     with server.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("SET SESSION sql_log_bin = 0")
@@ -109,7 +109,7 @@ def _make_table(server: local_server.LocalServer, table: str, rows: int) -> None
             )
 
 
-def _change(server: local_server.LocalServer, table: str, rows: int, changes: int, pattern: str, seed: int) -> None:
+def write_changes(server: local_server.LocalServer, table: str, rows: int, changes: int, pattern: str, seed: int) -> None:
     """`changes` row changes, ten to a transaction: updates and deletes on existing keys, inserts past the end."""
     rng = random.Random(seed)
     hot = list(range(max(1, rows - HOT_KEYS + 1), rows + 1)) if pattern == "recent" else None
@@ -184,12 +184,12 @@ def main() -> None:
         for size in sizes:
             table = f"{pattern}_{size}"
             began = time.monotonic()
-            _make_table(server, table, size)
+            make_table(server, table, size)
             made = time.monotonic()
             table_env = _table_env(env, work, table)
             _cli(table_env, "snapshot")
             loaded = time.monotonic()
-            _change(server, table, size, args.changes, pattern, seed=size)
+            write_changes(server, table, size, args.changes, pattern, seed=size)
             subprocess.run([sys.executable, "-c", CAPTURE], env=table_env, check=True, timeout=3600)
             print(
                 f"{pattern} {size:,} rows: table made in {made - began:.0f} s, snapshot {loaded - made:.0f} s, "
