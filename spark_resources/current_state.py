@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column
-from cdc_assets.lake.current_rows import DUP_COLUMN, SCHEMA_OPS, current_schema
+from cdc_assets.lake.current_rows import DUP_COLUMN, SCHEMA_OPS, current_schema, merge_rows, newest_rows, touched_by
 from cdc_assets.lake.files import (
     FILE_ACTION_SCHEMA,
     FILE_ROWS,
@@ -75,7 +75,7 @@ def table_frame(
     return tasks.repartition(min(len(paths), 64)).mapInArrow(read, spark_schema(schema))
 
 
-@dataclass(frozen=True)
+@dataclass
 class PendingSummary:
     """What the run process learns of a table's pending changes: their events (TRUNCATE and schema changes,
     one row each) and how many changes there are, up to which seq. Nothing of the rows themselves."""
@@ -83,16 +83,6 @@ class PendingSummary:
     events: list[dict[str, Any]] = field(default_factory=list)  # _cdc_seq, _cdc_op, _cdc_commit_ts, _cdc_ddl
     changes: int = 0
     max_seq: int | None = None
-
-
-def summarize(pending: DataFrame) -> PendingSummary:
-    has_ddl = "_cdc_ddl" in pending.columns
-    columns = ["_cdc_seq", "_cdc_op", "_cdc_commit_ts"] + (["_cdc_ddl"] if has_ddl else [])
-    events = [r.asDict() for r in pending.where(F.col("_cdc_op").isin(*EVENT_OPS)).select(*columns).collect()]
-    for event in events:
-        event.setdefault("_cdc_ddl", None)
-    totals = pending.agg(F.count(F.lit(1)).alias("n"), F.max("_cdc_seq").alias("m")).collect()[0]
-    return PendingSummary(sorted(events, key=lambda e: e["_cdc_seq"]), int(totals["n"]), totals["m"])
 
 
 # -- the newest change per key, in the current state's types ----------------------------------------------------
@@ -145,25 +135,13 @@ def latest_changes(changes: DataFrame, shape: TableShape, truncate_seq: int | No
 
 
 def touched_files(latest: DataFrame, key: list[str], ranges: list[dict[str, Any]]) -> list[str]:
-    """The current-state files whose key range (their statistics) holds a changed key. A file without
-    statistics for a key column counts as holding every key."""
+    """The current-state files whose key range (their statistics) holds a changed key (lake.current_rows.touched_by,
+    a task per part of the changes)."""
 
     def probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         found: set[str] = set()
         for batch in batches:
-            for file in ranges:
-                if file["path"] in found:
-                    continue
-                mask = None
-                for name in key:
-                    column = batch.column(batch.schema.get_field_index(name))
-                    for bound, test in ((file["min"].get(name), pc.greater_equal), (file["max"].get(name), pc.less_equal)):
-                        if bound is None:
-                            continue
-                        term = test(column, pa.scalar(bound, column.type))
-                        mask = term if mask is None else pc.and_(mask, term)
-                if mask is None or pc.any(mask).as_py():
-                    found.add(file["path"])
+            found |= touched_by(pa.Table.from_batches([batch]), [f for f in ranges if f["path"] not in found])
         yield pa.RecordBatch.from_pydict({"path": sorted(found)}, schema=pa.schema([("path", pa.string())]))
 
     rows = latest.select(*[_col(k) for k in key]).mapInArrow(probe, "path string").distinct().collect()
@@ -350,3 +328,147 @@ def merge_keyless(
 
 
 
+
+
+# -- many tables at once: what is pending, and small tables merged a task each -------------------------------------
+
+SUMMARY_SCHEMA = pa.schema(
+    [
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("_cdc_seq", pa.int64()),  # an event's (NULL on a file's count row)
+        pa.field("_cdc_op", pa.string()),
+        pa.field("_cdc_commit_ts", pa.timestamp("us", tz="UTC")),
+        pa.field("_cdc_ddl", pa.string()),
+        pa.field("changes", pa.int64()),  # a file's count of pending changes (NULL on an event row)
+        pa.field("max_seq", pa.int64()),
+    ]
+)
+
+
+SUMMARY_COLUMNS = ["_cdc_seq", "_cdc_op", "_cdc_commit_ts", "_cdc_ddl"]
+
+
+@dataclass(frozen=True)
+class PendingFiles:
+    """A table's change-log files that may hold changes past `after` (its applied seq)."""
+
+    table_key: str
+    paths: list[str]
+    after: int | None
+
+
+def summarize_tables(spark: SparkSession, access: FileAccess, tables: dict[str, PendingFiles]) -> dict[str, PendingSummary]:
+    """What is pending in many tables, in one Spark job, a task per group of files: each task reads only the
+    columns that say what a change is, and returns the events and a count per file."""
+    work = [(t, p) for t, files in sorted(tables.items()) for p in files.paths]
+    found = {t: PendingSummary() for t in tables}
+    if not work:
+        return found
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for table, path in zip(batch.column("table").to_pylist(), batch.column("path").to_pylist(), strict=True):
+                files = tables[table]
+                for part in read_files(access, files.table_key, [path], SUMMARY_COLUMNS):
+                    rows = part if files.after is None else part.filter(pc.greater(part.column("_cdc_seq"), files.after))
+                    if not rows.num_rows:
+                        continue
+                    events = rows.filter(pc.is_in(rows.column("_cdc_op"), pa.array(EVENT_OPS)))
+                    out = [
+                        {
+                            "table": table,
+                            "_cdc_seq": e["_cdc_seq"],
+                            "_cdc_op": e["_cdc_op"],
+                            "_cdc_commit_ts": e["_cdc_commit_ts"],
+                            "_cdc_ddl": e.get("_cdc_ddl"),
+                        }
+                        for e in events.to_pylist()
+                    ]
+                    seqs = rows.column("_cdc_seq")
+                    out.append({"table": table, "changes": rows.num_rows, "max_seq": pc.max(seqs).as_py()})
+                    yield pa.RecordBatch.from_pylist(out, schema=SUMMARY_SCHEMA)
+
+    frame = arrow_frame(spark, pa.table({"table": [t for t, _ in work], "path": [p for _, p in work]}))
+    rows = frame.repartition(min(len(work), 64)).mapInArrow(read, spark_schema(SUMMARY_SCHEMA)).collect()
+    for row in (r.asDict() for r in rows):
+        summary = found[row["table"]]
+        if row["changes"] is not None:
+            summary.changes += int(row["changes"])
+            summary.max_seq = max(summary.max_seq or 0, int(row["max_seq"]))
+        else:
+            summary.events.append({k: row[k] for k in ("_cdc_seq", "_cdc_op", "_cdc_commit_ts", "_cdc_ddl")})
+    for summary in found.values():
+        summary.events.sort(key=lambda e: e["_cdc_seq"])
+    return found
+
+
+@dataclass(frozen=True)
+class SmallMerge:
+    """A keyed table whose pending changes (in (`after`, `upto`], under one shape, no TRUNCATE among them) one
+    task applies whole, on Arrow: its change-log files, and its current-state files with their key ranges."""
+
+    table_text: str
+    shape: TableShape
+    log: PendingFiles
+    log_schema: pa.Schema
+    upto: int
+    current_key: str
+    ranges: list[dict[str, Any]]
+
+
+MERGED_SCHEMA = pa.schema(
+    list(FILE_ACTION_SCHEMA)
+    + [
+        pa.field("work", pa.int64(), nullable=False),
+        pa.field("removed", pa.list_(pa.string())),  # on the table's last row: the files its new ones replace
+    ]
+    + [pa.field(f"{o}_rows", pa.int64(), nullable=False) for o in ("inserted", "updated", "deleted")]
+)
+
+
+def merge_small_tables(spark: SparkSession, access: FileAccess, work: list[SmallMerge]) -> list[Rewritten]:
+    """Each table's copy on write in one task of one Spark job (lake.current_rows: the newest change per key,
+    the files it touches, the merge): a job per table costs its fixed overhead hundreds of times over when a
+    run touches hundreds of small tables. Returns each table's new files, the files they replace and counts."""
+    if not work:
+        return []
+
+    def merge(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for i in batch.column("work").to_pylist():
+                w = work[i]
+                parts = [conformed(p, w.log_schema) for p in read_files(access, w.log.table_key, w.log.paths)]
+                changes = pa.concat_tables(parts) if parts else w.log_schema.empty_table()
+                seqs = changes.column("_cdc_seq")
+                window = pc.less_equal(seqs, w.upto)
+                if w.log.after is not None:
+                    window = pc.and_(window, pc.greater(seqs, w.log.after))
+                newest = newest_rows(changes.filter(window), w.shape, None)
+                key = list(w.shape.primary_key)
+                touched = sorted(touched_by(newest.select(key), w.ranges))
+                schema = current_schema(w.shape)
+                existing = [conformed(p, schema) for p in read_files(access, w.current_key, touched)]
+                merged, counts = merge_rows(pa.concat_tables(existing) if existing else schema.empty_table(), newest, key)
+                actions = list(write_files(access, w.current_key, w.table_text, [merged]))
+                none = {"table": w.table_text, "path": "", "size": 0, "rows": 0, "stats": "", "modification_time": 0}
+                for n, action in enumerate(actions or [none]):
+                    last = n == max(len(actions), 1) - 1
+                    action.update(work=i, removed=touched if last else None)
+                    action.update({f"{k}_rows": counts[k] if last else 0 for k in counts})
+                    yield pa.RecordBatch.from_pylist([action], schema=MERGED_SCHEMA)
+
+    frame = arrow_frame(spark, pa.table({"work": pa.array(range(len(work)), pa.int64())}))
+    rows = [r.asDict() for r in frame.repartition(min(len(work), 64)).mapInArrow(merge, spark_schema(MERGED_SCHEMA)).collect()]
+    done = []
+    for i in range(len(work)):
+        mine = [r for r in rows if r["work"] == i]
+        done.append(
+            Rewritten(
+                [{k: r[k] for k in FILE_ACTION_SCHEMA.names} for r in mine if r["path"]],
+                [p for r in mine if r["removed"] for p in r["removed"]],
+                sum(r["inserted_rows"] for r in mine),
+                sum(r["updated_rows"] for r in mine),
+                sum(r["deleted_rows"] for r in mine),
+            )
+        )
+    return done

@@ -5,6 +5,7 @@ the current-state stage and snapshots in the run's process and by their Spark jo
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -13,7 +14,7 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE, cast_column
 from cdc_assets.lake.delta import table_configuration
 
 DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so each row has a key of its own
@@ -129,3 +130,87 @@ def convert_column(values: pa.ChunkedArray | pa.Array, old: ColumnSpec | None, n
     if new.type == "decimal" and pa.types.is_decimal(values.type) and (new.scale or 0) < values.type.scale:
         values = pc.round(values, ndigits=new.scale or 0, round_mode="half_away_from_zero")
     return pc.cast(values, target)
+
+
+# -- a keyed table's copy on write, on Arrow (a Spark task applies a small table's changes whole with these) ------
+
+ACTION_COLUMN = "_cdc_action"  # upsert or delete: what the newest change of a key does
+
+
+def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) -> pa.Table:
+    """Per key, the newest of a table's change-log rows (all of them under `shape`): the row it upserts or the
+    key it deletes (`_cdc_action`), in the current state's types. An update that moves a row to another key
+    deletes the old key and upserts the new one. After a TRUNCATE only the changes that follow it count."""
+    if truncate_seq is not None:
+        changes = changes.filter(pc.greater(changes.column("_cdc_seq"), truncate_seq))
+    names = shape.column_names
+    op = changes.column("_cdc_op")
+    writes = changes.filter(pc.is_in(op, pa.array(["insert", "update"])))
+    moved = pc.and_kleene(pc.equal(op, "update"), pc.not_equal(changes.column("_cdc_before_key"), changes.column("_cdc_key")))
+    removes = changes.filter(pc.fill_null(pc.or_kleene(pc.equal(op, "delete"), moved), False))
+    schema = pa.schema([f for f in current_schema(shape) if f.name != DUP_COLUMN])
+
+    def images(rows: pa.Table, key: str, values: Any, action: str) -> pa.Table:
+        arrays = [cast_column(values(rows, f.name), f.type) for f in schema if f.name in names]
+        arrays += [rows.column("_cdc_seq"), rows.column("_cdc_commit_ts")]
+        table = pa.Table.from_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema)
+        return table.append_column("_cdc_k", rows.column(key)).append_column(
+            ACTION_COLUMN, pa.array([action] * rows.num_rows, pa.string())
+        )
+
+    both = pa.concat_tables(
+        [
+            images(writes, "_cdc_key", lambda rows, name: rows.column(name), "upsert"),
+            images(removes, "_cdc_before_key", lambda rows, name: pc.struct_field(rows.column("_cdc_before"), name), "delete"),
+        ]
+    )
+    newest = both.group_by("_cdc_k", use_threads=False).aggregate([("_cdc_seq", "max")]).rename_columns(["_cdc_k", "_cdc_seq"])
+    latest = both.join(newest, keys=["_cdc_k", "_cdc_seq"], join_type="inner", use_threads=False)
+    return latest.drop_columns(["_cdc_k"]).select([*schema.names, ACTION_COLUMN])
+
+
+def touched_by(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
+    """The files (of `ranges`: path, and per key column the min and max their statistics give, None when
+    unknown) whose key range holds one of `keys`. A file without a bound for a column may hold any key."""
+    found: set[str] = set()
+    for file in ranges:
+        mask = None
+        for name in keys.column_names:
+            column = keys.column(name)
+            for bound, test in ((file["min"].get(name), pc.greater_equal), (file["max"].get(name), pc.less_equal)):
+                if bound is None:
+                    continue
+                term = test(column, pa.scalar(bound, column.type))
+                mask = term if mask is None else pc.and_(mask, term)
+        if mask is None or pc.any(mask).as_py():
+            found.add(file["path"])
+    return found
+
+
+_CHANGE = "\x00change."
+
+
+def merge_rows(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
+    """Current-state rows (those of the files a change may touch) with the newest changes applied: a change
+    not newer than its row's `_cdc_seq` is ignored, a delete of a row that is not there does nothing. Returns the
+    rows to write, sorted by key, and how many were inserted, updated and deleted."""
+    schema = existing.schema
+    # the changes' columns apart from the rows' under a prefix no identifier holds (a NUL)
+    incoming = newest.rename_columns([c if c in key else f"{_CHANGE}{c}" for c in newest.column_names])
+    joined = existing.join(incoming, keys=key, join_type="full outer", use_threads=False)
+    t_seq, s_seq = joined.column("_cdc_seq"), joined.column(f"{_CHANGE}_cdc_seq")
+    absent = pc.is_null(t_seq)
+    newer = pc.fill_null(pc.greater(s_seq, t_seq), False)
+    take = pc.or_(absent, newer)
+    deletes = pc.fill_null(pc.equal(joined.column(f"{_CHANGE}{ACTION_COLUMN}"), "delete"), False)
+    counts = {
+        "inserted": int(pc.sum(pc.and_(absent, pc.invert(deletes))).as_py() or 0),
+        "updated": int(pc.sum(pc.and_(newer, pc.invert(deletes))).as_py() or 0),
+        "deleted": int(pc.sum(pc.and_(newer, deletes)).as_py() or 0),
+    }
+    arrays = [
+        joined.column(f.name) if f.name in key else pc.if_else(take, joined.column(f"{_CHANGE}{f.name}"), joined.column(f.name))
+        for f in schema
+    ]
+    merged = pa.Table.from_arrays(arrays, schema=schema).filter(pc.invert(pc.and_(take, deletes)))
+    return merged.sort_by([(k, "ascending") for k in key]), counts

@@ -179,13 +179,15 @@ def write_files(access: FileAccess, table_key: str, table_text: str, rows: Itera
 
 
 def read_files(access: FileAccess, table_key: str, paths: Iterable[str], columns: list[str] | None = None) -> Iterator[pa.Table]:
-    """The rows of some of a table's data files (paths relative to its directory), a row group at a time."""
+    """The rows of some of a table's data files (paths relative to its directory), a row group at a time; of
+    `columns`, those each file has (an older file may lack a column added since)."""
     fs = access.filesystem()
     for name in paths:
         with fs.open_input_file(access.path(f"{table_key}/{name}")) as source:
             parquet = pq.ParquetFile(source)
+            wanted = None if columns is None else [c for c in columns if c in parquet.schema_arrow.names]
             for group in range(parquet.num_row_groups):
-                yield parquet.read_row_group(group, columns=columns)
+                yield parquet.read_row_group(group, columns=wanted)
 
 
 def conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -31,7 +31,7 @@ from cdc_assets.lake.current_rows import (
     current_schema,
     reshape_rows,
 )
-from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
 from cdc_assets.lake.files import add_actions, commit_files, remove_actions
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.locks import Lease
@@ -40,10 +40,15 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.current_state import ApplyResult, applied_floor, settle_schema_change
 from cdc_assets.stages.steps import CurrentReport, SparkSegment, Step, independent_chains, record_outcomes
 from spark_resources.current_state import (
+    PendingFiles,
+    Rewritten,
+    SmallMerge,
+    file_ranges,
     latest_changes,
     merge_keyed,
     merge_keyless,
-    summarize,
+    merge_small_tables,
+    summarize_tables,
     table_frame,
 )
 from spark_resources.files_job import compact_table, rewrite_files
@@ -58,10 +63,21 @@ class _Pending:
     max_seq: int
     applied: int | None
     shape: TableShape
+    log: PendingFiles
+    log_schema: pa.Schema
 
 
-def _pending(lakehouse: Lakehouse, spark: Any, table: TableRef, shape: TableShape, progress: TableProgress) -> _Pending | None:
+@dataclass(frozen=True)
+class _LogFiles:
+    """A table's change-log files that may hold pending changes: what one job summarizes for every table."""
 
+    files: PendingFiles
+    schema: pa.Schema
+    applied: int | None
+    shape: TableShape
+
+
+def _log_files(lakehouse: Lakehouse, table: TableRef, shape: TableShape, progress: TableProgress) -> _LogFiles | None:
     log = lakehouse.open(CHANGES, table)
     log_max = max_seq(log)
     applied = applied_floor(lakehouse, table, lakehouse.open(CURRENT, table), progress)
@@ -72,12 +88,28 @@ def _pending(lakehouse: Lakehouse, spark: Any, table: TableRef, shape: TableShap
     if applied is not None and "max._cdc_seq" in actions.column_names:  # files wholly taken in are not read
         highs = actions.column("max._cdc_seq").to_pylist()
         paths = [p for p, high in zip(paths, highs, strict=True) if high is None or high > applied]
-    schema = pa.schema(log.schema().to_arrow())
-    frame = table_frame(spark, lakehouse.file_access(), lakehouse.table_key(CHANGES, table), paths, schema, applied)
-    summary = summarize(frame)
-    if not summary.changes:
-        return None
-    return _Pending(table, frame, summary.events, summary.changes, int(summary.max_seq), applied, shape)
+    files = PendingFiles(lakehouse.table_key(CHANGES, table), paths, applied)
+    return _LogFiles(files, pa.schema(log.schema().to_arrow()), applied, shape)
+
+
+def _pending(lakehouse: Lakehouse, spark: Any, logs: dict[str, _LogFiles]) -> list[_Pending]:
+    """The tables' pending changes: what they are learnt in one Spark job over every table's files (its events,
+    counts, newest seq), each table's rows left to the tasks that apply them."""
+    access = lakehouse.file_access()
+    summaries = summarize_tables(spark, access, {t: log.files for t, log in logs.items()})
+    found = []
+    for name, log in logs.items():
+        summary = summaries[name]
+        if not summary.changes:
+            continue
+        frame = table_frame(spark, access, log.files.table_key, log.files.paths, log.schema, log.applied)
+        found.append(
+            _Pending(
+                TableRef.parse(name), frame, summary.events, summary.changes, int(summary.max_seq or 0),
+                log.applied, log.shape, log.files, log.schema,
+            )  # fmt: skip
+        )
+    return found
 
 
 def _steps(pending: _Pending) -> list[Step]:
@@ -109,8 +141,6 @@ def _steps(pending: _Pending) -> list[Step]:
 
 
 def _apply_segment(lakehouse: Lakehouse, spark: Any, table: TableRef, segment: SparkSegment) -> ApplyResult:
-
-
     access = lakehouse.file_access()
     key = lakehouse.table_key(CURRENT, table)
     existing = lakehouse.open(CURRENT, table)  # the version the merge reads: its commit is fenced from it
@@ -121,13 +151,23 @@ def _apply_segment(lakehouse: Lakehouse, spark: Any, table: TableRef, segment: S
         done = merge_keyed(spark, access, key, str(table), latest, segment.shape, actions, segment.truncate_seq, segment.changes)
     else:
         done = merge_keyless(spark, access, key, str(table), window, segment.shape, actions, segment.truncate_seq)
+    _commit_segment(lakehouse, table, segment, existing, done)
+    return _result(table, segment, done)
+
+
+def _commit_segment(lakehouse: Lakehouse, table: TableRef, segment: SparkSegment, existing: Any, done: Rewritten) -> None:
+    """A segment's new files and the files they replace, in one Delta commit from the version the merge read."""
+    if not (done.adds or done.removed or existing is None):
+        return
     schema = current_schema(segment.shape)
-    if done.adds or done.removed or existing is None:
-        commit_files(
-            existing, lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), key, schema,
-            add_actions(done.adds), remove_actions(existing, done.removed) if existing is not None else [],
-            APPLIED_SEQ_KEY, segment.upto, current_configuration(schema),
-        )  # fmt: skip
+    commit_files(
+        existing, lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), lakehouse.table_key(CURRENT, table),
+        schema, add_actions(done.adds), remove_actions(existing, done.removed) if existing is not None else [],
+        APPLIED_SEQ_KEY, segment.upto, current_configuration(schema),
+    )  # fmt: skip
+
+
+def _result(table: TableRef, segment: SparkSegment, done: Rewritten) -> ApplyResult:
     upserted = done.inserted + done.updated
     return ApplyResult(table, segment.changes, upserted, done.deleted, done.inserted, done.updated, done.deleted, segment.upto)
 
@@ -150,20 +190,26 @@ def apply_on_spark(
     spark = session()
     pending: list[_Pending] = []
 
-    def read(name: str) -> _Pending | None:
+    def log_files(name: str) -> tuple[str, _LogFiles | None]:
         shape = reached[name].shape
         assert shape is not None
-        return _pending(lakehouse, spark, TableRef.parse(name), shape, current[name])
+        return name, _log_files(lakehouse, TableRef.parse(name), shape, current[name])
 
     def take_in(new: list[str]) -> set[str]:
         reached.update({t: load_progress(store, CHANGES_STAGE, t) for t in new})
         current.update({t: load_progress(store, CURRENT_STAGE, t) for t in new})
         shaped = [t for t in new if reached[t].shape is not None]
-        pending.extend(p for p in for_each_table(shaped, read) if p is not None)
+        logs = {name: log for name, log in for_each_table(shaped, log_files) if log is not None}
+        pending.extend(_pending(lakehouse, spark, logs))
         return renamed_partners(json.loads(e["_cdc_ddl"]) for p in pending for e in p.events if e.get("_cdc_ddl"))
 
     with_rename_partners(targets, take_in)
     steps = sorted((s for p in pending for s in _steps(p)), key=lambda s: s.seq)
+    chains = independent_chains(steps)
+    candidates = [c[0][1] for c in chains if _small_segment(c)]
+    opened = for_each_table(candidates, lambda step: lakehouse.open(CURRENT, step.table))
+    small = {id(s): t for s, t in zip(candidates, opened, strict=True) if t is None or row_count(t) <= SMALL_TABLE_ROWS}
+    merged = _apply_small(lakehouse, spark, [(s, t) for s, t in zip(candidates, opened, strict=True) if id(s) in small], pending)
 
     def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
         done: list[tuple[Step, str | ApplyResult]] = []
@@ -180,7 +226,59 @@ def apply_on_spark(
                 compact_table(lakehouse, spark, CURRENT, TableRef.parse(table), CURRENT_FILE_BYTES, APPLIED_SEQ_KEY)
         return done
 
-    record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), "spark")
+    rest = [c for c in chains if not (len(c) == 1 and id(c[0][1]) in small)]
+    record_outcomes(merged + for_each_table(rest, run), report, dropped, log, len(steps), "spark")
+
+
+# Tables whose pending changes one task applies whole (one job for all of them): a keyed table, changes under one
+# shape with no TRUNCATE among them, at most this many, into at most this many rows. Others get jobs of their own.
+SMALL_TABLE_CHANGES = 200_000
+SMALL_TABLE_ROWS = 2_000_000
+
+
+def _small_segment(chain: list[tuple[int, Step]]) -> bool:
+    """A chain of one keyed segment with no TRUNCATE in it and few enough changes (the table's size is asked next)."""
+    if len(chain) != 1:
+        return False
+    segment = chain[0][1].segment
+    return (
+        isinstance(segment, SparkSegment)
+        and bool(segment.shape.primary_key)
+        and segment.truncate_seq is None
+        and segment.changes <= SMALL_TABLE_CHANGES
+    )
+
+
+def _apply_small(
+    lakehouse: Lakehouse, spark: Any, steps: list[tuple[Step, Any]], pending: list[_Pending]
+) -> list[list[tuple[Step, str | ApplyResult]]]:
+    """Small tables' segments (each with its table as read) applied in one Spark job, a task each
+    (spark_resources.current_state.merge_small_tables), then committed here, each in one Delta commit from the
+    version its task read."""
+    if not steps:
+        return []
+    logs = {p.table: p for p in pending}
+    work = []
+    for step, existing in steps:
+        segment, table = step.segment, step.table
+        assert isinstance(segment, SparkSegment)
+        actions = pa.table(existing.get_add_actions(flatten=True)) if existing is not None else None
+        ranges = file_ranges(actions, list(segment.shape.primary_key)) if actions is not None and actions.num_rows else []
+        log = logs[table]
+        files = PendingFiles(log.log.table_key, log.log.paths, segment.after)
+        current_key = lakehouse.table_key(CURRENT, table)
+        work.append(SmallMerge(str(table), segment.shape, files, log.log_schema, segment.upto, current_key, ranges))
+    rewritten = merge_small_tables(spark, lakehouse.file_access(), work)
+
+    def commit(item: tuple[tuple[Step, Any], Rewritten]) -> list[tuple[Step, str | ApplyResult]]:
+        (step, existing), done = item
+        segment = step.segment
+        assert isinstance(segment, SparkSegment)
+        _commit_segment(lakehouse, step.table, segment, existing, done)
+        compact_table(lakehouse, spark, CURRENT, step.table, CURRENT_FILE_BYTES, APPLIED_SEQ_KEY)
+        return [(step, _result(step.table, segment, done))]
+
+    return for_each_table(list(zip(steps, rewritten, strict=True)), commit)
 
 
 def _apply_schema_change(

@@ -1,0 +1,88 @@
+"""A keyed table's copy on write on Arrow, as a Spark task applies a small table's changes whole: the newest change
+per key from change-log rows, the files a change may touch, and the merge (no server needed)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pyarrow as pa
+
+from cdc_assets.core.mysql_types import ColumnSpec
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.change_rows import change_log_schema
+from cdc_assets.lake.current_rows import current_schema, merge_rows, newest_rows, touched_by
+
+SHAPE = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"), ColumnSpec("v", "varchar", length=10)), ("id",))
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def _change(seq: int, op: str, key: int | None, v: str | None, before_key: int | None = None, before_v: str | None = None) -> dict:
+    return {
+        "id": key if op != "delete" else before_key,
+        "v": v,
+        "_cdc_op": op,
+        "_cdc_seq": seq,
+        "_cdc_commit_ts": T0 + dt.timedelta(seconds=seq),
+        "_cdc_gtid": None,
+        "_cdc_batch": "b",
+        "_cdc_before": None if before_key is None else {"id": before_key, "v": before_v},
+        "_cdc_key": json.dumps([str(key if op != "delete" else before_key)]),
+        "_cdc_before_key": None if before_key is None else json.dumps([str(before_key)]),
+    }
+
+
+def _current(rows: list[tuple[int, str, int]]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [{"id": i, "v": v, "_cdc_seq": seq, "_cdc_commit_ts": T0 + dt.timedelta(seconds=seq)} for i, v, seq in rows],
+        schema=current_schema(SHAPE),
+    )
+
+
+def test_the_newest_change_per_key_merged_into_the_rows_it_touches() -> None:
+    changes = pa.Table.from_pylist(
+        [
+            _change(6, "update", 1, "a", 1, "one"),
+            _change(7, "delete", None, None, 2, "two"),
+            _change(8, "insert", 4, "four"),
+            _change(9, "update", 5, "three", 3, "three"),  # the row moves from key 3 to key 5
+            _change(10, "update", 1, "b", 1, "a"),
+            _change(11, "insert", 2, "back"),  # deleted, then inserted again
+            _change(12, "update", 6, "old", 6, "six"),  # older than the row (seq 20): ignored
+        ],
+        schema=change_log_schema(SHAPE),
+    )
+    newest = newest_rows(changes, SHAPE, None)
+    assert sorted((r["id"], r["_cdc_seq"], r["_cdc_action"]) for r in newest.to_pylist()) == [
+        (1, 10, "upsert"), (2, 11, "upsert"), (3, 9, "delete"), (4, 8, "upsert"), (5, 9, "upsert"), (6, 12, "upsert"),
+    ]  # fmt: skip
+    existing = _current([(1, "one", 5), (2, "two", 5), (3, "three", 5), (6, "six", 20)])
+    merged, counts = merge_rows(existing, newest, ["id"])
+    assert [(r["id"], r["v"], r["_cdc_seq"]) for r in merged.to_pylist()] == [
+        (1, "b", 10), (2, "back", 11), (4, "four", 8), (5, "three", 9), (6, "six", 20),
+    ]  # fmt: skip
+    assert counts == {"inserted": 2, "updated": 2, "deleted": 1}
+    assert merged.schema == current_schema(SHAPE)
+
+
+def test_after_a_truncate_only_later_changes_count_and_a_delete_of_nothing_does_nothing() -> None:
+    changes = pa.Table.from_pylist(
+        [_change(3, "insert", 1, "before"), _change(5, "insert", 2, "after"), _change(6, "delete", None, None, 9, "x")],
+        schema=change_log_schema(SHAPE),
+    )
+    newest = newest_rows(changes, SHAPE, truncate_seq=4)
+    merged, counts = merge_rows(_current([]), newest, ["id"])
+    assert [(r["id"], r["v"]) for r in merged.to_pylist()] == [(2, "after")]
+    assert counts == {"inserted": 1, "updated": 0, "deleted": 0}
+
+
+def test_a_change_touches_the_files_whose_key_range_holds_its_key() -> None:
+    ranges = [
+        {"path": "a", "min": {"id": 1}, "max": {"id": 10}},
+        {"path": "b", "min": {"id": 11}, "max": {"id": 20}},
+        {"path": "c", "min": {"id": 21}, "max": {"id": 30}},
+        {"path": "d", "min": {"id": None}, "max": {"id": None}},  # no statistics: may hold any key
+    ]
+    keys = pa.table({"id": pa.array([5, 25, 40], pa.int32())})
+    assert touched_by(keys, ranges) == {"a", "c", "d"}
