@@ -89,6 +89,7 @@ def build_sink_asset(sink: str) -> AssetsDefinition:
                 "collapsed_updates": report.collapsed,
                 "heartbeats": report.heartbeats,
                 "reconnects": report.reconnects,
+                "refused_records": report.refused_records,
                 "messages_since_start": report.total_messages,
                 **per_table_metadata(per_table, busiest_by="messages"),
                 "duration_seconds": round(report.seconds, 3),

@@ -136,9 +136,10 @@ class KinesisPublisher:
                     f"The Kinesis stream '{self.stream}' does not exist: create it, or set CDC_KINESIS_STREAM to one that "
                     "does (and AWS_REGION / AWS_ENDPOINT_URL_KINESIS to where it is)."
                 )
-            if code in CREDENTIAL_ERRORS:
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in CREDENTIAL_ERRORS or status in (401, 403):
                 return CdcUserError(
-                    f"Kinesis refused the AWS credentials for stream '{self.stream}' ({code}): fix AWS_ACCESS_KEY_ID / "
+                    f"Kinesis refused the AWS credentials for stream '{self.stream}' ({code or status}): fix AWS_ACCESS_KEY_ID / "
                     "AWS_SECRET_ACCESS_KEY, or grant them kinesis:PutRecords, ListShards and DescribeStreamSummary."
                 )
         return None

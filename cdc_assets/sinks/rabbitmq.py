@@ -16,6 +16,7 @@ import pika
 import pika.exceptions
 from pika.adapters.select_connection import SelectConnection
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.sinks.events import SinkEvent
 from cdc_assets.sinks.publisher import SinkConnectionLost
@@ -207,6 +208,7 @@ class RabbitPublisher:
             self._next_tag += 1
             if index % PUMP_EVERY == PUMP_EVERY - 1:
                 self._pump()
+        failpoints.hit("sinks.published_unconfirmed")
         self._run_until(lambda: not self._unconfirmed, CONFIRM_TIMEOUT_SECONDS, "waiting for the broker's confirms")
 
     def close(self) -> None:
