@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     demo_command = sub.add_parser("demo", help="local source + live workload + sync until caught up + verify")
     demo_command.add_argument("--seconds", type=float, default=20.0, help="how long the live workload runs")
     demo_command.add_argument("--seed", type=int, default=0)
+    demo_command.add_argument(
+        "--sinks", action="store_true", help="also publish to a local RabbitMQ and a local Kinesis, and read them back"
+    )
     return parser
 
 
@@ -220,13 +223,21 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     began = time.monotonic()
-    result = demo.run_demo(args.seconds, args.seed, args.verbose, say=print, synced=_print_progress)
+    result = demo.run_demo(args.seconds, args.seed, args.verbose, say=print, synced=_print_progress, sinks=args.sinks)
     _print_sync(result.last)
     if not result.last.success:
-        return EXIT_FAILED
+        return _exit_code(result.last)
     for diff in result.comparisons:
         print(("verified " if diff.ok else "DIFFERS  ") + diff.describe())
-    return _demo_summary(result.comparisons, result.syncs, time.monotonic() - began)
+    code = _demo_summary(result.comparisons, result.syncs, time.monotonic() - began)
+    for sink, delivery in result.deliveries.items():
+        print(f"  {sink + ':':9s} read back: {delivery.describe()}")
+    if result.sample is not None:
+        print("  a message as consumers get it (RabbitMQ routing key " + str(result.sample.routing_key) + "):")
+        print("    " + json.dumps(result.sample.body, ensure_ascii=False))
+    if not all(d.ok for d in result.deliveries.values()):
+        return EXIT_FAILED
+    return code
 
 
 def _print_progress(outcome: RunOutcome) -> None:

@@ -70,8 +70,8 @@ class DeliveryReport:
     def describe(self) -> str:
         if self.ok:
             return (
-                f"{self.expected} changes received, each once after de-duplication by id and in order per key "
-                f"({self.duplicates} re-sent copies, {self.heartbeats} heartbeats)"
+                f"all {self.expected} messages the change logs call for, each once after de-duplication by id and in "
+                f"order per key ({self.duplicates} re-sent copies, {self.heartbeats} heartbeats)"
             )
         return (
             f"missing {self.missing[:5]} ({len(self.missing)}), unexpected {self.unexpected[:5]} ({len(self.unexpected)}), "
