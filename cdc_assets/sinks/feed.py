@@ -10,6 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
@@ -30,12 +31,23 @@ def sink_tables(lakehouse: Lakehouse, sink: SinkSettings) -> list[TableRef]:
     return sorted(t for t in lakehouse.tables(CHANGES) if sink.includes(t.schema, t.table))
 
 
-def _timeline(lakehouse: Lakehouse, table: TableRef, log: DeltaTable) -> ShapeTimeline:
+def _ddl_rows(rows: pa.Table) -> list[tuple[int, dict]]:
+    if "_cdc_ddl" not in rows.column_names:
+        return []
+    found = rows.filter(pc.is_valid(rows.column("_cdc_ddl")))
+    return [(int(s), json.loads(d)) for s, d in zip(found.column("_cdc_seq").to_pylist(), found.column("_cdc_ddl").to_pylist(), strict=True)]
+
+
+def _timeline(lakehouse: Lakehouse, table: TableRef, log: DeltaTable, whole_log: pa.Table | None = None) -> ShapeTimeline:
+    """The table's shapes over its change log, from its schema-change rows: those of `whole_log` when the caller
+    has read every row already, else a query of them."""
     names = [f.name for f in log.schema().to_arrow()]
-    ddl_rows: list[tuple[int, dict]] = []
-    if "_cdc_ddl" in names:
-        found = read_query(log, "SELECT _cdc_seq, _cdc_ddl FROM changes WHERE _cdc_ddl IS NOT NULL", "changes")
-        ddl_rows = [(int(s), json.loads(d)) for s, d in zip(found.column(0).to_pylist(), found.column(1).to_pylist(), strict=True)]
+    if whole_log is not None:
+        ddl_rows = _ddl_rows(whole_log)
+    elif "_cdc_ddl" in names:
+        ddl_rows = _ddl_rows(read_query(log, "SELECT _cdc_seq, _cdc_ddl FROM changes WHERE _cdc_ddl IS NOT NULL", "changes"))
+    else:
+        ddl_rows = []
     shape = load_progress(lakehouse.store, CHANGES_STAGE, str(table)).shape
     if shape is not None:
         fallback = TableColumns(tuple(shape.column_names), tuple(shape.primary_key))
@@ -58,13 +70,14 @@ class _Cursor:
 
     def head(self, lakehouse: Lakehouse, built_ms: Callable[[], int]) -> SinkEvent | None:
         while not self.buffer and self.read_after < self.top:
-            if self.timeline is None:
-                self.timeline = _timeline(lakehouse, self.table, self.log)
             rows = read_query(
                 self.log,
                 f"SELECT * FROM changes WHERE _cdc_seq > {self.read_after} ORDER BY _cdc_seq LIMIT {READ_ROWS}",
                 "changes",
             )
+            if self.timeline is None:  # a first read of the whole log holds every schema-change row: no query
+                whole = self.read_after == 0 and rows.num_rows < READ_ROWS
+                self.timeline = _timeline(lakehouse, self.table, self.log, rows if whole else None)
             if rows.num_rows == 0:
                 self.read_after = self.top
                 break
@@ -105,9 +118,9 @@ class ChangeFeed:
         if head is not None:
             heapq.heappush(self.heap, (head.seq, index))
 
-    @property
-    def tables_behind(self) -> int:
-        return len(self.cursors)
+    def opened(self) -> dict[TableRef, tuple[DeltaTable, int]]:
+        """The change logs the feed found behind the checkpoint, with their highest seq then (for the lag)."""
+        return {c.table: (c.log, c.top) for c in self.cursors}
 
     def next_window(self, max_events: int, hold_after: float | None = None) -> Window:
         """The next messages in `_cdc_seq` order: about `max_events` (the messages of one change are never split),

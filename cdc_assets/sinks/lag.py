@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
+from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import max_seq, read_query
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.store import Lakehouse
@@ -23,13 +25,22 @@ class SinkLag:
     tables: dict[str, float] = field(default_factory=dict)  # per table behind: the age of its oldest pending change
 
 
-def sink_lag(sink: SinkSettings, lakehouse: Lakehouse, checkpoint: SinkCheckpoint | None, now: float) -> SinkLag:
+def sink_lag(
+    sink: SinkSettings,
+    lakehouse: Lakehouse,
+    checkpoint: SinkCheckpoint | None,
+    now: float,
+    opened: dict[TableRef, tuple[DeltaTable, int]] | None = None,
+) -> SinkLag:
+    """The sink's lag over every change log it publishes, or over `opened` only (the logs a publish run found
+    behind, as it found them: the others were caught up when it began)."""
     checkpoint = checkpoint or load_checkpoint(lakehouse.store, sink.name)
     pending = 0
     ages: dict[str, float] = {}
-    for table in sink_tables(lakehouse, sink):
-        log = lakehouse.open(CHANGES, table)
-        top = max_seq(log)
+    tables = sink_tables(lakehouse, sink) if opened is None else sorted(opened)
+    for table in tables:
+        log, top = opened[table] if opened is not None else (lakehouse.open(CHANGES, table), None)
+        top = max_seq(log) if top is None else top
         after = checkpoint.seq_of(str(table))
         if log is None or top is None or top <= after:
             continue

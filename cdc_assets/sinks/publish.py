@@ -90,6 +90,7 @@ def publish(
                 f"goes on after seq {checkpoint.last_seq} (delete _state/sinks/{sink.name}.json to send everything again)"
             )
         publisher.open()
+        feed: ChangeFeed | None = None
         try:
             feed = ChangeFeed(lakehouse, sink, checkpoint, lambda: int(clock() * 1000))
             while True:
@@ -124,7 +125,7 @@ def publish(
             publisher.close()
     report.last_seq = checkpoint.last_seq
     report.total_messages = checkpoint.messages
-    report.lag = sink_lag(sink, lakehouse, checkpoint, clock())
+    report.lag = sink_lag(sink, lakehouse, checkpoint, clock(), feed.opened() if feed is not None else None)
     report.seconds = time.monotonic() - began
     return report
 

@@ -121,7 +121,7 @@ class RabbitPublisher:
         elif code in (403, 530):
             self._fail(
                 CdcUserError(
-                    f"RabbitMQ refused to let user '{self.url.user}' publish to exchange '{self.exchange}' ({reason}): "
+                    f"RabbitMQ refused to let user '{self.url.user}' publish to exchange '{self.exchange}' {reason}: "
                     "grant the user write permission on it, or set CDC_RABBITMQ_URL to a user that has it."
                 )
             )
