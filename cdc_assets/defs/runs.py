@@ -34,6 +34,7 @@ from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
+from cdc_assets.sinks.publish import check_sink
 from cdc_assets.stages.current_state import missing_current_tables
 from cdc_assets.stages.snapshot_records import snapshots_in_progress
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
@@ -201,12 +202,12 @@ def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOut
             "No sink is configured: set CDC_RABBITMQ_URL or CDC_KINESIS_STREAM (see the README's section on sinks)."
         )
     resources = initialized_resources()
-    for name in names:
-        resources.sinks.settings(name)  # a sink that is unknown, not configured or badly configured: said first
+    settings = [resources.sinks.settings(name) for name in names]  # unknown, not configured, badly configured
     outcome = RunOutcome(True)
-    for name in names:
+    for sink in settings:
         try:
-            outcome = outcome + run_job(publish_job_name(name), verbose, check_source=False)
+            check_sink(sink)  # an unreachable broker, refused credentials, a missing destination: said before any run
+            outcome = outcome + run_job(publish_job_name(sink.name), verbose, check_source=False)
         except CdcUserError as exc:
             outcome = outcome + RunOutcome(False, user_errors=[str(exc)])
     return outcome

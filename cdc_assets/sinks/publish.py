@@ -40,6 +40,15 @@ def publisher_for(sink: SinkSettings) -> Publisher:
     return KinesisPublisher(sink)
 
 
+def check_sink(sink: SinkSettings) -> None:
+    """Connect to the sink's broker and check its destination, then let go: raises CdcUserError with the fix."""
+    publisher = publisher_for(sink)
+    try:
+        publisher.open()
+    finally:
+        publisher.close()
+
+
 def sink_lock_name(sink: str) -> str:
     return f"sinks/{sink}"
 
