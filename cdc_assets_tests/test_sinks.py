@@ -133,7 +133,7 @@ def _sensor_requests() -> list[str] | str:
 
 def test_sync_publishes_every_change_to_both_sinks_in_order_per_key(cdc: CdcEnv, sinks: Sinks, monkeypatch, capsys) -> None:
     db = cdc.database
-    monkeypatch.setenv("CDC_KINESIS_EXCLUDE_TABLES", f"{db}.audit")
+    monkeypatch.setenv("CDC_KINESIS_EXCLUDE_TABLES", "")  # the flag below sets it; this restores it afterwards
     cdc.execute(
         "CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40), price DECIMAL(10,2), made DATETIME(6), photo BLOB)",
         "CREATE TABLE pairs (a INT, b VARCHAR(10), PRIMARY KEY (a, b))",
@@ -155,7 +155,7 @@ def test_sync_publishes_every_change_to_both_sinks_in_order_per_key(cdc: CdcEnv,
         "RENAME TABLE notes TO notes2",
         "INSERT INTO notes2 VALUES (7)",
     )
-    assert cdc.sync() == 0
+    assert main(["--kinesis-exclude-tables", f"{db}.audit", "sync"]) == 0
     out = capsys.readouterr().out
     assert "sink rabbitmq: " in out and "sink kinesis: " in out, out
     rabbit, kinesis = sinks.rabbit_messages(), sinks.kinesis_messages()
@@ -189,6 +189,10 @@ def test_sync_publishes_every_change_to_both_sinks_in_order_per_key(cdc: CdcEnv,
     assert sinks.check("rabbitmq", rabbit + new_rabbit).ok and sinks.check("kinesis", new_kinesis).ok
     assert {k: v["name"] for k, v in replayed_rows(rabbit + new_rabbit)[f"{db}.items"].items()} == _source_items(cdc)
     assert isinstance(_sensor_requests(), str)
+    capsys.readouterr()
+    assert main(["status"]) == 0
+    status = capsys.readouterr().out
+    assert f"rabbitmq -> RabbitMQ exchange '{sinks.exchange}'" in status and "0 changes pending" in status, status
 
 
 def _bulk(cdc: CdcEnv, rows: int) -> None:
@@ -321,18 +325,22 @@ def test_bad_sink_settings_end_in_one_sentence_and_leave_the_checkpoint(
     cases = [
         ("rabbitmq", {"CDC_RABBITMQ_URL": f"amqp://cdc:x@{closed}/%2F"}, "Cannot reach RabbitMQ at amqp://cdc@"),
         ("rabbitmq", {"CDC_RABBITMQ_URL": sinks.rabbit.url().replace(sinks.rabbit.password, "wrong")}, "refused the login of user 'cdc'"),
-        ("rabbitmq", {"CDC_RABBITMQ_EXCHANGE": "no_such_exchange"}, "The RabbitMQ exchange 'no_such_exchange' does not exist"),
+        ("rabbitmq", ["--rabbitmq-exchange", "no_such_exchange"], "The RabbitMQ exchange 'no_such_exchange' does not exist"),
         ("kinesis", {"AWS_ENDPOINT_URL_KINESIS": f"http://{closed}"}, "Cannot reach Kinesis at"),
-        ("kinesis", {"CDC_KINESIS_STREAM": "no_such_stream"}, "The Kinesis stream 'no_such_stream' does not exist"),
+        ("kinesis", ["--kinesis-stream", "no_such_stream"], "The Kinesis stream 'no_such_stream' does not exist"),
         ("kinesis", {"AWS_ENDPOINT_URL_KINESIS": auth_url, "AWS_ACCESS_KEY_ID": auth_keys["AWS_ACCESS_KEY_ID"],
                      "AWS_SECRET_ACCESS_KEY": "wrong"}, "Kinesis refused the AWS credentials"),  # fmt: skip
     ]
     for sink, env, sentence in cases:
         with monkeypatch.context() as patch:
             sinks.on(sink)
-            for name, value in env.items():
+            flags = env if isinstance(env, list) else []  # global flags override the environment (and are restored)
+            for name, value in (env.items() if isinstance(env, dict) else []):
                 patch.setenv(name, value)
-            assert main(["publish", sink]) == 2, sentence
+            for name in ("CDC_RABBITMQ_EXCHANGE", "CDC_KINESIS_STREAM"):
+                if name in os.environ:
+                    patch.setenv(name, os.environ[name])  # so that what a flag sets is undone with the context
+            assert main([*flags, "publish", sink]) == 2, sentence
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: ") and sentence in lines[0], err
@@ -388,8 +396,7 @@ def test_dedup_window_collapses_repeated_updates_and_holds_back_young_changes_an
     # a change younger than the window waits for the next run (it could still be collapsed); with the window off
     # (the default) it goes at once
     cdc.execute("UPDATE items SET name = 'b2' WHERE id = 2")
-    monkeypatch.setenv("CDC_SINK_DEDUP_SECONDS", "30")
-    assert cdc.sync() == 0
+    assert main(["--sink-dedup-seconds", "30", "sync"]) == 0
     assert sinks.rabbit_messages() == [] and _sink_metadata("rabbitmq")["pending_changes"] == 1
     monkeypatch.delenv("CDC_SINK_DEDUP_SECONDS")
     assert main(["publish", "rabbitmq"]) == 0
@@ -398,8 +405,8 @@ def test_dedup_window_collapses_repeated_updates_and_holds_back_young_changes_an
     assert {k: v["name"] for k, v in replayed_rows(received)[f"{db}.items"].items()} == _source_items(cdc)
     # heartbeats: off by default (none above); when one is due, a publish with nothing new sends it
     top = max(m.body["_cdc_seq"] for m in received)
-    monkeypatch.setenv("CDC_SINK_HEARTBEAT_SECONDS", "3600")
-    assert main(["publish", "rabbitmq"]) == 0
+    monkeypatch.setenv("CDC_SINK_HEARTBEAT_SECONDS", "0")  # the flag below sets it; this restores it afterwards
+    assert main(["--sink-heartbeat-seconds", "3600", "publish", "rabbitmq"]) == 0
     assert [(m.body["type"], m.body["_cdc_seq"], m.routing_key) for m in sinks.rabbit_messages()] == [("heartbeat", top, "heartbeat")]
     assert main(["publish", "rabbitmq"]) == 0
     assert sinks.rabbit_messages() == []  # the last heartbeat is less than an hour old

@@ -8,6 +8,7 @@ and its ioloop runs until the broker has confirmed every delivery tag of it (or 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,10 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.sinks.events import SinkEvent
 from cdc_assets.sinks.publisher import SinkConnectionLost
 from cdc_assets.sinks.settings import SinkSettings
+
+# pika logs every failed connection attempt at ERROR (to stderr when nothing else handles it); the publish loop
+# says what matters once, in the run's log, so pika's own lines are kept for what it cannot recover from
+logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 CONFIRM_TIMEOUT_SECONDS = 60.0  # a window not confirmed in this long counts as a lost connection
