@@ -23,7 +23,10 @@ from cdc_assets.sinks.checkpoint import SinkCheckpoint
 from cdc_assets.sinks.events import ShapeTimeline, SinkEvent, TableColumns, table_events
 from cdc_assets.sinks.settings import SinkSettings
 
-READ_ROWS = 5_000  # change-log rows read per table and query
+READ_ROWS = 5_000  # the most change-log rows read per table and query
+# rows held at once across all tables (as messages): a table's query reads this divided by the tables behind, so a
+# backlog over thousands of tables does not need memory in proportion to them
+READ_BUDGET_ROWS = 200_000
 
 
 def sink_tables(lakehouse: Lakehouse, sink: SinkSettings) -> list[TableRef]:
@@ -65,6 +68,7 @@ class _Cursor:
     log: DeltaTable
     read_after: int
     top: int
+    chunk_rows: int = READ_ROWS
     timeline: ShapeTimeline | None = None
     buffer: deque[SinkEvent] = field(default_factory=deque)
 
@@ -72,11 +76,11 @@ class _Cursor:
         while not self.buffer and self.read_after < self.top:
             rows = read_query(
                 self.log,
-                f"SELECT * FROM changes WHERE _cdc_seq > {self.read_after} ORDER BY _cdc_seq LIMIT {READ_ROWS}",
+                f"SELECT * FROM changes WHERE _cdc_seq > {self.read_after} ORDER BY _cdc_seq LIMIT {self.chunk_rows}",
                 "changes",
             )
             if self.timeline is None:  # a first read of the whole log holds every schema-change row: no query
-                whole = self.read_after == 0 and rows.num_rows < READ_ROWS
+                whole = self.read_after == 0 and rows.num_rows < self.chunk_rows
                 self.timeline = _timeline(lakehouse, self.table, self.log, rows if whole else None)
             if rows.num_rows == 0:
                 self.read_after = self.top
@@ -109,6 +113,9 @@ class ChangeFeed:
             after = checkpoint.seq_of(str(table))
             if log is not None and top is not None and top > after:
                 self.cursors.append(_Cursor(table, log, after, top))
+        chunk = max(100, min(READ_ROWS, READ_BUDGET_ROWS // max(1, len(self.cursors))))
+        for cursor in self.cursors:
+            cursor.chunk_rows = chunk
         self.heap: list[tuple[int, int]] = []
         for index, cursor in enumerate(self.cursors):
             self._push(index, cursor)
