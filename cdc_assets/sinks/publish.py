@@ -26,7 +26,7 @@ from cdc_assets.sinks.publisher import Publisher, SinkConnectionLost
 from cdc_assets.sinks.settings import RABBITMQ, SinkSettings
 
 WINDOW_MESSAGES = 1_000  # messages acknowledged before the checkpoint moves: the most a crash sends again
-RECONNECT_SECONDS = 30.0  # how long a run waits for a broker that went away mid-run
+RECONNECT_SECONDS = 60.0  # how long a run waits for a broker that went away mid-run (a restart takes seconds)
 
 
 def publisher_for(sink: SinkSettings) -> Publisher:
