@@ -4,14 +4,13 @@ Its own port on 127.0.0.1 and a pid file under its directory; starting is idempo
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from cdc_assets.local_brokers.processes import free_port, listening, pid_alive, terminate
 
 DEFAULT_BASE_DIR = Path(".local") / "kinesis"
 _started: dict[Path, subprocess.Popen] = {}
@@ -27,26 +26,6 @@ class LocalKinesis:
         return f"http://127.0.0.1:{self.port}"
 
 
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _pid_alive(pid_file: Path) -> int | None:
-    try:
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-        return None
-    return pid
-
-
 def moto_server_command() -> str:
     """`moto_server` beside the interpreter running the project (the virtualenv's)."""
     found = Path(sys.executable).parent / "moto_server"
@@ -58,10 +37,10 @@ def moto_server_command() -> str:
 def start(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 30.0) -> LocalKinesis:
     base_dir = Path(base_dir).resolve()
     pid_file, port_file = base_dir / "moto.pid", base_dir / "port"
-    if _pid_alive(pid_file) and port_file.exists() and _listening(int(port_file.read_text())):
+    if pid_alive(pid_file) and port_file.exists() and listening(int(port_file.read_text())):
         return LocalKinesis(base_dir, int(port_file.read_text()))
     base_dir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     port_file.write_text(str(port))
     log = open(base_dir / "moto.log", "ab")  # noqa: SIM115 - handed to the server process
     process = subprocess.Popen(
@@ -74,7 +53,7 @@ def start(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 30.0) -> LocalKi
     _started[base_dir] = process
     pid_file.write_text(str(process.pid))
     deadline = time.monotonic() + timeout_s
-    while not _listening(port):
+    while not listening(port):
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"The local Kinesis endpoint did not start within {timeout_s:.0f}s: see {base_dir / 'moto.log'}.")
         time.sleep(0.1)
@@ -84,28 +63,16 @@ def start(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 30.0) -> LocalKi
 def running(base_dir: Path = DEFAULT_BASE_DIR) -> LocalKinesis | None:
     base_dir = Path(base_dir).resolve()
     port_file = base_dir / "port"
-    if not port_file.exists() or not _pid_alive(base_dir / "moto.pid"):
+    if not port_file.exists() or not pid_alive(base_dir / "moto.pid"):
         return None
     port = int(port_file.read_text())
-    return LocalKinesis(base_dir, port) if _listening(port) else None
+    return LocalKinesis(base_dir, port) if listening(port) else None
 
 
 def stop(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 10.0) -> bool:
     base_dir = Path(base_dir).resolve()
-    pid = _pid_alive(base_dir / "moto.pid")
+    pid = pid_alive(base_dir / "moto.pid")
     if pid is None:
         return False
-    os.kill(pid, signal.SIGTERM)
-    process = _started.pop(base_dir, None)
-    if process is not None:
-        process.wait(timeout=timeout_s)
-        return True
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
+    terminate(pid, timeout_s, _started.pop(base_dir, None))
     return True

@@ -12,13 +12,14 @@ import hashlib
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
+
+from cdc_assets.local_brokers.processes import free_port, listening, pid_alive, port_is_free, terminate
 
 DEFAULT_BASE_DIR = Path(".local") / "rabbitmq"
 USER = "cdc"
@@ -51,35 +52,6 @@ def node_name(base_dir: Path) -> str:
     """One Erlang node name per data directory, so two brokers of the project never share one."""
     digest = hashlib.sha1(str(Path(base_dir).resolve()).encode()).hexdigest()[:10]
     return f"cdc_{digest}@localhost"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _pid_alive(pid_file: Path) -> int | None:
-    try:
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-        return None
-    return pid
 
 
 def _answers(port: int) -> bool:
@@ -143,7 +115,7 @@ def start(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 60.0) -> LocalRa
     """Start (or reuse) the dedicated broker under `base_dir`; returns once it accepts AMQP connections."""
     base_dir = Path(base_dir).resolve()
     port_file = base_dir / "port"
-    if _pid_alive(base_dir / "rabbitmq.pid") and port_file.exists():
+    if pid_alive(base_dir / "rabbitmq.pid") and port_file.exists():
         port = int(port_file.read_text())
         if _answers(port):
             return LocalRabbit(base_dir, port)
@@ -151,11 +123,11 @@ def start(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 60.0) -> LocalRa
         raise RuntimeError("rabbitmq-server is not installed: run `make install` (it installs the Debian package).")
     base_dir.mkdir(parents=True, exist_ok=True)
     previous = int(port_file.read_text()) if port_file.exists() else None
-    port = previous if previous and _port_is_free(previous) else _free_port()
+    port = previous if previous and port_is_free(previous) else free_port()
     port_file.write_text(str(port))
     dist_file = base_dir / "dist_port"
     dist_previous = int(dist_file.read_text()) if dist_file.exists() else None
-    dist_port = dist_previous if dist_previous and _port_is_free(dist_previous) else _free_port()
+    dist_port = dist_previous if dist_previous and port_is_free(dist_previous) else free_port()
     dist_file.write_text(str(dist_port))
     _write_config(base_dir, port)
     log = open(base_dir / "server.log", "ab")  # noqa: SIM115 - handed to the broker process
@@ -181,7 +153,7 @@ def running(base_dir: Path = DEFAULT_BASE_DIR) -> LocalRabbit | None:
     """The broker under `base_dir` if it is up, else None."""
     base_dir = Path(base_dir).resolve()
     port_file = base_dir / "port"
-    if not port_file.exists() or not _pid_alive(base_dir / "rabbitmq.pid"):
+    if not port_file.exists() or not pid_alive(base_dir / "rabbitmq.pid"):
         return None
     port = int(port_file.read_text())
     return LocalRabbit(base_dir, port) if _answers(port) else None
@@ -191,25 +163,14 @@ def stop(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 30.0) -> bool:
     """Stop the broker under `base_dir` (SIGTERM: a clean shutdown that keeps durable queues and persistent
     messages); True if one was running."""
     base_dir = Path(base_dir).resolve()
-    pid = _pid_alive(base_dir / "rabbitmq.pid")
+    pid = pid_alive(base_dir / "rabbitmq.pid")
     if pid is None:
         return False
-    os.kill(pid, signal.SIGTERM)
+    terminate(pid, timeout_s, _started.pop(base_dir, None))  # the start script exits with the broker: reaped
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-    process = _started.pop(base_dir, None)
-    if process is not None:
-        process.wait(timeout=10)  # the start script exits with the broker: reap it
     port_file = base_dir / "port"
     port = int(port_file.read_text()) if port_file.exists() else None
-    while port is not None and _listening(port) and time.monotonic() < deadline + 5:
+    while port is not None and listening(port) and time.monotonic() < deadline:
         time.sleep(0.1)
     return True
 
