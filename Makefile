@@ -10,7 +10,8 @@ SPARK_CONNECT_PORT ?= 15002
 
 .PHONY: demo test dev bench workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
 
-## System packages: a MariaDB server (run as our own dedicated instance) and a Java 17+ runtime for Spark.
+## System packages: a MariaDB server (run as our own dedicated instance), a Java 17+ runtime for Spark, and a
+## RabbitMQ server (the sinks' tests and the demo run a dedicated broker of their own; a system one is left alone).
 system-deps:
 	@if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ] || ! command -v mariadb-install-db >/dev/null 2>&1; then \
 		echo "Installing mariadb-server"; \
@@ -19,6 +20,10 @@ system-deps:
 	@if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])'; then \
 		echo "Installing a Java 17 runtime"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openjdk-17-jre-headless >/dev/null; \
+	fi
+	@if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \
+		echo "Installing rabbitmq-server"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq rabbitmq-server >/dev/null; \
 	fi
 
 ## The virtualenv with the project and its pinned dependencies (constraints.txt pins every transitive package).
@@ -31,8 +36,9 @@ $(STAMP): pyproject.toml constraints.txt
 install: system-deps $(STAMP)
 	@$(BIN)/python -m cdc_assets.defs.instance >/dev/null
 
+## `make demo SINKS=1` also publishes every change to a local RabbitMQ and a local Kinesis and reads them back.
 demo: install
-	$(BIN)/cdc-lakehouse demo
+	$(BIN)/cdc-lakehouse demo $(if $(SINKS),--sinks)
 
 test: install
 	$(BIN)/ruff check cdc_assets cdc_assets_tests spark_resources benchmarks
@@ -41,20 +47,24 @@ test: install
 
 ## Benchmarks (not tests), on a dedicated MariaDB under .local/bench, medians of 3 runs (about 40 minutes):
 ## (a) 250k changes over 200 tables against the tutorial baseline, (b) 10k changes into 1M- and 10M-row
-## tables, (c) a steady 1,000 changes/s with the pipeline hands-off. See benchmarks/README.md.
+## tables, (c) a steady 1,000 changes/s with the pipeline hands-off, and (a) published to both sinks. See
+## benchmarks/README.md.
 bench: install
 	$(BIN)/python -m benchmarks.run
 	$(BIN)/python -m benchmarks.large_table
 	$(BIN)/python -m benchmarks.steady_load
+	$(BIN)/python -m benchmarks.sinks
 
 ## The UI and the daemon (schedules, sensors, freshness). Without CDC_SPARK_MASTER, runs share one long-lived
 ## Spark Connect server (no run pays for a JVM start) and take Spark only from CDC_SPARK_MIN_ROWS changes on;
 ## with CDC_SPARK_MASTER set (say the cluster of `make spark-cluster-start`), every run goes there and Spark
 ## does every stage unless CDC_SPARK_MIN_ROWS says otherwise. `make workload` writes to the source.
+## `make dev SINKS=1` also starts the local RabbitMQ and Kinesis and turns both sinks on for them.
 dev: install
 	$(BIN)/python -m cdc_assets.local_source start
 	@if [ -z "$$CDC_SPARK_MASTER" ]; then $(BIN)/python -m spark_resources.connect_server start --port $(SPARK_CONNECT_PORT); fi
-	@if [ -z "$$CDC_SPARK_MASTER" ]; then \
+	$(if $(SINKS),eval "$$($(BIN)/python -m cdc_assets.local_brokers start --env)" &&) \
+	if [ -z "$$CDC_SPARK_MASTER" ]; then \
 		export CDC_SPARK_MASTER="sc://127.0.0.1:$(SPARK_CONNECT_PORT)" CDC_SPARK_MIN_ROWS="$${CDC_SPARK_MIN_ROWS:-1000000}"; fi; \
 	DAGSTER_EVENT_BATCH_SIZE=1000 $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
@@ -84,4 +94,5 @@ local-source-stop: install
 clean: local-source-stop
 	-$(BIN)/python -m spark_resources.connect_server stop --port $(SPARK_CONNECT_PORT)
 	-$(BIN)/python -m spark_resources.cluster stop
+	-$(BIN)/python -m cdc_assets.local_brokers stop
 	rm -rf .local lakehouse

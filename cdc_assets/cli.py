@@ -1,4 +1,4 @@
-"""`cdc-lakehouse`: sync, verify, status, snapshot and demo. It parses and prints; the runs are the Dagster
+"""`cdc-lakehouse`: sync, verify, status, snapshot, publish and demo. It parses and prints; the runs are the Dagster
 definitions' own (cdc_assets/defs/runs.py), on the persistent instance in DAGSTER_HOME (default
 `.local/dagster_home`), so `make dev` shows them. Errors a user can fix end with one sentence and exit code 2,
 never a traceback.
@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs import demo
-from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
-from cdc_assets.defs.runs import RunOutcome, collect_status, run_snapshot, run_sync, run_verify
+from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SINK_KEY_PREFIX
+from cdc_assets.defs.runs import RunOutcome, collect_status, run_publish, run_snapshot, run_sync, run_verify
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
 from cdc_assets.verification.consistency import ConsistentComparison
 
@@ -36,6 +36,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--exclude-tables", help="schema.table globs to exclude (overrides CDC_EXCLUDE_TABLES)")
     parser.add_argument("--server-id", type=int, help="replica server id (overrides CDC_SERVER_ID)")
     parser.add_argument("--spark-master", help="Spark master or sc:// remote (overrides CDC_SPARK_MASTER)")
+    parser.add_argument("--rabbitmq-url", help="amqp://user:password@host:port/vhost: turns the RabbitMQ sink on (CDC_RABBITMQ_URL)")
+    parser.add_argument("--rabbitmq-exchange", help="exchange the RabbitMQ sink publishes to (CDC_RABBITMQ_EXCHANGE)")
+    parser.add_argument("--rabbitmq-tables", help="schema.table globs the RabbitMQ sink publishes (CDC_RABBITMQ_TABLES)")
+    parser.add_argument("--rabbitmq-exclude-tables", help="schema.table globs it leaves out (CDC_RABBITMQ_EXCLUDE_TABLES)")
+    parser.add_argument("--kinesis-stream", help="stream name: turns the Kinesis sink on (CDC_KINESIS_STREAM)")
+    parser.add_argument("--kinesis-tables", help="schema.table globs the Kinesis sink publishes (CDC_KINESIS_TABLES)")
+    parser.add_argument("--kinesis-exclude-tables", help="schema.table globs it leaves out (CDC_KINESIS_EXCLUDE_TABLES)")
+    parser.add_argument("--sink-dedup-seconds", type=float, help="collapse repeated updates of a key (CDC_SINK_DEDUP_SECONDS)")
+    parser.add_argument("--sink-heartbeat-seconds", type=float, help="heartbeat message interval (CDC_SINK_HEARTBEAT_SECONDS)")
     parser.add_argument("-v", "--verbose", action="store_true", help="show Dagster's run log")
     sub = parser.add_subparsers(dest="command", required=True)
     sync = sub.add_parser("sync", help="capture to the binlog end, update change logs and current state, run checks")
@@ -44,11 +53,16 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("verify_tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
     snapshot = sub.add_parser("snapshot", help="load existing rows into current state at a consistent binlog position")
     snapshot.add_argument("snapshot_tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
+    publish = sub.add_parser("publish", help="publish new changes of the change logs to the sinks (default: every configured one)")
+    publish.add_argument("publish_sinks", nargs="*", metavar="SINK", help="rabbitmq, kinesis (default: every configured sink)")
     status = sub.add_parser("status", help="checkpoint, lag, tables, last batch and freshness")
     status.add_argument("--json", action="store_true", help="print JSON")
     demo_command = sub.add_parser("demo", help="local source + live workload + sync until caught up + verify")
     demo_command.add_argument("--seconds", type=float, default=20.0, help="how long the live workload runs")
     demo_command.add_argument("--seed", type=int, default=0)
+    demo_command.add_argument(
+        "--sinks", action="store_true", help="also publish to a local RabbitMQ and a local Kinesis, and read them back"
+    )
     return parser
 
 
@@ -62,6 +76,15 @@ def _apply_overrides(args: argparse.Namespace) -> None:
         ("server_id", "CDC_SERVER_ID"),
         ("spark_master", "CDC_SPARK_MASTER"),
         ("max_batch_rows", "CDC_MAX_BATCH_ROWS"),
+        ("rabbitmq_url", "CDC_RABBITMQ_URL"),
+        ("rabbitmq_exchange", "CDC_RABBITMQ_EXCHANGE"),
+        ("rabbitmq_tables", "CDC_RABBITMQ_TABLES"),
+        ("rabbitmq_exclude_tables", "CDC_RABBITMQ_EXCLUDE_TABLES"),
+        ("kinesis_stream", "CDC_KINESIS_STREAM"),
+        ("kinesis_tables", "CDC_KINESIS_TABLES"),
+        ("kinesis_exclude_tables", "CDC_KINESIS_EXCLUDE_TABLES"),
+        ("sink_dedup_seconds", "CDC_SINK_DEDUP_SECONDS"),
+        ("sink_heartbeat_seconds", "CDC_SINK_HEARTBEAT_SECONDS"),
     ):
         value = getattr(args, flag, None)
         if value is not None:
@@ -97,15 +120,45 @@ def _print_sync(outcome: RunOutcome) -> None:
         f"current state: {current.get('tables_changed', 0)} tables updated ({current.get('rows_inserted', 0)} rows inserted, "
         f"{current.get('rows_updated', 0)} updated, {current.get('rows_deleted', 0)} deleted)"
     )
+    _print_sinks(outcome)
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
     print(f"sync {'succeeded' if outcome.success else 'FAILED'} in {outcome.seconds:.1f}s")
 
 
+def _print_sinks(outcome: RunOutcome) -> None:
+    for name, values in sorted(outcome.metadata.items()):
+        if not name.startswith(f"{SINK_KEY_PREFIX}/"):
+            continue
+        print(
+            f"sink {name.split('/', 1)[1]}: {values.get('messages', 0)} messages ({values.get('bytes', 0):,} bytes) "
+            f"acknowledged by {values.get('destination', '?')}, up to seq {values.get('last_seq', 0)}, "
+            f"{values.get('pending_changes', 0)} changes pending"
+        )
+
+
+def _exit_code(outcome: RunOutcome) -> int:
+    """2 when a sink could not publish (its sentence on stderr; the rest of the work is done), else 0 or 1."""
+    for sentence in outcome.user_errors:
+        print(f"error: {sentence}", file=sys.stderr)
+    if outcome.user_errors:
+        return EXIT_USER_ERROR
+    return EXIT_OK if outcome.success else EXIT_FAILED
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     outcome = run_sync(args.verbose)
     _print_sync(outcome)
-    return EXIT_OK if outcome.success else EXIT_FAILED
+    return _exit_code(outcome)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    outcome = run_publish(args.publish_sinks or None, args.verbose)
+    _print_sinks(outcome)
+    for problem in outcome.failed_checks:
+        print(f"failed: {problem}")
+    print(f"publish {'succeeded' if outcome.success else 'FAILED'} in {outcome.seconds:.1f}s")
+    return _exit_code(outcome)
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
@@ -155,6 +208,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"             (warn after {windows['warn']:g} min, fail after {windows['fail']:g} min)")
     for table, lag in status.table_lag_seconds.items():
         print(f"lag:         {table} {lag:.0f} s behind")
+    for name, sink in status.sinks.items():
+        print(
+            f"sink:        {name} -> {sink['destination']}: up to seq {sink['last_seq']}, {sink['messages']} messages, "
+            f"{sink['pending_changes']} changes pending, {sink['lag_seconds']:.0f} s behind"
+        )
     for table, done in status.snapshots_in_progress.items():
         print(
             f"snapshot:    {table} stopped after {done['chunks_read']} of {done['chunks']} chunks "
@@ -165,13 +223,21 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     began = time.monotonic()
-    result = demo.run_demo(args.seconds, args.seed, args.verbose, say=print, synced=_print_progress)
+    result = demo.run_demo(args.seconds, args.seed, args.verbose, say=print, synced=_print_progress, sinks=args.sinks)
     _print_sync(result.last)
     if not result.last.success:
-        return EXIT_FAILED
+        return _exit_code(result.last)
     for diff in result.comparisons:
         print(("verified " if diff.ok else "DIFFERS  ") + diff.describe())
-    return _demo_summary(result.comparisons, result.syncs, time.monotonic() - began)
+    code = _demo_summary(result.comparisons, result.syncs, time.monotonic() - began)
+    for sink, delivery in result.deliveries.items():
+        print(f"  {sink + ':':9s} read back: {delivery.describe()}")
+    if result.sample is not None:
+        print("  a message as consumers get it (RabbitMQ routing key " + str(result.sample.routing_key) + "):")
+        print("    " + json.dumps(result.sample.body, ensure_ascii=False))
+    if not all(d.ok for d in result.deliveries.values()):
+        return EXIT_FAILED
+    return code
 
 
 def _print_progress(outcome: RunOutcome) -> None:
@@ -202,6 +268,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "verify": cmd_verify,
     "status": cmd_status,
     "snapshot": cmd_snapshot,
+    "publish": cmd_publish,
     "demo": cmd_demo,
 }
 

@@ -34,6 +34,17 @@ def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_server.L
 
 
 @pytest.fixture(scope="session")
+def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One RabbitMQ broker per session, started by the project's own script (cdc_assets.local_brokers) from the
+    Debian package, on its own port, data directory, node name and cookie (a system broker on 5672 is left alone)."""
+    from cdc_assets.local_brokers import rabbitmq as local_rabbitmq
+
+    base = tmp_path_factory.mktemp("rabbitmq")
+    yield local_rabbitmq.start(base)
+    local_rabbitmq.stop(base)
+
+
+@pytest.fixture(scope="session")
 def spark() -> object:
     """The session dagster-pyspark's resource makes from our settings: the one the runs of the session reuse."""
     from dagster_pyspark import LazyPySparkResource

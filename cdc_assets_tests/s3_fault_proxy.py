@@ -1,10 +1,12 @@
-"""A fault-injecting HTTP proxy in front of the local S3 endpoint (moto_server), run as a process of its own.
+"""A fault-injecting HTTP proxy in front of the local S3 (and Kinesis) endpoint (moto_server), run as a process of
+its own.
 
     python -m cdc_assets_tests.s3_fault_proxy --upstream http://127.0.0.1:PORT --port P --rules FILE
 
 Requests pass through to the upstream unchanged unless a rule of FILE (JSON, re-read whenever it changes)
 matches them. A rule is {"method": "PUT", "path": "regex", "query": "regex", "header": "If-Match",
-"action": ..., "times": N} (all keys but "action" optional; `times` default: every time) with actions:
+"target": "regex", "action": ..., "times": N} (all keys but "action" optional; `times` default: every time;
+`target` matches the X-Amz-Target header of JSON APIs such as Kinesis, e.g. "PutRecords") with actions:
 
 - `status:500`, `status:503`: an S3 error response of that status (InternalError, ServiceUnavailable);
 - `slowdown`: 503 SlowDown, S3's throttling answer;
@@ -12,7 +14,10 @@ matches them. A rule is {"method": "PUT", "path": "regex", "query": "regex", "he
 - `drop_after_forward`: the request reaches S3 and takes effect, but its answer is lost (the connection is
   closed): the client then retries a request that has already landed;
 - `delay:S`: the answer comes S seconds late;
-- `timeout`: no answer for 120 s.
+- `timeout`: no answer for 120 s;
+- `refuse_odd_records`: a Kinesis PutRecords reaches the stream with only its records at even positions (0, 2,
+  ...); the answer says the others were refused with ProvisionedThroughputExceededException, as a throttled
+  shard answers (moto never throttles). The client must send those again.
 
 Every matched request is appended to FILE + ".log" (method, path, action), so a test can count them.
 No existing tool from the registries does this over plain HTTP without a configuration language of its own
@@ -62,6 +67,8 @@ class _Rules:
                 if rule.get("query") and not re.search(rule["query"], query):
                     continue
                 if rule.get("header") and rule["header"].lower() not in headers:
+                    continue
+                if rule.get("target") and not re.search(rule["target"], headers.get("x-amz-target", "")):
                     continue
                 if rule.get("times") is not None and self.used[i] >= int(rule["times"]):
                     continue
@@ -126,6 +133,13 @@ def _handler(upstream: str, rules: _Rules) -> type[BaseHTTPRequestHandler]:
                 return self._error(status, _ERRORS.get(status, "InternalError"))
             if action and action.startswith("delay:"):
                 time.sleep(float(action.split(":")[1]))
+            refused: list[int] = []
+            total = 0
+            if action == "refuse_odd_records":
+                request = json.loads(body)
+                total = len(request["Records"])
+                refused = list(range(1, total, 2))
+                body = json.dumps({**request, "Records": request["Records"][0::2]}).encode()
             forward = {k: v for k, v in self.headers.items() if k.lower() not in ("transfer-encoding", "connection")}
             forward["Content-Length"] = str(len(body))
             conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
@@ -135,6 +149,15 @@ def _handler(upstream: str, rules: _Rules) -> type[BaseHTTPRequestHandler]:
                 data = answer.read()
             finally:
                 conn.close()
+            if refused and answer.status == 200:
+                accepted = iter(json.loads(data)["Records"])
+                results = [
+                    {"ErrorCode": "ProvisionedThroughputExceededException", "ErrorMessage": "Rate exceeded (fault proxy)"}
+                    if i in refused
+                    else next(accepted)
+                    for i in range(total)
+                ]
+                data = json.dumps({"FailedRecordCount": len(refused), "Records": results}).encode()
             if action == "drop_after_forward":
                 return self._drop()
             self.send_response(answer.status)

@@ -127,3 +127,27 @@ def test_an_s3_lakehouse_takes_boto3_and_delta_rs_settings_from_one_s3_resource(
     client = lakehouse.store.client  # type: ignore[attr-defined]
     assert client.meta.endpoint_url == "http://127.0.0.1:9" and client.meta.region_name == "eu-west-3"
     assert "secret-key" not in repr(lakehouse.s3)
+
+
+def test_each_configured_sink_is_an_asset_downstream_of_the_change_logs_with_its_job_check_and_sensor(monkeypatch) -> None:
+    for name in ("CDC_RABBITMQ_URL", "CDC_KINESIS_STREAM", "CDC_SINK_HEARTBEAT_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    plain = build_definitions()
+    assert not [k for k in plain.resolve_asset_graph().get_all_asset_keys() if k.path[0] == "sinks"]
+    monkeypatch.setenv("CDC_RABBITMQ_URL", "amqp://cdc:secret@127.0.0.1:9/%2F")
+    monkeypatch.setenv("CDC_KINESIS_STREAM", "changes")
+    monkeypatch.setenv("CDC_SINK_HEARTBEAT_SECONDS", "5")
+    defs = build_definitions()
+    graph = defs.resolve_asset_graph()
+    for sink in ("rabbitmq", "kinesis"):
+        node = graph.get(AssetKey(["sinks", sink]))
+        assert node.group_name == "sinks" and AssetKey("table_changes") in node.parent_keys
+        assert node.freshness_policy is not None and node.freshness_policy.fail_window.to_timedelta() == timedelta(minutes=5)
+        assert node.description and f"publish_{sink}" in {j.name for j in defs.jobs}
+        assert any(check.name == "sink_lag" and check.asset_key == node.key for check in graph.asset_check_keys)
+    lag_job = defs.resolve_job_def("check_lag")
+    assert {k.asset_key.to_user_string() for k in lag_job.asset_layer.asset_graph.asset_check_keys} >= {"sinks/rabbitmq", "sinks/kinesis"}
+    sensor = next(s for s in defs.sensors if s.name == "sink_sensor")
+    assert sensor.minimum_interval_seconds == 5  # as often as the heartbeat when that is shorter than 15 s
+    assert {job.name for job in sensor.jobs} == {"publish_rabbitmq", "publish_kinesis"}
+    assert "secret" not in str(resources_from_env().sinks)  # the AMQP URL is an EnvVar, never a value in config

@@ -8,11 +8,19 @@ from dagster import Definitions, apply_freshness_policy, colored_console_logger,
 from cdc_assets.defs.assets import current_tables, raw_binlog_batches, table_changes
 from cdc_assets.defs.checks import ALL_CHECKS
 from cdc_assets.defs.freshness import current_freshness_policy
-from cdc_assets.defs.jobs import apply_job, capture_job, lag_check_job, snapshot_job
+from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, snapshot_job
 from cdc_assets.defs.progress import progress_logger
 from cdc_assets.defs.resources import resources_from_env
 from cdc_assets.defs.schedules import build_capture_schedule, lag_check_schedule
 from cdc_assets.defs.sensors import build_binlog_sensor, raw_batch_sensor
+from cdc_assets.defs.sinks import (
+    build_publish_job,
+    build_sink_asset,
+    build_sink_lag_check,
+    build_sink_sensor,
+    configured_sinks,
+    sink_lag_check_key,
+)
 
 
 def build_definitions() -> Definitions:
@@ -20,12 +28,16 @@ def build_definitions() -> Definitions:
     # Freshness windows come from the environment when the definitions load (CDC_FRESHNESS_*).
     policy = current_freshness_policy()
     fresh = [a.map_asset_specs(lambda spec: apply_freshness_policy(spec, policy)) for a in (raw_binlog_batches, current_tables)]
+    # a sink is configured when its destination is set (CDC_RABBITMQ_URL, CDC_KINESIS_STREAM)
+    sinks = configured_sinks()
+    sink_assets = [build_sink_asset(s).map_asset_specs(lambda spec: apply_freshness_policy(spec, policy)) for s in sinks]
+    publish_jobs = [build_publish_job(s) for s in sinks]
     return Definitions(
-        assets=[fresh[0], table_changes, fresh[1]],
-        asset_checks=ALL_CHECKS,
-        jobs=[capture_job, apply_job, lag_check_job, snapshot_job],
+        assets=[fresh[0], table_changes, fresh[1], *sink_assets],
+        asset_checks=[*ALL_CHECKS, *(build_sink_lag_check(s) for s in sinks)],
+        jobs=[capture_job, apply_job, build_lag_check_job([sink_lag_check_key(s) for s in sinks]), snapshot_job, *publish_jobs],
         schedules=[build_capture_schedule(), lag_check_schedule],
-        sensors=[raw_batch_sensor, build_binlog_sensor()],
+        sensors=[raw_batch_sensor, build_binlog_sensor(), *([build_sink_sensor(sinks, publish_jobs)] if sinks else [])],
         resources=resources_from_env().by_key(),
         executor=in_process_executor,
         # the console (Dagster's default) for runs of the UI and the daemon; progress for the CLI's long runs

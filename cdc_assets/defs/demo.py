@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdc_assets.core.errors import CdcUserError
@@ -17,7 +17,12 @@ from cdc_assets.defs.runs import RunOutcome, run_sync, run_verify
 from cdc_assets.lake.layout import STATE
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.lake.store import Lakehouse, MissingObject
+from cdc_assets.local_brokers import destinations
 from cdc_assets.local_source import Workload, load_sample_schema, server
+from cdc_assets.sinks.checkpoint import checkpoint_key
+from cdc_assets.sinks.consume import Received, read_queue, read_stream
+from cdc_assets.sinks.delivery import DeliveryReport, check_delivery, expected_messages
+from cdc_assets.sinks.settings import SINK_NAMES, sink_settings
 from cdc_assets.source.server import LOCAL_SOURCE_DIR
 from cdc_assets.verification.consistency import ConsistentComparison
 
@@ -29,15 +34,24 @@ class DemoOutcome:
     syncs: int
     last: RunOutcome  # the catch-up sync, or the first that failed
     comparisons: list[ConsistentComparison]  # empty when a sync failed
+    deliveries: dict[str, DeliveryReport] = field(default_factory=dict)  # per sink, with --sinks
+    sample: Received | None = None  # one message read back, to show the event format
 
 
 def run_demo(
-    seconds: float, seed: int, verbose: bool, say: Callable[[str], None], synced: Callable[[RunOutcome], None]
+    seconds: float,
+    seed: int,
+    verbose: bool,
+    say: Callable[[str], None],
+    synced: Callable[[RunOutcome], None],
+    sinks: bool = False,
 ) -> DemoOutcome:
     """The local source under a live workload for `seconds`, synced again and again, then once more after the
-    workload stops, then verified. `say` hears what happens, `synced` every sync while the workload runs."""
+    workload stops, then verified. `say` hears what happens, `synced` every sync while the workload runs. With
+    `sinks`, every sync also publishes to a local RabbitMQ and a local Kinesis, which are read back at the end."""
     local = start_demo_source(seed)
     say(f"source: local MariaDB with ROW binlog on 127.0.0.1:{local.port}")
+    found = start_demo_sinks(say) if sinks else None
     syncs = 0
     with live_workload(local, seed):
         say(f"live workload running for {seconds:.0f}s while the pipeline syncs")
@@ -51,7 +65,42 @@ def run_demo(
     say("workload stopped; catching up")
     outcome = run_sync(verbose)
     syncs += 1
-    return DemoOutcome(syncs, outcome, run_verify() if outcome.success else [])
+    if not outcome.success:
+        return DemoOutcome(syncs, outcome, [])
+    result = DemoOutcome(syncs, outcome, run_verify())
+    if found is not None:
+        result.deliveries, result.sample = read_back(found)
+    return result
+
+
+def start_demo_sinks(say: Callable[[str], None]) -> destinations.DemoDestinations:
+    """The local brokers with the demo's exchange, queue and stream, started empty; the sinks pointed at them and
+    their checkpoints removed, so they publish every change log from its first change."""
+    found = destinations.start(empty=True)
+    os.environ.update(found.environment())
+    store = initialized_resources().lakehouse.get().store
+    for name in SINK_NAMES:
+        store.delete(checkpoint_key(name))
+    say(
+        f"sinks: RabbitMQ exchange '{destinations.EXCHANGE}' on 127.0.0.1:{found.rabbit.port} (queue "
+        f"'{destinations.QUEUE}' bound to '#') and Kinesis stream '{destinations.STREAM}' at {found.kinesis.endpoint_url}"
+    )
+    return found
+
+
+def read_back(found: destinations.DemoDestinations) -> tuple[dict[str, DeliveryReport], Received | None]:
+    """Both destinations read as a consumer would, each compared with the change logs."""
+    lakehouse = initialized_resources().lakehouse.get()
+    received = {
+        "rabbitmq": read_queue(found.rabbit.url(), destinations.QUEUE),
+        "kinesis": read_stream(destinations.STREAM, destinations.REGION, found.kinesis.endpoint_url),
+    }
+    reports = {
+        name: check_delivery(expected_messages(lakehouse, sink_settings(name, os.environ)), messages)
+        for name, messages in received.items()
+    }
+    updates = [m for m in received["rabbitmq"] if m.body.get("op") == "u"]
+    return reports, (updates or received["rabbitmq"] or [None])[-1]
 
 
 def start_demo_source(seed: int) -> server.LocalServer:

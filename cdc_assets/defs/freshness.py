@@ -33,3 +33,15 @@ def lag_thresholds() -> tuple[float, float]:
         lambda seconds: seconds > 0,
         "a positive number of seconds",
     )
+
+
+def sink_lag_thresholds() -> tuple[float, float]:
+    """(warn, fail) in seconds for each sink's lag check: CDC_SINK_LAG_WARN_SECONDS / CDC_SINK_LAG_FAIL_SECONDS,
+    by default the freshness windows."""
+    warn_minutes, fail_minutes = freshness_windows()
+    return env_window(
+        ("CDC_SINK_LAG_WARN_SECONDS", "CDC_SINK_LAG_FAIL_SECONDS"),
+        (warn_minutes * 60, fail_minutes * 60),
+        lambda seconds: seconds > 0,
+        "a positive number of seconds",
+    )

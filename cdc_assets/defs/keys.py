@@ -6,11 +6,24 @@ RAW_ASSET = AssetKey("raw_binlog_batches")
 CHANGES_ASSET = AssetKey("table_changes")
 CURRENT_ASSET = AssetKey("current_tables")
 
+SINK_KEY_PREFIX = "sinks"
+
+
+def sink_asset_key(sink: str) -> AssetKey:
+    """A sink's asset: `sinks/rabbitmq`, `sinks/kinesis`."""
+    return AssetKey([SINK_KEY_PREFIX, sink])
+
+
+def publish_job_name(sink: str) -> str:
+    return f"publish_{sink}"
+
+
 CAPTURE_JOB = "capture"
 APPLY_JOB = "apply_changes"
 LAG_JOB = "check_lag"
 SNAPSHOT_JOB = "snapshot"
 
+SINK_TAG = "cdc/sink"  # the sink a publish run serves: the run queue lets one run per sink go at a time
 STAGE_TAG = "cdc/stage"  # capture, apply or check: the run queue lets one capture and one apply run go at a time
 # Dagster's own tags of a run over one partition or a range of them (documented system tags)
 PARTITION_TAG = "dagster/partition"

@@ -29,6 +29,7 @@ from cdc_assets.core.settings import (
     env_number,
 )
 from cdc_assets.lake.store import Lakehouse, S3Access
+from cdc_assets.sinks.settings import SinkSettings, sink_settings
 from cdc_assets.source.server import resolve_mysql_url
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
 from spark_resources.resources import TransformsResource
@@ -94,6 +95,44 @@ class LakehouseResource(ConfigurableResource):
         return Lakehouse(self.location, access, self.lock_wait_seconds)
 
 
+class SinksResource(ConfigurableResource):
+    """The message brokers every change is also published to (README, "Sinks"): a RabbitMQ exchange and a
+    Kinesis stream, each on when its destination is set, each with its own table globs. The AMQP URL (it holds
+    a password) comes from an EnvVar, so it never enters run config; Kinesis takes the standard AWS settings
+    (AWS_REGION, credentials, AWS_ENDPOINT_URL_KINESIS) as boto3 reads them."""
+
+    rabbitmq_url: str | None = Field(default=None, description="amqp://user:password@host:port/vhost (CDC_RABBITMQ_URL).")
+    rabbitmq_exchange: str | None = Field(default=None, description="Exchange to publish to (CDC_RABBITMQ_EXCHANGE).")
+    rabbitmq_tables: str | None = Field(default=None, description="schema.table globs the RabbitMQ sink publishes.")
+    rabbitmq_exclude_tables: str | None = Field(default=None, description="schema.table globs it leaves out.")
+    kinesis_stream: str | None = Field(default=None, description="Kinesis stream to put records to (CDC_KINESIS_STREAM).")
+    kinesis_tables: str | None = Field(default=None, description="schema.table globs the Kinesis sink publishes.")
+    kinesis_exclude_tables: str | None = Field(default=None, description="schema.table globs it leaves out.")
+    aws_region: str | None = Field(default=None, description="Region of the Kinesis stream (AWS_REGION).")
+    dedup_seconds: str | None = Field(default=None, description="Collapse repeated updates of a key within this many seconds (CDC_SINK_DEDUP_SECONDS; off by default).")
+    heartbeat_seconds: str | None = Field(default=None, description="Send a heartbeat message this often (CDC_SINK_HEARTBEAT_SECONDS; off by default).")
+
+    def environment(self) -> dict[str, str]:
+        """The settings as the environment's texts they came from, for `sink_settings`."""
+        values = {
+            "CDC_RABBITMQ_URL": self.rabbitmq_url,
+            "CDC_RABBITMQ_EXCHANGE": self.rabbitmq_exchange,
+            "CDC_RABBITMQ_TABLES": self.rabbitmq_tables,
+            "CDC_RABBITMQ_EXCLUDE_TABLES": self.rabbitmq_exclude_tables,
+            "CDC_KINESIS_STREAM": self.kinesis_stream,
+            "CDC_KINESIS_TABLES": self.kinesis_tables,
+            "CDC_KINESIS_EXCLUDE_TABLES": self.kinesis_exclude_tables,
+            "AWS_REGION": self.aws_region,
+            "CDC_SINK_DEDUP_SECONDS": self.dedup_seconds,
+            "CDC_SINK_HEARTBEAT_SECONDS": self.heartbeat_seconds,
+        }
+        return {k: v for k, v in values.items() if v}
+
+    def settings(self, sink: str) -> SinkSettings:
+        """One sink's plain settings; a bad value raises CdcUserError with the fix."""
+        return sink_settings(sink, self.environment())
+
+
 def _env(name: str, default: Any, kind: str = "str") -> Any:
     """`EnvVar(name)` when the variable is set (so the value stays out of run config), else the default."""
     if not os.environ.get(name):
@@ -144,6 +183,7 @@ class Resources:
     s3: S3Resource
     pyspark: LazyPySparkResource
     transforms: TransformsResource
+    sinks: SinksResource
 
     def by_key(self) -> dict[str, Any]:
         return {
@@ -152,6 +192,7 @@ class Resources:
             "s3": self.s3,
             "pyspark": self.pyspark,
             "transforms": self.transforms,
+            "sinks": self.sinks,
         }
 
 
@@ -182,6 +223,22 @@ def resources_from_env() -> Resources:
         s3=s3,
         pyspark=pyspark,
         transforms=TransformsResource(pyspark=pyspark, min_rows=spark_min_rows(master)),
+        sinks=sinks_from_env(region),
+    )
+
+
+def sinks_from_env(region_variable: str) -> SinksResource:
+    return SinksResource(
+        rabbitmq_url=_env("CDC_RABBITMQ_URL", None),
+        rabbitmq_exchange=_env("CDC_RABBITMQ_EXCHANGE", None),
+        rabbitmq_tables=_env("CDC_RABBITMQ_TABLES", None),
+        rabbitmq_exclude_tables=_env("CDC_RABBITMQ_EXCLUDE_TABLES", None),
+        kinesis_stream=_env("CDC_KINESIS_STREAM", None),
+        kinesis_tables=_env("CDC_KINESIS_TABLES", None),
+        kinesis_exclude_tables=_env("CDC_KINESIS_EXCLUDE_TABLES", None),
+        aws_region=_env(region_variable, None),
+        dedup_seconds=_env("CDC_SINK_DEDUP_SECONDS", None),
+        heartbeat_seconds=_env("CDC_SINK_HEARTBEAT_SECONDS", None),
     )
 
 
@@ -198,4 +255,5 @@ def initialized_resources() -> Resources:
         s3=lakehouse.s3,
         pyspark=found.pyspark,
         transforms=found.transforms,
+        sinks=found.sinks.process_config_and_initialize(),
     )

@@ -15,13 +15,26 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.freshness import freshness_windows
 from cdc_assets.defs.instance import ensure_dagster_home
-from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SNAPSHOT_JOB
+from cdc_assets.defs.keys import (
+    APPLY_JOB,
+    CAPTURE_JOB,
+    CHANGES_ASSET,
+    CURRENT_ASSET,
+    RAW_ASSET,
+    SNAPSHOT_JOB,
+    publish_job_name,
+    sink_asset_key,
+)
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, touched_ranges, with_new_tables
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.defs.sensors import apply_run_request
+from cdc_assets.defs.sinks import configured_sinks
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
+from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
+from cdc_assets.sinks.lag import sink_lag
+from cdc_assets.sinks.publish import check_sink
 from cdc_assets.stages.current_state import missing_current_tables
 from cdc_assets.stages.snapshot_records import snapshots_in_progress
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
@@ -46,6 +59,7 @@ class RunOutcome:
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
     failed_checks: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    user_errors: list[str] = field(default_factory=list)  # sinks that could not publish: one sentence each
 
     def of(self, asset: AssetKey) -> dict[str, Any]:
         """The materialization metadata of `asset` in these runs (empty when they did not materialize it)."""
@@ -69,6 +83,7 @@ class RunOutcome:
             metadata,
             self.failed_checks + later.failed_checks,
             self.seconds + later.seconds,
+            self.user_errors + later.user_errors,
         )
 
 
@@ -104,11 +119,14 @@ def run_job(
     op_config: dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
     partition_key: str | None = None,
+    check_source: bool = True,
 ) -> RunOutcome:
-    """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix."""
+    """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix.
+    `check_source=False` for runs that never read the source (a sink publishes from the lakehouse alone)."""
     ensure_dagster_home()
     resources = initialized_resources()
-    preflight(resources.binlog.settings())  # what the user can fix is said before any run starts
+    if check_source:
+        preflight(resources.binlog.settings())  # what the user can fix is said before any run starts
     resources.lakehouse.get().check_writable()
     job = build_definitions().resolve_job_def(job_name)
     began = time.monotonic()
@@ -169,6 +187,29 @@ def run_sync(verbose: bool = False) -> RunOutcome:
         outcome = outcome + applied
     if refused is not None:
         raise refused
+    if configured_sinks():
+        outcome = outcome + run_publish(None, verbose)
+    return outcome
+
+
+def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOutcome:
+    """A publish run per sink (default: every configured one), each on its own: a sink that cannot publish is
+    recorded in `user_errors` (its checkpoint unmoved) and the others go on."""
+    configured = configured_sinks()
+    names = list(dict.fromkeys(sinks)) if sinks else configured
+    if not names:
+        raise CdcUserError(
+            "No sink is configured: set CDC_RABBITMQ_URL or CDC_KINESIS_STREAM (see the README's section on sinks)."
+        )
+    resources = initialized_resources()
+    settings = [resources.sinks.settings(name) for name in names]  # unknown, not configured, badly configured
+    outcome = RunOutcome(True)
+    for sink in settings:
+        try:
+            check_sink(sink)  # an unreachable broker, refused credentials, a missing destination: said before any run
+            outcome = outcome + run_job(publish_job_name(sink.name), verbose, check_source=False)
+        except CdcUserError as exc:
+            outcome = outcome + RunOutcome(False, user_errors=[str(exc)])
     return outcome
 
 
@@ -201,6 +242,7 @@ class Status:
     last_batch: str | None
     seconds_since_materialized: dict[str, float | None]  # per asset; None: never materialized
     snapshots_in_progress: dict[str, dict[str, int]]  # per table stopped mid-way: chunks read of chunks, rows
+    sinks: dict[str, dict[str, Any]] = field(default_factory=dict)  # per configured sink: destination, seq, lag
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -215,7 +257,19 @@ def collect_status() -> Status:
     checkpoint = lag.checkpoint
     batches = list_batches(lakehouse.store)
     freshness: dict[str, float | None] = {}
-    for key in (RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET):
+    sinks: dict[str, dict[str, Any]] = {}
+    for name in configured_sinks():
+        settings = resources.sinks.settings(name)
+        sent = load_sink_checkpoint(lakehouse.store, name)
+        behind = sink_lag(settings, lakehouse, sent, now)
+        sinks[name] = {
+            "destination": settings.destination,
+            "last_seq": sent.last_seq,
+            "messages": sent.messages,
+            "lag_seconds": round(behind.seconds, 1),
+            "pending_changes": behind.pending,
+        }
+    for key in (RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET, *(sink_asset_key(n) for n in sinks)):
         event = instance().get_latest_materialization_event(key)
         freshness[key.to_user_string()] = None if event is None else round(time.time() - event.timestamp, 1)
     warn, fail = freshness_windows()
@@ -237,4 +291,5 @@ def collect_status() -> Status:
             str(r.table): {"chunks_read": len(r.done), "chunks": r.chunks, "rows": r.rows}
             for r in snapshots_in_progress(lakehouse.store)
         },
+        sinks=sinks,
     )

@@ -1,0 +1,181 @@
+"""What a consumer read back, compared with the change logs: every change there exactly once after
+de-duplication by id, nothing else, and each key's messages in `_cdc_seq` order on the stream they came on.
+
+The expected messages are derived from the change-log rows' own columns (op, seq, keys), not from the envelope
+code, so a message the envelope forgets or invents shows up here."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.delta import read_query
+from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE
+from cdc_assets.lake.state import load_progress
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.sinks.consume import Received
+from cdc_assets.sinks.events import HEARTBEAT, OPS, SCHEMA_CHANGE, SCHEMA_OPS
+from cdc_assets.sinks.feed import sink_tables
+from cdc_assets.sinks.settings import SinkSettings
+
+
+@dataclass(frozen=True)
+class Expected:
+    id: str
+    seq: int
+    table: str
+    kind: str  # c, u, d, t or schema_change
+
+
+def expected_messages(lakehouse: Lakehouse, sink: SinkSettings) -> list[Expected]:
+    """The messages the sink owes for everything its tables' change logs hold, in `_cdc_seq` order."""
+    expected: list[Expected] = []
+    for table in sink_tables(lakehouse, sink):
+        log = lakehouse.open(CHANGES, table)
+        if log is None:
+            continue
+        shape = load_progress(lakehouse.store, CHANGES_STAGE, str(table)).shape
+        keyed = bool(shape and shape.primary_key)
+        rows = read_query(log, "SELECT _cdc_seq, _cdc_op, _cdc_key, _cdc_before_key FROM changes ORDER BY _cdc_seq", "changes")
+        for seq, op, key, before_key in zip(*(rows.column(i).to_pylist() for i in range(4)), strict=True):
+            name = str(table)
+            if op in SCHEMA_OPS:
+                expected.append(Expected(str(seq), seq, name, SCHEMA_CHANGE))
+            elif op == "update" and keyed and before_key is not None and before_key != key:
+                expected.append(Expected(f"{seq}:old-key", seq, name, "d"))
+                expected.append(Expected(f"{seq}:new-key", seq, name, "c"))
+            else:
+                expected.append(Expected(str(seq), seq, name, OPS[op]))
+    return sorted(expected, key=lambda e: (e.seq, e.id))
+
+
+@dataclass
+class DeliveryReport:
+    expected: int
+    received: int  # messages read, heartbeats and re-sent copies included
+    heartbeats: int
+    duplicates: int  # copies of an id already read on the same stream (re-sent after a crash or reconnect)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    wrong: list[str] = field(default_factory=list)  # an id whose body says another seq, table or op
+    out_of_order: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.wrong or self.out_of_order)
+
+    def describe(self) -> str:
+        if self.ok:
+            return (
+                f"all {self.expected} messages the change logs call for, each once after de-duplication by id and in "
+                f"order per key ({self.duplicates} re-sent copies, {self.heartbeats} heartbeats)"
+            )
+        return (
+            f"missing {self.missing[:5]} ({len(self.missing)}), unexpected {self.unexpected[:5]} ({len(self.unexpected)}), "
+            f"wrong {self.wrong[:5]}, out of order {self.out_of_order[:5]} ({len(self.out_of_order)})"
+        )
+
+
+def _kind(body: dict[str, Any]) -> str:
+    return SCHEMA_CHANGE if body.get("type") == SCHEMA_CHANGE else str(body.get("op"))
+
+
+def _table(body: dict[str, Any]) -> str:
+    return str(TableRef(body["source"]["db"], body["source"]["table"]))
+
+
+def _unit(message: Received) -> str:
+    """What a message must be in order with: its key's messages (Kinesis: its partition key)."""
+    if message.partition_key is not None:
+        return message.partition_key
+    return _table(message.body) + ":" + json.dumps(message.body.get("key"), sort_keys=True)
+
+
+def check_delivery(expected: list[Expected], received: list[Received]) -> DeliveryReport:
+    by_id = {e.id: e for e in expected}
+    heartbeats = sum(1 for m in received if m.body.get("type") == HEARTBEAT)
+    messages = [m for m in received if m.body.get("type") != HEARTBEAT]
+    streams: dict[str, list[Received]] = defaultdict(list)
+    duplicates = 0
+    seen_in: dict[str, set[str]] = defaultdict(set)
+    for message in messages:
+        if message.id in seen_in[message.stream]:
+            duplicates += 1
+            continue
+        seen_in[message.stream].add(message.id)
+        streams[message.stream].append(message)
+    got = {m.id for m in messages}
+    report = DeliveryReport(len(expected), len(received), heartbeats, duplicates)
+    report.missing = [e.id for e in expected if e.id not in got]
+    report.unexpected = sorted(got - set(by_id))
+    for stream, firsts in streams.items():
+        last_in_unit: dict[str, int] = {}
+        per_table: dict[str, list[tuple[int, str | None]]] = defaultdict(list)  # seq, id of a table-wide message
+        for message in firsts:
+            want = by_id.get(message.id)
+            if want is None:
+                continue
+            body = message.body
+            if (body.get("_cdc_seq"), _table(body), _kind(body)) != (want.seq, want.table, want.kind):
+                report.wrong.append(message.id)
+            table_wide = want.kind in ("t", SCHEMA_CHANGE)
+            per_table[want.table].append((want.seq, message.id if table_wide else None))
+            if table_wide:
+                continue
+            unit = _unit(message)
+            if unit in last_in_unit and last_in_unit[unit] >= want.seq:
+                report.out_of_order.append(f"{message.id} after seq {last_in_unit[unit]} of {unit} on {stream}")
+            last_in_unit[unit] = want.seq
+        # a TRUNCATE or schema change concerns every key of its table: on each stream, every message of the table
+        # before it must be older and every one after it newer
+        for entries in per_table.values():
+            highest_before, lowest_after = [], []
+            top = -1
+            for seq, _ in entries:
+                highest_before.append(top)
+                top = max(top, seq)
+            bottom = None
+            for seq, _ in reversed(entries):
+                lowest_after.append(bottom)
+                bottom = seq if bottom is None else min(bottom, seq)
+            lowest_after.reverse()
+            for (seq, table_wide_id), before, after in zip(entries, highest_before, lowest_after, strict=True):
+                if table_wide_id is not None and (before > seq or (after is not None and after < seq)):
+                    report.out_of_order.append(f"{table_wide_id} on {stream}")
+    return report
+
+
+def replayed_rows(received: list[Received]) -> dict[str, dict[str, dict[str, Any]]]:
+    """What a consumer that applies the messages in order (first copy of each id, per stream in the order read)
+    ends up with: per keyed table, its rows by key. Tables without a key are left out (no identity to apply by)."""
+    tables: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    seen: set[tuple[str, str]] = set()
+    ordered = sorted(
+        ((m.body.get("_cdc_seq") or 0, 0 if str(m.id).endswith(":old-key") else 1, m) for m in received),
+        key=lambda item: (item[0], item[1]),
+    )
+    for _seq, _half, message in ordered:
+        body = message.body
+        if body.get("type") == HEARTBEAT or (message.stream, message.id) in seen:
+            continue
+        seen.add((message.stream, message.id))
+        table = _table(body)
+        if body.get("type") == SCHEMA_CHANGE:
+            if (body.get("change") or {}).get("action") == "drop":
+                tables.pop(table, None)
+            continue
+        if body.get("op") == "t":
+            tables[table] = {}
+            continue
+        key = body.get("key")
+        if key is None:
+            continue
+        text = json.dumps(key, sort_keys=True)
+        if body.get("op") == "d":
+            tables[table].pop(text, None)
+        else:
+            tables[table][text] = body["after"]
+    return dict(tables)
