@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -115,11 +116,15 @@ def _sync_process(env: dict[str, str]) -> int:
     ).returncode
 
 
-def _huge_transaction(cdc: CdcEnv, rows: int, width: int) -> None:
-    cdc.execute(f"CREATE TABLE huge (id INT PRIMARY KEY, v VARCHAR({2 * width}))")
+def _huge_transaction(cdc: CdcEnv, rows: int, width: int, binary: bool = False) -> None:
+    """One transaction of `rows` random values of `width` bytes: as hex text, or as they are (`binary`, which
+    makes few rows a large batch)."""
+    column = f"VARBINARY({width})" if binary else f"VARCHAR({2 * width})"
+    cdc.execute(f"CREATE TABLE huge (id INT PRIMARY KEY, v {column})")
     with cdc.admin() as conn, conn.cursor() as cur:
         cur.execute("BEGIN")
-        cur.executemany("INSERT INTO huge VALUES (%s, %s)", [(i, os.urandom(width).hex()) for i in range(rows)])
+        values = [(i, os.urandom(width) if binary else os.urandom(width).hex()) for i in range(rows)]
+        cur.executemany("INSERT INTO huge VALUES (%s, %s)", values)
         cur.execute("COMMIT")
 
 
@@ -147,10 +152,14 @@ def test_a_killed_multipart_upload_is_aborted_at_the_next_start(cdc: CdcEnv, mon
     client = boto3.client("s3")
     client.create_bucket(Bucket="multipart")
     monkeypatch.setenv("CDC_LAKEHOUSE", "s3://multipart/lake")
-    _huge_transaction(cdc, rows=100_000, width=95)  # a raw batch over boto3's 8 MB multipart threshold
+    _huge_transaction(cdc, rows=12_000, width=1_000, binary=True)  # a raw batch over boto3's 8 MB multipart threshold
+    # the killed run's capture lease blocks the next run until it expires: CDC_LOCK_TTL_SECONDS after its last renewal
+    monkeypatch.setenv("CDC_LOCK_TTL_SECONDS", "5")
     assert _sync_process({"CDC_FAILPOINTS": "capture.upload_part=exit@3"}) == failpoints.EXIT_CODE
     assert client.list_multipart_uploads(Bucket="multipart", Prefix="lake/raw/").get("Uploads")
+    lease = json.loads(client.get_object(Bucket="multipart", Key="lake/_state/locks/capture.json")["Body"].read())
+    assert lease["ttl_seconds"] == 5  # the killed run's lease, read as the next run finds it
     assert _sync_process({}) == 0
     assert not client.list_multipart_uploads(Bucket="multipart", Prefix="lake/raw/").get("Uploads")
     [result] = cdc.verify()
-    assert result.ok and result.compared_rows == 100_000
+    assert result.ok and result.compared_rows == 12_000

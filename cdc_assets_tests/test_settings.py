@@ -29,3 +29,14 @@ def test_table_filter() -> None:
     assert shop.matches_schema("inventory") and not shop.matches_schema("other")
     with pytest.raises(CdcUserError, match="schema.table"):
         TableFilter.parse("orders", None)
+
+
+@pytest.mark.parametrize("value", ["2", "-1", "soon"])
+def test_a_lock_ttl_below_three_seconds_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    from cdc_assets.defs.resources import lock_ttl_seconds
+
+    monkeypatch.setenv("CDC_LOCK_TTL_SECONDS", value)
+    with pytest.raises(CdcUserError, match="CDC_LOCK_TTL_SECONDS"):
+        lock_ttl_seconds()
+    monkeypatch.setenv("CDC_LOCK_TTL_SECONDS", "7.5")
+    assert lock_ttl_seconds() == 7.5

@@ -19,6 +19,7 @@ DEFAULT_LAKEHOUSE = "./lakehouse"
 DEFAULT_MAX_BATCH_ROWS = 100_000
 DEFAULT_SNAPSHOT_CHUNK_ROWS = 500_000  # rows one Spark task of a snapshot reads: what a resumed snapshot may read again
 DEFAULT_LOCK_WAIT_SECONDS = 120.0  # how long a stage waits for another run of the same stage to finish
+DEFAULT_LOCK_TTL_SECONDS = 60.0  # an S3 lease not renewed for this long may be taken over (a killed run's)
 DEFAULT_CAPTURE_CRON = "* * * * *"
 DEFAULT_FRESHNESS_WARN_MINUTES = 2.0
 DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0

@@ -20,6 +20,7 @@ from pydantic import Field
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import (
     DEFAULT_LAKEHOUSE,
+    DEFAULT_LOCK_TTL_SECONDS,
     DEFAULT_LOCK_WAIT_SECONDS,
     DEFAULT_MAX_BATCH_ROWS,
     DEFAULT_SERVER_ID,
@@ -75,6 +76,11 @@ class LakehouseResource(ConfigurableResource):
         default=DEFAULT_LOCK_WAIT_SECONDS,
         description="How long a stage waits for another run of the same stage to finish (CDC_LOCK_WAIT_SECONDS).",
     )
+    lock_ttl_seconds: float = Field(
+        default=DEFAULT_LOCK_TTL_SECONDS,
+        description="On S3: how long a lock lease lives unless renewed, so a killed run's lease blocks the next "
+        "run at most that long (CDC_LOCK_TTL_SECONDS).",
+    )
     s3: S3Resource = Field(
         default_factory=S3Resource, description="The S3 of an s3:// lakehouse (the standard AWS_* settings)."
     )
@@ -92,7 +98,7 @@ class LakehouseResource(ConfigurableResource):
                 secret_access_key=s3.aws_secret_access_key,
                 session_token=s3.aws_session_token,
             )
-        return Lakehouse(self.location, access, self.lock_wait_seconds)
+        return Lakehouse(self.location, access, self.lock_wait_seconds, self.lock_ttl_seconds)
 
 
 class SinksResource(ConfigurableResource):
@@ -142,6 +148,11 @@ def _env(name: str, default: Any, kind: str = "str") -> Any:
 
 def lock_wait_seconds() -> float:
     return env_number("CDC_LOCK_WAIT_SECONDS", DEFAULT_LOCK_WAIT_SECONDS, lambda v: v >= 0, "a number of seconds")
+
+
+def lock_ttl_seconds() -> float:
+    """CDC_LOCK_TTL_SECONDS: at least 3 s, as the lease is renewed every third of it."""
+    return env_number("CDC_LOCK_TTL_SECONDS", DEFAULT_LOCK_TTL_SECONDS, lambda v: v >= 3, "a number of seconds of at least 3")
 
 
 def snapshot_chunk_rows() -> int:
@@ -218,7 +229,10 @@ def resources_from_env() -> Resources:
             snapshot_chunk_rows=snapshot_chunk_rows(),
         ),
         lakehouse=LakehouseResource(
-            location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE), lock_wait_seconds=lock_wait_seconds(), s3=s3
+            location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE),
+            lock_wait_seconds=lock_wait_seconds(),
+            lock_ttl_seconds=lock_ttl_seconds(),
+            s3=s3,
         ),
         s3=s3,
         pyspark=pyspark,

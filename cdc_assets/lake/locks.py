@@ -503,18 +503,19 @@ def lakehouse_lock(
     purpose: str,
     owner: str,
     wait_seconds: float = 0.0,
-    ttl_seconds: float = 60.0,
+    ttl_seconds: float | None = None,
     log: Any | None = None,
 ) -> Iterator[Lease]:
     """Hold the lock `name` in the lakehouse for the block, across processes, Dagster instances and machines.
 
     purpose names the work for messages ("capture"); owner says who runs it ("dagster run 1a2b3c4d").
     Waits up to wait_seconds, then raises LockHeld naming the holder. ttl_seconds only applies on S3: a
-    lease not renewed for that long may be taken over. log (a logger or Dagster's context.log) hears once
+    lease not renewed for that long may be taken over (by default the lakehouse's CDC_LOCK_TTL_SECONDS). log (a logger or Dagster's context.log) hears once
     whom this run waits for. A block that ends normally after losing its lease raises LockLost, because
     someone else may have written at the same time.
     """
     _check_name(name)
+    ttl_seconds = lakehouse.lock_ttl_seconds if ttl_seconds is None else ttl_seconds
     if ttl_seconds <= 0:
         raise ValueError(f"ttl_seconds must be positive, not {ttl_seconds}.")
     if lakehouse.is_s3:

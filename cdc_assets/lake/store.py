@@ -256,8 +256,10 @@ class Lakehouse:
         location: str,
         s3: S3Access | None = None,
         lock_wait_seconds: float = 120.0,
+        lock_ttl_seconds: float = 60.0,
     ) -> None:
         self.lock_wait_seconds = lock_wait_seconds  # how long a stage waits for another run of itself
+        self.lock_ttl_seconds = lock_ttl_seconds  # on S3: how long a killed run's lease blocks the next run
         self.location = location.rstrip("/") if location.startswith("s3://") else location
         if self.is_s3:
             if s3 is None:
