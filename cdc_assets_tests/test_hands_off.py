@@ -58,7 +58,7 @@ def test_make_dev_catches_up_by_itself_and_fails_freshness_when_capture_stops(
     home = tmp_path / "dagster_home"
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     monkeypatch.setenv("CDC_FRESHNESS_WARN_MINUTES", "1")
-    monkeypatch.setenv("CDC_FRESHNESS_FAIL_MINUTES", "2")
+    monkeypatch.setenv("CDC_FRESHNESS_FAIL_MINUTES", "1.25")
     monkeypatch.setenv("CDC_SPARK_MASTER", "local[1]")
     ensure_dagster_home()
     port = free_port()

@@ -69,6 +69,7 @@ def writing(cdc: CdcEnv) -> Iterator[list[int]]:
                     cur.execute("DELETE FROM bag WHERE a = %s LIMIT 1", (i % 5,))
                 i += 1
                 writes[0] = i
+                stop.wait(0.005)  # a busy source, not a flood: the syncs after the snapshot stay short
 
     writer = threading.Thread(target=write)
     writer.start()
