@@ -92,7 +92,7 @@ def follow(
     A cycle captures from the checkpoint to the binlog end (when the binlog grew), takes the new batches into the
     change logs of the tables they touched and applies them to those tables' current state; `on_cycle` hears what
     it did. The first cycle also takes in every table a stopped or killed run left behind. When the binlog has not
-    grown, it waits `poll_seconds` (or until `wake` is set) and looks again.
+    grown, it waits `poll_seconds` (cut short once `wake` is set: the event a stop request sets) and looks again.
     """
     if not owner.startswith(CONTINUOUS_OWNER):
         raise ValueError(f"a continuous run's lock owner must start with {CONTINUOUS_OWNER!r}, not {owner!r}")
@@ -128,7 +128,6 @@ def follow(
                 on_cycle(cycle)
             else:
                 wake.wait(poll_seconds)
-                wake.clear()
     return worked
 
 
