@@ -17,8 +17,10 @@ from dagster import DagsterEventType, DefaultSensorStatus, RunRequest, SkipReaso
 
 from cdc_assets.defs.continuous import build_continuous_sensor
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET
+from cdc_assets.defs.queue import capture_in_progress
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.runs import instance
+from cdc_assets.defs.sensors import raw_batch_sensor
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv, run_cli
@@ -88,6 +90,12 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
         assert "continuous mode is running" in refused.stderr and "`cdc-lakehouse stop`" in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
         assert isinstance(_evaluate_sensor(cdc), SkipReason)  # CDC_CONTINUOUS's sensor starts no second one
+        # the batch mode stands aside: the capture schedule skips, the raw-batch sensor moves past applied batches
+        assert (capture_in_progress(instance(), cdc.lakehouse) or "").startswith("The continuous mode is running")
+        lake = LakehouseResource(location=str(cdc.lakehouse_dir))
+        with build_sensor_context(instance=instance(), resources={"lakehouse": lake}) as context:
+            skipped = raw_batch_sensor(context)
+        assert not skipped.run_requests and skipped.cursor == list_batches(cdc.lakehouse.store)[-1]
 
         time.sleep(4)  # long enough for a full check at CDC_FULL_CHECK_INTERVAL_SECONDS=4
         stopped = run_cli("stop", timeout=120)
