@@ -25,9 +25,10 @@ takes the lease is therefore read back: the writer whose ETag is not the one sto
 held by the other. Real S3 evaluates the condition atomically, so there the read-back only confirms.
 Its ETag is the MD5 of the body, so every write carries a fresh nonce to keep ETags distinct.
 
-A lock is re-entrant per thread: a thread that holds a lock and takes it again (the continuous mode holds the
-capture, change-log and current-state locks for its whole life and calls the same stage functions the batch runs
-call, each of which takes its lock) gets the lease it already holds; the outermost block releases it.
+A lock is re-entrant per thread and owner: a thread that holds a lock and takes it again for the same owner (the
+continuous mode holds the capture, change-log and current-state locks for its whole life and calls the same stage
+functions the batch runs call, each of which takes its lock) gets the lease it already holds; the outermost block
+releases it. Another owner in the same thread waits as another process would.
 """
 
 from __future__ import annotations
@@ -526,8 +527,8 @@ def lakehouse_lock(
     key = (str(lakehouse), name)
     with _held_mutex:
         held = _held_here.get(key)
-    if held is not None and held[0] == threading.get_ident():
-        yield held[1]  # this thread holds it already: the outer block releases it
+    if held is not None and held[0] == threading.get_ident() and held[1].holder().owner == owner:
+        yield held[1]  # this thread holds it already, for the same owner: the outer block releases it
         held[1].check()
         return
     if lakehouse.is_s3:
