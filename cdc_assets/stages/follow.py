@@ -4,7 +4,7 @@ it to current state, and again, in one warm process.
 Each cycle calls the very functions a batch run calls (`capture`, `process_new_batches`, `apply_pending`), so the
 exactly-once argument is theirs: the checkpoint moves only past a durable batch, each change log keeps only changes
 above its `_cdc_seq` watermark, each current-state table only changes above its applied seq. The follower holds the
-capture, change-log and current-state locks for its whole life (the locks are re-entrant per thread, so the stage
+capture, change-log and current-state locks for its whole life (the locks are re-entrant per thread and owner, so the stage
 functions take them again for free): no scheduled capture, sensor run or `sync` runs beside it, and none of them
 has to start a run to find that out. A stop is honoured only between cycles, so what was started is finished.
 """
