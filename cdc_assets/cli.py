@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,17 @@ from collections.abc import Callable
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs import demo
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SINK_KEY_PREFIX
-from cdc_assets.defs.runs import RunOutcome, collect_status, run_publish, run_snapshot, run_sync, run_verify
+from cdc_assets.defs.runs import (
+    STOPPED,
+    RunOutcome,
+    collect_status,
+    run_continuous,
+    run_publish,
+    run_snapshot,
+    run_sync,
+    run_verify,
+    stop_continuous,
+)
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
 from cdc_assets.verification.consistency import ConsistentComparison
 
@@ -55,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     snapshot.add_argument("snapshot_tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
     publish = sub.add_parser("publish", help="publish new changes of the change logs to the sinks (default: every configured one)")
     publish.add_argument("publish_sinks", nargs="*", metavar="SINK", help="rabbitmq, kinesis (default: every configured sink)")
+    run = sub.add_parser("run", help="continuous mode in the foreground: capture and apply as the binlog grows, until stopped")
+    run.add_argument("--poll-seconds", type=float, help="how long an idle follower waits before it looks again (0.5)")
+    sub.add_parser("stop", help="stop the continuous mode after its cycle in progress, and wait until it has")
     status = sub.add_parser("status", help="checkpoint, lag, tables, last batch and freshness")
     status.add_argument("--json", action="store_true", help="print JSON")
     demo_command = sub.add_parser("demo", help="local source + live workload + sync until caught up + verify")
@@ -191,6 +205,27 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_FAILED if bad else EXIT_OK
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.poll_seconds is not None and args.poll_seconds <= 0:
+        raise CdcUserError(f"--poll-seconds {args.poll_seconds:g} is not a positive number of seconds: use e.g. 0.5.")
+    # SIGTERM as Ctrl-C (Dagster does the same while the run goes): the follower ends its cycle, then the run stops
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
+    print("continuous mode: following the binlog; stop it with Ctrl-C, `cdc-lakehouse stop` or the UI", flush=True)
+    outcome = run_continuous(args.poll_seconds, args.verbose)
+    for problem in outcome.failures:
+        print(f"failed: {problem}")
+    if not outcome.stopped:
+        print(f"continuous mode FAILED after {outcome.seconds:.1f}s (run {outcome.run_id[:8]})")
+        return EXIT_FAILED
+    print(f"{STOPPED} after {outcome.seconds:.1f}s (run {outcome.run_id[:8]}); the next start goes on from the checkpoint")
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    print(stop_continuous())
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     status = collect_status()
     if args.json:
@@ -267,6 +302,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "sync": cmd_sync,
     "verify": cmd_verify,
     "status": cmd_status,
+    "run": cmd_run,
+    "stop": cmd_stop,
     "snapshot": cmd_snapshot,
     "publish": cmd_publish,
     "demo": cmd_demo,

@@ -32,7 +32,7 @@ def test_assets_are_grouped_and_everything_is_described() -> None:
         assert job.description, job.name
     for name, resource in resources_from_env().by_key().items():
         assert resource.get_resource_definition().description, name
-    assert {s.name for s in defs.sensors} == {"raw_batch_sensor", "binlog_sensor"}
+    assert {s.name for s in defs.sensors} == {"raw_batch_sensor", "binlog_sensor", "continuous_sensor"}
     assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule"}
 
 

@@ -160,6 +160,19 @@ def test_local_second_acquirer_gets_lock_held_naming_the_holder(local_lake: Lake
     assert (local_lake.root / "_state/locks/capture.lock").read_bytes() == b""  # emptied, not deleted
 
 
+def test_a_thread_takes_its_own_lock_again_for_the_same_owner_only(local_lake: Lakehouse) -> None:
+    """The continuous mode holds the stage locks and calls the stage functions, which take them again."""
+    with lakehouse_lock(local_lake, "capture", "capture", "continuous mode (dagster run 1a2b3c4d)") as outer:
+        with lakehouse_lock(local_lake, "capture", "capture", "continuous mode (dagster run 1a2b3c4d)") as inner:
+            assert inner is outer
+        assert read_holder(local_lake, "capture") == outer.holder()  # still held: the outer block releases it
+        with pytest.raises(LockHeld):  # another owner in the same thread waits like another process
+            with lakehouse_lock(local_lake, "capture", "capture", "a sync"):
+                pass
+        assert isinstance(_acquire_in_thread(local_lake, "capture", "capture", "continuous mode (dagster run 1a2b3c4d)"), LockHeld)
+    assert read_holder(local_lake, "capture") is None
+
+
 def test_local_waiter_gets_the_lock_right_after_release(
     local_lake: Lakehouse, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -79,12 +79,14 @@ def capture(
     log: Any | None = None,
     until: BinlogPosition | None = None,
     owner: str = "cdc-lakehouse",
+    tidy: bool = True,
 ) -> CaptureReport:
     """Write raw batches from the checkpoint to the binlog end as of now (or to `until`, a transaction
     boundary such as a snapshot's position), advancing the checkpoint.
 
     Holds the lakehouse's capture lock throughout: two captures never run at once, whoever starts
-    them, because both would write batches from the same checkpoint.
+    them, because both would write batches from the same checkpoint. `tidy=False` skips the look for what a
+    killed capture left behind (the continuous mode looks once at its start, not every cycle).
     """
     began = time.monotonic()
     url = settings.url
@@ -96,7 +98,7 @@ def capture(
         with disk_full_is_user_error(str(lakehouse)), lakehouse_lock(
             lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log
         ) as lease:
-            run = _Capture(settings, options, server, lakehouse, lease, log)
+            run = _Capture(settings, options, server, lakehouse, lease, log, tidy)
             _, report = run.to(conn, until)
     except pymysql.err.MySQLError as exc:  # from the replication stream, e.g. a purged binlog
         raise source.describe_error(exc, url) from exc
@@ -144,13 +146,14 @@ class _Capture:
     lakehouse: Lakehouse
     lease: Lease
     log: Any | None
+    tidy: bool = True
 
     def to(self, conn: pymysql.Connection, until: BinlogPosition | None) -> tuple[Checkpoint, CaptureReport]:
         """Batches from the checkpoint to `until` (default: the binlog end now)."""
         lakehouse, log, lease = self.lakehouse, self.log, self.lease
         began_at = time.time()
         # What a capture killed earlier left behind: its local spool, its unfinished uploads under raw/.
-        orphans = len(remove_orphaned_spools()) + lakehouse.store.remove_partial_writes(RAW)
+        orphans = len(remove_orphaned_spools()) + lakehouse.store.remove_partial_writes(RAW) if self.tidy else 0
         if orphans and log is not None:
             log.info(f"removed {orphans} spool directories and partial uploads left by a capture that was stopped")
         checkpoint = load_checkpoint(lakehouse.store)

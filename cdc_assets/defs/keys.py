@@ -22,6 +22,7 @@ CAPTURE_JOB = "capture"
 APPLY_JOB = "apply_changes"
 LAG_JOB = "check_lag"
 SNAPSHOT_JOB = "snapshot"
+CONTINUOUS_JOB = "continuous"
 
 SINK_TAG = "cdc/sink"  # the sink a publish run serves: the run queue lets one run per sink go at a time
 STAGE_TAG = "cdc/stage"  # capture, apply or check: the run queue lets one capture and one apply run go at a time

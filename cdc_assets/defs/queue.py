@@ -10,6 +10,7 @@ from cdc_assets.defs.keys import STAGE_TAG
 from cdc_assets.lake.layout import CAPTURE_LOCK
 from cdc_assets.lake.locks import read_holder
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.follow import CONTINUOUS_OWNER
 
 WAITING_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
 
@@ -29,6 +30,8 @@ def capture_in_progress(instance: DagsterInstance, lakehouse: Lakehouse) -> str 
     leaves its run marked as started, but the lock is released with it.
     """
     holder = read_holder(lakehouse, CAPTURE_LOCK)
+    if holder is not None and holder.owner.startswith(CONTINUOUS_OWNER):
+        return f"The continuous mode is running ({holder.describe()}): it captures and applies everything itself."
     if holder is not None:
         return f"A capture is running ({holder.describe()}); two captures never run at once."
     runs = instance.get_runs(filters=RunsFilter(tags={STAGE_TAG: "capture"}, statuses=WAITING_STATUSES), limit=1)

@@ -4,21 +4,26 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagster import AssetKey, DagsterEventType, DagsterInstance
+from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from cdc_assets.capture.run import capture_lag, preflight
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.code_location import build_definitions
+from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
 from cdc_assets.defs.freshness import freshness_windows
 from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
     CHANGES_ASSET,
+    CONTINUOUS_JOB,
     CURRENT_ASSET,
     RAW_ASSET,
     SNAPSHOT_JOB,
@@ -36,6 +41,7 @@ from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
 from cdc_assets.stages.current_state import missing_current_tables
+from cdc_assets.stages.follow import continuous_holder, refuse_beside_continuous
 from cdc_assets.stages.snapshot_records import snapshots_in_progress
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
 from cdc_assets.verification.lag import table_lags
@@ -165,6 +171,7 @@ def run_job(
 
 def run_sync(verbose: bool = False) -> RunOutcome:
     """Capture, then one apply run per consecutive range of the tables with new changes, each with its checks."""
+    refuse_beside_continuous(initialized_resources().lakehouse.get())
     outcome = run_job(CAPTURE_JOB, verbose)
     if not outcome.success:
         return outcome
@@ -215,7 +222,104 @@ def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOut
 
 def run_snapshot(tables: list[str]) -> RunOutcome:
     """A snapshot run, its progress (chunks read of chunks, rows, rate) logged as it goes: a long run's only sign."""
+    refuse_beside_continuous(initialized_resources().lakehouse.get())
     return run_job(SNAPSHOT_JOB, True, {"snapshot_tables": {"config": {"tables": tables}}})
+
+
+STOPPED = "continuous mode stopped"
+STOP_WAIT_SECONDS = 300.0  # a stop waits this long for the cycle in progress (a long catch-up capture) to finish
+
+
+@dataclass
+class ContinuousOutcome:
+    """How a continuous run ended: stopped on request (the normal end), or failed with what went wrong."""
+
+    stopped: bool
+    run_id: str
+    failures: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def run_continuous(poll_seconds: float | None = None, verbose: bool = False) -> ContinuousOutcome:
+    """The continuous job in this process until it is stopped (`cdc-lakehouse stop`, the UI, Ctrl-C, SIGTERM).
+
+    Refuses at once when another continuous mode holds the lakehouse; a batch run in progress is waited for (up
+    to CDC_LOCK_WAIT_SECONDS) by the follower itself. Dagster turns SIGTERM and Ctrl-C into an interruption of the
+    step; the op lets its follower finish the cycle in progress first, and the run ends as canceled.
+    """
+    ensure_dagster_home()
+    resources = initialized_resources()
+    preflight(resources.binlog.settings())
+    lakehouse = resources.lakehouse.get()
+    lakehouse.check_writable()
+    refuse_beside_continuous(lakehouse)
+    job = build_definitions().resolve_job_def(CONTINUOUS_JOB)
+    loggers = {"progress": {}} if verbose else {"console": {"config": {"log_level": "CRITICAL"}}}
+    run_config: dict[str, Any] = {"loggers": loggers}
+    if poll_seconds is not None:
+        run_config["ops"] = {"follow_binlog": {"config": {"poll_seconds": poll_seconds}}}
+    began = time.monotonic()
+    tags = {"cdc/trigger": "cli", "cdc/host": socket.gethostname(), "cdc/pid": str(os.getpid())}
+    try:
+        result = job.execute_in_process(instance=instance(), run_config=run_config, raise_on_error=False, tags=tags)
+    finally:
+        stop_followers()  # an interruption Dagster raised outside the op leaves its follower to finish its cycle
+    record = instance().get_run_by_id(result.run_id)
+    stopped = record is not None and record.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.CANCELING)
+    failures = []
+    for event in result.all_events:
+        if event.event_type != DagsterEventType.STEP_FAILURE:
+            continue
+        error = event.step_failure_data.error
+        if _interrupted(error):
+            stopped = True
+            continue
+        user_message = _user_error_message(error)
+        if user_message:
+            raise CdcUserError(user_message)
+        failures.append(f"{event.step_key}: {_root_cause(error)}")
+    return ContinuousOutcome(stopped and not failures, result.run_id, failures, time.monotonic() - began)
+
+
+def _interrupted(error: Any) -> bool:
+    while error is not None:
+        if getattr(error, "cls_name", None) in ("DagsterExecutionInterruptedError", "KeyboardInterrupt"):
+            return True
+        error = getattr(error, "cause", None) or getattr(error, "context", None)
+    return False
+
+
+def stop_continuous(wait_seconds: float = STOP_WAIT_SECONDS) -> str:
+    """Stop the continuous mode after its cycle in progress, and wait until it has: its runs are terminated (as
+    from the UI; a run the CLI started in the foreground is also sent SIGTERM when it runs on this host)."""
+    ensure_dagster_home()
+    lakehouse = initialized_resources().lakehouse.get()
+    dagster = instance()
+    holder = continuous_holder(lakehouse)
+    runs = dagster.get_runs(filters=RunsFilter(job_name=CONTINUOUS_JOB, statuses=ALIVE_STATUSES))
+    if holder is None and not runs:
+        return "continuous mode is not running"
+    for run in runs:
+        if holder is None and run.status in (DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING):
+            dagster.report_run_canceled(run, message="Its process is gone (it holds no lock).")
+            continue
+        if run.status == DagsterRunStatus.STARTED:
+            dagster.report_run_canceling(run, message="Stop requested by `cdc-lakehouse stop`.")
+        if run.tags.get("cdc/trigger") != "cli":
+            dagster.run_coordinator.cancel_run(run.run_id)
+    if holder is not None and holder.host == socket.gethostname() and holder.pid > 0 and not runs:
+        os.kill(holder.pid, signal.SIGTERM)  # a continuous mode whose run this instance does not know
+    deadline = time.monotonic() + wait_seconds
+    while continuous_holder(lakehouse) is not None or any(
+        (r := dagster.get_run_by_id(run.run_id)) is not None and not r.is_finished for run in runs
+    ):
+        if time.monotonic() > deadline:
+            raise CdcUserError(
+                f"The continuous mode did not stop within {wait_seconds:g} s (a long cycle is still finishing): run "
+                "`cdc-lakehouse stop` again later, or look at its run in the UI."
+            )
+        time.sleep(0.2)
+    return STOPPED
 
 
 def run_verify(tables: list[str] | None = None) -> list[ConsistentComparison]:

@@ -33,6 +33,7 @@ from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
 from cdc_assets.lake.state import load_registry, tables_behind
 from cdc_assets.lake.store import ObjectStore
+from cdc_assets.stages.follow import continuous_holder
 
 MAX_BATCHES_PER_TICK = 500
 RETRY_AFTER_SECONDS = 300  # a table left behind is requested again at most this often
@@ -79,7 +80,13 @@ def _confirmation(context: SensorEvaluationContext, partitions: list[str]) -> Ru
     ),
 )
 def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
-    store = lakehouse.get().store
+    house = lakehouse.get()
+    store = house.store
+    holder = continuous_holder(house)
+    if holder is not None:  # it applies its batches itself: move past them, so none is applied again later
+        names = list_batches(store, after=context.cursor or None)
+        reason = f"The continuous mode is running ({holder.describe()}) and applies every batch itself."
+        return SensorResult(skip_reason=reason, cursor=names[-1] if names else context.cursor)
     names = list_batches(store, after=context.cursor or None)[:MAX_BATCHES_PER_TICK]
     existing = list(context.instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME))
     registry = load_registry(store)

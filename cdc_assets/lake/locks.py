@@ -24,6 +24,11 @@ steps on a threaded server, so two writers racing for the same key can both succ
 takes the lease is therefore read back: the writer whose ETag is not the one stored treats the lease as
 held by the other. Real S3 evaluates the condition atomically, so there the read-back only confirms.
 Its ETag is the MD5 of the body, so every write carries a fresh nonce to keep ETags distinct.
+
+A lock is re-entrant per thread and owner: a thread that holds a lock and takes it again for the same owner (the
+continuous mode holds the capture, change-log and current-state locks for its whole life and calls the same stage
+functions the batch runs call, each of which takes its lock) gets the lease it already holds; the outermost block
+releases it. Another owner in the same thread waits as another process would.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ LOCKS = f"{STATE}/locks"
 POLL_SECONDS = 0.2  # between attempts while waiting; a lock changes hands this quickly at worst
 RETRY_SECONDS = 0.05  # a second look even when not waiting: a read_holder probe can block one attempt
 UNKNOWN = "an unknown holder"
+_held_here: dict[tuple[str, str], tuple[int, Lease]] = {}  # (lakehouse, lock) -> (thread id, lease) held now
+_held_mutex = threading.Lock()
 RACED = "the lock changed hands while this run tried to take it"
 
 
@@ -518,12 +525,25 @@ def lakehouse_lock(
     ttl_seconds = lakehouse.lock_ttl_seconds if ttl_seconds is None else ttl_seconds
     if ttl_seconds <= 0:
         raise ValueError(f"ttl_seconds must be positive, not {ttl_seconds}.")
+    key = (str(lakehouse), name)
+    with _held_mutex:
+        held = _held_here.get(key)
+    if held is not None and held[0] == threading.get_ident() and held[1].holder().owner == owner:
+        yield held[1]  # this thread holds it already, for the same owner: the outer block releases it
+        held[1].check()
+        return
     if lakehouse.is_s3:
         locked = _s3_lock(lakehouse, name, purpose, owner, wait_seconds, ttl_seconds, log)
     else:
         locked = _local_lock(lakehouse, name, purpose, owner, wait_seconds, log)
     with locked as lease:
-        yield lease
+        with _held_mutex:
+            _held_here[key] = (threading.get_ident(), lease)
+        try:
+            yield lease
+        finally:
+            with _held_mutex:
+                _held_here.pop(key, None)
         lease.check()
 
 

@@ -1,0 +1,151 @@
+"""Hands-off latency of the continuous mode: commit-to-current-state p95 at steady write rates.
+
+    .venv/bin/python -m benchmarks.continuous [--rates 1000,5000] [--seconds 120] [--runs 1]
+
+The workload and the probe are workload (c)'s (`benchmarks/steady_load.py`): a writer commits `rate` row changes
+per second, ten to a transaction, over 20 tables and one `ticks` row holding its own commit time; a probe reads
+current/…/ticks every 0.25 s, and a tick's latency is when it was first seen there minus when it was committed.
+Here the pipeline is one `cdc-lakehouse run` process (the continuous mode) instead of `dagster dev` launching a
+capture and an apply run per change; its memory is that process and its children (a Spark JVM if a cycle ever takes
+Spark), sampled every second. At the end every table is verified against the source. Figures are printed beside
+the batch mode's reference from `benchmarks/README.md` (workload (c)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import signal
+import statistics
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from benchmarks.steady_load import SCHEMA, MemorySampler, _prepare, _wait_for, _write
+from benchmarks.workloads import CLI, fresh_server
+from cdc_assets.core.names import TableRef
+from cdc_assets.lake.delta import read_query
+from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.local_source import server as local_server
+
+READER_SERVER_ID = 4245
+BATCH_REFERENCE_P95 = {1000: 19.8}  # workload (c) in benchmarks/README.md: the batch mode under `make dev`
+TARGET_P95 = {1000: 5.0, 5000: 10.0}  # issue 16
+
+
+class FastProbe:
+    """The steady-load probe, looking every `every` seconds: the continuous mode's latency is a few seconds."""
+
+    def __init__(self, lakehouse: Lakehouse, every: float = 0.25) -> None:
+        self.lakehouse, self.every = lakehouse, every
+        self.latencies: dict[int, float] = {}
+        self.last_id = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        ticks = TableRef(SCHEMA, "ticks")
+        while not self._stop.wait(self.every):
+            table = self.lakehouse.open(CURRENT, ticks)
+            if table is None:
+                continue
+            seen = dt.datetime.now(dt.UTC).replace(tzinfo=None)
+            rows = read_query(table, f"SELECT id, committed_at FROM t WHERE id > {self.last_id}")
+            for tick, committed in zip(rows.column("id").to_pylist(), rows.column("committed_at").to_pylist(), strict=True):
+                self.latencies[tick] = (seen - committed).total_seconds()
+                self.last_id = max(self.last_id, tick)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", default="1000,5000", help="comma-separated row changes per second")
+    parser.add_argument("--seconds", type=float, default=120)
+    parser.add_argument("--runs", type=int, default=1, help="windows per rate (the median is printed)")
+    args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+
+    work = Path(tempfile.mkdtemp(prefix="cdc-bench-continuous-"))
+    server = fresh_server(work / "mariadb")  # a server of its own: other benchmarks' servers are left alone
+    _prepare(server)
+    lakehouse = Lakehouse(str(work / "lakehouse"))
+    env = {
+        **os.environ,
+        "CDC_MYSQL_URL": server.reader_url(),
+        "CDC_TABLES": f"{SCHEMA}.*",
+        "CDC_SERVER_ID": str(READER_SERVER_ID),
+        "CDC_LAKEHOUSE": str(work / "lakehouse"),
+        "DAGSTER_HOME": str(work / "dagster_home"),
+        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
+    }
+    subprocess.run([CLI, "sync"], env=env, check=True, capture_output=True, timeout=600)
+    follower = subprocess.Popen(
+        [CLI, "run"], env=env, stdout=(work / "run.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+    memory = MemorySampler(follower.pid)
+    probe = FastProbe(lakehouse)
+    results: dict[int, list[dict[str, float]]] = {rate: [] for rate in rates}
+    try:
+        memory.start()
+        probe.start()
+        for rate in rates:
+            for run in range(args.runs):
+                first = probe.last_id + 1
+                changes, took = _write(server, rate, args.seconds, seed=rate + run)
+                with server.admin_connection() as conn, conn.cursor() as cur:
+                    cur.execute(f"SELECT MAX(id) FROM {SCHEMA}.ticks")
+                    last = int(cur.fetchone()[0])
+                _wait_for("the continuous mode to catch up", lambda last=last: probe.last_id >= last, 300)
+                latencies = sorted(v for k, v in probe.latencies.items() if first <= k <= last)
+                r = {
+                    "rate": changes / took,
+                    "p50": statistics.median(latencies),
+                    "p95": latencies[int(0.95 * (len(latencies) - 1))],
+                    "max": latencies[-1],
+                }
+                results[rate].append(r)
+                print(
+                    f"  {rate}/s run {run + 1}: {r['rate']:.0f} changes/s for {took:.0f} s; latency p50 {r['p50']:.2f} s, "
+                    f"p95 {r['p95']:.2f} s, max {r['max']:.2f} s; peak {memory.peak_mb:.0f} MB",
+                    flush=True,
+                )
+    finally:
+        os.killpg(follower.pid, signal.SIGTERM)  # a clean stop: the cycle in progress finishes
+        try:
+            follower.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(follower.pid, signal.SIGKILL)
+            follower.wait(timeout=60)
+        probe.stop()
+        memory.stop()
+    verified = subprocess.run([CLI, "verify"], env=env, capture_output=True, text=True, timeout=600)
+    local_server.stop(work / "mariadb")
+    print(verified.stdout.strip().splitlines()[-1] if verified.stdout.strip() else verified.stderr[-500:])
+    print(f"\ncontinuous mode (`cdc-lakehouse run`), hands-off, {args.runs} window(s) of {args.seconds:.0f} s per rate")
+    print("| rate (changes/s) | written/s | p50 (s) | p95 (s) | max (s) | p95 target | batch mode p95 (reference) |")
+    print("|---|---|---|---|---|---|---|")
+    for rate, runs in results.items():
+        if not runs:
+            continue
+        reference = BATCH_REFERENCE_P95.get(rate)
+        print(
+            f"| {rate:,} | {statistics.median(r['rate'] for r in runs):,.0f} | {statistics.median(r['p50'] for r in runs):.2f} "
+            f"| {statistics.median(r['p95'] for r in runs):.2f} | {statistics.median(r['max'] for r in runs):.2f} "
+            f"| ≤ {TARGET_P95.get(rate, float('nan')):g} | {f'{reference:g}' if reference else '-'} |"
+        )
+    print(f"| peak memory, all processes of the run (MB) | {memory.peak_mb:,.0f} | | | | ≤ 2,000 | |")
+    if verified.returncode != 0:
+        raise SystemExit("verify found differences after the steady load")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""The continuous mode in Dagster: one long-running run of the `continuous` job follows the binlog in one warm
+process (stages/follow.py) and records each cycle as materializations of the same assets the batch runs
+materialize, runs the equality check on a cadence, and stops between two cycles when the run is terminated (from
+the UI, `cdc-lakehouse stop`, Ctrl-C or SIGTERM). A sensor starts it, and starts it again when it died.
+
+The follower runs in a thread of the op; the op's own thread turns what it did into Dagster events (a generator
+yields only in the thread that runs it), watches the run's status for a termination and runs the checks.
+"""
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
+    AssetMaterialization,
+    Config,
+    DagsterExecutionInterruptedError,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    MetadataValue,
+    OpExecutionContext,
+    RunRequest,
+    RunsFilter,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SkipReason,
+    in_process_executor,
+    job,
+    op,
+    sensor,
+)
+from pydantic import Field
+
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import env_number
+from cdc_assets.defs.assets.metadata import capture_metadata
+from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
+from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
+from cdc_assets.defs.queue import WAITING_STATUSES
+from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.lake.state import known_tables
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.current import current_row_count
+from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
+from cdc_assets.verification.consistency import ConsistentComparison, compare_many
+from spark_resources.resources import TransformsResource
+
+CHECK_NAME = "current_matches_source"  # the batch runs' equality check (defs/checks.py), evaluated on a cadence
+CONTINUOUS_SENSOR = "continuous_sensor"
+RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is being terminated
+# A run that started longer ago than the time it may wait for the locks of a batch run in progress (the
+# lakehouse's lock wait) plus this, and still holds no lock, is taken for dead (killed with its process).
+STARTUP_GRACE_SECONDS = 60.0
+ALIVE_STATUSES = [*WAITING_STATUSES, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+
+
+def check_interval() -> float:
+    """CDC_CHECK_INTERVAL_SECONDS: how often the continuous mode compares the tables it changed with the source."""
+    return env_number("CDC_CHECK_INTERVAL_SECONDS", 60, lambda s: s > 0, "a positive number of seconds")
+
+
+def full_check_interval() -> float:
+    """CDC_FULL_CHECK_INTERVAL_SECONDS: how often the continuous mode compares every table with the source."""
+    return env_number("CDC_FULL_CHECK_INTERVAL_SECONDS", 3600, lambda s: s > 0, "a positive number of seconds")
+
+
+def continuous_on() -> bool:
+    """CDC_CONTINUOUS=1: the continuous sensor starts switched on (under `make dev`)."""
+    return os.environ.get("CDC_CONTINUOUS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+# Followers alive in this process, so a run whose step was interrupted outside the op (Dagster raises a pending
+# interrupt as the step resumes) still lets its follower finish the cycle it is in: see stop_followers().
+_followers: dict[threading.Thread, threading.Event] = {}
+_followers_mutex = threading.Lock()
+
+
+def stop_followers(timeout: float | None = None) -> None:
+    """Ask every follower of this process to stop after its cycle, and wait for it."""
+    with _followers_mutex:
+        followers = list(_followers.items())
+    for _, stop in followers:
+        stop.set()
+    for thread, _ in followers:
+        thread.join(timeout)
+
+
+class ContinuousConfig(Config):
+    poll_seconds: float = Field(
+        default=DEFAULT_POLL_SECONDS, gt=0, description="How long an idle follower waits before it looks at the binlog again."
+    )
+
+
+@dataclass
+class _Checks:
+    """When the equality check is due, and which tables it owes a comparison."""
+
+    every: float
+    full_every: float
+    touched: set[str] = field(default_factory=set)
+    last: float = field(default_factory=time.monotonic)
+    last_full: float = field(default_factory=time.monotonic)
+
+    def due(self, now: float) -> tuple[str, list[str]] | None:
+        """('full', []) for every table, ('changed', tables) for the tables changed since the last one, or None."""
+        if now - self.last_full >= self.full_every:
+            self.last_full = self.last = now
+            self.touched.clear()
+            return "full", []
+        if self.touched and now - self.last >= self.every:
+            self.last = now
+            tables, self.touched = sorted(self.touched), set()
+            return "changed", tables
+        return None
+
+
+@op(
+    out={},
+    description=(
+        "Continuous mode: follows the binlog in one warm process (capture, then the change logs and current state of "
+        "the tables each batch touched), records each cycle as materializations of raw_binlog_batches and of the "
+        "table_changes / current_tables partitions it touched, and evaluates current_matches_source every "
+        "CDC_CHECK_INTERVAL_SECONDS (the tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every table). Holds "
+        "the capture, change-log and current-state locks for its whole life; a termination stops it between cycles."
+    ),
+)
+def follow_binlog(
+    context: OpExecutionContext,
+    config: ContinuousConfig,
+    binlog: BinlogResource,
+    lakehouse: LakehouseResource,
+    transforms: TransformsResource,
+) -> Iterator[Any]:
+    house = lakehouse.get()
+    settings = binlog.settings()
+    checks = _Checks(check_interval(), full_check_interval())
+    events: queue.Queue[Cycle | BaseException | None] = queue.Queue()
+    stop = threading.Event()
+    main = threading.main_thread()
+
+    def should_stop() -> bool:
+        return stop.is_set() or not main.is_alive()  # the process is exiting: finish this cycle, no other
+
+    def run() -> None:
+        try:
+            follow(
+                settings,
+                house,
+                transforms.for_changes,
+                should_stop,
+                events.put,
+                owner=continuous_owner(context.run_id),
+                poll_seconds=config.poll_seconds,
+                log=context.log,
+                wake=stop,
+            )
+            events.put(None)
+        except BaseException as exc:  # handed to the op's thread, which fails the step with it
+            events.put(exc)
+        finally:
+            with _followers_mutex:
+                _followers.pop(threading.current_thread(), None)
+
+    follower = threading.Thread(target=run, name="continuous-follower")
+    with _followers_mutex:
+        _followers[follower] = stop
+    follower.start()
+    context.log.info(f"continuous mode: following the binlog into {house} (poll every {config.poll_seconds:g} s)")
+    interrupted = False
+    try:
+        yield from _watch(context, house, settings, events, stop, checks)
+    except (DagsterExecutionInterruptedError, KeyboardInterrupt):
+        interrupted = True
+    finally:  # also when the generator is closed: the cycle in progress finishes before the step ends
+        stop.set()
+        follower.join()
+    # what the last cycle did, then the stop
+    failure: BaseException | None = None
+    while not events.empty():
+        item = events.get()
+        if isinstance(item, Cycle):
+            yield from _cycle_events(context, house, item, checks)
+        elif isinstance(item, BaseException):
+            failure = item
+    if failure is not None:
+        raise failure
+    run_record = context.instance.get_run_by_id(context.run_id)
+    if interrupted or (run_record is not None and run_record.status == DagsterRunStatus.CANCELING):
+        if run_record is not None and run_record.status == DagsterRunStatus.STARTED:
+            context.instance.report_run_canceling(run_record, message="Continuous mode stopped by a signal.")
+        context.log.info("continuous mode stopped after a complete cycle: the next start goes on from the checkpoint")
+        raise DagsterExecutionInterruptedError()  # the run ends as canceled, as a terminated run does
+
+
+def _watch(
+    context: OpExecutionContext,
+    house: Lakehouse,
+    settings: Any,
+    events: queue.Queue,
+    stop: threading.Event,
+    checks: _Checks,
+) -> Iterator[Any]:
+    """Turn the follower's cycles into events until it ends; stop it when the run is being terminated."""
+    looked = time.monotonic()
+    while True:
+        try:
+            item = events.get(timeout=RUN_STATUS_EVERY_SECONDS)
+        except queue.Empty:
+            item = None
+        else:
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield from _cycle_events(context, house, item, checks)
+        now = time.monotonic()
+        if now - looked >= RUN_STATUS_EVERY_SECONDS:
+            looked = now
+            record = context.instance.get_run_by_id(context.run_id)
+            if record is not None and record.status == DagsterRunStatus.CANCELING:
+                context.log.info("continuous mode: termination requested; stopping after the cycle in progress")
+                stop.set()
+                return
+        due = checks.due(now)
+        if due is not None:
+            yield _equality(context, house, settings, *due)
+
+
+def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, checks: _Checks) -> Iterator[Any]:
+    """Materializations of the cycle: the raw batches, and each touched table's partitions, with the batch runs'
+    metadata."""
+    if cycle.capture is not None and cycle.capture.batches:
+        yield AssetMaterialization(RAW_ASSET, metadata={**capture_metadata(cycle.capture), "cycle": cycle.number})
+    if not cycle.tables:
+        return
+    checks.touched.update(cycle.tables)
+    instance = context.instance
+    _, new = with_new_tables(list(instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME)), cycle.tables)
+    if new:
+        instance.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
+    changes, current = cycle.changes, cycle.current
+    batches = changes.batches if changes else []
+    applied = {str(r.table): r for r in current.applied} if current else {}
+    for table in cycle.tables:
+        appended = changes.appended.get(table) if changes else None
+        yield AssetMaterialization(
+            CHANGES_ASSET,
+            partition=table,
+            metadata={
+                "batches": len(batches),
+                "first_batch": batches[0] if batches else "",
+                "last_batch": batches[-1] if batches else "",
+                "changes": appended.appended if appended else 0,
+                "inserts": appended.inserts if appended else 0,
+                "updates": appended.updates if appended else 0,
+                "deletes": appended.deletes if appended else 0,
+                "cycle": cycle.number,
+            },
+        )
+        result = applied.get(table)
+        yield AssetMaterialization(
+            CURRENT_ASSET,
+            partition=table,
+            metadata={
+                "changes_in": result.changes_in if result else 0,
+                "rows_inserted": result.inserted if result else 0,
+                "rows_updated": result.updated if result else 0,
+                "rows_deleted": result.removed if result else 0,
+                "rows_out": current_row_count(house, table) or 0,
+                "cycle": cycle.number,
+                "cycle_seconds": round(cycle.seconds, 3),
+            },
+        )
+
+
+def _equality(context: OpExecutionContext, house: Lakehouse, settings: Any, kind: str, tables: list[str]) -> AssetCheckEvaluation:
+    """current_matches_source over the tables changed since the last check, or over every table."""
+    names = known_tables(house.store, tables or None)
+    comparisons = compare_many(settings, house, [TableRef.parse(t) for t in names])
+    failing = [c.describe() for c in comparisons if not c.ok]
+    for text in failing:
+        context.log.error(text)
+    context.log.info(f"continuous mode, {kind} check: {len(comparisons) - len(failing)} of {len(comparisons)} tables equal to the source")
+    return AssetCheckEvaluation(
+        asset_key=CURRENT_ASSET,
+        check_name=CHECK_NAME,
+        passed=not failing,
+        severity=AssetCheckSeverity.ERROR,
+        description="; ".join(failing[:5]) if failing else f"{len(comparisons)} tables equal to the source ({kind})",
+        metadata={
+            "scope": kind,
+            "tables": len(comparisons),
+            "differing": len(failing),
+            "not_compared": sum(1 for c in comparisons if c.not_compared),
+            "per_table": MetadataValue.json({str(c.table): _figures(c) for c in comparisons}),
+        },
+    )
+
+
+def _figures(comparison: ConsistentComparison) -> dict[str, Any]:
+    return {
+        "position": comparison.position,
+        "applied_seq": comparison.applied_seq,
+        "source_rows": comparison.source_rows,
+        "lakehouse_rows": comparison.lakehouse_rows,
+        "in_flight_keys": comparison.in_flight_keys,
+        "not_compared": comparison.not_compared,
+    }
+
+
+@job(
+    name=CONTINUOUS_JOB,
+    executor_def=in_process_executor,
+    tags={STAGE_TAG: "continuous"},
+    description=follow_binlog.description,
+)
+def continuous_job() -> None:
+    follow_binlog()
+
+
+def build_continuous_sensor() -> SensorDefinition:
+    """Starts the continuous job when no run of it is alive, so it is started again when it died. Running by
+    default when CDC_CONTINUOUS=1."""
+
+    @sensor(
+        name=CONTINUOUS_SENSOR,
+        job_name=CONTINUOUS_JOB,
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.RUNNING if continuous_on() else DefaultSensorStatus.STOPPED,
+        description=(
+            "Keeps the continuous mode running: requests a run of the `continuous` job when none is queued or "
+            "running and no continuous mode holds the lakehouse (a killed run's process is gone, so its locks are "
+            "too). Running when CDC_CONTINUOUS=1; switch it off before terminating the run to stop for good."
+        ),
+    )
+    def continuous_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> RunRequest | SkipReason:
+        reason = continuous_alive(context.instance, lakehouse.get())
+        return SkipReason(reason) if reason else RunRequest()
+
+    return continuous_sensor
+
+
+def continuous_alive(instance: Any, house: Lakehouse) -> str | None:
+    """Why no new continuous run is needed (one holds the lakehouse, waits to start or is just starting), or None.
+    A started run that holds no lock past the grace period died with its process: it is marked failed."""
+    holder = continuous_holder(house)
+    if holder is not None:
+        return f"Continuous mode is running ({holder.describe()})."
+    runs = instance.get_runs(filters=RunsFilter(job_name=CONTINUOUS_JOB, statuses=ALIVE_STATUSES), limit=20)
+    for run in runs:
+        if run.status in WAITING_STATUSES:
+            return f"Continuous run {run.run_id[:8]} is {run.status.value.lower()}."
+        record = instance.get_run_record_by_id(run.run_id)
+        started = record.start_time if record is not None and record.start_time else None
+        if started is not None and time.time() - started < house.lock_wait_seconds + STARTUP_GRACE_SECONDS:
+            return f"Continuous run {run.run_id[:8]} is starting."
+        if run.status == DagsterRunStatus.STARTED:
+            instance.report_run_failed(run, message="The continuous run holds no lock: its process is gone.")
+    return None

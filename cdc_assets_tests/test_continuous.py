@@ -1,0 +1,178 @@
+"""The continuous mode, as a user runs it: `cdc-lakehouse run` in a process of its own catches up, keeps up, refuses
+a `sync` beside it, stops on `cdc-lakehouse stop` or SIGTERM after a whole cycle, and after a SIGKILL goes on from
+the checkpoint with nothing lost or doubled; each cycle is recorded in the Dagster instance."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from dagster import DagsterEventType, DefaultSensorStatus, RunRequest, SkipReason, build_sensor_context
+
+from cdc_assets.defs.continuous import build_continuous_sensor
+from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET
+from cdc_assets.defs.queue import capture_in_progress
+from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.defs.runs import instance
+from cdc_assets.defs.sensors import raw_batch_sensor
+from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
+from cdc_assets_tests.conftest import CdcEnv, run_cli
+from cdc_assets_tests.test_pipeline import _all_change_seqs, _raw_seqs
+from cdc_assets_tests.test_restart import _write_transactions
+
+STOPPED = "continuous mode stopped"
+
+
+def _start(env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cdc_assets.cli", "run", "--poll-seconds", "0.2"],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(what: str, condition: Callable[[], bool], process: subprocess.Popen[str], timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process.poll() is not None:
+            out, err = process.communicate()
+            pytest.fail(f"`cdc-lakehouse run` ended ({process.returncode}) while waiting for {what}: {out} {err}")
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(0.5)
+
+
+def _equal(cdc: CdcEnv, tables: int) -> bool:
+    diffs = cdc.verify()
+    return len(diffs) == tables and all(d.ok and d.in_flight_keys == 0 for d in diffs)
+
+
+def _continuous_runs(but: set[str] | None = None) -> list:
+    """The continuous runs in the session's instance, oldest first, but those of `but` (earlier tests')."""
+    runs = [r for r in instance().get_runs() if r.job_name == CONTINUOUS_JOB and r.run_id not in (but or set())]
+    return runs[::-1]
+
+
+def _events(run_id: str, kind: DagsterEventType) -> list:
+    return [e.dagster_event for e in instance().all_logs(run_id, of_type=kind)]
+
+
+def _evaluate_sensor(cdc: CdcEnv) -> RunRequest | SkipReason:
+    with build_sensor_context(
+        instance=instance(), resources={"lakehouse": LakehouseResource(location=str(cdc.lakehouse_dir))}
+    ) as context:
+        return build_continuous_sensor()(context)
+
+
+def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypatch) -> None:
+    cdc.execute("CREATE TABLE acct (id INT PRIMARY KEY, owner VARCHAR(40), balance INT)")
+    _write_transactions(cdc, transactions=200, rows_each=5)
+    earlier = {r.run_id for r in _continuous_runs()}
+    # CDC_CHECK_INTERVAL_SECONDS / CDC_FULL_CHECK_INTERVAL_SECONDS: the checks' cadence (the other test keeps the
+    # defaults and sees none); CDC_MAX_BATCH_ROWS: the catch-up is several batches
+    process = _start({"CDC_CHECK_INTERVAL_SECONDS": "1", "CDC_FULL_CHECK_INTERVAL_SECONDS": "4", "CDC_MAX_BATCH_ROWS": "300"})
+    try:
+        _wait_for("the catch-up", lambda: _equal(cdc, 1), process)
+        assert len(list_batches(cdc.lakehouse.store)) > 1
+        _write_transactions(cdc, transactions=50, rows_each=5, start=200)
+        _wait_for("the new writes", lambda: _equal(cdc, 1), process, timeout_s=30)
+
+        refused = run_cli("sync", timeout=120)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "continuous mode is running" in refused.stderr and "`cdc-lakehouse stop`" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+        assert isinstance(_evaluate_sensor(cdc), SkipReason)  # CDC_CONTINUOUS's sensor starts no second one
+        # the batch mode stands aside: the capture schedule skips, the raw-batch sensor moves past applied batches
+        assert (capture_in_progress(instance(), cdc.lakehouse) or "").startswith("The continuous mode is running")
+        lake = LakehouseResource(location=str(cdc.lakehouse_dir))
+        with build_sensor_context(instance=instance(), resources={"lakehouse": lake}) as context:
+            skipped = raw_batch_sensor(context)
+        assert not skipped.run_requests and skipped.cursor == list_batches(cdc.lakehouse.store)[-1]
+
+        time.sleep(4)  # long enough for a full check at CDC_FULL_CHECK_INTERVAL_SECONDS=4
+        stopped = run_cli("stop", timeout=120)
+        assert stopped.returncode == 0 and STOPPED in stopped.stdout, stopped.stdout + stopped.stderr
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0 and STOPPED in out, out + err
+    assert "Traceback" not in err
+    assert _equal(cdc, 1)
+
+    [run] = _continuous_runs(but=earlier)
+    assert run.status.value == "CANCELED"
+    checks = [e.event_specific_data for e in _events(run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)]
+    scopes = [c.metadata["scope"].value for c in checks]
+    assert scopes.count("changed") >= 1 and scopes.count("full") >= 1 and all(c.passed for c in checks), scopes
+    materialized = _events(run.run_id, DagsterEventType.ASSET_MATERIALIZATION)
+    assert {e.asset_key for e in materialized} == {RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET}
+    assert {e.partition for e in materialized if e.asset_key != RAW_ASSET} == {f"{cdc.database}.acct"}
+
+    # CDC_CONTINUOUS: its sensor is on by default only when set, and starts a run once none is alive
+    assert isinstance(_evaluate_sensor(cdc), RunRequest)
+    assert build_continuous_sensor().default_status == DefaultSensorStatus.STOPPED
+    monkeypatch.setenv("CDC_CONTINUOUS", "1")
+    assert build_continuous_sensor().default_status == DefaultSensorStatus.RUNNING
+
+
+def test_killed_then_restarted_under_a_writer_ends_exactly_once(cdc: CdcEnv) -> None:
+    cdc.execute("CREATE TABLE acct (id INT PRIMARY KEY, owner VARCHAR(40), balance INT)")
+    earlier = {r.run_id for r in _continuous_runs()}
+    done = threading.Event()
+
+    def write() -> None:
+        start = 0
+        while not done.is_set():
+            _write_transactions(cdc, transactions=10, rows_each=4, start=start)
+            start += 10
+            time.sleep(0.05)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    first = _start({"CDC_MAX_BATCH_ROWS": "50"})
+    try:
+        _wait_for("a few cycles", lambda: len(list_batches(cdc.lakehouse.store)) >= 5 and _equal_rows_exist(cdc), first)
+        first.send_signal(signal.SIGKILL)  # mid-flight: the writer keeps writing, cycles follow each other
+        first.communicate()
+        second = _start({"CDC_MAX_BATCH_ROWS": "50"})
+        time.sleep(3)
+    finally:
+        done.set()
+        writer.join()
+    try:
+        _wait_for("the catch-up after the restart", lambda: _equal(cdc, 1), second)
+        second.send_signal(signal.SIGTERM)
+        out, err = second.communicate(timeout=60)
+    finally:
+        if second.poll() is None:
+            second.kill()
+    assert second.returncode == 0 and STOPPED in out, out + err
+    assert batch_chain_breaks(cdc.lakehouse) == []
+    assert duplicate_seqs(cdc.lakehouse) == {}
+    assert _all_change_seqs(cdc) == _raw_seqs(cdc)
+    assert _equal(cdc, 1)
+
+    runs = _continuous_runs(but=earlier)
+    assert len(runs) == 2
+    partitions = {
+        (e.asset_key, e.partition)
+        for run in runs
+        for e in _events(run.run_id, DagsterEventType.ASSET_MATERIALIZATION)
+    }
+    table = f"{cdc.database}.acct"
+    assert {(CHANGES_ASSET, table), (CURRENT_ASSET, table), (RAW_ASSET, None)} <= partitions
+    # with the default cadence (60 s / 3600 s) these short runs owed no check yet
+    assert not [e for run in runs for e in _events(run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)]
+
+
+def _equal_rows_exist(cdc: CdcEnv) -> bool:
+    return bool(list((cdc.lakehouse_dir / "current").rglob("*.parquet")))
