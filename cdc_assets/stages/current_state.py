@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import sorted_by_key
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
@@ -282,9 +283,10 @@ def _execute(lakehouse: Lakehouse, pending: PendingTable, target: DeltaTable, me
     truncated = pending.truncate_seq
     if truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
         merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
+        failpoints.hit("current.truncate_before_commit")
     with fenced(lakehouse.table_key(CURRENT, pending.table)):
         metrics = merge.execute()
-    compact_small_files(target, CURRENT_FILE_BYTES)
+    compact_small_files(target, CURRENT_FILE_BYTES, failpoint="current.compacting")
     return metrics
 
 
@@ -367,6 +369,7 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
             updates={quote(f.name): f"s.{quote(f.name)}" for f in schema}, predicate="s._cdc_action = 'upsert'"
         )
     )
+    failpoints.hit("current.keyless_before_commit")
     metrics = _execute(lakehouse, pending, target, merge)
     return ApplyResult(
         table=pending.table,
@@ -461,6 +464,8 @@ def apply_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int, co
         return f"created from {change.renamed_from}" if change.renamed_from else "created"
     assert existing is not None
     rows = read_query(existing, "SELECT * FROM current", "current")
-    reshaped = reshape_rows(rows, change, after, commit_ts, table)
-    replace_current(lakehouse, table, sorted_by_key(reshaped, after.primary_key), seq, existing)
+    reshaped = sorted_by_key(reshape_rows(rows, change, after, commit_ts, table), after.primary_key)
+    failpoints.hit("current.alter_before_commit")
+    replace_current(lakehouse, table, reshaped, seq, existing)
+    failpoints.hit("current.altered")
     return "altered"
