@@ -92,9 +92,17 @@ def applied_floor(lakehouse: Lakehouse, table: TableRef, current: DeltaTable | N
     A table whose current state was dropped has taken in everything up to its DROP (`dropped_seq`). One whose
     current state should exist (`present`) but is gone was removed behind the pipeline's back: it is rebuilt
     from its whole change log, unless a snapshot loaded it (its rows are then not all in the log), which only
-    a new snapshot can mend.
+    a new snapshot can mend. One whose change log ends in a DROP (after any snapshot) was being dropped when a
+    crash came (the failpoints `current.drop_log_removed`, `current.merged_before_progress`): it is taken from
+    just before that DROP.
     """
     applied = max_seq(current, APPLIED_SEQ_KEY)
+    if current is None and progress is not None and progress.present:
+        # A DROP whose removal of the table (or the progress recording it) a crash cut short: nothing before the
+        # DROP matters any more, snapshot rows included, and the change log holds everything after it.
+        last_drop = _last_drop(lakehouse, table)
+        if last_drop is not None and (progress.snapshot_seq is None or last_drop > progress.snapshot_seq):
+            return last_drop - 1
     if current is None and progress is not None:
         if progress.present and progress.snapshot_seq is not None:
             raise CdcUserError(
@@ -103,6 +111,16 @@ def applied_floor(lakehouse: Lakehouse, table: TableRef, current: DeltaTable | N
             )
         applied = None if progress.present else progress.dropped_seq
     return applied
+
+
+def _last_drop(lakehouse: Lakehouse, table: TableRef) -> int | None:
+    """`_cdc_seq` of the table's newest DROP (or RENAME away) in its change log."""
+    log = lakehouse.open(CHANGES, table)
+    if log is None or "_cdc_op" not in [f.name for f in log.schema().fields]:
+        return None
+    found = read_query(log, "SELECT max(_cdc_seq) AS s FROM changes WHERE _cdc_op = 'drop'", "changes")
+    value = found.column(0)[0].as_py() if found.num_rows else None
+    return None if value is None else int(value)
 
 
 def read_pending(
