@@ -13,6 +13,7 @@ import pymysql
 
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.capture.spool import remove_orphaned_spools
+from cdc_assets.core import failpoints
 from cdc_assets.core.errors import disk_full_is_user_error
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
@@ -209,10 +210,12 @@ class _Capture:
             else:
                 manifest = write_batch(store, batch)
                 adopted = False
+                failpoints.hit("capture.manifest_written")
             # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
             # can miss a table whose changes are captured.
             if register_batch(registry, manifest.name, manifest.tables()):
                 save_registry(store, registry)
+                failpoints.hit("capture.registry_saved")
             # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
             schemas_name = checkpoint.schemas
             if manifest.raw.get("schemas"):
@@ -221,6 +224,7 @@ class _Capture:
                 schemas.update(updated)
                 schemas_name = manifest.name
                 save_schemas(store, schemas_name, schemas)
+                failpoints.hit("capture.schemas_written")
             lease.check()
             checkpoint = Checkpoint(
                 position=manifest.end,
@@ -232,6 +236,7 @@ class _Capture:
                 schemas=schemas_name,
             )
             save_checkpoint(store, checkpoint)
+            failpoints.hit("capture.checkpoint_saved")
             report.batches.append(manifest)
             if log is not None:
                 log.info(

@@ -12,6 +12,7 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import Transaction
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
@@ -42,13 +43,16 @@ def table_configuration(schema: pa.Schema) -> dict[str, str]:
     return {"delta.dataSkippingStatsColumns": ",".join(names), "delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
 
 
-def compact_small_files(table: DeltaTable, target_bytes: int) -> bool:
+def compact_small_files(table: DeltaTable, target_bytes: int, failpoint: str | None = None) -> bool:
     """Bin a table's small files (one per append or merge) into files of `target_bytes` once there are
     SMALL_FILES_BEFORE_COMPACTION of them, so reads do not open ever more files; a commit of its own, without
-    data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted."""
+    data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted. `failpoint` is
+    passed right before the compaction's commit is started."""
     sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
     if (pc.sum(pc.less(sizes, target_bytes // 2)).as_py() or 0) < SMALL_FILES_BEFORE_COMPACTION:
         return False
+    if failpoint is not None:
+        failpoints.hit(failpoint)
     table.optimize.compact(target_size=target_bytes)
     return True
 
