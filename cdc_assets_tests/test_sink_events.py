@@ -137,6 +137,9 @@ def test_repeated_updates_collapse_into_the_newest_within_the_window_only() -> N
     assert collapse_updates(events, 0.0) == (events, 0)  # off by default
     keyed_move = [_event(1, "u", "a", 1.0), _event(2, "d", "a", 1.0, key_change=True), _event(3, "u", "a", 1.0)]
     assert collapse_updates(keyed_move, 10.0)[1] == 0  # a key change ends the run
+    # without a primary key there is no row identity: identical rows' updates are distinct changes, all kept
+    keyless = [SinkEvent(str(s), s, "change", "s.n", "u", None, "s.n", "s.n", b"{}", 1.0) for s in (1, 2, 3)]
+    assert collapse_updates(keyless, 10.0) == (keyless, 0)
 
 
 def test_kinesis_requests_hold_one_record_per_key_and_put_statements_on_every_shard_alone() -> None:
