@@ -359,20 +359,37 @@ def _lag_checks() -> dict[str, tuple[bool, AssetCheckSeverity]]:
 def test_a_sink_that_is_down_holds_only_its_own_checkpoint_and_its_lag_warns_then_fails(
     cdc: CdcEnv, sinks: Sinks, monkeypatch, capsys
 ) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1), (2, 2)")
+    assert cdc.sync() == 0
+    held = sinks.checkpoint_bytes("rabbitmq")
+    assert held is not None
+    capsys.readouterr()
+    # RabbitMQ is unreachable (listed first, so it is tried first), then badly configured: each time capture, the
+    # change logs, current state and the Kinesis sink go on, and RabbitMQ's checkpoint stays exactly where it was
+    for step, (url, sentence) in enumerate(
+        [(f"amqp://cdc:x@127.0.0.1:{free_port()}/%2F", "Cannot reach RabbitMQ"), ("http://broker", "CDC_RABBITMQ_URL is not a valid URL")]
+    ):
+        monkeypatch.setenv("CDC_RABBITMQ_URL", url)
+        cdc.execute(f"UPDATE t SET v = {10 + step} WHERE id = 1", f"INSERT INTO t VALUES ({3 + step}, 0)")
+        assert cdc.sync() == 2
+        err = capsys.readouterr().err
+        assert err.count("error: ") == 1 and sentence in err, err
+        assert all(c.ok for c in cdc.verify())
+        report = sinks.check("kinesis", sinks.kinesis_messages())
+        assert report.ok and report.expected == 3 + 2 * (step + 1), report.describe()  # every change so far, in order
+        assert sinks.checkpoint_bytes("rabbitmq") == held
     monkeypatch.setenv("CDC_RABBITMQ_URL", f"amqp://cdc:x@127.0.0.1:{free_port()}/%2F")
-    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1), (2, 2)", "UPDATE t SET v = 3 WHERE id = 1")
-    assert cdc.sync() == 2
-    err = capsys.readouterr().err
-    assert err.count("error: ") == 1 and "Cannot reach RabbitMQ" in err, err
-    assert all(c.ok for c in cdc.verify())  # capture, change logs and current state went on
-    assert sinks.check("kinesis", sinks.kinesis_messages()).ok  # so did the other sink
-    assert sinks.checkpoint_bytes("rabbitmq") is None
     monkeypatch.setenv("CDC_SINK_LAG_WARN_SECONDS", "0.5")
     monkeypatch.setenv("CDC_SINK_LAG_FAIL_SECONDS", "3600")
     checks = _lag_checks()
     assert checks["sinks/rabbitmq"] == (False, AssetCheckSeverity.WARN) and checks["sinks/kinesis"][0] is True
-    monkeypatch.setenv("CDC_SINK_LAG_FAIL_SECONDS", "1")  # the changes were committed before the sync began
+    monkeypatch.setenv("CDC_SINK_LAG_FAIL_SECONDS", "1")  # the changes were committed before the syncs began
     assert _lag_checks()["sinks/rabbitmq"] == (False, AssetCheckSeverity.ERROR)
+    # the broker back, the sink catches up from its own checkpoint: every change once, in order per key
+    sinks.on("rabbitmq")
+    assert main(["publish"]) == 0
+    report = sinks.check("rabbitmq", sinks.rabbit_messages())
+    assert report.ok and report.expected == 7 and report.duplicates == 0, report.describe()
 
 
 def test_dedup_window_collapses_repeated_updates_and_holds_back_young_changes_and_heartbeats_when_due(
