@@ -322,10 +322,15 @@ def test_bad_sink_settings_end_in_one_sentence_and_leave_the_checkpoint(
     assert all(before.values())
     closed = f"127.0.0.1:{free_port()}"
     auth_url, auth_keys = moto_with_auth
+    unbound = f"{sinks.exchange}_unbound"  # an exchange no queue is bound to: a mandatory message comes back
+    with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+        connection.channel().exchange_declare(unbound, "topic", durable=False, auto_delete=False)
     cases = [
         ("rabbitmq", {"CDC_RABBITMQ_URL": f"amqp://cdc:x@{closed}/%2F"}, "Cannot reach RabbitMQ at amqp://cdc@"),
         ("rabbitmq", {"CDC_RABBITMQ_URL": sinks.rabbit.url().replace(sinks.rabbit.password, "wrong")}, "refused the login of user 'cdc'"),
         ("rabbitmq", ["--rabbitmq-exchange", "no_such_exchange"], "The RabbitMQ exchange 'no_such_exchange' does not exist"),
+        ("rabbitmq", ["--rabbitmq-exchange", unbound], f"RabbitMQ returned a message of routing key '{cdc.database}.t' as "
+         f"unroutable: no queue is bound to exchange '{unbound}' for it; bind a queue"),  # fmt: skip
         ("kinesis", {"AWS_ENDPOINT_URL_KINESIS": f"http://{closed}"}, "Cannot reach Kinesis at"),
         ("kinesis", ["--kinesis-stream", "no_such_stream"], "The Kinesis stream 'no_such_stream' does not exist"),
         ("kinesis", {"AWS_ENDPOINT_URL_KINESIS": auth_url, "AWS_ACCESS_KEY_ID": auth_keys["AWS_ACCESS_KEY_ID"],
@@ -346,6 +351,8 @@ def test_bad_sink_settings_end_in_one_sentence_and_leave_the_checkpoint(
         assert len(lines) == 1 and lines[0].startswith("error: ") and sentence in lines[0], err
         assert "Traceback" not in err and sinks.rabbit.password not in err and auth_keys["AWS_SECRET_ACCESS_KEY"] not in err
         assert {s: sinks.checkpoint_bytes(s) for s in before} == before
+    with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+        connection.channel().exchange_delete(unbound)
     sinks.on("rabbitmq", "kinesis")
     assert main(["publish"]) == 0  # with the settings fixed, nothing was lost
     assert sinks.check("rabbitmq", sinks.rabbit_messages()).ok and sinks.check("kinesis", sinks.kinesis_messages()).ok

@@ -1,5 +1,5 @@
-"""The RabbitMQ sink's client: persistent messages to an existing exchange, routing key `<schema>.<table>`,
-each confirmed by the broker (publisher confirms).
+"""The RabbitMQ sink's client: persistent, mandatory messages to an existing exchange, routing key
+`<schema>.<table>`, each confirmed by the broker (publisher confirms); one returned as unroutable is an error.
 
 pika's BlockingConnection waits for each confirm before the next publish (about 700 messages/s here), so this
 client runs pika's asynchronous SelectConnection: a window is published in one go on one channel, in order,
@@ -19,7 +19,7 @@ from pika.adapters.select_connection import SelectConnection
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.sinks.events import SinkEvent
+from cdc_assets.sinks.events import HEARTBEAT, SinkEvent
 from cdc_assets.sinks.publisher import SinkConnectionLost
 from cdc_assets.sinks.settings import SinkSettings
 
@@ -104,6 +104,7 @@ class RabbitPublisher:
     def _on_channel(self, channel: Any) -> None:
         self.channel = channel
         channel.add_on_close_callback(self._on_channel_closed)
+        channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._on_confirm_mode)
 
     def _on_confirm_mode(self, _frame: Any) -> None:
@@ -132,6 +133,17 @@ class RabbitPublisher:
             )
         else:
             self._fail(SinkConnectionLost(f"the broker closed the channel ({reason})"))
+
+    def _on_return(self, _channel: Any, method: Any, _properties: Any, _body: bytes) -> None:
+        """A mandatory message no queue is bound for: RabbitMQ returns it (then confirms it), so it was not
+        delivered and the checkpoint must not move past it."""
+        self._fail(
+            CdcUserError(
+                f"RabbitMQ returned a message of routing key '{method.routing_key}' as unroutable: no queue is bound to "
+                f"exchange '{self.exchange}' for it; bind a queue for it, or leave the table out of the sink "
+                "(CDC_RABBITMQ_EXCLUDE_TABLES)."
+            )
+        )
 
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
@@ -206,7 +218,9 @@ class RabbitPublisher:
                 type=event.kind,
             )
             try:
-                self.channel.basic_publish(self.exchange, event.routing_key, event.body, properties)
+                # mandatory: a change no queue is bound for comes back (`_on_return`) instead of vanishing confirmed
+                mandatory = event.kind != HEARTBEAT
+                self.channel.basic_publish(self.exchange, event.routing_key, event.body, properties, mandatory)
             except (pika.exceptions.AMQPError, OSError) as exc:
                 raise SinkConnectionLost(f"publishing failed ({exc})") from exc
             self._unconfirmed.add(self._next_tag)
