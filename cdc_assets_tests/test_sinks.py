@@ -260,6 +260,63 @@ def test_rabbitmq_stopped_and_restarted_during_a_publish(cdc: CdcEnv, sinks: Sin
     assert report.ok and report.duplicates <= WINDOW_MESSAGES, report.describe()
 
 
+def test_rabbitmq_refusing_messages_sends_them_again_without_reordering_a_key(cdc: CdcEnv, sinks: Sinks, monkeypatch) -> None:
+    """A queue full under `x-overflow: reject-publish` makes RabbitMQ nack messages while a slow consumer frees room:
+    the refused ones are sent again and still reach the queue before every later change of their key."""
+    db = cdc.database
+    cdc.execute(
+        "CREATE TABLE hot (id INT PRIMARY KEY, v INT)",
+        "CREATE TABLE loose (v INT)",
+        "INSERT INTO hot SELECT seq, 0 FROM seq_1_to_20",
+        *[f"UPDATE hot SET v = {i} WHERE id = {1 + i % 3}" for i in range(1, 31)],
+        "INSERT INTO loose VALUES (1), (1), (2)",
+        "UPDATE loose SET v = 3",
+        "DELETE FROM loose LIMIT 1",
+    )
+    sinks.on()
+    assert cdc.sync() == 0
+    exchange = f"{db}_small"
+    with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "topic", durable=True)
+        channel.queue_declare(exchange, durable=True, arguments={"x-max-length": 5, "x-overflow": "reject-publish"})
+        channel.queue_bind(exchange, exchange, "#")
+    received: list[Received] = []
+    published = threading.Event()
+
+    def slow_consumer() -> None:
+        with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+            channel = connection.channel()
+            while True:
+                method, properties, body = channel.basic_get(exchange, auto_ack=True)
+                if method is None:
+                    if published.is_set():
+                        return
+                    time.sleep(0.02)
+                    continue
+                received.append(Received(exchange, str(properties.message_id), json.loads(body), routing_key=method.routing_key))
+                time.sleep(0.01)
+
+    consumer = threading.Thread(target=slow_consumer, daemon=True)
+    consumer.start()
+    monkeypatch.setenv("CDC_RABBITMQ_EXCHANGE", exchange)
+    sinks.on("rabbitmq")
+    try:
+        assert main(["publish", "rabbitmq"]) == 0
+    finally:
+        published.set()
+        consumer.join(timeout=60)
+        with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+            connection.channel().queue_delete(exchange)
+            connection.channel().exchange_delete(exchange)
+    assert _sink_metadata("rabbitmq")["refused_records"] > 0  # the broker did refuse some
+    report = sinks.check("rabbitmq", received)
+    assert report.ok and report.expected == 2 + 20 + 30 + 3 + 3 + 1, report.describe()
+    assert {k: v["v"] for k, v in replayed_rows(received)[f"{db}.hot"].items()} == {
+        json.dumps({"id": i}): v for i, v in [(1, 30), (2, 28), (3, 29)] + [(i, 0) for i in range(4, 21)]
+    }
+
+
 def test_kinesis_throttled_and_unreachable_during_a_publish(cdc: CdcEnv, sinks: Sinks, s3_faults: S3Faults, monkeypatch) -> None:
     _bulk(cdc, 1_500)
     sinks.on()
