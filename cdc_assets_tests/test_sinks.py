@@ -108,6 +108,13 @@ def sinks(cdc: CdcEnv, rabbitmq: local_rabbitmq.LocalRabbit, s3_endpoint: str, m
         connection.channel().exchange_delete(name)
 
 
+def test_the_local_rabbitmq_keeps_its_password_and_cookie_private(rabbitmq: local_rabbitmq.LocalRabbit) -> None:
+    for name, mode in (("password", 0o600), ("rabbitmq.conf", 0o600), (".erlang.cookie", 0o400)):
+        path = rabbitmq.base_dir / name
+        assert path.stat().st_mode & 0o777 == mode, (name, oct(path.stat().st_mode))
+    assert rabbitmq.password in (rabbitmq.base_dir / "rabbitmq.conf").read_text()  # why it must be private
+
+
 def _source_items(cdc: CdcEnv) -> dict[str, str | None]:
     with cdc.admin() as conn, conn.cursor() as cur:
         cur.execute("SELECT id, name FROM items")
