@@ -180,6 +180,8 @@ def test_sink_settings_from_the_environment() -> None:
         sink_settings("rabbitmq", {"CDC_RABBITMQ_URL": "http://broker"})
     with pytest.raises(CdcUserError, match="CDC_SINK_HEARTBEAT_SECONDS='often' is not a number of seconds"):
         sink_settings("kinesis", {**env, "CDC_SINK_HEARTBEAT_SECONDS": "often"})
+    with pytest.raises(CdcUserError, match="CDC_KINESIS_STREAM='arn:aws:kinesis:eu-west-1:1:stream/x' is not a Kinesis stream name"):
+        sink_settings("kinesis", {**env, "CDC_KINESIS_STREAM": "arn:aws:kinesis:eu-west-1:1:stream/x"})
     with pytest.raises(CdcUserError, match="The kinesis sink is not configured: set CDC_KINESIS_STREAM"):
         sink_settings("kinesis", {})
     with pytest.raises(CdcUserError, match="no sink named 'kafka'"):
