@@ -12,6 +12,7 @@ Messages of distinct keys go out together, so a window of distinct keys is still
 from __future__ import annotations
 
 from collections import Counter
+from itertools import takewhile
 
 from cdc_assets.sinks.events import SinkEvent
 
@@ -52,7 +53,10 @@ class InFlight:
 
     def settle(self, tag: int, multiple: bool) -> list[SinkEvent]:
         """The messages a confirm (ack or nack) of `tag` settles (every tag up to it when `multiple`), in order."""
-        tags = sorted(t for t in self.events if t <= tag) if multiple else [tag] if tag in self.events else []
+        if multiple:  # the dict holds tags in the order published, ascending: stop at the first above `tag`
+            tags = list(takewhile(lambda t: t <= tag, self.events))
+        else:
+            tags = [tag] if tag in self.events else []
         settled = []
         for t in tags:
             event = self.events.pop(t)
