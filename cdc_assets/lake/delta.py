@@ -16,6 +16,7 @@ from cdc_assets.core.errors import CdcUserError
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
 APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-state table has taken changes in
+COMPACTION_KEY = "cdc_compaction"  # commit metadata of the pipeline's own compactions (they change no row)
 
 
 # delta-rs writes min/max statistics of wide decimals wrongly (clamped to the int64 range, or rounded
@@ -49,7 +50,7 @@ def compact_small_files(table: DeltaTable, target_bytes: int) -> bool:
     sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
     if (pc.sum(pc.less(sizes, target_bytes // 2)).as_py() or 0) < SMALL_FILES_BEFORE_COMPACTION:
         return False
-    table.optimize.compact(target_size=target_bytes)
+    table.optimize.compact(target_size=target_bytes, commit_properties=CommitProperties(custom_metadata={COMPACTION_KEY: "true"}))
     return True
 
 
