@@ -33,7 +33,7 @@ def test_assets_are_grouped_and_everything_is_described() -> None:
     for name, resource in resources_from_env().by_key().items():
         assert resource.get_resource_definition().description, name
     assert {s.name for s in defs.sensors} == {"raw_batch_sensor", "binlog_sensor"}
-    assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule"}
+    assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule", "full_equality_schedule"}
 
 
 def test_freshness_policies_default_to_warn_after_2_and_fail_after_5_minutes(monkeypatch) -> None:

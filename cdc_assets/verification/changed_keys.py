@@ -32,7 +32,8 @@ from cdc_assets.lake.store import Lakehouse, MissingObject, ObjectStore
 from cdc_assets.verification.consistency import CHANGED_KEYS, EVERY_ROW, ConsistentComparison, compare_many
 
 ROW_OPS = ("insert", "update", "delete")  # changes made row by row; any other (DDL, TRUNCATE) needs every row
-MOST_ROWS = 0.5  # more changed keys than this share of the table's rows: every row is read anyway
+MOST_ROWS = 0.5  # more changed keys than this share of the table's rows (and than FEW_KEYS): every row is read
+FEW_KEYS = 20_000  # keys looked up by key whatever the table's size: a few queries either way
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def _narrowing(lakehouse: Lakehouse, reasons: dict[TableRef, str]):  # noqa: ANN
         if isinstance(keys, str):
             reasons[table] = keys
             return None
-        if len(keys) > MOST_ROWS * max(row_count(current), 1):
+        if len(keys) > max(FEW_KEYS, MOST_ROWS * row_count(current)):
             reasons[table] = f"{len(keys)} keys changed: most of its rows"
             return None
         return keys
