@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.defs import demo
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SINK_KEY_PREFIX
 from cdc_assets.defs.runs import RunOutcome, collect_status, run_publish, run_snapshot, run_sync, run_verify
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
@@ -222,6 +221,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from cdc_assets.defs import demo  # the local brokers' and source's clients: only the demo pays for them
+
     began = time.monotonic()
     result = demo.run_demo(args.seconds, args.seed, args.verbose, say=print, synced=_print_progress, sinks=args.sinks)
     _print_sync(result.last)
@@ -250,6 +251,8 @@ def _print_progress(outcome: RunOutcome) -> None:
 
 
 def _demo_summary(diffs: list[ConsistentComparison], syncs: int, seconds: float) -> int:
+    from cdc_assets.defs import demo
+
     lakehouse = demo.lakehouse_location()
     print()
     print("summary")
