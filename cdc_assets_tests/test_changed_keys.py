@@ -112,3 +112,22 @@ def test_changed_keys_compared_while_the_source_writes_and_syncs_run(cdc: CdcEnv
     assert any(c.in_flight_keys for c in comparisons) and any(c.changed_keys for c in comparisons)
     _up_to_date(cdc, spark)  # quiet now: every change applied, and every row still equal
     assert all(c.ok for c in compare_every_row(settings, cdc.lakehouse, [table]))
+
+
+def test_a_snapshot_since_the_last_check_makes_the_next_one_read_every_row(cdc: CdcEnv, capsys) -> None:
+    """A snapshot's rows are not in the change log: the check after it compares every row, then changed keys again."""
+    from cdc_assets.cli import main
+
+    table = f"{cdc.database}.t"
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))", "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    assert cdc.sync() == 0
+    assert main(["snapshot", table]) == 0
+    cdc.execute("INSERT INTO t VALUES (3, 'c')")
+    assert cdc.sync() == 0
+    passed, _, figures = _last_equality_check(table)
+    assert passed and figures["scope"].startswith("every row: version ") and "replaced every row" in figures["scope"]
+    assert figures["compared_rows"] == 3
+    cdc.execute("UPDATE t SET v = 'd' WHERE id = 3")
+    assert cdc.sync() == 0
+    passed, _, figures = _last_equality_check(table)
+    assert passed and figures["scope"] == "changed keys" and figures["changed_keys"] == figures["compared_rows"] == 1

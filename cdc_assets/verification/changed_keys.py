@@ -7,8 +7,8 @@ from the table's change log the keys of the changes after that seq (before and a
 keys' rows on both sides, at one consistent point (verification/consistency.py: keys changed in flight are left
 out, as in every comparison), plus the row counts with the keys in flight left out. A table is compared row for
 row instead when it has no checked state, has no primary key, was written since its checked version by a commit
-that is not the pipeline's (its Delta history), had a schema change or TRUNCATE since, or had most of its rows
-changed; and when the changed keys or counts differ, so a table that differs is always named with its keys by the
+that is not the pipeline's (its Delta history) or had every row replaced (a snapshot, a rewrite), had a schema
+change or TRUNCATE since, or had most of its rows changed; and when the changed keys or counts differ, so a table that differs is always named with its keys by the
 full comparison.
 """
 
@@ -79,6 +79,8 @@ def written_by_others(current: DeltaTable, since_version: int) -> str | None:
     for commit in commits:
         if APPLIED_SEQ_KEY not in commit and COMPACTION_KEY not in commit:
             return f"version {commit.get('version', '?')} ({commit.get('operation', '?')}) was not written by the pipeline"
+        if (commit.get("operationParameters") or {}).get("mode") == "Overwrite":  # rows not from the change log
+            return f"version {commit.get('version', '?')} replaced every row (a snapshot or a rewrite)"
     return None
 
 
