@@ -54,6 +54,7 @@ bench: install
 	$(BIN)/python -m benchmarks.large_table
 	$(BIN)/python -m benchmarks.steady_load
 	$(BIN)/python -m benchmarks.sinks
+	$(BIN)/python -m benchmarks.fixed_costs
 
 ## The UI and the daemon (schedules, sensors, freshness). Without CDC_SPARK_MASTER, runs share one long-lived
 ## Spark Connect server (no run pays for a JVM start) and take Spark only from CDC_SPARK_MIN_ROWS changes on;

@@ -21,6 +21,7 @@ DEFAULT_SNAPSHOT_CHUNK_ROWS = 500_000  # rows one Spark task of a snapshot reads
 DEFAULT_LOCK_WAIT_SECONDS = 120.0  # how long a stage waits for another run of the same stage to finish
 DEFAULT_LOCK_TTL_SECONDS = 60.0  # an S3 lease not renewed for this long may be taken over (a killed run's)
 DEFAULT_CAPTURE_CRON = "* * * * *"
+DEFAULT_FULL_CHECK_CRON = "0 * * * *"  # every row of every table compared with the source: hourly
 DEFAULT_FRESHNESS_WARN_MINUTES = 2.0
 DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})

@@ -17,6 +17,7 @@ from cdc_assets.core.errors import CdcUserError
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
 APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-state table has taken changes in
+COMPACTION_KEY = "cdc_compaction"  # commit metadata of the pipeline's own compactions (they change no row)
 
 
 # delta-rs writes min/max statistics of wide decimals wrongly (clamped to the int64 range, or rounded
@@ -53,7 +54,7 @@ def compact_small_files(table: DeltaTable, target_bytes: int, failpoint: str | N
         return False
     if failpoint is not None:
         failpoints.hit(failpoint)
-    table.optimize.compact(target_size=target_bytes)
+    table.optimize.compact(target_size=target_bytes, commit_properties=CommitProperties(custom_metadata={COMPACTION_KEY: "true"}))
     return True
 
 
