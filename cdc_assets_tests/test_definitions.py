@@ -155,6 +155,7 @@ def test_each_configured_sink_is_an_asset_downstream_of_the_change_logs_with_its
 
 def test_resources_used_outside_runs_read_the_environment_and_refuse_a_bad_number(monkeypatch) -> None:
     """What the CLI uses before and beside its runs: the values themselves (no EnvVar left), no Dagster instance."""
+    monkeypatch.setenv("CDC_MYSQL_URL", "mysql://reader:secret@db.example:3307")  # not the demo server's
     monkeypatch.setenv("CDC_SERVER_ID", "4321")
     monkeypatch.setenv("CDC_TABLES", "shop.*")
     resources = initialized_resources()
