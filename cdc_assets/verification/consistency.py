@@ -376,8 +376,8 @@ def _source_columns(names: list[str]) -> list[str]:
 
 
 def _read_lake(target: _Target) -> pa.Table | None:
-    if target.current is None or target.large_rows or target.only is not None:
-        return None
+    if target.current is None or target.large_rows or (target.only is not None and target.columns):
+        return None  # read in buckets, or only some keys' rows (`_compare_changed`)
     return read_query(target.current, "SELECT * FROM current", "current")
 
 
