@@ -246,13 +246,13 @@ def test_a_message_waits_for_the_confirm_of_an_earlier_one_it_must_follow() -> N
     assert flight.can_go(b1) and not flight.can_go(a2) and flight.can_go(other)  # another key, another table: go
     flight.add(2, b1)
     assert not flight.can_go(truncate) and flight.can_go(beat)  # a table-wide message follows all of its table
-    assert flight.settle(1, multiple=False) == [a1] and flight.can_go(a2) and not flight.can_go(truncate)
-    assert flight.settle(2, multiple=True) == [b1] and flight.can_go(truncate) and not flight
+    assert flight.settle(1, multiple=False) == {1: a1} and flight.can_go(a2) and not flight.can_go(truncate)
+    assert flight.settle(2, multiple=True) == {2: b1} and flight.can_go(truncate) and not flight
     flight.add(3, truncate)
     assert not flight.can_go(a2) and flight.can_go(keyless)
     flight.add(4, keyless)
     assert not flight.can_go(SinkEvent("7", 7, "change", "s.n", "d", None, "s.n", "s.n", b"{}", 1.0))  # no key: in turn
-    assert flight.settle(9, multiple=True) == [truncate, keyless] and flight.can_go(a2)
+    assert flight.settle(9, multiple=True) == {3: truncate, 4: keyless} and flight.can_go(a2)
 
 
 def test_changes_of_a_table_without_key_wait_only_for_changes_of_identical_rows() -> None:

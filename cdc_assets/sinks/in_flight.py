@@ -61,16 +61,15 @@ class InFlight:
             for unit in units(event):
                 self._keys[unit] += 1
 
-    def settle(self, tag: int, multiple: bool) -> list[SinkEvent]:
-        """The messages a confirm (ack or nack) of `tag` settles (every tag up to it when `multiple`), in order."""
+    def settle(self, tag: int, multiple: bool) -> dict[int, SinkEvent]:
+        """The messages a confirm (ack or nack) of `tag` settles (every tag up to it when `multiple`), by tag."""
         if multiple:  # the dict holds tags in the order published, ascending: stop at the first above `tag`
             tags = list(takewhile(lambda t: t <= tag, self.events))
         else:
             tags = [tag] if tag in self.events else []
-        settled = []
+        settled = {}
         for t in tags:
-            event = self.events.pop(t)
-            settled.append(event)
+            event = settled[t] = self.events.pop(t)
             if event.table is None:
                 continue
             _release(self._tables, event.table)
