@@ -221,7 +221,7 @@ class RabbitPublisher:
         todo = deque(events)
         published, announced = 0, False
         delay, refused_since, accepted_then = 0.05, time.monotonic(), self._accepted
-        while todo or self._in_flight:
+        while todo or self._in_flight or self._refused:  # a window ends only once none is refused
             if self._refused:
                 # nothing new goes out until every message in flight is settled; then the refused ones, first
                 self._wait(lambda: not self._in_flight)
