@@ -208,7 +208,8 @@ def _received(stream: str, message_id: str, seq: int, op: str, key: int | None, 
 
 
 def test_the_delivery_check_finds_gaps_strangers_reordering_and_accepts_resent_copies() -> None:
-    expected = [Expected("1", 1, "s.t", "c"), Expected("2", 2, "s.t", "u"), Expected("3", 3, "s.t", "t"), Expected("4", 4, "s.t", "c")]
+    key = ("key:[1]",)
+    expected = [Expected("1", 1, "s.t", "c", key), Expected("2", 2, "s.t", "u", key), Expected("3", 3, "s.t", "t"), Expected("4", 4, "s.t", "c", key)]
     good = [_received("q", "1", 1, "c", 1), _received("q", "2", 2, "u", 1), _received("q", "1", 1, "c", 1),
             _received("q", "3", 3, "t", None, "truncate"), _received("q", "4", 4, "c", 1),
             Received("q", "heartbeat:x:1", {"id": "heartbeat:x:1", "type": "heartbeat"})]  # fmt: skip
@@ -238,17 +239,33 @@ def test_a_message_waits_for_the_confirm_of_an_earlier_one_it_must_follow() -> N
     a1, b1, a2 = _event(1, "u", "a", 1.0), _event(2, "u", "b", 1.0), _event(3, "u", "a", 1.0)
     other = _event(4, "u", "a", 1.0, table="s.u")
     truncate = _event(5, "t", "", 1.0, kind="truncate")
-    keyless = SinkEvent("6", 6, "change", "s.n", "c", None, "s.n", "s.n", b"{}", 1.0)
+    keyless = SinkEvent("6", 6, "change", "s.n", "c", None, "s.n", "s.n", b"{}", 1.0)  # no row values: table-wide
     beat = heartbeat_event("rabbitmq", 1, 1)
     assert flight.can_go(a1) and not flight
     flight.add(1, a1)
     assert flight.can_go(b1) and not flight.can_go(a2) and flight.can_go(other)  # another key, another table: go
     flight.add(2, b1)
     assert not flight.can_go(truncate) and flight.can_go(beat)  # a table-wide message follows all of its table
-    assert flight.settle(1, multiple=False) == [a1] and flight.can_go(a2) and not flight.can_go(truncate)
-    assert flight.settle(2, multiple=True) == [b1] and flight.can_go(truncate) and not flight
+    assert flight.settle(1, multiple=False) == {1: a1} and flight.can_go(a2) and not flight.can_go(truncate)
+    assert flight.settle(2, multiple=True) == {2: b1} and flight.can_go(truncate) and not flight
     flight.add(3, truncate)
     assert not flight.can_go(a2) and flight.can_go(keyless)
     flight.add(4, keyless)
     assert not flight.can_go(SinkEvent("7", 7, "change", "s.n", "d", None, "s.n", "s.n", b"{}", 1.0))  # no key: in turn
-    assert flight.settle(9, multiple=True) == [truncate, keyless] and flight.can_go(a2)
+    assert flight.settle(9, multiple=True) == {3: truncate, 4: keyless} and flight.can_go(a2)
+
+
+def test_changes_of_a_table_without_key_wait_only_for_changes_of_identical_rows() -> None:
+    flight = InFlight()
+
+    def row(seq: int, op: str, *values: str) -> SinkEvent:
+        return SinkEvent(str(seq), seq, "change", "s.n", op, None, "s.n", "s.n", b"{}", 1.0, row_values=values)
+
+    flight.add(1, row(1, "c", "[1]"))
+    assert flight.can_go(row(2, "c", "[2]"))  # another row's values: goes at once
+    assert not flight.can_go(row(3, "c", "[1]"))  # an identical row: after the first is confirmed
+    assert not flight.can_go(row(4, "u", "[2]", "[1]"))  # an update to those values, too
+    flight.add(2, row(2, "c", "[2]"))
+    assert not flight.can_go(_event(5, "t", "", 1.0, table="s.n", kind="truncate"))
+    flight.settle(1, multiple=False)
+    assert flight.can_go(row(3, "c", "[1]")) and not flight.can_go(row(4, "u", "[2]", "[1]"))

@@ -292,6 +292,7 @@ def test_rabbitmq_refusing_messages_sends_them_again_without_reordering_a_key(cd
     published = threading.Event()
 
     def slow_consumer() -> None:
+        time.sleep(1.0)  # the queue fills first: the window's last messages are refused too
         with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
             channel = connection.channel()
             while True:

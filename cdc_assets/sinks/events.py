@@ -55,6 +55,9 @@ class SinkEvent:
     commit_ts: float  # seconds since the epoch
     broadcast: bool = False  # Kinesis: put on every shard (a TRUNCATE or schema change concerns every key)
     key_change: bool = False  # one half of an update that changed the primary key
+    # a change of a table without a primary key: the values (`_cdc_before_key`, `_cdc_key`) of the rows it removes
+    # and adds; it need only stay in order with changes of identical rows (RabbitMQ's `in_flight`)
+    row_values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -233,7 +236,10 @@ def table_events(table: TableRef, rows: pa.Table, timeline: ShapeTimeline, built
         # a table without a primary key has no row identity (its `_cdc_key` is the row's values, which two distinct
         # rows may share): no key, so nothing collapses its changes, and they share the table's partition, in order
         row_key = key_text if keyed else None
-        events.append(_event(body, seq, CHANGE, name, letter, row_key, partition_key(name, row_key), commit_ms))
+        rows_touched = () if keyed else tuple(dict.fromkeys(v for v in (before_keys[i], keys[i]) if v is not None))
+        events.append(
+            _event(body, seq, CHANGE, name, letter, row_key, partition_key(name, row_key), commit_ms, row_values=rows_touched)
+        )
     return events
 
 
@@ -248,6 +254,7 @@ def _event(
     commit_ms: int,
     broadcast: bool = False,
     key_change: bool = False,
+    row_values: tuple[str, ...] = (),
 ) -> SinkEvent:
     return SinkEvent(
         id=body["id"],
@@ -262,6 +269,7 @@ def _event(
         commit_ts=commit_ms / 1000,
         broadcast=broadcast,
         key_change=key_change,
+        row_values=row_values,
     )
 
 

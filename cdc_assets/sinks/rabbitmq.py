@@ -54,7 +54,7 @@ class RabbitPublisher:
         self._ready = False
         self._next_tag = 1
         self._in_flight = InFlight()
-        self._refused: list[SinkEvent] = []  # nacked, to send again before anything new
+        self._refused: dict[int, SinkEvent] = {}  # nacked, by delivery tag: sent again, in publish order, first
         self._accepted = 0  # messages acked since the connection opened
         self.refused_records = 0  # messages the broker nacked and that were sent again
         self._waiting_for: Callable[[], bool] | None = None
@@ -159,8 +159,8 @@ class RabbitPublisher:
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
         settled = self._in_flight.settle(method.delivery_tag, method.multiple)
-        if isinstance(method, pika.spec.Basic.Nack):
-            self._refused.extend(settled)
+        if isinstance(method, pika.spec.Basic.Nack):  # confirms may come out of order: keep the tags
+            self._refused.update(settled)
             self.refused_records += len(settled)
         else:
             self._accepted += len(settled)
@@ -195,7 +195,7 @@ class RabbitPublisher:
 
     def _connect(self) -> None:
         self.close()
-        self._error, self._ready, self._next_tag, self._in_flight, self._refused = None, False, 1, InFlight(), []
+        self._error, self._ready, self._next_tag, self._in_flight, self._refused = None, False, 1, InFlight(), {}
         parameters = pika.URLParameters(self.url.with_password())
         parameters.connection_attempts = 1
         parameters.socket_timeout = CONNECT_TIMEOUT_SECONDS
@@ -221,7 +221,7 @@ class RabbitPublisher:
         todo = deque(events)
         published, announced = 0, False
         delay, refused_since, accepted_then = 0.05, time.monotonic(), self._accepted
-        while todo or self._in_flight:
+        while todo or self._in_flight or self._refused:  # a window ends only once none is refused
             if self._refused:
                 # nothing new goes out until every message in flight is settled; then the refused ones, first
                 self._wait(lambda: not self._in_flight)
@@ -230,14 +230,14 @@ class RabbitPublisher:
                 if time.monotonic() - refused_since > REFUSED_RETRY_SECONDS:
                     raise CdcUserError(
                         f"RabbitMQ kept refusing (nack) messages to exchange '{self.exchange}' at {self.url} for "
-                        f"{REFUSED_RETRY_SECONDS:.0f} s (routing key '{self._refused[0].routing_key}'): make room in its "
+                        f"{REFUSED_RETRY_SECONDS:.0f} s (routing key '{self._refused[min(self._refused)].routing_key}'): make room in its "
                         "queues (a queue full under x-overflow reject-publish needs a consumer or a higher x-max-length) "
                         "or bring the queue back, then publish again; the checkpoint stays before them."
                     )
                 time.sleep(random.uniform(delay / 2, delay))
                 delay = min(delay * 2, 2.0)
-                todo.extendleft(reversed(self._refused))
-                self._refused = []
+                todo.extendleft(reversed([self._refused[tag] for tag in sorted(self._refused)]))
+                self._refused = {}
                 continue
             if not todo:
                 if not announced:  # the whole window is out, its last confirms awaited
