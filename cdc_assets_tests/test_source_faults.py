@@ -73,7 +73,9 @@ def _ended_equal_or_clearly(cdc: CdcEnv, run: subprocess.CompletedProcess[str], 
         message = run.stderr.strip()
         assert "Traceback" not in message and len(message.splitlines()) == 1 and sentence in message, message
     _write(cdc, 30, start=10_000)
+    began = time.monotonic()
     assert cdc.sync() == 0
+    print(f"recovered by a sync of {time.monotonic() - began:.1f} s")
     _assert_equal_exactly_once(cdc)
 
 
