@@ -138,7 +138,8 @@ def current_matches_source(
     asset=CURRENT_ASSET,
     description=(
         "Every current-state table of the run has the source table's columns, in the same order, with the "
-        "Delta types of the type mapping, followed only by _cdc_ columns."
+        "Delta types of the type mapping, followed only by _cdc_ columns (a table whose columns changed in flight "
+        "is left out until the run that applies the change)."
     ),
 )
 def current_schema_matches_source(

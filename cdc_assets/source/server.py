@@ -85,7 +85,13 @@ def resolve_mysql_url(configured: str | None) -> MySQLUrl:
 def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:
     """The user-facing sentence for a connection or permission error."""
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-    if code in (2003, 2005, 2006, 2013):
+    if code in (2006, 2013):  # an open connection lost: the server restarted, or the connection was killed
+        return CdcUserError(
+            f"The connection to the MySQL server at {url.host}:{url.port} was lost mid-way (the server restarted or "
+            "the connection was killed): nothing past the last complete raw batch was recorded; run the command "
+            "again once the server answers."
+        )
+    if code in (2003, 2005):
         return CdcUserError(
             f"Cannot reach the MySQL server at {url.host}:{url.port}: check that it is running and that "
             "CDC_MYSQL_URL has the right host and port."
