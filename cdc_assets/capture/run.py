@@ -13,7 +13,6 @@ import pymysql
 
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.capture.spool import remove_orphaned_spools
-from cdc_assets.core.errors import disk_full_is_user_error
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings
@@ -95,7 +94,7 @@ def capture(
     try:
         server = source.preflight(conn, url, settings.server_id)
         lakehouse.check_writable()
-        with disk_full_is_user_error(str(lakehouse)), lakehouse_lock(
+        with lakehouse.faults_are_user_errors(), lakehouse_lock(
             lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log
         ) as lease:
             run = _Capture(settings, options, server, lakehouse, lease, log, tidy)

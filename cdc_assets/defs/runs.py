@@ -14,7 +14,7 @@ from typing import Any
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from cdc_assets.capture.run import capture_lag, preflight
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.errors import CdcUserError, unreachable_message, unreachable_reason
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
 from cdc_assets.defs.freshness import freshness_windows
@@ -109,6 +109,17 @@ def _user_error_message(error: Any) -> str | None:
     return None
 
 
+def _unreachable_store(error: Any) -> str | None:
+    """Why a step failed on an object store that stayed down through every retry (None: it failed otherwise), for
+    failures outside the stages' own translation (an asset check reading a Delta table, say)."""
+    while error is not None:
+        reason = unreachable_reason({str(getattr(error, "cls_name", ""))}, str(getattr(error, "message", "")))
+        if reason:
+            return reason
+        error = getattr(error, "cause", None) or getattr(error, "context", None)
+    return None
+
+
 def _root_cause(error: Any) -> str:
     """The innermost error of a step failure: Dagster's own wrapper ("Error occurred while executing op") says
     nothing of what went wrong; the full chain stays in the run's event log."""
@@ -155,6 +166,10 @@ def run_job(
             user_message = _user_error_message(error)
             if user_message:
                 raise CdcUserError(user_message)
+            down = _unreachable_store(error)
+            if down:
+                lakehouse = resources.lakehouse.get()
+                raise CdcUserError(unreachable_message(str(lakehouse), lakehouse.endpoint, down))
             failures.append(f"{event.step_key}: {_root_cause(error)}")
     metadata = {}
     for event in result.all_events:

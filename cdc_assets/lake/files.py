@@ -28,6 +28,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.settings import S3Retries
 from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, seq_commit
 
 FILE_ROWS = 1_000_000  # rows per data file written by a task, at most
@@ -53,6 +54,7 @@ class FileAccess:
 
     location: str  # a local directory or s3://bucket/prefix
     storage_options: tuple[tuple[str, str], ...] = ()
+    retries: S3Retries = S3Retries()
 
     def __repr__(self) -> str:  # the options hold credentials
         return f"FileAccess({self.location!r})"
@@ -74,6 +76,9 @@ class FileAccess:
             region=options.get("AWS_REGION"),
             endpoint_override=host or None,
             scheme=scheme or "https",
+            connect_timeout=self.retries.timeout_seconds,
+            request_timeout=self.retries.timeout_seconds,
+            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=self.retries.max_attempts),
         )
 
     def path(self, key: str) -> str:

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core.arrow import runs
-from cdc_assets.core.errors import CdcUserError, disk_full_is_user_error
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import TableShape, renamed_partners, with_rename_partners
@@ -116,7 +116,7 @@ def process_new_batches(
     report = ChangesReport()
     wait = lakehouse.lock_wait_seconds
     with (
-        disk_full_is_user_error(str(lakehouse)),
+        lakehouse.faults_are_user_errors(),
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log) as lease,
     ):
         starts: dict[str, str | None] = {}
