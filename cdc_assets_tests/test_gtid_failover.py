@@ -1,0 +1,85 @@
+"""GTID failover: capture pointed at a replica mid-stream continues from the checkpoint's GTID position, in the
+replica's own binlog, with nothing lost or repeated. Both servers are the project's own (cdc_assets.local_source)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cdc_assets.cli import main
+from cdc_assets.defs.runs import run_verify
+from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.lake.state import load_checkpoint
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.local_source import server as local_server
+from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
+from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.test_pipeline import _all_change_seqs, _raw_seqs
+
+DATABASE = "failover"
+
+
+@pytest.fixture(scope="module")
+def primary_and_replica(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[local_server.LocalServer, ...]]:
+    base = tmp_path_factory.mktemp("failover")
+    primary = local_server.start(base / "primary")
+    replica = local_server.start_replica(primary, base / "replica")
+    yield primary, replica
+    local_server.stop(base / "replica")
+    local_server.stop(base / "primary")
+
+
+def _write(server: local_server.LocalServer, first: int, count: int) -> None:
+    with server.admin_connection(database=DATABASE) as conn, conn.cursor() as cur:
+        for i in range(first, first + count):
+            cur.execute("INSERT INTO acct VALUES (%s, %s, %s)", (i, f"owner {i} ✅", i))
+            if i % 3 == 0:
+                cur.execute("UPDATE acct SET balance = balance + 1 WHERE id = %s", (i // 2,))
+            if i % 7 == 0:
+                cur.execute("DELETE FROM acct WHERE id = %s", (i // 3,))
+
+
+def test_capture_follows_a_failover_to_a_gtid_replica_exactly_once(
+    primary_and_replica: tuple[local_server.LocalServer, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    primary, replica = primary_and_replica
+    with primary.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {DATABASE}")
+        cur.execute(f"CREATE TABLE {DATABASE}.acct (id INT PRIMARY KEY, owner VARCHAR(40), balance BIGINT)")
+    env = CdcEnv(primary, DATABASE, tmp_path / "lakehouse")
+    monkeypatch.setenv("CDC_LAKEHOUSE", str(env.lakehouse_dir))
+    monkeypatch.setenv("CDC_TABLES", f"{DATABASE}.*")
+    monkeypatch.setenv("CDC_MYSQL_URL", primary.reader_url())
+    for name in ("CDC_EXCLUDE_TABLES", "CDC_SERVER_ID", "CDC_MAX_BATCH_ROWS"):
+        monkeypatch.delenv(name, raising=False)
+
+    _write(primary, 0, 40)
+    assert main(["sync"]) == 0
+    before = load_checkpoint(env.lakehouse.store)
+    assert before is not None and before.server_id == 1 and before.gtid and before.gtid.startswith("0-1-")
+    _write(primary, 40, 30)  # captured from the replica only
+    local_server.wait_caught_up(replica, primary)
+
+    monkeypatch.setenv("CDC_MYSQL_URL", replica.reader_url())  # the failover
+    _write(primary, 70, 30)  # still replicated: the replica's binlog holds them under its own files and offsets
+    position = local_server.wait_caught_up(replica, primary)
+    assert main(["sync"]) == 0
+
+    after = load_checkpoint(env.lakehouse.store)
+    assert after is not None and after.server_id == 2 and after.position.epoch == 1
+    assert after.gtid == position  # exactly the primary's transactions, all of them
+    names = list_batches(env.lakehouse.store)
+    assert names[-1].startswith("g0001-") and not names[0].startswith("g")  # the replica's batches sort last
+    [result] = run_verify()
+    assert result.ok and result.source_rows == result.lakehouse_rows, result.describe()
+    _assert_exactly_once(env)
+
+
+def _assert_exactly_once(env: CdcEnv) -> None:
+    lakehouse: Lakehouse = env.lakehouse
+    assert batch_chain_breaks(lakehouse) == [] and duplicate_seqs(lakehouse) == {}
+    changes = _all_change_seqs(env)
+    assert changes == _raw_seqs(env) and len(set(changes)) == len(changes)
+    assert changes == list(range(changes[0], changes[0] + len(changes)))  # no gap
