@@ -42,7 +42,10 @@ def _write(server: local_server.LocalServer, first: int, count: int) -> None:
 
 
 def test_capture_follows_a_failover_to_a_gtid_replica_exactly_once(
-    primary_and_replica: tuple[local_server.LocalServer, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    primary_and_replica: tuple[local_server.LocalServer, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     primary, replica = primary_and_replica
     with primary.admin_connection() as conn, conn.cursor() as cur:
@@ -57,13 +60,26 @@ def test_capture_follows_a_failover_to_a_gtid_replica_exactly_once(
 
     _write(primary, 0, 40)
     assert main(["sync"]) == 0
+    with replica.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("STOP SLAVE")  # the replica falls behind
+    _write(primary, 40, 30)
+    assert main(["sync"]) == 0
     before = load_checkpoint(env.lakehouse.store)
     assert before is not None and before.server_id == 1 and before.gtid and before.gtid.startswith("0-1-")
-    _write(primary, 40, 30)  # captured from the replica only
-    local_server.wait_caught_up(replica, primary)
 
-    monkeypatch.setenv("CDC_MYSQL_URL", replica.reader_url())  # the failover
-    _write(primary, 70, 30)  # still replicated: the replica's binlog holds them under its own files and offsets
+    # A failover to a replica that lacks the checkpoint's transactions: refused, and nothing moves.
+    monkeypatch.setenv("CDC_MYSQL_URL", replica.reader_url())
+    capsys.readouterr()
+    assert main(["sync"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is server 2, not server 1 the checkpoint was taken on" in err, err
+    assert f"GTID position {before.gtid}" in err and "catch up" in err
+    assert load_checkpoint(env.lakehouse.store) == before
+
+    with replica.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("START SLAVE")
+    local_server.wait_caught_up(replica, primary)
+    _write(primary, 70, 30)  # captured from the replica only, in its binlog under its own files and offsets
     position = local_server.wait_caught_up(replica, primary)
     assert main(["sync"]) == 0
 
