@@ -40,6 +40,7 @@ from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
+from cdc_assets.stages.changes import missing_change_logs
 from cdc_assets.stages.current_state import missing_current_tables
 from cdc_assets.stages.follow import continuous_holder, refuse_beside_continuous
 from cdc_assets.stages.snapshot_records import snapshots_in_progress
@@ -197,6 +198,7 @@ def run_sync(verbose: bool = False) -> RunOutcome:
         dagster.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
     pending = set(tables_behind(lakehouse.store, CURRENT_STAGE))  # captured, not yet in current state
     pending |= set(missing_current_tables(lakehouse, sorted(set(ordered) - pending)))  # removed by hand
+    pending |= set(missing_change_logs(lakehouse, sorted(set(ordered) - pending)))  # removed by hand
     refused: CdcUserError | None = None
     for first, last in touched_ranges(ordered, pending):
         # every range runs: tables of one range do not wait on another's failure

@@ -69,7 +69,12 @@ def _load_json(store: ObjectStore, key: str) -> dict | None:
 
 
 def load_checkpoint(store: ObjectStore) -> Checkpoint | None:
-    d = _load_json(store, CHECKPOINT_KEY)
+    try:
+        d = _load_json(store, CHECKPOINT_KEY)
+    except CdcUserError as exc:  # cut short or garbled: starting over from the oldest binlog would not be safe
+        raise CdcUserError(
+            f"The checkpoint {CHECKPOINT_KEY} in the lakehouse is corrupt (not JSON): restore it from a backup."
+        ) from exc
     if d is None:
         return None
     try:
