@@ -99,3 +99,35 @@ def _assert_exactly_once(env: CdcEnv) -> None:
     changes = _all_change_seqs(env)
     assert changes == _raw_seqs(env) and len(set(changes)) == len(changes)
     assert changes == list(range(changes[0], changes[0] + len(changes)))  # no gap
+
+
+def test_a_checkpoint_purged_while_behind_names_snapshot(
+    primary_and_replica: tuple[local_server.LocalServer, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The binlog the checkpoint lies in is purged (PURGE BINARY LOGS, as expiry does) while capture is behind: one
+    sentence naming `cdc-lakehouse snapshot`, and nothing written. On this module's own primary: it purges."""
+    primary = primary_and_replica[0]
+    with primary.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("CREATE DATABASE IF NOT EXISTS purged")
+        cur.execute("CREATE TABLE purged.p (id INT PRIMARY KEY)")
+        cur.execute("INSERT INTO purged.p VALUES (1)")
+    monkeypatch.setenv("CDC_LAKEHOUSE", str(tmp_path / "lakehouse"))
+    monkeypatch.setenv("CDC_TABLES", "purged.*")
+    monkeypatch.setenv("CDC_MYSQL_URL", primary.reader_url())
+    assert main(["sync"]) == 0
+    with primary.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO purged.p VALUES (2)")  # behind: in the binlog, not captured
+        cur.execute("FLUSH BINARY LOGS")
+        cur.execute("SHOW MASTER STATUS")
+        newest = cur.fetchone()[0]
+        cur.execute(f"PURGE BINARY LOGS TO '{newest}'")
+    lakehouse = Lakehouse(str(tmp_path / "lakehouse"))
+    batches = list_batches(lakehouse.store)
+    capsys.readouterr()
+    assert main(["sync"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "purged" in err and "run `cdc-lakehouse snapshot`" in err, err
+    assert list_batches(lakehouse.store) == batches

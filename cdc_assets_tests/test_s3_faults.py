@@ -30,6 +30,8 @@ MIXES = {
         {"method": "GET", "query": r"list-type=2", "action": "slowdown", "times": 3},
         {"method": "PUT", "path": r"/_delta_log/\d+\.json$", "header": "If-None-Match", "action": "status:503", "times": 2},
         {"method": "GET", "path": r"/_delta_log/", "action": "status:500", "times": 2},
+        {"method": "PUT", "path": r"/current/.*/_delta_log/\d+\.json$", "header": "If-None-Match",
+         "action": "drop_after_forward", "times": 1},
         {"method": "PUT", "path": r"/(changes|current)/.*\.parquet$", "action": "slowdown", "times": 2},
     ],
     "connections": [
@@ -38,6 +40,9 @@ MIXES = {
         {"method": "GET", "path": r"/_state/checkpoint\.json$", "action": "delay:1.5", "times": 2},
         {"method": "GET", "query": r"list-type=2", "action": "reset", "times": 2},
         {"method": "PUT", "path": r"/_delta_log/\d+\.json$", "header": "If-None-Match", "action": "reset", "times": 1},
+        # a commit that lands but whose answer is lost: the retry meets the commit it made itself
+        {"method": "PUT", "path": r"/_delta_log/\d+\.json$", "header": "If-None-Match", "action": "drop_after_forward",
+         "times": 1},
         {"method": "GET", "path": r"/_delta_log/", "action": "timeout", "times": 1},
         {"method": "PUT", "path": r"/(changes|current)/.*\.parquet$", "action": "delay:1.5", "times": 1},
     ],

@@ -29,7 +29,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import S3Retries
-from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, seq_commit
+from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, seq_commit, seq_landed
 
 FILE_ROWS = 1_000_000  # rows per data file written by a task, at most
 ROW_GROUP_ROWS = 128 * 1024
@@ -272,7 +272,7 @@ def commit_files(
     check lets a remove of a file an OPTIMIZE already compacted through, and the compacted copy of its rows
     would then stay beside their rewrite). When another commit took that version, the commit goes on from the
     newest version only if that still holds every file it replaces; else the run stops with one sentence."""
-    with fenced(what):
+    with fenced(what, seq_landed(uri, storage_options, seq_key, seq)):
         if existing is None:
             create_table_with_add_actions(
                 uri,
