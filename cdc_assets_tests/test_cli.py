@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +26,7 @@ from cdc_assets.lake.layout import CHANGES, CURRENT, RAW, STATE
 from cdc_assets.lake.raw_batches import DATA_FILE, list_batches
 from cdc_assets.lake.state import CHECKPOINT_KEY, Checkpoint, save_checkpoint
 from cdc_assets.local_source.server import free_port
-from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.conftest import CdcEnv, run_cli
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -358,3 +360,21 @@ def test_a_change_log_removed_by_hand_is_rebuilt_from_the_raw_batches(cdc: CdcEn
     assert logged() == before and len(before) == 5  # create, 2 inserts, update, delete: once each
     [result] = cdc.verify()
     assert result.ok and result.compared_rows == 1
+
+
+def test_commands_print_no_noise_and_sync_prints_its_wall_time(cdc: CdcEnv) -> None:
+    """A normal sync, a sync with nothing to do, status and verify, each a process of its own as a user runs them:
+    nothing on stderr (no traceback, no warning), and the time sync prints is the process's wall time, interpreter
+    start-up and imports included."""
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    for changes in (True, False):
+        began = time.monotonic()
+        done = run_cli("sync")
+        measured = time.monotonic() - began
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        printed = float(re.search(r"^sync succeeded in ([\d.]+)s$", done.stdout, re.MULTILINE).group(1))
+        assert measured - 0.5 <= printed <= measured + 0.05, (printed, measured)
+        assert ("2 rows inserted" in done.stdout) == changes
+    for command in ("status", "verify"):
+        done = run_cli(command)
+        assert done.returncode == 0 and done.stderr == "", (command, done.stderr)

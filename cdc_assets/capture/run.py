@@ -14,6 +14,7 @@ import pymysql
 from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.capture.spool import remove_orphaned_spools
+from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings
@@ -220,10 +221,12 @@ class _Capture:
             else:
                 manifest = write_batch(store, batch)
                 adopted = False
+                failpoints.hit("capture.manifest_written")
             # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
             # can miss a table whose changes are captured.
             if register_batch(registry, manifest.name, manifest.tables()):
                 save_registry(store, registry)
+                failpoints.hit("capture.registry_saved")
             # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
             schemas_name = checkpoint.schemas
             if manifest.raw.get("schemas"):
@@ -232,6 +235,7 @@ class _Capture:
                 schemas.update(updated)
                 schemas_name = manifest.name
                 save_schemas(store, schemas_name, schemas)
+                failpoints.hit("capture.schemas_written")
             lease.check()
             checkpoint = Checkpoint(
                 position=manifest.end,
@@ -244,6 +248,7 @@ class _Capture:
                 server_id=self.server.server_id,
             )
             save_checkpoint(store, checkpoint)
+            failpoints.hit("capture.checkpoint_saved")
             report.batches.append(manifest)
             if log is not None:
                 log.info(

@@ -23,6 +23,7 @@ DEFAULT_LOCK_TTL_SECONDS = 60.0  # an S3 lease not renewed for this long may be 
 DEFAULT_S3_MAX_ATTEMPTS = 5  # tries of one S3 request (the first and its retries), by every S3 client
 DEFAULT_S3_TIMEOUT_SECONDS = 30.0  # one S3 request's connect and read timeout
 DEFAULT_CAPTURE_CRON = "* * * * *"
+DEFAULT_FULL_CHECK_CRON = "0 * * * *"  # every row of every table compared with the source: hourly
 DEFAULT_FRESHNESS_WARN_MINUTES = 2.0
 DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})

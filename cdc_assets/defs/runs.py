@@ -226,10 +226,10 @@ def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOut
             "No sink is configured: set CDC_RABBITMQ_URL or CDC_KINESIS_STREAM (see the README's section on sinks)."
         )
     resources = initialized_resources()
-    settings = [resources.sinks.settings(name) for name in names]  # unknown, not configured, badly configured
     outcome = RunOutcome(True)
-    for sink in settings:
+    for name in names:
         try:
+            sink = resources.sinks.settings(name)  # unknown, not configured, badly configured: this sink only
             check_sink(sink)  # an unreachable broker, refused credentials, a missing destination: said before any run
             outcome = outcome + run_job(publish_job_name(sink.name), verbose, check_source=False)
         except CdcUserError as exc:

@@ -14,6 +14,7 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import Transaction
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
@@ -21,6 +22,7 @@ APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-stat
 COMMIT_TOKEN_KEY = "cdc_commit"  # commit metadata: a token naming one CDC commit (see seq_landed)
 LANDED_LOOKBACK = 20  # commits looked at for a landed commit: a lost answer is retried at once
 _last_commit = threading.local()
+COMPACTION_KEY = "cdc_compaction"  # commit metadata of the pipeline's own compactions (they change no row)
 
 
 # delta-rs writes min/max statistics of wide decimals wrongly (clamped to the int64 range, or rounded
@@ -47,14 +49,17 @@ def table_configuration(schema: pa.Schema) -> dict[str, str]:
     return {"delta.dataSkippingStatsColumns": ",".join(names), "delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
 
 
-def compact_small_files(table: DeltaTable, target_bytes: int) -> bool:
+def compact_small_files(table: DeltaTable, target_bytes: int, failpoint: str | None = None) -> bool:
     """Bin a table's small files (one per append or merge) into files of `target_bytes` once there are
     SMALL_FILES_BEFORE_COMPACTION of them, so reads do not open ever more files; a commit of its own, without
-    data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted."""
+    data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted. `failpoint` is
+    passed right before the compaction's commit is started."""
     sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
     if (pc.sum(pc.less(sizes, target_bytes // 2)).as_py() or 0) < SMALL_FILES_BEFORE_COMPACTION:
         return False
-    table.optimize.compact(target_size=target_bytes)
+    if failpoint is not None:
+        failpoints.hit(failpoint)
+    table.optimize.compact(target_size=target_bytes, commit_properties=CommitProperties(custom_metadata={COMPACTION_KEY: "true"}))
     return True
 
 

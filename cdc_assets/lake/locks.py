@@ -242,8 +242,8 @@ def _local_holder(lakehouse: Lakehouse, name: str) -> LockHolder | None:
     path = _local_path(lakehouse, name)
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no lock there, or no lakehouse at all (a file on its path): whoever writes next says so
     except OSError as exc:
         raise CdcUserError(
             f"Cannot read the lock {path} ({exc.strerror}): fix the permissions of the lakehouse at {lakehouse}."

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.shapes import TableShape
@@ -203,6 +204,7 @@ def write_batch(store: ObjectStore, batch: RawBatch) -> BatchManifest:
     digest, size = _file_digest(batch.data_path)
     manifest = batch.manifest(digest, size)
     store.put_file(_key(batch.name, DATA_FILE), batch.data_path)
+    failpoints.hit("capture.batch_data_written")
     store.put(_key(batch.name, MANIFEST_FILE), json.dumps(manifest, indent=1, sort_keys=True).encode())
     return BatchManifest.from_json(manifest)
 

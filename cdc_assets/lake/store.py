@@ -130,6 +130,7 @@ class LocalStore:
         """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
         base = self._path(prefix)
         shutil.rmtree(base / DELTA_LOG, ignore_errors=True)
+        failpoints.hit("current.drop_log_removed")
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -210,8 +211,10 @@ class S3Store:
 
     def delete_table(self, prefix: str) -> None:
         """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
-        keys = self.list_keys(prefix)
-        for key in sorted(keys, key=lambda k: f"/{DELTA_LOG}/" not in k):
+        keys = sorted(self.list_keys(prefix), key=lambda k: f"/{DELTA_LOG}/" not in k)
+        for n, key in enumerate(keys):
+            if n and f"/{DELTA_LOG}/" in keys[n - 1] and f"/{DELTA_LOG}/" not in key:
+                failpoints.hit("current.drop_log_removed")
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
 

@@ -51,6 +51,7 @@ def _conform_change_log(
         storage_options=options,
         commit_properties=seq_commit(MAX_SEQ_KEY, max_seq(existing) or 0),
     )
+    failpoints.hit("changes.log_rewritten")
     existing.update_incremental()  # the caller appends through this object next
     return target
 
@@ -111,7 +112,7 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
             commit_properties=seq_commit(MAX_SEQ_KEY, new_max),
         )
     if existing is not None:
-        compact_small_files(existing, CHANGE_LOG_FILE_BYTES)
+        compact_small_files(existing, CHANGE_LOG_FILE_BYTES, failpoint="changes.compacting")
     ops = changes.column("_cdc_op")
     return AppendResult(
         table,

@@ -7,6 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import runs
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
@@ -175,6 +176,7 @@ def _process(
         newest: dict[str, TableShape] = {}  # per table, the shape of its newest changes taken in
         for piece in _pieces(store, chunk, starts, MAX_ROWS_PER_ARROW_JOB):
             _take_in(lakehouse, plan_piece(piece, starts, progress, newest), starts, report, lease, log)
+        failpoints.hit("changes.appended_before_progress")
         lease.check()
         record_progress(store, starts, progress, newest, chunk[-1].name)
         report.batches.extend(m.name for m in chunk)
@@ -225,7 +227,9 @@ def _take_in(
         table, offset, length = table_slice
         lease.check()  # on S3 a lease lost to another run means: append nothing more
         typed = typed_changes(keyed.slice(offset, length), plan.versions, plan.ddl)
-        return append_changes(lakehouse, table, typed)
+        result = append_changes(lakehouse, table, typed)
+        failpoints.hit("changes.table_appended")
+        return result
 
     slices = [(TableRef(*names), offset, length) for names, offset, length in runs(keyed, ["schema", "table"])]
     results = for_each_table(slices, append)

@@ -21,6 +21,7 @@ import pymysql
 
 from cdc_assets.capture.run import capture
 from cdc_assets.capture.spool import SpoolDirectory
+from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
@@ -145,6 +146,7 @@ def _take_snapshot(
             f"Capture did not stop at the snapshot's position {position}: run the snapshot again when no sync is running."
         )
     seq = checkpoint.next_seq - 1
+    failpoints.hit("snapshot.captured")
     wait = lakehouse.lock_wait_seconds
     with (
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log),
@@ -152,6 +154,7 @@ def _take_snapshot(
     ):
         for shape, rows in loaded.values():
             _load_current(lakehouse, shape, rows, seq, taken_at)
+            failpoints.hit("snapshot.overwritten")
             record_loaded(lakehouse, shape, seq)
     spool.remove()
     register_loaded(lakehouse, [shape for shape, _ in loaded.values()], seq, owner, log)
@@ -169,6 +172,7 @@ def _spool_rows(conn: pymysql.Connection, shape: TableShape, path: Path) -> int:
         for part in read_source_chunks(conn, shape.table, columns, SNAPSHOT_CHUNK_ROWS, shape.primary_key):
             writer.write_table(part)
             rows += part.num_rows
+            failpoints.hit("snapshot.reading")
     return rows
 
 
