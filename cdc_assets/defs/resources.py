@@ -137,7 +137,7 @@ class LakehouseResource(ConfigurableResource):
                 "secret_access_key": s3.aws_secret_access_key,
                 "session_token": s3.aws_session_token,
             }
-            client = s3_client(retries, profile_name=s3.profile_name, use_ssl=s3.use_ssl, verify=s3.verify, **connection)
+            client = s3_client(retries, **connection)
             access = S3Access.of(client, retries=retries, **connection)
         return Lakehouse(self.location, access, self.lock_wait_seconds, self.lock_ttl_seconds)
 

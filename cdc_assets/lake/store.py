@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-import boto3
-from botocore.config import Config
 from deltalake import DeltaTable
 
 from cdc_assets.core import failpoints
@@ -275,7 +273,10 @@ def s3_client(
     use_ssl: bool = True,
     verify: str | bool | None = None,
 ) -> Any:
-    """A boto3 S3 client that retries and times out as `retries` says (dagster-aws's client has no timeouts)."""
+    """A boto3 S3 client that retries and times out as `retries` says."""
+    import boto3  # only a lakehouse on S3 pays for it
+    from botocore.config import Config
+
     session = boto3.session.Session(profile_name=profile_name)
     return session.client(
         "s3",
