@@ -14,7 +14,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
+from cdc_assets.core.settings import DEFAULT_LAKEHOUSE
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SINK_KEY_PREFIX
 from cdc_assets.defs.runs import (
     STOPPED,
@@ -137,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except CdcUserError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Exception as exc:  # outside a run (the lakehouse's listings before and after): the same one sentence
+        reason = unreachable_cause(exc)
+        if reason is None:
+            raise
+        lakehouse = os.environ.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE
+        print(f"error: {unreachable_message(lakehouse, os.environ.get('AWS_ENDPOINT_URL'), reason)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted: the checkpoint holds the last complete batch; run the command again to continue.")

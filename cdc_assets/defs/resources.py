@@ -22,13 +22,17 @@ from cdc_assets.core.settings import (
     DEFAULT_LOCK_TTL_SECONDS,
     DEFAULT_LOCK_WAIT_SECONDS,
     DEFAULT_MAX_BATCH_ROWS,
+    DEFAULT_S3_MAX_ATTEMPTS,
+    DEFAULT_S3_TIMEOUT_SECONDS,
     DEFAULT_SERVER_ID,
     DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    S3Retries,
     SourceSettings,
     TableFilter,
     env_number,
+    s3_retries_from_env,
 )
-from cdc_assets.lake.store import Lakehouse, S3Access
+from cdc_assets.lake.store import Lakehouse, S3Access, s3_client
 from cdc_assets.sinks.settings import SinkSettings, sink_settings
 from cdc_assets.source.server import resolve_mysql_url
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
@@ -108,6 +112,14 @@ class LakehouseResource(ConfigurableResource):
         description="On S3: how long a lock lease lives unless renewed, so a killed run's lease blocks the next "
         "run at most that long (CDC_LOCK_TTL_SECONDS).",
     )
+    s3_max_attempts: int = Field(
+        default=DEFAULT_S3_MAX_ATTEMPTS,
+        description="Tries of one S3 request, retries with backoff included, by every S3 client (CDC_S3_MAX_ATTEMPTS).",
+    )
+    s3_timeout_seconds: float = Field(
+        default=DEFAULT_S3_TIMEOUT_SECONDS,
+        description="Connect and read timeout of one try of an S3 request (CDC_S3_TIMEOUT_SECONDS).",
+    )
     s3: S3Resource = Field(
         default_factory=S3Resource, description="The S3 of an s3:// lakehouse (the standard AWS_* settings)."
     )
@@ -115,16 +127,18 @@ class LakehouseResource(ConfigurableResource):
     def get(self) -> Lakehouse:
         access = None
         if self.location.startswith("s3://"):
-            # One set of settings for both: the boto3 client and delta-rs's storage options.
+            # One set of settings for all: the boto3 client, delta-rs's storage options, pyarrow's filesystem.
             s3 = self.s3
-            access = S3Access.of(
-                s3.get_client(),
-                endpoint_url=s3.endpoint_url,
-                region=s3.region_name,
-                access_key_id=s3.aws_access_key_id,
-                secret_access_key=s3.aws_secret_access_key,
-                session_token=s3.aws_session_token,
-            )
+            retries = S3Retries(self.s3_max_attempts, self.s3_timeout_seconds)
+            connection = {
+                "endpoint_url": s3.endpoint_url,
+                "region": s3.region_name,
+                "access_key_id": s3.aws_access_key_id,
+                "secret_access_key": s3.aws_secret_access_key,
+                "session_token": s3.aws_session_token,
+            }
+            client = s3_client(retries, **connection)
+            access = S3Access.of(client, retries=retries, **connection)
         return Lakehouse(self.location, access, self.lock_wait_seconds, self.lock_ttl_seconds)
 
 
@@ -251,12 +265,14 @@ def resources_from_env(resolved: bool = False) -> Resources:
         return _env_value(name, default, kind, resolved)
 
     region = "AWS_REGION" if os.environ.get("AWS_REGION") else "AWS_DEFAULT_REGION"
+    retries = s3_retries_from_env()
     s3 = S3Resource(
         endpoint_url=_env("AWS_ENDPOINT_URL", None),
         region_name=_env(region, None),
         aws_access_key_id=_env("AWS_ACCESS_KEY_ID", None),
         aws_secret_access_key=_env("AWS_SECRET_ACCESS_KEY", None),
         aws_session_token=_env("AWS_SESSION_TOKEN", None),
+        max_attempts=retries.max_attempts,
     )
     master = os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER
     pyspark = LazyPySparkResource(spark_config=spark_config(master, spark_settings()))
@@ -273,6 +289,8 @@ def resources_from_env(resolved: bool = False) -> Resources:
             location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE),
             lock_wait_seconds=lock_wait_seconds(),
             lock_ttl_seconds=lock_ttl_seconds(),
+            s3_max_attempts=retries.max_attempts,
+            s3_timeout_seconds=retries.timeout_seconds,
             s3=s3,
         ),
         s3=s3,

@@ -159,7 +159,14 @@ class BatchManifest:
 
 def chain_break(previous: BatchManifest, batch: BatchManifest) -> str | None:
     """Why `batch` does not follow `previous` exactly (a gap or an overlap), or None when it does."""
-    if batch.start == previous.end and batch.first_seq == previous.next_seq:
+    if batch.start == previous.end and batch.start.epoch == previous.end.epoch and batch.first_seq == previous.next_seq:
+        return None
+    if (  # a failover: the next server's first batch starts at the same GTID state, where that server has it
+        batch.start.epoch == previous.end.epoch + 1
+        and batch.first_seq == previous.next_seq
+        and batch.raw.get("start_gtid") is not None
+        and batch.raw.get("start_gtid") == previous.end_gtid
+    ):
         return None
     return (
         f"{batch.name} starts at {batch.start} (seq {batch.first_seq}) but {previous.name} ends at "

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import runs
-from cdc_assets.core.errors import CdcUserError, disk_full_is_user_error
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import TableShape, renamed_partners, with_rename_partners
@@ -18,7 +18,7 @@ from cdc_assets.lake.change_rows import (
     typed_changes,
     with_batch,
 )
-from cdc_assets.lake.layout import CHANGES_LOCK, CHANGES_STAGE
+from cdc_assets.lake.layout import CHANGES, CHANGES_LOCK, CHANGES_STAGE
 from cdc_assets.lake.locks import Lease, lakehouse_lock
 from cdc_assets.lake.raw_batches import (
     BatchManifest,
@@ -48,9 +48,22 @@ def _starts(lakehouse: Lakehouse, tables: list[str]) -> dict[str, str | None]:
         first = registry.get(table, {}).get("first_batch")
         if progress.batch is None and first is None:
             continue  # no change of it was ever captured (a table known from a snapshot only)
-        # A table that has never been processed starts just before its first batch, not at the beginning.
-        starts[table] = progress.batch if progress.batch is not None else _just_before(first)
+        # A table that has never been processed starts just before its first batch, not at the beginning; so does
+        # one whose change log is gone (removed by hand): the raw batches rebuild it, each change once.
+        taken = progress.batch is not None and lakehouse.has_table(CHANGES, TableRef.parse(table))
+        starts[table] = progress.batch if taken or first is None else _just_before(first)
     return starts
+
+
+def missing_change_logs(lakehouse: Lakehouse, tables: list[str]) -> list[str]:
+    """Tables whose change log the stage wrote and that is gone (the pipeline never deletes one): the next run
+    of the stage rebuilds them from the raw batches."""
+
+    def missing(name: str) -> bool:
+        progress = load_progress(lakehouse.store, CHANGES_STAGE, name)
+        return progress.batch is not None and not lakehouse.has_table(CHANGES, TableRef.parse(name))
+
+    return [name for name, gone in zip(tables, for_each_table(tables, missing), strict=True) if gone]
 
 
 def _just_before(batch: str | None) -> str | None:
@@ -117,7 +130,7 @@ def process_new_batches(
     report = ChangesReport()
     wait = lakehouse.lock_wait_seconds
     with (
-        disk_full_is_user_error(str(lakehouse)),
+        lakehouse.faults_are_user_errors(),
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log) as lease,
     ):
         starts: dict[str, str | None] = {}

@@ -12,7 +12,6 @@ import pyarrow.compute as pc
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import runs
-from cdc_assets.core.errors import disk_full_is_user_error
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
@@ -129,7 +128,7 @@ def apply_pending(
     store = lakehouse.store
     wait = lakehouse.lock_wait_seconds
     with (
-        disk_full_is_user_error(str(lakehouse)),
+        lakehouse.faults_are_user_errors(),
         lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log) as lease,
     ):
         targets = set(known_tables(lakehouse.store, tables))

@@ -38,6 +38,7 @@ from cdc_assets.lake.delta import (
     max_seq,
     read_query,
     seq_commit,
+    seq_landed,
 )
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.state import TableProgress, load_progress
@@ -246,7 +247,8 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
     keys = list(pending.shape.primary_key)
     if target is None or not target.file_uris():  # a new or empty table: no row to match, each upsert is a new row
         rows = sorted_by_key(upserts.drop_columns(["_cdc_action"]), keys)
-        with fenced(lakehouse.table_key(CURRENT, pending.table)):
+        landed = seq_landed(lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), APPLIED_SEQ_KEY, new_applied)
+        with fenced(lakehouse.table_key(CURRENT, pending.table), landed):
             write_deltalake(
                 target if target is not None else lakehouse.table_uri(CURRENT, pending.table),
                 rows,
@@ -302,7 +304,10 @@ def _execute(lakehouse: Lakehouse, pending: PendingTable, target: DeltaTable, me
     if truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
         merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
         failpoints.hit("current.truncate_before_commit")
-    with fenced(lakehouse.table_key(CURRENT, pending.table)):
+    seq = int(pc.max(pending.changes.column("_cdc_seq")).as_py())  # what _merge_into records as applied
+    landed = seq_landed(lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), APPLIED_SEQ_KEY, seq)
+    metrics: dict[str, Any] = {}  # none when the commit's answer was lost (it landed: see lake.delta.fenced)
+    with fenced(lakehouse.table_key(CURRENT, pending.table), landed):
         metrics = merge.execute()
     compact_small_files(target, CURRENT_FILE_BYTES, failpoint="current.compacting")
     return metrics
@@ -431,7 +436,8 @@ def replace_current(
     Written through `existing` (the version the caller read its applied seq from), so the commit is fenced
     against any other writer's commit since (see lake.delta.seq_commit). The table properties only apply
     when the table is created: delta-rs keeps an existing table's."""
-    with fenced(lakehouse.table_key(CURRENT, table)):
+    landed = seq_landed(lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), APPLIED_SEQ_KEY, seq)
+    with fenced(lakehouse.table_key(CURRENT, table), landed):
         write_deltalake(
             existing if existing is not None else lakehouse.table_uri(CURRENT, table),
             rows,

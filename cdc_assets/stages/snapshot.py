@@ -22,7 +22,7 @@ import pymysql
 from cdc_assets.capture.run import capture
 from cdc_assets.capture.spool import SpoolDirectory
 from cdc_assets.core import failpoints
-from cdc_assets.core.errors import CdcUserError, disk_full_is_user_error
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import SourceSettings
@@ -76,7 +76,7 @@ def take_snapshot(
     (the default below CDC_SPARK_MIN_ROWS rows) in this process inside one consistent snapshot; on Spark by
     parallel tasks a key range at a time, without a lock on the source (stages/snapshot_on_spark.py)."""
     wait = lakehouse.lock_wait_seconds
-    with disk_full_is_user_error(str(lakehouse)), lakehouse_lock(lakehouse, SNAPSHOT_LOCK, "snapshot", owner, wait, log=log):
+    with lakehouse.faults_are_user_errors(), lakehouse_lock(lakehouse, SNAPSHOT_LOCK, "snapshot", owner, wait, log=log):
         if transforms is not None:
             engine = transforms(_rows_estimate(settings, requested))
             if engine.session is not None:

@@ -565,7 +565,11 @@ def compare_many(
             checkpoint = load_checkpoint(lakehouse.store)
             manifests = _Manifests(lakehouse.store, list_batches(lakehouse.store))
             # A sync may have captured (and applied) past the snapshot: changes after it are in flight too.
-            floor = manifests.seq_floor_at(position) if checkpoint and position < checkpoint.position else None
+            floor = (
+                manifests.seq_floor_at(position.in_epoch(checkpoint.position.epoch))
+                if checkpoint and position < checkpoint.position
+                else None
+            )
             estimates = source_row_estimates(conn, tables)
             for target in targets:
                 applied = SEQ_NONE if target.applied_seq is None else target.applied_seq
