@@ -76,6 +76,8 @@ def test_capture_follows_a_failover_to_a_gtid_replica_exactly_once(
     assert err.count("\n") == 1 and "is server 2, not server 1 the checkpoint was taken on" in err, err
     assert f"GTID position {before.gtid}" in err and "catch up" in err
     assert load_checkpoint(env.lakehouse.store) == before
+    assert main(["verify"]) == 2  # the checkpoint's offsets are the primary's: verify asks for the sync first
+    assert "run `cdc-lakehouse sync` first, so that capture follows it by GTID" in capsys.readouterr().err
 
     with replica.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("START SLAVE")
