@@ -77,7 +77,9 @@ def test_capture_follows_a_failover_to_a_gtid_replica_exactly_once(
     assert f"GTID position {before.gtid}" in err and "catch up" in err
     assert load_checkpoint(env.lakehouse.store) == before
     assert main(["verify"]) == 2  # the checkpoint's offsets are the primary's: verify asks for the sync first
-    assert "run `cdc-lakehouse sync` first, so that capture follows it by GTID" in capsys.readouterr().err
+    assert "run `cdc-lakehouse sync` first, so that capture follows it by GTID, then compare" in capsys.readouterr().err
+    assert main(["snapshot", f"{DATABASE}.acct"]) == 2  # so does a snapshot
+    assert "then take the snapshot" in capsys.readouterr().err
 
     with replica.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("START SLAVE")

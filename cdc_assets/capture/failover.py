@@ -32,6 +32,17 @@ def moved(checkpoint: Checkpoint | None, server: source.ServerInfo) -> bool:
     return checkpoint is not None and checkpoint.server_id is not None and checkpoint.server_id != server.server_id
 
 
+def require_same_server(checkpoint: Checkpoint | None, server: source.ServerInfo, what: str) -> None:
+    """Refuse work that compares the checkpoint with the source's binlog (`what`: verify, a snapshot) while the
+    checkpoint's file and offset are another server's: a capture must move it first."""
+    if moved(checkpoint, server):
+        assert checkpoint is not None
+        raise CdcUserError(
+            f"The source is server {server.server_id}, not server {checkpoint.server_id} the checkpoint was taken on: "
+            f"run `cdc-lakehouse sync` first, so that capture follows it by GTID, then {what}."
+        )
+
+
 def rebased(checkpoint: Checkpoint, url: MySQLUrl, server: source.ServerInfo, reader_server_id: int) -> Checkpoint:
     """The checkpoint at the same GTID state, as a position in `server`'s binlog, in the next epoch."""
     where = f"The source at {url.host}:{url.port} is server {server.server_id}, not server {checkpoint.server_id}"

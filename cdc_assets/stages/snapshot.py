@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pymysql
 
+from cdc_assets.capture import failover
 from cdc_assets.capture.run import capture
 from cdc_assets.capture.spool import SpoolDirectory
 from cdc_assets.core import failpoints
@@ -119,6 +120,7 @@ def _take_snapshot(
         spool = SpoolDirectory()
         with source.consistent_snapshot(conn, server) as position:
             checkpoint = load_checkpoint(lakehouse.store)
+            failover.require_same_server(checkpoint, server, "take the snapshot")
             if checkpoint is not None and position < checkpoint.position:
                 raise CdcUserError(
                     f"A sync moved the checkpoint past the snapshot's position {position}: run the snapshot again "
