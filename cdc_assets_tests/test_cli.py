@@ -373,7 +373,8 @@ def test_commands_print_no_noise_and_sync_prints_its_wall_time(cdc: CdcEnv) -> N
         measured = time.monotonic() - began
         assert done.returncode == 0 and done.stderr == "", done.stderr
         printed = float(re.search(r"^sync succeeded in ([\d.]+)s$", done.stdout, re.MULTILINE).group(1))
-        assert measured - 0.5 <= printed <= measured + 0.05, (printed, measured)
+        # measured also holds the interpreter's exit (slow on a busy machine); the run's own time was a fraction
+        assert 0.7 * measured <= printed <= measured + 0.05, (printed, measured)
         assert ("2 rows inserted" in done.stdout) == changes
     for command in ("status", "verify"):
         done = run_cli(command)
