@@ -29,7 +29,8 @@ FAILPOINTS = frozenset(
     {
         "capture.transaction_spilled",  # a huge transaction has spilled rows to the local spool
         "capture.upload_part",  # a multipart upload of a batch's data is under way (S3)
-        "changes.before_commit",  # a table's append: watermark read, commit not yet made
+        "changes.before_commit",
+        "history.before_commit",  # a history table's new versions are computed, their commit not yet made  # a table's append: watermark read, commit not yet made
         "sinks.published_unconfirmed",  # RabbitMQ: a window is published, its confirms not yet received
         "sinks.window_acknowledged",  # a sink's window is acknowledged by the broker, its checkpoint not yet saved
         "snapshot.chunk_written",  # a Spark snapshot task has written and recorded a chunk (in the executor)

@@ -27,6 +27,7 @@ from cdc_assets.core.settings import (
     DEFAULT_SNAPSHOT_CHUNK_ROWS,
     SourceSettings,
     TableFilter,
+    TableSelection,
     env_number,
 )
 from cdc_assets.lake.store import Lakehouse, S3Access
@@ -81,6 +82,13 @@ class LakehouseResource(ConfigurableResource):
         description="On S3: how long a lock lease lives unless renewed, so a killed run's lease blocks the next "
         "run at most that long (CDC_LOCK_TTL_SECONDS).",
     )
+    history_tables: str | None = Field(
+        default=None, description="schema.table globs whose SCD2 history is kept under history/ (CDC_HISTORY_TABLES)."
+    )
+    soft_deletes: str | None = Field(
+        default=None,
+        description="schema.table globs whose deleted rows stay in current state with _cdc_deleted = true (CDC_SOFT_DELETES).",
+    )
     s3: S3Resource = Field(
         default_factory=S3Resource, description="The S3 of an s3:// lakehouse (the standard AWS_* settings)."
     )
@@ -98,7 +106,14 @@ class LakehouseResource(ConfigurableResource):
                 secret_access_key=s3.aws_secret_access_key,
                 session_token=s3.aws_session_token,
             )
-        return Lakehouse(self.location, access, self.lock_wait_seconds, self.lock_ttl_seconds)
+        return Lakehouse(
+            self.location,
+            access,
+            self.lock_wait_seconds,
+            self.lock_ttl_seconds,
+            TableSelection.parse(self.history_tables, "CDC_HISTORY_TABLES"),
+            TableSelection.parse(self.soft_deletes, "CDC_SOFT_DELETES"),
+        )
 
 
 class SinksResource(ConfigurableResource):
@@ -232,6 +247,8 @@ def resources_from_env() -> Resources:
             location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE),
             lock_wait_seconds=lock_wait_seconds(),
             lock_ttl_seconds=lock_ttl_seconds(),
+            history_tables=_env("CDC_HISTORY_TABLES", None),
+            soft_deletes=_env("CDC_SOFT_DELETES", None),
             s3=s3,
         ),
         s3=s3,

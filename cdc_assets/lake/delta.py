@@ -16,6 +16,7 @@ from cdc_assets.core.errors import CdcUserError
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
 APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-state table has taken changes in
+HISTORY_SEQ_KEY = "cdc_history_seq"  # the `_cdc_seq` up to which a history table has taken changes in
 
 
 # delta-rs writes min/max statistics of wide decimals wrongly (clamped to the int64 range, or rounded

@@ -33,6 +33,7 @@ from cdc_assets.stages.current_state import (
     pending_at_most,
     read_pending,
 )
+from cdc_assets.stages.history import keep_history
 from cdc_assets.stages.steps import CurrentReport, Step, independent_chains, record_outcomes
 from spark_resources.arrow_transforms import latest_change_per_key
 from spark_resources.engine import TransformsFor
@@ -153,6 +154,7 @@ def apply_pending(
             with_rename_partners(targets, take_in)
             if pending:
                 _apply(lakehouse, pending, report, lease, log, dropped)
+        _keep_histories(lakehouse, targets, lease, log)
         lease.check()
 
         def saved(item: tuple[str, TableProgress]) -> None:
@@ -170,6 +172,20 @@ def apply_pending(
         report.tables = sorted(targets)
     report.seconds = time.monotonic() - began
     return report
+
+
+def _keep_histories(lakehouse: Lakehouse, targets: Collection[str], lease: Lease, log: Any | None) -> None:
+    """The history tables of the run's tables that CDC_HISTORY_TABLES selects, moved forward in the same run
+    (before its progress is saved, so a crash in between applies them again: see stages/history)."""
+    selected = sorted(t for t in targets if t in lakehouse.history)
+
+    def keep(name: str) -> str:
+        lease.check()
+        return keep_history(lakehouse, TableRef.parse(name), log)
+
+    outcomes = for_each_table(selected, keep)
+    if log is not None and selected:
+        log.info("history: " + ", ".join(f"{t}: {o}" for t, o in zip(selected, outcomes, strict=True)))
 
 
 def _pending_estimate(lakehouse: Lakehouse, tables: Collection[str]) -> int:
