@@ -36,7 +36,7 @@ from cdc_assets.stages.current_state import (
 from cdc_assets.stages.history import keep_history
 from cdc_assets.stages.steps import CurrentReport, Step, independent_chains, record_outcomes
 from spark_resources.arrow_transforms import latest_change_per_key
-from spark_resources.engine import TransformsFor
+from spark_resources.engine import Transforms, TransformsFor
 
 
 def table_steps(pending: PendingTable) -> list[Step]:
@@ -138,6 +138,10 @@ def apply_pending(
         pending: list[PendingTable] = []
         dropped: dict[str, int | None] = {}
         engine = transforms(_pending_estimate(lakehouse, targets))
+        if engine.session is not None and any(t in lakehouse.soft_deletes for t in targets):
+            engine = Transforms(None)  # soft deletes are applied by the Arrow merge only (README)
+            if log is not None:
+                log.info("current state: on Arrow, as CDC_SOFT_DELETES selects some of the run's tables")
         if engine.session is not None:  # on Spark no pending row is read here
             from cdc_assets.stages.current_on_spark import apply_on_spark  # pyspark loads only for a Spark run
 
