@@ -142,6 +142,7 @@ def test_history_is_kept_exactly_once_across_a_crash(cdc: CdcEnv, monkeypatch: p
     """A run killed between current state's commit and the history's commit, then run again: each version once."""
     monkeypatch.setenv("CDC_HISTORY_TABLES", f"{cdc.database}.*")
     cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1), (2, 2)")
+    cdc.execute("CREATE TABLE k (id INT, v INT)", "INSERT INTO k VALUES (1, 1), (1, 1), (2, 2)")  # no key
     assert cdc.sync() == 0
     cdc.execute("UPDATE t SET v = v + 10", "DELETE FROM t WHERE id = 2", "INSERT INTO t VALUES (3, 3)")
     killed = run_cli("sync", env={failpoints.ENV: "history.before_commit=exit"})
@@ -159,3 +160,14 @@ def test_history_is_kept_exactly_once_across_a_crash(cdc: CdcEnv, monkeypatch: p
         (3, 3, True, False),
     ]
     assert all(r.ok for r in cdc.verify())
+
+    # a table without a primary key has no history; its as-of read replays the change log, copies and all
+    cdc.execute("DELETE FROM k WHERE id = 1 LIMIT 1")
+    assert not cdc.lakehouse.has_table(HISTORY, TableRef(cdc.database, "k"))
+    # a run on Spark keeps the history too (it is built in the run's process)
+    monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "0")
+    cdc.execute("UPDATE t SET v = 21 WHERE id = 1")
+    assert cdc.sync() == 0
+    assert sorted((r["id"], r["v"]) for r in _history(cdc, "t") if r["_cdc_is_current"]) == [(1, 21), (3, 3)]
+    keyless = table_as_of(cdc.lakehouse, f"{cdc.database}.k", at_seq=_point(cdc, "k")[0])
+    assert sorted(_rows(keyless, ["id", "v"])) == sorted(_source(cdc, "k", "id, v")) == [(1, 1), (2, 2)]

@@ -3,7 +3,8 @@
 import pytest
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import MySQLUrl, TableFilter
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import MySQLUrl, TableFilter, TableSelection
 
 
 def test_url_never_shows_its_password() -> None:
@@ -40,3 +41,14 @@ def test_a_lock_ttl_below_three_seconds_is_refused_with_the_fix(monkeypatch: pyt
         lock_ttl_seconds()
     monkeypatch.setenv("CDC_LOCK_TTL_SECONDS", "7.5")
     assert lock_ttl_seconds() == 7.5
+
+
+def test_table_selection_selects_nothing_by_default_and_names_a_bad_glob() -> None:
+    """CDC_HISTORY_TABLES / CDC_SOFT_DELETES: unlike CDC_TABLES, unset selects no table."""
+    assert "shop.orders" not in TableSelection.parse(None, "CDC_HISTORY_TABLES")
+    assert "shop.orders" not in TableSelection.parse(" , ", "CDC_HISTORY_TABLES")
+    chosen = TableSelection.parse("shop.ord*, `d.ot`.t", "CDC_SOFT_DELETES")
+    assert "shop.orders" in chosen and TableRef("d.ot", "t") in chosen
+    assert "shop.items" not in chosen and "other.orders" not in chosen
+    with pytest.raises(CdcUserError, match="CDC_SOFT_DELETES has no schema"):
+        TableSelection.parse("orders", "CDC_SOFT_DELETES")
