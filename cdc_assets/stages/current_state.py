@@ -311,7 +311,8 @@ def _execute(
                 "_cdc_seq": str(int(truncated)),
                 "_cdc_commit_ts": f"arrow_cast('{stamp}', 'Timestamp(Microsecond, Some(\"UTC\"))')",
             },
-            predicate=f"t._cdc_seq < {int(truncated)} AND t.{LIVE_ROWS}",
+            predicate=f"t._cdc_seq < {int(truncated)}"
+            + (f" AND t.{LIVE_ROWS}" if DELETED_COLUMN in pa.schema(target.schema().to_arrow()).names else ""),
         )
     elif truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
         merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
