@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.local/dagster_home
 SPARK_CONNECT_PORT ?= 15002
 
-.PHONY: demo test dev bench workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
+.PHONY: demo test dev bench chaos workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
 
 ## System packages: a MariaDB server (run as our own dedicated instance), a Java 17+ runtime for Spark, and a
 ## RabbitMQ server (the sinks' tests and the demo run a dedicated broker of their own; a system one is left alone).
@@ -54,6 +54,7 @@ bench: install
 	$(BIN)/python -m benchmarks.large_table
 	$(BIN)/python -m benchmarks.steady_load
 	$(BIN)/python -m benchmarks.sinks
+	$(BIN)/python -m benchmarks.fixed_costs
 
 ## The UI and the daemon (schedules, sensors, freshness). Without CDC_SPARK_MASTER, runs share one long-lived
 ## Spark Connect server (no run pays for a JVM start) and take Spark only from CDC_SPARK_MIN_ROWS changes on;
@@ -96,3 +97,10 @@ clean: local-source-stop
 	-$(BIN)/python -m spark_resources.cluster stop
 	-$(BIN)/python -m cdc_assets.local_brokers stop
 	rm -rf .local lakehouse
+
+## Random kills (not a test; about 15 s a round): `sync` SIGKILLed at random moments KILLS times (default 50) under a
+## live workload with DDL and TRUNCATE, each followed by a recovery, verify and the exactly-once oracle; prints a table.
+## See docs/reliability.md.
+KILLS ?= 50
+chaos: install
+	$(BIN)/python -m benchmarks.chaos --kills $(KILLS)

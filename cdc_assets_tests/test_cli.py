@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,12 +21,12 @@ from deltalake import DeltaTable, write_deltalake
 from cdc_assets.cli import main
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
-from cdc_assets.lake.delta import open_table
+from cdc_assets.lake.delta import open_table, read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW, STATE
 from cdc_assets.lake.raw_batches import DATA_FILE, list_batches
 from cdc_assets.lake.state import CHECKPOINT_KEY, Checkpoint, save_checkpoint
 from cdc_assets.local_source.server import free_port
-from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.conftest import CdcEnv, run_cli
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -123,6 +126,7 @@ def test_purged_checkpoint(cdc: CdcEnv, capsys) -> None:
     save_checkpoint(cdc.lakehouse.store, Checkpoint(BinlogPosition("mysql-bin.000000", 4)))
     code, _, err = _run(["sync"], capsys)
     _assert_user_error(code, err, "no longer on the source", "re-initialise")
+    assert "run `cdc-lakehouse snapshot`" in err
     assert not (cdc.lakehouse_dir / RAW).exists()
 
 
@@ -134,7 +138,7 @@ def test_unwritable_lakehouse(cdc: CdcEnv, monkeypatch, capsys, tmp_path: Path) 
     _assert_user_error(code, err, "Cannot write to the lakehouse", "CDC_LAKEHOUSE")
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+@pytest.mark.parametrize("damage", ["corrupt", "missing", "manifest"])
 def test_corrupt_or_missing_batch(cdc: CdcEnv, capsys, damage: str) -> None:
     cdc.execute("CREATE TABLE k (id INT PRIMARY KEY)", "INSERT INTO k VALUES (1), (2)")
     assert cdc.sync() == 0
@@ -145,11 +149,14 @@ def test_corrupt_or_missing_batch(cdc: CdcEnv, capsys, damage: str) -> None:
     data = cdc.lakehouse_dir / RAW / list_batches(store)[-1] / DATA_FILE
     if damage == "corrupt":
         data.write_bytes(data.read_bytes()[:-10] + b"0123456789")
+    elif damage == "manifest":  # cut short, as a copy interrupted by hand would leave it
+        manifest = data.parent / "manifest.json"
+        manifest.write_bytes(manifest.read_bytes()[:100])
     else:
         data.unlink()
     code, _, err = _run(["sync"], capsys)
     _assert_user_error(code, err, "restore raw/")
-    assert ("is corrupt" if damage == "corrupt" else "missing its data file") in err
+    assert {"corrupt": "is corrupt", "missing": "missing its data file", "manifest": "manifest"}[damage] in err
     after = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "k")), None).version()
     assert after == changes_version  # nothing half-written
 
@@ -250,7 +257,14 @@ def test_a_lakehouse_that_is_a_file(cdc: CdcEnv, monkeypatch, capsys, tmp_path: 
 
 
 @pytest.mark.parametrize(
-    "content", ["{}", "[]", '{"position": {"file": "mysql-bin.000001", "pos": "x"}}', '{"position": {"file": "x", "pos": 4}}']
+    "content",
+    [
+        "{}",
+        "[]",
+        '{"position": {"file": "mysql-bin.000001", "pos": "x"}}',
+        '{"position": {"file": "x", "pos": 4}}',
+        '{"position": {"file": "mysql-bin.0000',  # truncated
+    ],
 )
 def test_a_corrupt_checkpoint(cdc: CdcEnv, capsys, content: str) -> None:
     cdc.execute("CREATE TABLE c (id INT PRIMARY KEY)", "INSERT INTO c VALUES (1)")
@@ -297,17 +311,25 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+@pytest.mark.parametrize("full", ["lakehouse", "spool"])
 def test_a_full_disk_is_one_sentence_and_the_next_sync_after_freeing_space_ends_equal(
-    cdc: CdcEnv, monkeypatch, capsys, small_disk: Path
+    cdc: CdcEnv, monkeypatch, capsys, small_disk: Path, tmp_path: Path, full: str
 ) -> None:
-    monkeypatch.setenv("CDC_LAKEHOUSE", str(small_disk / "lakehouse"))
+    """The lakehouse, or the local spool capture writes a batch to before uploading it (TMPDIR), on a disk that
+    fills up: one sentence, nothing half-visible, and after space is freed the next sync ends equal."""
+    if full == "lakehouse":
+        monkeypatch.setenv("CDC_LAKEHOUSE", str(small_disk / "lakehouse"))
+    else:
+        (small_disk / "spool").mkdir()
+        monkeypatch.setenv("TMPDIR", str(small_disk / "spool"))
+        monkeypatch.setattr(tempfile, "tempdir", str(small_disk / "spool"))  # read once per process, and cached
     cdc.execute("CREATE TABLE big (id INT PRIMARY KEY, v VARCHAR(200))")
     with cdc.admin() as conn, conn.cursor() as cur:
         rows = [(i, os.urandom(90).hex()) for i in range(30_000)]  # incompressible: several MB of raw batch
         cur.executemany("INSERT INTO big VALUES (%s, %s)", rows)
     code, _, err = _run(["sync"], capsys)
-    _assert_user_error(code, err, "No space left", "CDC_LAKEHOUSE")
-    lakehouse = small_disk / "lakehouse"
+    _assert_user_error(code, err, "No space left", "CDC_LAKEHOUSE", "TMPDIR")
+    lakehouse = small_disk / "lakehouse" if full == "lakehouse" else cdc.lakehouse_dir
     for manifest in (lakehouse / RAW).glob("*/manifest.json"):  # nothing half-visible
         assert (manifest.parent / DATA_FILE).is_file()
     assert not list(lakehouse.rglob(".*.tmp"))
@@ -315,3 +337,44 @@ def test_a_full_disk_is_one_sentence_and_the_next_sync_after_freeing_space_ends_
     assert cdc.sync() == 0
     [result] = cdc.verify()
     assert result.ok and result.compared_rows == 30_000
+
+
+def test_a_change_log_removed_by_hand_is_rebuilt_from_the_raw_batches(cdc: CdcEnv) -> None:
+    """`rm -rf changes/<schema>/<table>` once passed in silence: the next sync, with no new change, now rebuilds the
+    change log from the raw batches, each change exactly once, and current state stays equal."""
+    cdc.execute("CREATE TABLE h (id INT PRIMARY KEY, v INT)", "INSERT INTO h VALUES (1, 1), (2, 2)")
+    assert cdc.sync() == 0
+    cdc.execute("UPDATE h SET v = 20 WHERE id = 2", "DELETE FROM h WHERE id = 1")
+    assert cdc.sync() == 0
+    table = TableRef(cdc.database, "h")
+
+    def logged() -> list[tuple[int, str]]:
+        log = open_table(cdc.lakehouse.table_uri(CHANGES, table), None)
+        assert log is not None
+        rows = read_query(log, "SELECT _cdc_seq, _cdc_op FROM changes ORDER BY _cdc_seq", "changes")
+        return list(zip(rows.column(0).to_pylist(), rows.column(1).to_pylist(), strict=True))
+
+    before = logged()
+    shutil.rmtree(cdc.lakehouse.table_uri(CHANGES, table))
+    assert cdc.sync() == 0
+    assert logged() == before and len(before) == 5  # create, 2 inserts, update, delete: once each
+    [result] = cdc.verify()
+    assert result.ok and result.compared_rows == 1
+
+
+def test_commands_print_no_noise_and_sync_prints_its_wall_time(cdc: CdcEnv) -> None:
+    """A normal sync, a sync with nothing to do, status and verify, each a process of its own as a user runs them:
+    nothing on stderr (no traceback, no warning), and the time sync prints is the process's wall time, interpreter
+    start-up and imports included."""
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+    for changes in (True, False):
+        began = time.monotonic()
+        done = run_cli("sync")
+        measured = time.monotonic() - began
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        printed = float(re.search(r"^sync succeeded in ([\d.]+)s$", done.stdout, re.MULTILINE).group(1))
+        assert measured - 0.5 <= printed <= measured + 0.05, (printed, measured)
+        assert ("2 rows inserted" in done.stdout) == changes
+    for command in ("status", "verify"):
+        done = run_cli(command)
+        assert done.returncode == 0 and done.stderr == "", (command, done.stderr)

@@ -113,6 +113,11 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
     checks = [e.event_specific_data for e in _events(run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)]
     scopes = [c.metadata["scope"].value for c in checks]
     assert scopes.count("changed") >= 1 and scopes.count("full") >= 1 and all(c.passed for c in checks), scopes
+    # a full check compares every row; a "changed" one, after a table was found equal, only the keys changed since
+    per_table = {c.metadata["scope"].value: c.metadata["per_table"].value for c in checks}
+    assert {t["scope"] for t in per_table["full"].values()} == {"every row"}
+    changed_scopes = [t["scope"] for c in checks if c.metadata["scope"].value == "changed" for t in c.metadata["per_table"].value.values()]
+    assert all(s == "changed keys" or s.startswith("every row") for s in changed_scopes), changed_scopes
     materialized = _events(run.run_id, DagsterEventType.ASSET_MATERIALIZATION)
     assert {e.asset_key for e in materialized} == {RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET}
     assert {e.partition for e in materialized if e.asset_key != RAW_ASSET} == {f"{cdc.database}.acct"}

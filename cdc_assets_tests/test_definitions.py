@@ -33,7 +33,7 @@ def test_assets_are_grouped_and_everything_is_described() -> None:
     for name, resource in resources_from_env().by_key().items():
         assert resource.get_resource_definition().description, name
     assert {s.name for s in defs.sensors} == {"raw_batch_sensor", "binlog_sensor", "continuous_sensor"}
-    assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule"}
+    assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule", "full_equality_schedule"}
 
 
 def test_freshness_policies_default_to_warn_after_2_and_fail_after_5_minutes(monkeypatch) -> None:
@@ -151,3 +151,16 @@ def test_each_configured_sink_is_an_asset_downstream_of_the_change_logs_with_its
     assert sensor.minimum_interval_seconds == 5  # as often as the heartbeat when that is shorter than 15 s
     assert {job.name for job in sensor.jobs} == {"publish_rabbitmq", "publish_kinesis"}
     assert "secret" not in str(resources_from_env().sinks)  # the AMQP URL is an EnvVar, never a value in config
+
+
+def test_resources_used_outside_runs_read_the_environment_and_refuse_a_bad_number(monkeypatch) -> None:
+    """What the CLI uses before and beside its runs: the values themselves (no EnvVar left), no Dagster instance."""
+    monkeypatch.setenv("CDC_MYSQL_URL", "mysql://reader:secret@db.example:3307")  # not the demo server's
+    monkeypatch.setenv("CDC_SERVER_ID", "4321")
+    monkeypatch.setenv("CDC_TABLES", "shop.*")
+    resources = initialized_resources()
+    assert resources.binlog.server_id == 4321 and resources.binlog.settings().server_id == 4321
+    assert resources.binlog.tables == "shop.*"
+    monkeypatch.setenv("CDC_SERVER_ID", "forty")
+    with pytest.raises(CdcUserError, match="CDC_SERVER_ID='forty' is not a whole number"):
+        initialized_resources()

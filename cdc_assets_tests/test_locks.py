@@ -18,6 +18,7 @@ import boto3
 import pytest
 
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.settings import S3Retries
 from cdc_assets.lake.locks import (
     LockHeld,
     LockHolder,
@@ -25,7 +26,7 @@ from cdc_assets.lake.locks import (
     lakehouse_lock,
     read_holder,
 )
-from cdc_assets.lake.store import Lakehouse, S3Access
+from cdc_assets.lake.store import Lakehouse, S3Access, s3_client
 from cdc_assets_tests.conftest import S3Faults
 
 REPO = Path(__file__).resolve().parents[1]
@@ -332,3 +333,46 @@ def test_s3_acquire_whose_answer_was_lost_holds_the_lease_at_once(s3_faults: S3F
         assert read_holder(lake, "capture") == lease.holder()
     assert time.monotonic() - began < 10
     assert len(s3_faults.injected()) == 1
+
+
+def test_s3_renewals_failing_with_503_keep_the_lease_while_in_time_then_lose_it_cleanly(
+    s3_faults: S3Faults, s3_endpoint: str
+) -> None:
+    """Renewals answered 503 (each through CDC_S3_MAX_ATTEMPTS=2 tries) for less than the TTL: a later renewal lands
+    and the lease is still ours. For longer than the TTL: check() says the lease is lost, another run (with a healthy
+    path to S3) takes it over, the loser's block ends in LockLost and its release leaves the new lease alone."""
+    retries = S3Retries(max_attempts=2, timeout_seconds=1)
+    connection = {"region": CREDENTIALS["AWS_REGION"], "access_key_id": "testing", "secret_access_key": "testing"}
+    client = s3_client(retries, endpoint_url=s3_faults.url, **connection)
+    if BUCKET not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
+        client.create_bucket(Bucket=BUCKET)
+    location = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    lake = Lakehouse(location, S3Access.of(client, retries=retries, endpoint_url=s3_faults.url, **connection))
+    healthy = Lakehouse(location, S3Access.of(_client(s3_endpoint), endpoint_url=s3_endpoint, **connection))
+    renewal = {"method": "PUT", "path": r"/_state/locks/capture\.json$", "header": "If-Match", "action": "status:503"}
+    taken = threading.Event()
+    done = threading.Event()
+    holders: list[LockHolder] = []
+
+    def take_over() -> None:
+        with lakehouse_lock(healthy, "capture", "capture", "next run", wait_seconds=5, ttl_seconds=30) as lease:
+            holders.append(lease.holder())
+            taken.set()
+            done.wait(10)
+
+    with pytest.raises(LockLost, match="could not renew its capture lock before it expired"):
+        with lakehouse_lock(lake, "capture", "capture", "this run", ttl_seconds=3) as lease:
+            s3_faults.set({**renewal, "times": 3})  # one heartbeat fails (2 tries), the next lands on its second try
+            time.sleep(3.5)  # past the first TTL: only a renewal that landed keeps the lease
+            lease.check()
+            assert read_holder(lake, "capture") == lease.holder() and len(s3_faults.injected()) == 3
+            s3_faults.set(renewal)  # from now on every renewal fails
+            taker = threading.Thread(target=take_over)
+            taker.start()
+            assert taken.wait(10)  # once the lease expired, within about one TTL
+            with pytest.raises(LockLost, match="could not renew"):
+                lease.check()
+    assert read_holder(healthy, "capture") == holders[0]  # the loser's release left the new holder's lease alone
+    done.set()
+    taker.join(timeout=10)
+    assert read_holder(healthy, "capture") is None

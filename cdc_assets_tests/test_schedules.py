@@ -13,11 +13,12 @@ from dagster._core.definitions.schedule_definition import ScheduleExecutionData
 from dagster._core.test_utils import create_run_for_test
 
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import CAPTURE_JOB as CAPTURE_JOB_NAME
 from cdc_assets.defs.keys import STAGE_TAG
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.runs import instance as _instance
-from cdc_assets.defs.schedules import build_capture_schedule
+from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule
 from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.state import CHECKPOINT_KEY
@@ -156,3 +157,18 @@ def test_binlog_sensor_captures_when_the_binlog_grew_and_never_beside_another_ca
         busy = tick()
     assert not busy.run_requests and "a capture run" in busy.skip_message
     assert tick().run_requests
+
+
+def test_full_equality_schedule_runs_hourly_by_default_and_is_configurable(monkeypatch) -> None:
+    monkeypatch.delenv("CDC_FULL_CHECK_CRON", raising=False)
+    schedule = build_full_check_schedule()
+    assert schedule.cron_schedule == "0 * * * *" and schedule.job_name == "check_equality"
+    monkeypatch.setenv("CDC_FULL_CHECK_CRON", "*/10 * * * *")
+    assert build_full_check_schedule().cron_schedule == "*/10 * * * *"
+    # the code location serves the configured cadence, and the job it starts
+    definitions = build_definitions()
+    assert definitions.get_schedule_def("full_equality_schedule").cron_schedule == "*/10 * * * *"
+    assert definitions.resolve_job_def("check_equality").name == "check_equality"
+    monkeypatch.setenv("CDC_FULL_CHECK_CRON", "hourly")
+    with pytest.raises(CdcUserError, match="CDC_FULL_CHECK_CRON='hourly' is not a cron expression"):
+        build_full_check_schedule()

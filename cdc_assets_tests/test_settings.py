@@ -43,6 +43,31 @@ def test_a_lock_ttl_below_three_seconds_is_refused_with_the_fix(monkeypatch: pyt
     assert lock_ttl_seconds() == 7.5
 
 
+def test_s3_retry_settings_reach_every_s3_client_from_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CDC_S3_MAX_ATTEMPTS / CDC_S3_TIMEOUT_SECONDS configure boto3, delta-rs and pyarrow alike (their effect on a
+    real endpoint: test_s3_faults); a bad value is refused with the fix."""
+    from cdc_assets.defs.resources import initialized_resources
+
+    for name, bad in (("CDC_S3_MAX_ATTEMPTS", "0"), ("CDC_S3_MAX_ATTEMPTS", "2.5"), ("CDC_S3_TIMEOUT_SECONDS", "-1")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(CdcUserError, match=f"{name}='{bad}' is not"):
+            initialized_resources()
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("CDC_LAKEHOUSE", "s3://bucket/prefix")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("CDC_S3_MAX_ATTEMPTS", "7")
+    monkeypatch.setenv("CDC_S3_TIMEOUT_SECONDS", "2.5")
+    lakehouse = initialized_resources().lakehouse.get()
+    config = lakehouse.s3.client.meta.config
+    assert config.retries == {"mode": "standard", "total_max_attempts": 7}
+    assert (config.connect_timeout, config.read_timeout) == (2.5, 2.5)
+    options = lakehouse.storage_options() or {}
+    assert {k: options[k] for k in ("max_retries", "timeout", "connect_timeout")} == {
+        "max_retries": "6", "timeout": "2500ms", "connect_timeout": "2500ms"}  # fmt: skip
+    assert lakehouse.file_access().retries == lakehouse.s3.retries
+    assert lakehouse.file_access().filesystem().type_name == "s3"
+
+
 def test_table_selection_selects_nothing_by_default_and_names_a_bad_glob() -> None:
     """CDC_HISTORY_TABLES / CDC_SOFT_DELETES: unlike CDC_TABLES, unset selects no table."""
     assert "shop.orders" not in TableSelection.parse(None, "CDC_HISTORY_TABLES")

@@ -25,6 +25,7 @@ from cdc_assets.sinks.events import (
     heartbeat_event,
     table_events,
 )
+from cdc_assets.sinks.in_flight import InFlight
 from cdc_assets.sinks.kinesis import MAX_RECORDS, plan_requests, refused
 from cdc_assets.sinks.settings import AmqpUrl, configured_sink_names, sink_settings
 
@@ -137,6 +138,9 @@ def test_repeated_updates_collapse_into_the_newest_within_the_window_only() -> N
     assert collapse_updates(events, 0.0) == (events, 0)  # off by default
     keyed_move = [_event(1, "u", "a", 1.0), _event(2, "d", "a", 1.0, key_change=True), _event(3, "u", "a", 1.0)]
     assert collapse_updates(keyed_move, 10.0)[1] == 0  # a key change ends the run
+    # without a primary key there is no row identity: identical rows' updates are distinct changes, all kept
+    keyless = [SinkEvent(str(s), s, "change", "s.n", "u", None, "s.n", "s.n", b"{}", 1.0) for s in (1, 2, 3)]
+    assert collapse_updates(keyless, 10.0) == (keyless, 0)
 
 
 def test_kinesis_requests_hold_one_record_per_key_and_put_statements_on_every_shard_alone() -> None:
@@ -176,6 +180,8 @@ def test_sink_settings_from_the_environment() -> None:
         sink_settings("rabbitmq", {"CDC_RABBITMQ_URL": "http://broker"})
     with pytest.raises(CdcUserError, match="CDC_SINK_HEARTBEAT_SECONDS='often' is not a number of seconds"):
         sink_settings("kinesis", {**env, "CDC_SINK_HEARTBEAT_SECONDS": "often"})
+    with pytest.raises(CdcUserError, match="CDC_KINESIS_STREAM='arn:aws:kinesis:eu-west-1:1:stream/x' is not a Kinesis stream name"):
+        sink_settings("kinesis", {**env, "CDC_KINESIS_STREAM": "arn:aws:kinesis:eu-west-1:1:stream/x"})
     with pytest.raises(CdcUserError, match="The kinesis sink is not configured: set CDC_KINESIS_STREAM"):
         sink_settings("kinesis", {})
     with pytest.raises(CdcUserError, match="no sink named 'kafka'"):
@@ -202,7 +208,8 @@ def _received(stream: str, message_id: str, seq: int, op: str, key: int | None, 
 
 
 def test_the_delivery_check_finds_gaps_strangers_reordering_and_accepts_resent_copies() -> None:
-    expected = [Expected("1", 1, "s.t", "c"), Expected("2", 2, "s.t", "u"), Expected("3", 3, "s.t", "t"), Expected("4", 4, "s.t", "c")]
+    key = ("key:[1]",)
+    expected = [Expected("1", 1, "s.t", "c", key), Expected("2", 2, "s.t", "u", key), Expected("3", 3, "s.t", "t"), Expected("4", 4, "s.t", "c", key)]
     good = [_received("q", "1", 1, "c", 1), _received("q", "2", 2, "u", 1), _received("q", "1", 1, "c", 1),
             _received("q", "3", 3, "t", None, "truncate"), _received("q", "4", 4, "c", 1),
             Received("q", "heartbeat:x:1", {"id": "heartbeat:x:1", "type": "heartbeat"})]  # fmt: skip
@@ -225,3 +232,40 @@ def test_a_heartbeat_says_how_far_the_sink_has_published() -> None:
     body = json.loads(beat.body)
     assert body["type"] == "heartbeat" and body["_cdc_seq"] == 42 and body["source"]["sink"] == "kinesis"
     assert beat.routing_key == beat.partition_key == "heartbeat"
+
+
+def test_a_message_waits_for_the_confirm_of_an_earlier_one_it_must_follow() -> None:
+    flight = InFlight()
+    a1, b1, a2 = _event(1, "u", "a", 1.0), _event(2, "u", "b", 1.0), _event(3, "u", "a", 1.0)
+    other = _event(4, "u", "a", 1.0, table="s.u")
+    truncate = _event(5, "t", "", 1.0, kind="truncate")
+    keyless = SinkEvent("6", 6, "change", "s.n", "c", None, "s.n", "s.n", b"{}", 1.0)  # no row values: table-wide
+    beat = heartbeat_event("rabbitmq", 1, 1)
+    assert flight.can_go(a1) and not flight
+    flight.add(1, a1)
+    assert flight.can_go(b1) and not flight.can_go(a2) and flight.can_go(other)  # another key, another table: go
+    flight.add(2, b1)
+    assert not flight.can_go(truncate) and flight.can_go(beat)  # a table-wide message follows all of its table
+    assert flight.settle(1, multiple=False) == {1: a1} and flight.can_go(a2) and not flight.can_go(truncate)
+    assert flight.settle(2, multiple=True) == {2: b1} and flight.can_go(truncate) and not flight
+    flight.add(3, truncate)
+    assert not flight.can_go(a2) and flight.can_go(keyless)
+    flight.add(4, keyless)
+    assert not flight.can_go(SinkEvent("7", 7, "change", "s.n", "d", None, "s.n", "s.n", b"{}", 1.0))  # no key: in turn
+    assert flight.settle(9, multiple=True) == {3: truncate, 4: keyless} and flight.can_go(a2)
+
+
+def test_changes_of_a_table_without_key_wait_only_for_changes_of_identical_rows() -> None:
+    flight = InFlight()
+
+    def row(seq: int, op: str, *values: str) -> SinkEvent:
+        return SinkEvent(str(seq), seq, "change", "s.n", op, None, "s.n", "s.n", b"{}", 1.0, row_values=values)
+
+    flight.add(1, row(1, "c", "[1]"))
+    assert flight.can_go(row(2, "c", "[2]"))  # another row's values: goes at once
+    assert not flight.can_go(row(3, "c", "[1]"))  # an identical row: after the first is confirmed
+    assert not flight.can_go(row(4, "u", "[2]", "[1]"))  # an update to those values, too
+    flight.add(2, row(2, "c", "[2]"))
+    assert not flight.can_go(_event(5, "t", "", 1.0, table="s.n", kind="truncate"))
+    flight.settle(1, multiple=False)
+    assert flight.can_go(row(3, "c", "[1]")) and not flight.can_go(row(4, "u", "[2]", "[1]"))

@@ -108,6 +108,13 @@ def sinks(cdc: CdcEnv, rabbitmq: local_rabbitmq.LocalRabbit, s3_endpoint: str, m
         connection.channel().exchange_delete(name)
 
 
+def test_the_local_rabbitmq_keeps_its_password_and_cookie_private(rabbitmq: local_rabbitmq.LocalRabbit) -> None:
+    for name, mode in (("password", 0o600), ("rabbitmq.conf", 0o600), (".erlang.cookie", 0o400)):
+        path = rabbitmq.base_dir / name
+        assert path.stat().st_mode & 0o777 == mode, (name, oct(path.stat().st_mode))
+    assert rabbitmq.password in (rabbitmq.base_dir / "rabbitmq.conf").read_text()  # why it must be private
+
+
 def _source_items(cdc: CdcEnv) -> dict[str, str | None]:
     with cdc.admin() as conn, conn.cursor() as cur:
         cur.execute("SELECT id, name FROM items")
@@ -260,6 +267,64 @@ def test_rabbitmq_stopped_and_restarted_during_a_publish(cdc: CdcEnv, sinks: Sin
     assert report.ok and report.duplicates <= WINDOW_MESSAGES, report.describe()
 
 
+def test_rabbitmq_refusing_messages_sends_them_again_without_reordering_a_key(cdc: CdcEnv, sinks: Sinks, monkeypatch) -> None:
+    """A queue full under `x-overflow: reject-publish` makes RabbitMQ nack messages while a slow consumer frees room:
+    the refused ones are sent again and still reach the queue before every later change of their key."""
+    db = cdc.database
+    cdc.execute(
+        "CREATE TABLE hot (id INT PRIMARY KEY, v INT)",
+        "CREATE TABLE loose (v INT)",
+        "INSERT INTO hot SELECT seq, 0 FROM seq_1_to_20",
+        *[f"UPDATE hot SET v = {i} WHERE id = {1 + i % 3}" for i in range(1, 31)],
+        "INSERT INTO loose VALUES (1), (1), (2)",
+        "UPDATE loose SET v = 3",
+        "DELETE FROM loose LIMIT 1",
+    )
+    sinks.on()
+    assert cdc.sync() == 0
+    exchange = f"{db}_small"
+    with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+        channel = connection.channel()
+        channel.exchange_declare(exchange, "topic", durable=True)
+        channel.queue_declare(exchange, durable=True, arguments={"x-max-length": 5, "x-overflow": "reject-publish"})
+        channel.queue_bind(exchange, exchange, "#")
+    received: list[Received] = []
+    published = threading.Event()
+
+    def slow_consumer() -> None:
+        time.sleep(1.0)  # the queue fills first: the window's last messages are refused too
+        with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+            channel = connection.channel()
+            while True:
+                method, properties, body = channel.basic_get(exchange, auto_ack=True)
+                if method is None:
+                    if published.is_set():
+                        return
+                    time.sleep(0.02)
+                    continue
+                received.append(Received(exchange, str(properties.message_id), json.loads(body), routing_key=method.routing_key))
+                time.sleep(0.01)
+
+    consumer = threading.Thread(target=slow_consumer, daemon=True)
+    consumer.start()
+    monkeypatch.setenv("CDC_RABBITMQ_EXCHANGE", exchange)
+    sinks.on("rabbitmq")
+    try:
+        assert main(["publish", "rabbitmq"]) == 0
+    finally:
+        published.set()
+        consumer.join(timeout=60)
+        with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+            connection.channel().queue_delete(exchange)
+            connection.channel().exchange_delete(exchange)
+    assert _sink_metadata("rabbitmq")["refused_records"] > 0  # the broker did refuse some
+    report = sinks.check("rabbitmq", received)
+    assert report.ok and report.expected == 2 + 20 + 30 + 3 + 3 + 1, report.describe()
+    assert {k: v["v"] for k, v in replayed_rows(received)[f"{db}.hot"].items()} == {
+        json.dumps({"id": i}): v for i, v in [(1, 30), (2, 28), (3, 29)] + [(i, 0) for i in range(4, 21)]
+    }
+
+
 def test_kinesis_throttled_and_unreachable_during_a_publish(cdc: CdcEnv, sinks: Sinks, s3_faults: S3Faults, monkeypatch) -> None:
     _bulk(cdc, 1_500)
     sinks.on()
@@ -322,12 +387,18 @@ def test_bad_sink_settings_end_in_one_sentence_and_leave_the_checkpoint(
     assert all(before.values())
     closed = f"127.0.0.1:{free_port()}"
     auth_url, auth_keys = moto_with_auth
+    unbound = f"{sinks.exchange}_unbound"  # an exchange no queue is bound to: a mandatory message comes back
+    with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+        connection.channel().exchange_declare(unbound, "topic", durable=False, auto_delete=False)
     cases = [
         ("rabbitmq", {"CDC_RABBITMQ_URL": f"amqp://cdc:x@{closed}/%2F"}, "Cannot reach RabbitMQ at amqp://cdc@"),
         ("rabbitmq", {"CDC_RABBITMQ_URL": sinks.rabbit.url().replace(sinks.rabbit.password, "wrong")}, "refused the login of user 'cdc'"),
         ("rabbitmq", ["--rabbitmq-exchange", "no_such_exchange"], "The RabbitMQ exchange 'no_such_exchange' does not exist"),
+        ("rabbitmq", ["--rabbitmq-exchange", unbound], f"RabbitMQ returned a message of routing key '{cdc.database}.t' as "
+         f"unroutable: no queue is bound to exchange '{unbound}' for it; bind a queue"),  # fmt: skip
         ("kinesis", {"AWS_ENDPOINT_URL_KINESIS": f"http://{closed}"}, "Cannot reach Kinesis at"),
         ("kinesis", ["--kinesis-stream", "no_such_stream"], "The Kinesis stream 'no_such_stream' does not exist"),
+        ("kinesis", ["--kinesis-stream", "my stream"], "CDC_KINESIS_STREAM='my stream' is not a Kinesis stream name: use"),
         ("kinesis", {"AWS_ENDPOINT_URL_KINESIS": auth_url, "AWS_ACCESS_KEY_ID": auth_keys["AWS_ACCESS_KEY_ID"],
                      "AWS_SECRET_ACCESS_KEY": "wrong"}, "Kinesis refused the AWS credentials"),  # fmt: skip
     ]
@@ -346,6 +417,8 @@ def test_bad_sink_settings_end_in_one_sentence_and_leave_the_checkpoint(
         assert len(lines) == 1 and lines[0].startswith("error: ") and sentence in lines[0], err
         assert "Traceback" not in err and sinks.rabbit.password not in err and auth_keys["AWS_SECRET_ACCESS_KEY"] not in err
         assert {s: sinks.checkpoint_bytes(s) for s in before} == before
+    with pika.BlockingConnection(pika.URLParameters(sinks.rabbit.url())) as connection:
+        connection.channel().exchange_delete(unbound)
     sinks.on("rabbitmq", "kinesis")
     assert main(["publish"]) == 0  # with the settings fixed, nothing was lost
     assert sinks.check("rabbitmq", sinks.rabbit_messages()).ok and sinks.check("kinesis", sinks.kinesis_messages()).ok
@@ -359,20 +432,37 @@ def _lag_checks() -> dict[str, tuple[bool, AssetCheckSeverity]]:
 def test_a_sink_that_is_down_holds_only_its_own_checkpoint_and_its_lag_warns_then_fails(
     cdc: CdcEnv, sinks: Sinks, monkeypatch, capsys
 ) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1), (2, 2)")
+    assert cdc.sync() == 0
+    held = sinks.checkpoint_bytes("rabbitmq")
+    assert held is not None
+    capsys.readouterr()
+    # RabbitMQ is unreachable (listed first, so it is tried first), then badly configured: each time capture, the
+    # change logs, current state and the Kinesis sink go on, and RabbitMQ's checkpoint stays exactly where it was
+    for step, (url, sentence) in enumerate(
+        [(f"amqp://cdc:x@127.0.0.1:{free_port()}/%2F", "Cannot reach RabbitMQ"), ("http://broker", "CDC_RABBITMQ_URL is not a valid URL")]
+    ):
+        monkeypatch.setenv("CDC_RABBITMQ_URL", url)
+        cdc.execute(f"UPDATE t SET v = {10 + step} WHERE id = 1", f"INSERT INTO t VALUES ({3 + step}, 0)")
+        assert cdc.sync() == 2
+        err = capsys.readouterr().err
+        assert err.count("error: ") == 1 and sentence in err, err
+        assert all(c.ok for c in cdc.verify())
+        report = sinks.check("kinesis", sinks.kinesis_messages())
+        assert report.ok and report.expected == 3 + 2 * (step + 1), report.describe()  # every change so far, in order
+        assert sinks.checkpoint_bytes("rabbitmq") == held
     monkeypatch.setenv("CDC_RABBITMQ_URL", f"amqp://cdc:x@127.0.0.1:{free_port()}/%2F")
-    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v INT)", "INSERT INTO t VALUES (1, 1), (2, 2)", "UPDATE t SET v = 3 WHERE id = 1")
-    assert cdc.sync() == 2
-    err = capsys.readouterr().err
-    assert err.count("error: ") == 1 and "Cannot reach RabbitMQ" in err, err
-    assert all(c.ok for c in cdc.verify())  # capture, change logs and current state went on
-    assert sinks.check("kinesis", sinks.kinesis_messages()).ok  # so did the other sink
-    assert sinks.checkpoint_bytes("rabbitmq") is None
     monkeypatch.setenv("CDC_SINK_LAG_WARN_SECONDS", "0.5")
     monkeypatch.setenv("CDC_SINK_LAG_FAIL_SECONDS", "3600")
     checks = _lag_checks()
     assert checks["sinks/rabbitmq"] == (False, AssetCheckSeverity.WARN) and checks["sinks/kinesis"][0] is True
-    monkeypatch.setenv("CDC_SINK_LAG_FAIL_SECONDS", "1")  # the changes were committed before the sync began
+    monkeypatch.setenv("CDC_SINK_LAG_FAIL_SECONDS", "1")  # the changes were committed before the syncs began
     assert _lag_checks()["sinks/rabbitmq"] == (False, AssetCheckSeverity.ERROR)
+    # the broker back, the sink catches up from its own checkpoint: every change once, in order per key
+    sinks.on("rabbitmq")
+    assert main(["publish"]) == 0
+    report = sinks.check("rabbitmq", sinks.rabbit_messages())
+    assert report.ok and report.expected == 7 and report.duplicates == 0, report.describe()
 
 
 def test_dedup_window_collapses_repeated_updates_and_holds_back_young_changes_and_heartbeats_when_due(
@@ -382,6 +472,8 @@ def test_dedup_window_collapses_repeated_updates_and_holds_back_young_changes_an
     sinks.on("rabbitmq")
     monkeypatch.setenv("CDC_SINK_DEDUP_SECONDS", "2")
     cdc.execute("CREATE TABLE items (id INT PRIMARY KEY, name VARCHAR(40))", "INSERT INTO items VALUES (1, 'a'), (2, 'b')")
+    # a table without a primary key: two identical rows are two rows, and each update of them a change of its own
+    cdc.execute("CREATE TABLE tally (v INT)", "INSERT INTO tally VALUES (1), (1)", "UPDATE tally SET v = 2", "UPDATE tally SET v = 3")
     for i in range(5):
         cdc.execute(f"UPDATE items SET name = 'a{i}' WHERE id = 1")
     cdc.execute("UPDATE items SET name = 'b1' WHERE id = 2")
@@ -389,9 +481,14 @@ def test_dedup_window_collapses_repeated_updates_and_holds_back_young_changes_an
     time.sleep(max(0.0, last_commit + 2.2 - time.time()))
     assert cdc.sync() == 0
     received = sinks.rabbit_messages()
-    updates = [m.body["after"]["name"] for m in received if m.body.get("op") == "u"]
+    updates = [m.body["after"]["name"] for m in received if m.body.get("op") == "u" and m.body["source"]["table"] == "items"]
     assert updates == ["a4", "b1"]  # five updates of id 1 within 2 s: only the newest is sent
     assert _sink_metadata("rabbitmq")["collapsed_updates"] == 4
+    # every change of the keyless table came, none collapsed, in order: 2 inserts and 4 updates of identical rows
+    tally = [m for m in received if m.body["source"]["table"] == "tally"]
+    expected_tally = [e for e in expected_messages(cdc.lakehouse, sink_settings("rabbitmq", os.environ)) if e.table == f"{db}.tally"]
+    assert check_delivery(expected_tally, tally).ok and len(expected_tally) == 7, check_delivery(expected_tally, tally).describe()
+    assert [(m.body["op"], (m.body["after"] or {}).get("v")) for m in tally[1:]] == [("c", 1), ("c", 1), ("u", 2), ("u", 2), ("u", 3), ("u", 3)]
     assert {k: v["name"] for k, v in replayed_rows(received)[f"{db}.items"].items()} == _source_items(cdc)
     # a change younger than the window waits for the next run (it could still be collapsed); with the window off
     # (the default) it goes at once
@@ -401,7 +498,7 @@ def test_dedup_window_collapses_repeated_updates_and_holds_back_young_changes_an
     monkeypatch.delenv("CDC_SINK_DEDUP_SECONDS")
     assert main(["publish", "rabbitmq"]) == 0
     received += sinks.rabbit_messages()
-    assert [m.body["after"]["name"] for m in received if m.body.get("op") == "u"][-1] == "b2"
+    assert [m.body["after"]["name"] for m in received if m.body.get("op") == "u" and m.routing_key == f"{db}.items"][-1] == "b2"
     assert {k: v["name"] for k, v in replayed_rows(received)[f"{db}.items"].items()} == _source_items(cdc)
     # heartbeats: off by default (none above); when one is due, a publish with nothing new sends it
     top = max(m.body["_cdc_seq"] for m in received)

@@ -479,6 +479,7 @@ def capture_batches(
     The caller makes each batch durable before asking for the next one, so the stream position
     never runs far ahead of what is written.
     """
+    end = end.in_epoch(start.epoch)  # the server's position, named in the epoch capture follows it in
     if not start < end:
         return
     builder = BatchBuilder(
@@ -547,6 +548,7 @@ def _read_events(
     maps = _TableMaps(server.flavor == "mariadb", options.table_filter)
     post_headers = b""
     log_file = builder.start.log_file
+    epoch = builder.start.epoch
     file_number = binlog_file_number(log_file)
     end_key = end.sort_key
     shapes: dict[int, TableShape] = {}  # binlog table id -> the shape of a captured table
@@ -596,7 +598,7 @@ def _read_events(
                 gtid, flags = mariadb_gtid(event.body, event.server_id)
             else:
                 gtid, flags = mysql_gtid(event.body), MARIADB_GTID_STANDALONE
-            builder.begin(gtid, BinlogPosition(log_file, end_pos - event.size))
+            builder.begin(gtid, BinlogPosition(log_file, end_pos - event.size, epoch))
             in_transaction = not flags & MARIADB_GTID_STANDALONE
         elif kind == XID:
             boundary = True
@@ -622,7 +624,7 @@ def _read_events(
                 boundary = not in_transaction
         if boundary:
             in_transaction = False
-            builder.commit(BinlogPosition(log_file, end_pos), event.timestamp)
+            builder.commit(BinlogPosition(log_file, end_pos, epoch), event.timestamp)
             if not (file_number, end_pos) < end_key:
                 break
             if builder.is_full() and not builder.holding:

@@ -11,9 +11,10 @@ from typing import Any
 
 import pymysql
 
+from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.capture.spool import remove_orphaned_spools
-from cdc_assets.core.errors import disk_full_is_user_error
+from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings
@@ -95,7 +96,7 @@ def capture(
     try:
         server = source.preflight(conn, url, settings.server_id)
         lakehouse.check_writable()
-        with disk_full_is_user_error(str(lakehouse)), lakehouse_lock(
+        with lakehouse.faults_are_user_errors(), lakehouse_lock(
             lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log
         ) as lease:
             run = _Capture(settings, options, server, lakehouse, lease, log, tidy)
@@ -157,11 +158,22 @@ class _Capture:
         if orphans and log is not None:
             log.info(f"removed {orphans} spool directories and partial uploads left by a capture that was stopped")
         checkpoint = load_checkpoint(lakehouse.store)
+        if checkpoint is not None and failover.moved(checkpoint, self.server):
+            old = checkpoint
+            checkpoint = failover.rebased(old, self.settings.url, self.server, self.options.server_id)
+            lease.check()
+            save_checkpoint(lakehouse.store, checkpoint)
+            if log is not None:
+                log.info(
+                    f"the source is now server {self.server.server_id} (was {old.server_id}): continuing from GTID "
+                    f"{old.gtid}, at {checkpoint.position} in its binlog"
+                )
         start = checkpoint.position if checkpoint else source.oldest_position(conn)
         source.check_available(conn, start)
-        target = until or source.binlog_end(conn)
+        epoch = checkpoint.position.epoch if checkpoint else 0
+        target = (until or source.binlog_end(conn)).in_epoch(epoch)  # the server's position, in capture's epoch
         report = CaptureReport(start=start, target=target)
-        checkpoint = checkpoint or Checkpoint(start)
+        checkpoint = checkpoint or Checkpoint(start, server_id=self.server.server_id)
         registry = load_registry(lakehouse.store)
         schemas = load_schemas(lakehouse.store, checkpoint)
         while checkpoint.position < target:
@@ -209,10 +221,12 @@ class _Capture:
             else:
                 manifest = write_batch(store, batch)
                 adopted = False
+                failpoints.hit("capture.manifest_written")
             # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
             # can miss a table whose changes are captured.
             if register_batch(registry, manifest.name, manifest.tables()):
                 save_registry(store, registry)
+                failpoints.hit("capture.registry_saved")
             # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
             schemas_name = checkpoint.schemas
             if manifest.raw.get("schemas"):
@@ -221,6 +235,7 @@ class _Capture:
                 schemas.update(updated)
                 schemas_name = manifest.name
                 save_schemas(store, schemas_name, schemas)
+                failpoints.hit("capture.schemas_written")
             lease.check()
             checkpoint = Checkpoint(
                 position=manifest.end,
@@ -230,8 +245,10 @@ class _Capture:
                 next_seq=manifest.next_seq,
                 reached_at=checkpoint.reached_at,
                 schemas=schemas_name,
+                server_id=self.server.server_id,
             )
             save_checkpoint(store, checkpoint)
+            failpoints.hit("capture.checkpoint_saved")
             report.batches.append(manifest)
             if log is not None:
                 log.info(

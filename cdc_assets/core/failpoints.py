@@ -27,13 +27,40 @@ EXIT_CODE = 77  # what a process ended at a failpoint exits with
 
 FAILPOINTS = frozenset(
     {
+        # capture (cdc_assets/capture/run.py, lake/raw_batches.py): a raw batch and the state that follows it
         "capture.transaction_spilled",  # a huge transaction has spilled rows to the local spool
         "capture.upload_part",  # a multipart upload of a batch's data is under way (S3)
-        "changes.before_commit",
-        "history.before_commit",  # a history table's new versions are computed, their commit not yet made  # a table's append: watermark read, commit not yet made
+        "capture.batch_data_written",  # a batch's data file is written, its manifest (what makes it visible) not
+        "capture.manifest_written",  # a batch is visible, the registry and the checkpoint do not know it
+        "capture.registry_saved",  # the registry names the batch's tables, the checkpoint is not past it
+        "capture.schemas_written",  # the table shapes at the batch's end are written, the checkpoint names the old
+        "capture.checkpoint_saved",  # the checkpoint is past a batch, the next batch is not read yet
+        # change-log stage (cdc_assets/stages/changes.py, change_log.py, change_plan.py)
+        "changes.before_commit",  # a table's append: watermark read, commit not yet made
+        "changes.log_rewritten",  # a column's type changed: the log is rewritten to the wider type, not appended to
+        "changes.table_appended",  # one table's append is committed, other tables of the run not yet
+        "changes.appended_before_progress",  # every table's append of a chunk is committed, no progress saved
+        "changes.progress_partly_saved",  # one table's change-log progress is saved, others not yet
+        "changes.compacting",  # a change log's append is committed, its small files not compacted yet
+        # current-state stage (cdc_assets/stages/current.py, current_state.py)
+        "current.table_merged",  # one table's merge is committed, other tables' steps not yet
+        "current.keyless_before_commit",  # a keyless table's copies are counted against a version, not committed
+        "current.truncate_before_commit",  # a merge that also removes the rows before a TRUNCATE, not committed
+        "current.alter_before_commit",  # an ALTER's rewrite of the table is written, not committed
+        "current.altered",  # an ALTER's rewrite is committed, the table's later steps and progress not yet
+        "current.drop_log_removed",  # a DROP: the Delta log of the table is removed, its data files not yet
+        "current.compacting",  # a merge is committed, the table's small files not compacted yet
+        "current.merged_before_progress",  # every step of the run is committed, no progress saved
+        "current.progress_partly_saved",  # one table's current-state progress is saved, others not yet
+        "history.before_commit",  # a history table's new versions are computed, their commit not yet made
+        # snapshots (cdc_assets/stages/snapshot.py on Arrow; snapshot_on_spark.py, spark_resources/snapshots.py)
+        "snapshot.reading",  # a snapshot has spooled a chunk of a table's rows, the rest is unread
+        "snapshot.captured",  # the rows are read and capture has reached the snapshot's position, nothing loaded
+        "snapshot.overwritten",  # a table's current state is overwritten at the snapshot's seq, its progress not saved
+        "snapshot.chunk_written",  # a Spark snapshot task has written and recorded a chunk (in the executor)
+        # the rest of the product
         "sinks.published_unconfirmed",  # RabbitMQ: a window is published, its confirms not yet received
         "sinks.window_acknowledged",  # a sink's window is acknowledged by the broker, its checkpoint not yet saved
-        "snapshot.chunk_written",  # a Spark snapshot task has written and recorded a chunk (in the executor)
         "verify.in_snapshot",  # the source's consistent snapshot is open, its tables not read yet
     }
 )

@@ -10,7 +10,7 @@ purpose: delta-rs writes wrong file statistics for decimals beyond the int64 ran
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 FIRST_SEQ = 1
 _FILE_NUMBER = re.compile(r"\.(\d+)$")
@@ -26,10 +26,15 @@ def binlog_file_number(log_file: str) -> int:
 
 @dataclass(frozen=True, order=False)
 class BinlogPosition:
-    """A place in the binlog: file and byte offset. Ordered by (file number, offset)."""
+    """A place in the binlog: file and byte offset. Ordered by (file number, offset).
+
+    `epoch` counts the servers capture has followed by GTID (a failover to a replica, whose binlog files and
+    offsets are its own): 0 for the first. Positions are compared within one server only, so it takes no part in
+    ordering or equality; it prefixes batch names, so a later server's batches sort after an earlier one's."""
 
     log_file: str
     log_pos: int
+    epoch: int = field(default=0, compare=False)
 
     @property
     def sort_key(self) -> tuple[int, int]:
@@ -45,13 +50,19 @@ class BinlogPosition:
         return f"{self.log_file}:{self.log_pos}"
 
     def batch_name(self) -> str:
-        """Name of the raw batch starting here: sorts in binlog order as plain text."""
+        """Name of the raw batch starting here: sorts in binlog order as plain text (a later epoch's names start
+        with `g` and its number, after every digit-led name of epoch 0)."""
         number, pos = self.sort_key
-        return f"{number:010d}-{pos:012d}"
+        name = f"{number:010d}-{pos:012d}"
+        return f"g{self.epoch:04d}-{name}" if self.epoch else name
+
+    def in_epoch(self, epoch: int) -> BinlogPosition:
+        """The same place, named in `epoch` (a position the current server reported, for comparing and naming)."""
+        return self if self.epoch == epoch else replace(self, epoch=epoch)
 
     def to_json(self) -> dict[str, object]:
-        return {"file": self.log_file, "pos": self.log_pos}
+        return {"file": self.log_file, "pos": self.log_pos, **({"epoch": self.epoch} if self.epoch else {})}
 
     @staticmethod
     def from_json(d: dict[str, object]) -> BinlogPosition:
-        return BinlogPosition(str(d["file"]), int(d["pos"]))  # type: ignore[arg-type]
+        return BinlogPosition(str(d["file"]), int(d["pos"]), int(d.get("epoch") or 0))  # type: ignore[arg-type]

@@ -20,7 +20,10 @@ DEFAULT_MAX_BATCH_ROWS = 100_000
 DEFAULT_SNAPSHOT_CHUNK_ROWS = 500_000  # rows one Spark task of a snapshot reads: what a resumed snapshot may read again
 DEFAULT_LOCK_WAIT_SECONDS = 120.0  # how long a stage waits for another run of the same stage to finish
 DEFAULT_LOCK_TTL_SECONDS = 60.0  # an S3 lease not renewed for this long may be taken over (a killed run's)
+DEFAULT_S3_MAX_ATTEMPTS = 5  # tries of one S3 request (the first and its retries), by every S3 client
+DEFAULT_S3_TIMEOUT_SECONDS = 30.0  # one S3 request's connect and read timeout
 DEFAULT_CAPTURE_CRON = "* * * * *"
+DEFAULT_FULL_CHECK_CRON = "0 * * * *"  # every row of every table compared with the source: hourly
 DEFAULT_FRESHNESS_WARN_MINUTES = 2.0
 DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
@@ -49,6 +52,51 @@ def env_window(
             f"{warn_name} ({warn:g}) must be below {fail_name} ({fail:g}): lower the first or raise the second."
         )
     return warn, fail
+
+
+@dataclass(frozen=True)
+class S3Retries:
+    """How every S3 client of the pipeline retries one request (boto3 for objects and leases, delta-rs for Delta
+    tables, pyarrow in Spark tasks): up to `max_attempts` tries with exponential backoff on 5xx, throttling
+    (SlowDown), resets and timeouts, each try cut after `timeout_seconds`. Set once (CDC_S3_MAX_ATTEMPTS,
+    CDC_S3_TIMEOUT_SECONDS), so an endpoint that stays down fails every client within about the same bound."""
+
+    max_attempts: int = DEFAULT_S3_MAX_ATTEMPTS
+    timeout_seconds: float = DEFAULT_S3_TIMEOUT_SECONDS
+
+    @property
+    def give_up_seconds(self) -> float:
+        """About the longest one request takes before its client gives up: every try timing out, plus backoff."""
+        return self.max_attempts * self.timeout_seconds + 2.0 * (self.max_attempts - 1)
+
+    def boto_config(self) -> dict[str, object]:
+        """botocore `Config` arguments: standard retry mode (exponential backoff with jitter, throttling and
+        5xx and connection errors retried, conditional-write 412s not)."""
+        return {
+            "retries": {"mode": "standard", "total_max_attempts": self.max_attempts},
+            "connect_timeout": self.timeout_seconds,
+            "read_timeout": self.timeout_seconds,
+        }
+
+    def delta_options(self) -> dict[str, str]:
+        """delta-rs (object_store) storage options with the same meaning: retries after the first try, each try's
+        timeouts, and a total retry budget so it gives up within `give_up_seconds` too."""
+        millis = f"{max(1, round(self.timeout_seconds * 1000))}ms"
+        return {
+            "max_retries": str(self.max_attempts - 1),
+            "retry_timeout": f"{max(1, round(self.give_up_seconds * 1000))}ms",
+            "timeout": millis,
+            "connect_timeout": millis,
+        }
+
+
+def s3_retries_from_env() -> S3Retries:
+    """CDC_S3_MAX_ATTEMPTS (a whole number, at least 1) and CDC_S3_TIMEOUT_SECONDS (above 0)."""
+    attempts = env_number(
+        "CDC_S3_MAX_ATTEMPTS", DEFAULT_S3_MAX_ATTEMPTS, lambda v: v >= 1 and v == int(v), "a whole number of at least 1"
+    )
+    timeout = env_number("CDC_S3_TIMEOUT_SECONDS", DEFAULT_S3_TIMEOUT_SECONDS, lambda v: v > 0, "a number of seconds")
+    return S3Retries(int(attempts), timeout)
 
 
 @dataclass(frozen=True)

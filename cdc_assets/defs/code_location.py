@@ -9,10 +9,10 @@ from cdc_assets.defs.assets import current_tables, raw_binlog_batches, table_cha
 from cdc_assets.defs.checks import ALL_CHECKS
 from cdc_assets.defs.continuous import build_continuous_sensor, continuous_job
 from cdc_assets.defs.freshness import current_freshness_policy
-from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, snapshot_job
+from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, equality_job, snapshot_job
 from cdc_assets.defs.progress import progress_logger
 from cdc_assets.defs.resources import resources_from_env
-from cdc_assets.defs.schedules import build_capture_schedule, lag_check_schedule
+from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule, lag_check_schedule
 from cdc_assets.defs.sensors import build_binlog_sensor, raw_batch_sensor
 from cdc_assets.defs.sinks import (
     build_publish_job,
@@ -36,9 +36,22 @@ def build_definitions() -> Definitions:
     return Definitions(
         assets=[fresh[0], table_changes, fresh[1], *sink_assets],
         asset_checks=[*ALL_CHECKS, *(build_sink_lag_check(s) for s in sinks)],
-        jobs=[capture_job, apply_job, build_lag_check_job([sink_lag_check_key(s) for s in sinks]), snapshot_job, continuous_job, *publish_jobs],
-        schedules=[build_capture_schedule(), lag_check_schedule],
-        sensors=[raw_batch_sensor, build_binlog_sensor(), build_continuous_sensor(), *([build_sink_sensor(sinks, publish_jobs)] if sinks else [])],
+        jobs=[
+            capture_job,
+            apply_job,
+            build_lag_check_job([sink_lag_check_key(s) for s in sinks]),
+            snapshot_job,
+            equality_job,
+            continuous_job,
+            *publish_jobs,
+        ],
+        schedules=[build_capture_schedule(), lag_check_schedule, build_full_check_schedule()],
+        sensors=[
+            raw_batch_sensor,
+            build_binlog_sensor(),
+            build_continuous_sensor(),
+            *([build_sink_sensor(sinks, publish_jobs)] if sinks else []),
+        ],
         resources=resources_from_env().by_key(),
         executor=in_process_executor,
         # the console (Dagster's default) for runs of the UI and the daemon; progress for the CLI's long runs

@@ -48,7 +48,8 @@ from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.current import current_row_count
 from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
-from cdc_assets.verification.consistency import ConsistentComparison, compare_many
+from cdc_assets.verification.changed_keys import compare_changed, compare_every_row
+from cdc_assets.verification.consistency import ConsistentComparison
 from spark_resources.resources import TransformsResource
 
 CHECK_NAME = "current_matches_source"  # the batch runs' equality check (defs/checks.py), evaluated on a cadence
@@ -280,9 +281,11 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
 
 
 def _equality(context: OpExecutionContext, house: Lakehouse, settings: Any, kind: str, tables: list[str]) -> AssetCheckEvaluation:
-    """current_matches_source over the tables changed since the last check, or over every table."""
+    """current_matches_source over the tables changed since the last check (only their keys changed since each
+    was last found equal, as after a batch apply), or every row of every table."""
     names = known_tables(house.store, tables or None)
-    comparisons = compare_many(settings, house, [TableRef.parse(t) for t in names])
+    compare = compare_changed if kind == "changed" else compare_every_row
+    comparisons = compare(settings, house, [TableRef.parse(t) for t in names])
     failing = [c.describe() for c in comparisons if not c.ok]
     for text in failing:
         context.log.error(text)
@@ -305,6 +308,7 @@ def _equality(context: OpExecutionContext, house: Lakehouse, settings: Any, kind
 
 def _figures(comparison: ConsistentComparison) -> dict[str, Any]:
     return {
+        "scope": comparison.scope,
         "position": comparison.position,
         "applied_seq": comparison.applied_seq,
         "source_rows": comparison.source_rows,

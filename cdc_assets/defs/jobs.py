@@ -1,5 +1,6 @@
 """Jobs: `capture` materializes the raw batches, `apply_changes` the change logs and current state of its
-tables, `check_lag` runs the lag checks alone (the sinks' jobs are in defs/sinks.py); `snapshot` loads existing rows. Assets and checks are selected
+tables, `check_lag` runs the lag checks alone (the sinks' jobs are in defs/sinks.py); `snapshot` loads existing rows;
+`check_equality` compares every row of every table with the source. Assets and checks are selected
 by key, so this module needs neither their modules nor the wiring around them."""
 
 from typing import Any
@@ -7,8 +8,10 @@ from typing import Any
 from dagster import (
     AssetCheckKey,
     AssetMaterialization,
+    AssetObservation,
     AssetSelection,
     Config,
+    Failure,
     MetadataValue,
     OpExecutionContext,
     define_asset_job,
@@ -18,12 +21,15 @@ from dagster import (
 )
 from pydantic import Field
 
+from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.metadata import capture_metadata
+from cdc_assets.defs.checks import comparison_figures, log_comparisons
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
     CHANGES_ASSET,
     CURRENT_ASSET,
+    EQUALITY_JOB,
     LAG_JOB,
     RAW_ASSET,
     SNAPSHOT_JOB,
@@ -31,7 +37,9 @@ from cdc_assets.defs.keys import (
 )
 from cdc_assets.defs.partitions import run_owner
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.lake.state import known_tables
 from cdc_assets.stages.snapshot import take_snapshot
+from cdc_assets.verification.changed_keys import compare_every_row
 from spark_resources.resources import TransformsResource
 
 capture_job = define_asset_job(
@@ -116,3 +124,37 @@ def snapshot_tables(
 @job(name=SNAPSHOT_JOB, executor_def=in_process_executor, description=snapshot_tables.description)
 def snapshot_job() -> None:
     snapshot_tables()
+
+
+class EqualityConfig(Config):
+    tables: list[str] = Field(default_factory=list, description="schema.table names; empty: every table the lakehouse knows.")
+
+
+@op(
+    description=(
+        "Compares every row of every current-state table with its source table at one consistent point (keys "
+        "changed in flight left out), the comparison the checks after applies narrow to the keys they changed. Fails "
+        "naming each table that differs, with its keys; a table found equal becomes the base of the next checks."
+    )
+)
+def compare_every_row_op(
+    context: OpExecutionContext, config: EqualityConfig, binlog: BinlogResource, lakehouse: LakehouseResource
+) -> None:
+    house = lakehouse.get()
+    tables = [TableRef.parse(t) for t in known_tables(house.store, config.tables or None)]
+    comparisons = compare_every_row(binlog.settings(), house, tables)
+    failing = log_comparisons(context.log, comparisons)
+    metadata = {"tables": len(tables), "differing": len(failing), "per_table": MetadataValue.json(comparison_figures(comparisons))}
+    context.log_event(AssetObservation(CURRENT_ASSET, description="every row compared with the source", metadata=metadata))
+    if failing:
+        raise Failure(description="; ".join(failing[:5]), metadata={"differing": len(failing)})
+
+
+@job(
+    name=EQUALITY_JOB,
+    executor_def=in_process_executor,
+    tags={STAGE_TAG: "check"},
+    description=compare_every_row_op.description,
+)
+def equality_job() -> None:
+    compare_every_row_op()

@@ -1,5 +1,5 @@
 """Dagster resources, declared once and injected: the source's binlog (which holds the checkpoint), the
-lakehouse (a directory, or S3 through dagster-aws's S3Resource) and the transforms' engine (dagster-pyspark's
+lakehouse (a directory, or S3 through the S3 resource's boto3 client) and the transforms' engine (dagster-pyspark's
 session). Connection settings and credentials set in the environment are passed as `EnvVar`s, so they never
 enter run config; plain numbers and the Spark master are read once, when the definitions load. The resources
 hand plain settings to the Dagster-free code below them.
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster import ConfigurableResource, EnvVar
-from dagster_aws.s3 import S3Resource
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
@@ -23,14 +22,18 @@ from cdc_assets.core.settings import (
     DEFAULT_LOCK_TTL_SECONDS,
     DEFAULT_LOCK_WAIT_SECONDS,
     DEFAULT_MAX_BATCH_ROWS,
+    DEFAULT_S3_MAX_ATTEMPTS,
+    DEFAULT_S3_TIMEOUT_SECONDS,
     DEFAULT_SERVER_ID,
     DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    S3Retries,
     SourceSettings,
     TableFilter,
     TableSelection,
     env_number,
+    s3_retries_from_env,
 )
-from cdc_assets.lake.store import Lakehouse, S3Access
+from cdc_assets.lake.store import Lakehouse, S3Access, s3_client
 from cdc_assets.sinks.settings import SinkSettings, sink_settings
 from cdc_assets.source.server import resolve_mysql_url
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
@@ -69,6 +72,34 @@ class BinlogResource(ConfigurableResource):
         )
 
 
+class S3Resource(ConfigurableResource):
+    """The S3 of an s3:// lakehouse: the standard AWS_* settings, and a boto3 client made from them.
+
+    dagster-aws's S3Resource does the same, but importing dagster_aws loads its every integration (Athena,
+    Secrets Manager, Dagster's test utilities): about 0.7 s added to every CLI command, a local lakehouse's too."""
+
+    endpoint_url: str | None = Field(default=None, description="A custom endpoint (AWS_ENDPOINT_URL).")
+    region_name: str | None = Field(default=None, description="The region (AWS_REGION or AWS_DEFAULT_REGION).")
+    aws_access_key_id: str | None = Field(default=None, description="Access key (AWS_ACCESS_KEY_ID).")
+    aws_secret_access_key: str | None = Field(default=None, description="Secret key (AWS_SECRET_ACCESS_KEY).")
+    aws_session_token: str | None = Field(default=None, description="Session token (AWS_SESSION_TOKEN).")
+    max_attempts: int = Field(default=5, description="Attempts per request, the first included (boto3's retries).")
+
+    def get_client(self) -> Any:
+        import boto3  # only a lakehouse on S3 pays for it
+        from botocore.config import Config
+
+        return boto3.session.Session().client(
+            "s3",
+            region_name=self.region_name,
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.aws_access_key_id,
+            aws_secret_access_key=self.aws_secret_access_key,
+            aws_session_token=self.aws_session_token,
+            config=Config(retries={"max_attempts": self.max_attempts}),
+        )
+
+
 class LakehouseResource(ConfigurableResource):
     """Where raw batches, state and Delta tables live (`CDC_LAKEHOUSE`: a directory or s3://bucket/prefix)."""
 
@@ -89,6 +120,14 @@ class LakehouseResource(ConfigurableResource):
         default=None,
         description="schema.table globs whose deleted rows stay in current state with _cdc_deleted = true (CDC_SOFT_DELETES).",
     )
+    s3_max_attempts: int = Field(
+        default=DEFAULT_S3_MAX_ATTEMPTS,
+        description="Tries of one S3 request, retries with backoff included, by every S3 client (CDC_S3_MAX_ATTEMPTS).",
+    )
+    s3_timeout_seconds: float = Field(
+        default=DEFAULT_S3_TIMEOUT_SECONDS,
+        description="Connect and read timeout of one try of an S3 request (CDC_S3_TIMEOUT_SECONDS).",
+    )
     s3: S3Resource = Field(
         default_factory=S3Resource, description="The S3 of an s3:// lakehouse (the standard AWS_* settings)."
     )
@@ -96,16 +135,18 @@ class LakehouseResource(ConfigurableResource):
     def get(self) -> Lakehouse:
         access = None
         if self.location.startswith("s3://"):
-            # One set of settings for both: the boto3 client and delta-rs's storage options.
+            # One set of settings for all: the boto3 client, delta-rs's storage options, pyarrow's filesystem.
             s3 = self.s3
-            access = S3Access.of(
-                s3.get_client(),
-                endpoint_url=s3.endpoint_url,
-                region=s3.region_name,
-                access_key_id=s3.aws_access_key_id,
-                secret_access_key=s3.aws_secret_access_key,
-                session_token=s3.aws_session_token,
-            )
+            retries = S3Retries(self.s3_max_attempts, self.s3_timeout_seconds)
+            connection = {
+                "endpoint_url": s3.endpoint_url,
+                "region": s3.region_name,
+                "access_key_id": s3.aws_access_key_id,
+                "secret_access_key": s3.aws_secret_access_key,
+                "session_token": s3.aws_session_token,
+            }
+            client = s3_client(retries, **connection)
+            access = S3Access.of(client, retries=retries, **connection)
         return Lakehouse(
             self.location,
             access,
@@ -154,11 +195,20 @@ class SinksResource(ConfigurableResource):
         return sink_settings(sink, self.environment())
 
 
-def _env(name: str, default: Any, kind: str = "str") -> Any:
-    """`EnvVar(name)` when the variable is set (so the value stays out of run config), else the default."""
-    if not os.environ.get(name):
+def _env_value(name: str, default: Any, kind: str = "str", resolved: bool = False) -> Any:
+    """`EnvVar(name)` when the variable is set (so the value stays out of run config), else the default; with
+    `resolved`, the variable's value itself (for resources used outside runs, never put in run config)."""
+    value = os.environ.get(name)
+    if not value:
         return default
-    return EnvVar.int(name) if kind == "int" else EnvVar(name)
+    if not resolved:
+        return EnvVar.int(name) if kind == "int" else EnvVar(name)
+    if kind != "int":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise CdcUserError(f"{name}={value!r} is not a whole number: set it to one, or unset it.") from None
 
 
 def lock_wait_seconds() -> float:
@@ -222,15 +272,22 @@ class Resources:
         }
 
 
-def resources_from_env() -> Resources:
-    """Every resource configured from the environment (CONTRACT §2), each declared once."""
+def resources_from_env(resolved: bool = False) -> Resources:
+    """Every resource configured from the environment (CONTRACT §2), each declared once. `resolved`: with the
+    variables' values in place of EnvVars, ready for use outside a run (see `initialized_resources`)."""
+
+    def _env(name: str, default: Any, kind: str = "str") -> Any:
+        return _env_value(name, default, kind, resolved)
+
     region = "AWS_REGION" if os.environ.get("AWS_REGION") else "AWS_DEFAULT_REGION"
+    retries = s3_retries_from_env()
     s3 = S3Resource(
         endpoint_url=_env("AWS_ENDPOINT_URL", None),
         region_name=_env(region, None),
         aws_access_key_id=_env("AWS_ACCESS_KEY_ID", None),
         aws_secret_access_key=_env("AWS_SECRET_ACCESS_KEY", None),
         aws_session_token=_env("AWS_SESSION_TOKEN", None),
+        max_attempts=retries.max_attempts,
     )
     master = os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER
     pyspark = LazyPySparkResource(spark_config=spark_config(master, spark_settings()))
@@ -249,16 +306,21 @@ def resources_from_env() -> Resources:
             lock_ttl_seconds=lock_ttl_seconds(),
             history_tables=_env("CDC_HISTORY_TABLES", None),
             soft_deletes=_env("CDC_SOFT_DELETES", None),
+            s3_max_attempts=retries.max_attempts,
+            s3_timeout_seconds=retries.timeout_seconds,
             s3=s3,
         ),
         s3=s3,
         pyspark=pyspark,
         transforms=TransformsResource(pyspark=pyspark, min_rows=spark_min_rows(master)),
-        sinks=sinks_from_env(region),
+        sinks=sinks_from_env(region, resolved),
     )
 
 
-def sinks_from_env(region_variable: str) -> SinksResource:
+def sinks_from_env(region_variable: str, resolved: bool = False) -> SinksResource:
+    def _env(name: str, default: Any) -> Any:
+        return _env_value(name, default, "str", resolved)
+
     return SinksResource(
         rabbitmq_url=_env("CDC_RABBITMQ_URL", None),
         rabbitmq_exchange=_env("CDC_RABBITMQ_EXCHANGE", None),
@@ -274,17 +336,7 @@ def sinks_from_env(region_variable: str) -> SinksResource:
 
 
 def initialized_resources() -> Resources:
-    """The same resources with EnvVar values resolved, for use outside a run (CLI verify, status). The Spark
-    ones hold no EnvVar and start nothing until a run asks for a session, so they are passed as they are."""
-    found = resources_from_env()
-    # it holds the S3Resource: Dagster sets nested resources up in a context (S3Resource has no teardown)
-    with found.lakehouse.process_config_and_initialize_cm() as lakehouse:
-        pass
-    return Resources(
-        binlog=found.binlog.process_config_and_initialize(),
-        lakehouse=lakehouse,
-        s3=lakehouse.s3,
-        pyspark=found.pyspark,
-        transforms=found.transforms,
-        sinks=found.sinks.process_config_and_initialize(),
-    )
+    """The same resources with the environment's values in place of EnvVars, for use outside a run (CLI verify,
+    status, the checks before a run). None has set-up or teardown, so they are used as they are: Dagster's own
+    initialization would make a throwaway instance (SQLite storages and their migrations) per resource."""
+    return resources_from_env(resolved=True)

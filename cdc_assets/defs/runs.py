@@ -14,7 +14,7 @@ from typing import Any
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus, RunsFilter
 
 from cdc_assets.capture.run import capture_lag, preflight
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.errors import CdcUserError, unreachable_message, unreachable_reason
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
 from cdc_assets.defs.freshness import freshness_windows
@@ -41,6 +41,7 @@ from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
+from cdc_assets.stages.changes import missing_change_logs
 from cdc_assets.stages.current_state import missing_current_tables
 from cdc_assets.stages.follow import continuous_holder, refuse_beside_continuous
 from cdc_assets.stages.snapshot_records import snapshots_in_progress
@@ -110,6 +111,17 @@ def _user_error_message(error: Any) -> str | None:
     return None
 
 
+def _unreachable_store(error: Any) -> str | None:
+    """Why a step failed on an object store that stayed down through every retry (None: it failed otherwise), for
+    failures outside the stages' own translation (an asset check reading a Delta table, say)."""
+    while error is not None:
+        reason = unreachable_reason({str(getattr(error, "cls_name", ""))}, str(getattr(error, "message", "")))
+        if reason:
+            return reason
+        error = getattr(error, "cause", None) or getattr(error, "context", None)
+    return None
+
+
 def _root_cause(error: Any) -> str:
     """The innermost error of a step failure: Dagster's own wrapper ("Error occurred while executing op") says
     nothing of what went wrong; the full chain stays in the run's event log."""
@@ -156,6 +168,10 @@ def run_job(
             user_message = _user_error_message(error)
             if user_message:
                 raise CdcUserError(user_message)
+            down = _unreachable_store(error)
+            if down:
+                lakehouse = resources.lakehouse.get()
+                raise CdcUserError(unreachable_message(str(lakehouse), lakehouse.endpoint, down))
             failures.append(f"{event.step_key}: {_root_cause(error)}")
     metadata = {}
     for event in result.all_events:
@@ -183,6 +199,7 @@ def run_sync(verbose: bool = False) -> RunOutcome:
         dagster.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
     pending = set(tables_behind(lakehouse.store, CURRENT_STAGE))  # captured, not yet in current state
     pending |= set(missing_current_tables(lakehouse, sorted(set(ordered) - pending)))  # removed by hand
+    pending |= set(missing_change_logs(lakehouse, sorted(set(ordered) - pending)))  # removed by hand
     refused: CdcUserError | None = None
     for first, last in touched_ranges(ordered, pending):
         # every range runs: tables of one range do not wait on another's failure
@@ -210,10 +227,10 @@ def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOut
             "No sink is configured: set CDC_RABBITMQ_URL or CDC_KINESIS_STREAM (see the README's section on sinks)."
         )
     resources = initialized_resources()
-    settings = [resources.sinks.settings(name) for name in names]  # unknown, not configured, badly configured
     outcome = RunOutcome(True)
-    for sink in settings:
+    for name in names:
         try:
+            sink = resources.sinks.settings(name)  # unknown, not configured, badly configured: this sink only
             check_sink(sink)  # an unreachable broker, refused credentials, a missing destination: said before any run
             outcome = outcome + run_job(publish_job_name(sink.name), verbose, check_source=False)
         except CdcUserError as exc:

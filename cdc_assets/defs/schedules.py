@@ -1,4 +1,5 @@
-"""Schedules: capture on a cron (CDC_CAPTURE_CRON, default every minute) and the per-table lag check.
+"""Schedules: capture on a cron (CDC_CAPTURE_CRON, default every minute), the per-table lag check, and the
+comparison of every row with the source (CDC_FULL_CHECK_CRON, default hourly).
 
 With CDC_CAPTURE_INTERVAL_SECONDS set, capture runs continuously instead (the binlog sensor, sensors.py) and
 the capture schedule starts switched off."""
@@ -16,12 +17,13 @@ from dagster import (
 )
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import DEFAULT_CAPTURE_CRON
-from cdc_assets.defs.keys import CAPTURE_JOB, LAG_JOB
+from cdc_assets.core.settings import DEFAULT_CAPTURE_CRON, DEFAULT_FULL_CHECK_CRON
+from cdc_assets.defs.keys import CAPTURE_JOB, EQUALITY_JOB, LAG_JOB
 from cdc_assets.defs.queue import capture_in_progress, capture_interval
 from cdc_assets.defs.resources import LakehouseResource
 
 CAPTURE_SCHEDULE = "capture_schedule"
+FULL_CHECK_SCHEDULE = "full_equality_schedule"
 
 
 def _capture_tick(context: ScheduleEvaluationContext, lakehouse: LakehouseResource) -> RunRequest | SkipReason:
@@ -58,3 +60,24 @@ lag_check_schedule = ScheduleDefinition(
     default_status=DefaultScheduleStatus.RUNNING,
     description="Runs the per-table lag check every minute, so a table falling behind is named even if nothing runs.",
 )
+
+
+def build_full_check_schedule() -> ScheduleDefinition:
+    """The comparison of every row (job check_equality) on CDC_FULL_CHECK_CRON: the checks after applies compare
+    only the keys they changed, and this cadence bounds how long a difference elsewhere can go unnamed."""
+    cron = os.environ.get("CDC_FULL_CHECK_CRON") or DEFAULT_FULL_CHECK_CRON
+    try:
+        return ScheduleDefinition(
+            name=FULL_CHECK_SCHEDULE,
+            job_name=EQUALITY_JOB,
+            cron_schedule=cron,
+            default_status=DefaultScheduleStatus.RUNNING,
+            description=(
+                "Compares every row of every current-state table with the source (CDC_FULL_CHECK_CRON, default "
+                "hourly): what the checks after each apply, which compare only the keys it changed, cannot see."
+            ),
+        )
+    except DagsterInvalidDefinitionError as exc:
+        raise CdcUserError(
+            f"CDC_FULL_CHECK_CRON={cron!r} is not a cron expression: use e.g. '0 * * * *' (every hour)."
+        ) from exc

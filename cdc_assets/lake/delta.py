@@ -3,7 +3,9 @@ fencing of concurrent writers, table properties and small-file compaction. Plain
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pyarrow as pa
@@ -12,11 +14,16 @@ from deltalake import CommitProperties, DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import Transaction
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
 APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-state table has taken changes in
 HISTORY_SEQ_KEY = "cdc_history_seq"  # the `_cdc_seq` up to which a history table has taken changes in
+COMMIT_TOKEN_KEY = "cdc_commit"  # commit metadata: a token naming one CDC commit (see seq_landed)
+LANDED_LOOKBACK = 20  # commits looked at for a landed commit: a lost answer is retried at once
+_last_commit = threading.local()
+COMPACTION_KEY = "cdc_compaction"  # commit metadata of the pipeline's own compactions (they change no row)
 
 
 # delta-rs writes min/max statistics of wide decimals wrongly (clamped to the int64 range, or rounded
@@ -43,14 +50,17 @@ def table_configuration(schema: pa.Schema) -> dict[str, str]:
     return {"delta.dataSkippingStatsColumns": ",".join(names), "delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
 
 
-def compact_small_files(table: DeltaTable, target_bytes: int) -> bool:
+def compact_small_files(table: DeltaTable, target_bytes: int, failpoint: str | None = None) -> bool:
     """Bin a table's small files (one per append or merge) into files of `target_bytes` once there are
     SMALL_FILES_BEFORE_COMPACTION of them, so reads do not open ever more files; a commit of its own, without
-    data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted."""
+    data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted. `failpoint` is
+    passed right before the compaction's commit is started."""
     sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
     if (pc.sum(pc.less(sizes, target_bytes // 2)).as_py() or 0) < SMALL_FILES_BEFORE_COMPACTION:
         return False
-    table.optimize.compact(target_size=target_bytes)
+    if failpoint is not None:
+        failpoints.hit(failpoint)
+    table.optimize.compact(target_size=target_bytes, commit_properties=CommitProperties(custom_metadata={COMPACTION_KEY: "true"}))
     return True
 
 
@@ -111,21 +121,43 @@ def seq_commit(key: str, seq: int, exact: bool = False) -> CommitProperties:
     same app id landed after the version this writer read, so a writer whose lock expired mid-write cannot
     add what the run that took over has added. `exact`: the commit takes the version after the one read, or
     fails (no rebase onto commits made since: see lake.files.commit_files)."""
+    _last_commit.token = uuid.uuid4().hex  # names this commit, so a retry that meets it knows it (`seq_landed`)
     return CommitProperties(
-        custom_metadata={key: str(seq)},
+        custom_metadata={key: str(seq), COMMIT_TOKEN_KEY: _last_commit.token},
         app_transactions=[Transaction(key, int(seq))],
         max_commit_retries=0 if exact else None,
     )
 
 
+def seq_landed(uri: str, storage_options: dict[str, str] | None, key: str, seq: int) -> Callable[[], bool]:
+    """Whether the commit this thread last made with `seq_commit(key, seq)` is in the table at `uri` after all:
+    the table records `seq` under the app transaction `key` and one of its newest commits carries that commit's
+    token (another writer's commit of the same seq is not this one: the fence stays)."""
+
+    def landed() -> bool:
+        token = getattr(_last_commit, "token", None)
+        table = open_table(uri, storage_options)
+        if token is None or table is None or table.transaction_version(key) != seq:
+            return False
+        return any(commit.get(COMMIT_TOKEN_KEY) == token for commit in table.history(LANDED_LOOKBACK))
+
+    return landed
+
+
 @contextmanager
-def fenced(what: str) -> Iterator[None]:
+def fenced(what: str, landed: Callable[[], bool] | None = None) -> Iterator[None]:
     """A commit refused because another writer committed the same app transaction since this writer read the
     table (see `seq_commit`), or removed a file this commit removes, ends the run with one sentence: nothing
-    was written twice."""
+    was written twice.
+
+    `landed` (see `seq_landed`) tells the one refusal that is a success: the object store applied this very commit
+    but its answer was lost, and the client's retry of the conditional PUT met the commit it had made itself. The
+    table then records this commit's seq, and the block ends normally."""
     try:
         yield
     except CommitFailedError as exc:
+        if "concurrent transaction" in str(exc).lower() and landed is not None and landed():
+            return
         if "Concurrent transaction" in str(exc):
             raise CdcUserError(
                 f"Another run committed to {what} while this run was writing it (this run's lock had expired and "

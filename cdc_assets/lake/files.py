@@ -28,7 +28,8 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, seq_commit
+from cdc_assets.core.settings import S3Retries
+from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, seq_commit, seq_landed
 
 FILE_ROWS = 1_000_000  # rows per data file written by a task, at most
 ROW_GROUP_ROWS = 128 * 1024
@@ -53,6 +54,7 @@ class FileAccess:
 
     location: str  # a local directory or s3://bucket/prefix
     storage_options: tuple[tuple[str, str], ...] = ()
+    retries: S3Retries = S3Retries()
 
     def __repr__(self) -> str:  # the options hold credentials
         return f"FileAccess({self.location!r})"
@@ -74,6 +76,9 @@ class FileAccess:
             region=options.get("AWS_REGION"),
             endpoint_override=host or None,
             scheme=scheme or "https",
+            connect_timeout=self.retries.timeout_seconds,
+            request_timeout=self.retries.timeout_seconds,
+            retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=self.retries.max_attempts),
         )
 
     def path(self, key: str) -> str:
@@ -267,7 +272,7 @@ def commit_files(
     check lets a remove of a file an OPTIMIZE already compacted through, and the compacted copy of its rows
     would then stay beside their rewrite). When another commit took that version, the commit goes on from the
     newest version only if that still holds every file it replaces; else the run stops with one sentence."""
-    with fenced(what):
+    with fenced(what, seq_landed(uri, storage_options, seq_key, seq)):
         if existing is None:
             create_table_with_add_actions(
                 uri,

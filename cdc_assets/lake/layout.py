@@ -18,3 +18,6 @@ SNAPSHOTS_STATE = f"{STATE}/snapshots"  # one record per table: <schema>/<table>
 SNAPSHOT_CHUNKS_STATE = f"{STATE}/snapshot_chunks"
 CHANGES_STAGE = CHANGES_LOCK = CHANGES
 CURRENT_STAGE = CURRENT_LOCK = CURRENT
+# per table, the Delta version and `_cdc_seq` up to which its current state was last found equal to the source:
+# <schema>/<table>.json (verification/changed_keys.py)
+CHECKED_STATE = f"{STATE}/checked"

@@ -49,7 +49,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.lake.layout import STATE
 from cdc_assets.lake.store import Lakehouse, S3Store
 
@@ -132,6 +132,9 @@ def _check_name(name: str) -> None:
 
 
 def _unwritable(lakehouse: Lakehouse, name: str, exc: BaseException) -> CdcUserError:
+    down = unreachable_cause(exc)
+    if down:  # not the bucket's permissions: the endpoint itself stayed down through every retry
+        return CdcUserError(unreachable_message(str(lakehouse), lakehouse.endpoint, down))
     if isinstance(exc, ClientError):
         reason = _code(exc) or type(exc).__name__
     else:
@@ -239,8 +242,8 @@ def _local_holder(lakehouse: Lakehouse, name: str) -> LockHolder | None:
     path = _local_path(lakehouse, name)
     try:
         fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # no lock there, or no lakehouse at all (a file on its path): whoever writes next says so
     except OSError as exc:
         raise CdcUserError(
             f"Cannot read the lock {path} ({exc.strerror}): fix the permissions of the lakehouse at {lakehouse}."

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.shapes import TableShape
@@ -158,7 +159,14 @@ class BatchManifest:
 
 def chain_break(previous: BatchManifest, batch: BatchManifest) -> str | None:
     """Why `batch` does not follow `previous` exactly (a gap or an overlap), or None when it does."""
-    if batch.start == previous.end and batch.first_seq == previous.next_seq:
+    if batch.start == previous.end and batch.start.epoch == previous.end.epoch and batch.first_seq == previous.next_seq:
+        return None
+    if (  # a failover: the next server's first batch starts at the same GTID state, where that server has it
+        batch.start.epoch == previous.end.epoch + 1
+        and batch.first_seq == previous.next_seq
+        and batch.raw.get("start_gtid") is not None
+        and batch.raw.get("start_gtid") == previous.end_gtid
+    ):
         return None
     return (
         f"{batch.name} starts at {batch.start} (seq {batch.first_seq}) but {previous.name} ends at "
@@ -196,6 +204,7 @@ def write_batch(store: ObjectStore, batch: RawBatch) -> BatchManifest:
     digest, size = _file_digest(batch.data_path)
     manifest = batch.manifest(digest, size)
     store.put_file(_key(batch.name, DATA_FILE), batch.data_path)
+    failpoints.hit("capture.batch_data_written")
     store.put(_key(batch.name, MANIFEST_FILE), json.dumps(manifest, indent=1, sort_keys=True).encode())
     return BatchManifest.from_json(manifest)
 

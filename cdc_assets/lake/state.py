@@ -31,6 +31,7 @@ class Checkpoint:
     next_seq: int = FIRST_SEQ  # `_cdc_seq` of the next change captured
     reached_at: float | None = None  # wall time of the start of the last capture that reached its binlog end
     schemas: str | None = None  # name of the _state/schemas/ file with every table's shape at this position
+    server_id: int | None = None  # the source server `position` is in (another one is followed by `gtid`)
 
     def lag_seconds(self, lag_bytes: int, now: float) -> float:
         """While the binlog holds more than the checkpoint, how long ago capture last had everything (all
@@ -49,6 +50,7 @@ class Checkpoint:
             "next_seq": self.next_seq,
             "reached_at": self.reached_at,
             "schemas": self.schemas,
+            "server_id": self.server_id,
         }
 
 
@@ -67,7 +69,12 @@ def _load_json(store: ObjectStore, key: str) -> dict | None:
 
 
 def load_checkpoint(store: ObjectStore) -> Checkpoint | None:
-    d = _load_json(store, CHECKPOINT_KEY)
+    try:
+        d = _load_json(store, CHECKPOINT_KEY)
+    except CdcUserError as exc:  # cut short or garbled: starting over from the oldest binlog would not be safe
+        raise CdcUserError(
+            f"The checkpoint {CHECKPOINT_KEY} in the lakehouse is corrupt (not JSON): restore it from a backup."
+        ) from exc
     if d is None:
         return None
     try:
@@ -79,6 +86,7 @@ def load_checkpoint(store: ObjectStore) -> Checkpoint | None:
             next_seq=int(d.get("next_seq", FIRST_SEQ)),
             reached_at=d.get("reached_at"),
             schemas=d.get("schemas"),
+            server_id=None if d.get("server_id") is None else int(d["server_id"]),
         )
         checkpoint.position.sort_key  # noqa: B018 - a file name that is not a binlog's fails here
     except (KeyError, TypeError, ValueError, AttributeError) as exc:

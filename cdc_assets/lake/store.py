@@ -11,6 +11,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -18,9 +19,9 @@ from typing import Any, BinaryIO, Protocol
 from deltalake import DeltaTable
 
 from cdc_assets.core import failpoints
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.errors import CdcUserError, storage_faults_are_user_errors, unreachable_message, unreachable_reason
 from cdc_assets.core.names import TableRef, name_of_segment
-from cdc_assets.core.settings import TableSelection
+from cdc_assets.core.settings import S3Retries, TableSelection
 from cdc_assets.lake.delta import open_table
 from cdc_assets.lake.files import FileAccess
 from cdc_assets.lake.layout import DELTA_LOG, STATE
@@ -127,6 +128,7 @@ class LocalStore:
         """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
         base = self._path(prefix)
         shutil.rmtree(base / DELTA_LOG, ignore_errors=True)
+        failpoints.hit("current.drop_log_removed")
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -207,18 +209,22 @@ class S3Store:
 
     def delete_table(self, prefix: str) -> None:
         """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
-        keys = self.list_keys(prefix)
-        for key in sorted(keys, key=lambda k: f"/{DELTA_LOG}/" not in k):
+        keys = sorted(self.list_keys(prefix), key=lambda k: f"/{DELTA_LOG}/" not in k)
+        for n, key in enumerate(keys):
+            if n and f"/{DELTA_LOG}/" in keys[n - 1] and f"/{DELTA_LOG}/" not in key:
+                failpoints.hit("current.drop_log_removed")
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
 
 @dataclass(frozen=True)
 class S3Access:
-    """One S3 seen two ways, from one set of settings: a boto3 client for objects (raw batches, state, locks)
-    and delta-rs's object-store options for Delta tables."""
+    """One S3 seen three ways, from one set of settings: a boto3 client for objects (raw batches, state, locks),
+    delta-rs's object-store options for Delta tables, and (through `lake.files.FileAccess`) pyarrow's S3
+    filesystem in Spark tasks; all three retry and time out as `retries` says."""
 
     client: Any
     storage_options: dict[str, str]
+    retries: S3Retries = S3Retries()
 
     @staticmethod
     def of(
@@ -228,10 +234,12 @@ class S3Access:
         access_key_id: str | None = None,
         secret_access_key: str | None = None,
         session_token: str | None = None,
+        retries: S3Retries | None = None,
     ) -> S3Access:
         """Options that mirror the client's settings; what is not given, both take from the standard AWS
         environment and credential chain."""
-        options = {"conditional_put": "etag"}  # concurrent Delta writers are safe with conditional puts
+        retries = retries or S3Retries()
+        options = {"conditional_put": "etag", **retries.delta_options()}  # conditional puts: safe concurrent writers
         for key, value in (
             ("AWS_ENDPOINT_URL", endpoint_url),
             ("AWS_REGION", region),
@@ -243,10 +251,44 @@ class S3Access:
                 options[key] = value
         if (endpoint_url or "").startswith("http://"):
             options["AWS_ALLOW_HTTP"] = "true"
-        return S3Access(client, options)
+        return S3Access(client, options, retries)
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint the clients reach, for messages."""
+        return self.storage_options.get("AWS_ENDPOINT_URL") or str(getattr(self.client.meta, "endpoint_url", "S3"))
 
     def __repr__(self) -> str:  # never print a secret
         return f"S3Access(endpoint={self.storage_options.get('AWS_ENDPOINT_URL')!r})"
+
+
+def s3_client(
+    retries: S3Retries,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    access_key_id: str | None = None,
+    secret_access_key: str | None = None,
+    session_token: str | None = None,
+    profile_name: str | None = None,
+    use_ssl: bool = True,
+    verify: str | bool | None = None,
+) -> Any:
+    """A boto3 S3 client that retries and times out as `retries` says."""
+    import boto3  # only a lakehouse on S3 pays for it
+    from botocore.config import Config
+
+    session = boto3.session.Session(profile_name=profile_name)
+    return session.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=region,
+        aws_access_key_id=access_key_id,
+        aws_secret_access_key=secret_access_key,
+        aws_session_token=session_token,
+        use_ssl=use_ssl,
+        verify=verify,
+        config=Config(**retries.boto_config()),  # type: ignore[arg-type]
+    )
 
 
 class Lakehouse:
@@ -309,7 +351,8 @@ class Lakehouse:
     def file_access(self) -> FileAccess:
         """How a Spark task reaches this lakehouse's files (picklable; holds the S3 credentials)."""
         location = self.location if self.is_s3 else str(self.root)
-        return FileAccess(location, tuple(sorted((self.storage_options() or {}).items())))
+        retries = self.s3.retries if self.is_s3 else S3Retries()
+        return FileAccess(location, tuple(sorted((self.storage_options() or {}).items())), retries)
 
     def has_table(self, layer: str, table: TableRef) -> bool:
         """Whether the table's Delta log exists (without opening the table)."""
@@ -322,6 +365,15 @@ class Lakehouse:
     def storage_options(self) -> dict[str, str] | None:
         """delta-rs object-store options: those of the S3 the boto3 client reaches (None for a directory)."""
         return dict(self.s3.storage_options) if self.is_s3 else None
+
+    @property
+    def endpoint(self) -> str | None:
+        """The S3 endpoint, for messages (None for a directory)."""
+        return self.s3.endpoint if self.is_s3 else None
+
+    def faults_are_user_errors(self) -> AbstractContextManager[None]:
+        """Within it, a full disk or an S3 endpoint that stays down through every retry ends in one sentence."""
+        return storage_faults_are_user_errors(str(self), self.endpoint)
 
     def tables(self, layer: str) -> list[TableRef]:
         """Tables that exist in a Delta layer."""
@@ -344,6 +396,9 @@ class Lakehouse:
         except CdcUserError:
             raise
         except Exception as exc:  # any storage failure is the user's to fix, with this sentence
+            down = unreachable_reason({c.__name__ for c in type(exc).__mro__}, str(exc))
+            if down:
+                raise CdcUserError(unreachable_message(str(self), self.endpoint, down)) from exc
             reason = getattr(exc, "strerror", None) or type(exc).__name__
             raise CdcUserError(
                 f"Cannot write to the lakehouse at {self} ({reason}): fix its permissions or point "

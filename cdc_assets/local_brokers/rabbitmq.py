@@ -3,7 +3,8 @@
 It never touches a RabbitMQ the machine may already run (the packaged service listens on 5672): it gets its
 own data directory, node name, Erlang cookie, AMQP port and distribution port on 127.0.0.1, and its own
 configuration files, so nothing under /etc/rabbitmq applies to it. Starting is idempotent: a running broker
-is reused. Its user `cdc` gets a random password, kept in `password` (mode 600) under its directory.
+is reused. Its user `cdc` gets a random password, kept in `password` and `rabbitmq.conf` (both mode 600) under
+its directory.
 """
 
 from __future__ import annotations
@@ -85,30 +86,36 @@ def _environment(base_dir: Path, port: int, dist_port: int) -> dict[str, str]:
     }
 
 
+def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
+    """A file only its owner may read (it holds a password or the Erlang cookie), whatever the umask; one left by
+    an older version with wider rights is narrowed."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), mode)
+        f.write(text)
+
+
 def _write_config(base_dir: Path, port: int) -> None:
     (base_dir / "conf.d").mkdir(parents=True, exist_ok=True)
     (base_dir / "rabbitmq-env.conf").write_text("")
     (base_dir / "enabled_plugins").write_text("[].\n")
     password_file = base_dir / "password"
     if not password_file.exists():
-        fd = os.open(password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(18) + "\n")
+        _write_private(password_file, secrets.token_urlsafe(18) + "\n")
     password = password_file.read_text().strip()
-    # default_user is created on the first boot of an empty data directory only
-    (base_dir / "rabbitmq.conf").write_text(
+    # default_user is created on the first boot of an empty data directory only; the file holds its password
+    _write_private(
+        base_dir / "rabbitmq.conf",
         f"listeners.tcp.default = 127.0.0.1:{port}\n"
         f"default_user = {USER}\n"
         f"default_pass = {password}\n"
         "loopback_users = none\n"
         "log.console = false\n"
-        "log.file.level = warning\n"
+        "log.file.level = warning\n",
     )
     cookie = base_dir / ".erlang.cookie"
     if not cookie.exists():
-        fd = os.open(cookie, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o400)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(20).upper())
+        _write_private(cookie, secrets.token_hex(20).upper(), 0o400)
 
 
 def start(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 60.0) -> LocalRabbit:

@@ -98,7 +98,11 @@ def _answers(server: LocalServer) -> bool:
 
 
 def start(
-    base_dir: Path = DEFAULT_BASE_DIR, port: int | None = None, timeout_s: float = 30.0, binlog: bool = True
+    base_dir: Path = DEFAULT_BASE_DIR,
+    port: int | None = None,
+    timeout_s: float = 30.0,
+    binlog: bool = True,
+    server_id: int = SOURCE_SERVER_ID,
 ) -> LocalServer:
     """Start (or reuse) the dedicated server under `base_dir` and make sure the reader user exists.
 
@@ -156,13 +160,14 @@ def start(
             f"--socket={server.socket_path}",
             f"--pid-file={pid_file}",
             f"--log-error={base_dir / 'mysqld.err'}",
-            f"--server-id={SOURCE_SERVER_ID}",
+            f"--server-id={server_id}",
             *(
                 [
                     f"--log-bin={data_dir / 'binlog' / 'mysql-bin'}",
                     "--binlog-format=ROW",
                     "--binlog-row-image=FULL",
                     "--binlog-row-metadata=FULL",
+                    "--log-slave-updates",  # a replica's binlog holds what it replicates too: a failover target
                 ]
                 if binlog
                 else []
@@ -202,6 +207,36 @@ def _ensure_reader(server: LocalServer) -> None:
     fd = os.open(server.reader_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")
+
+
+def start_replica(primary: LocalServer, base_dir: Path, server_id: int = 2, timeout_s: float = 30.0) -> LocalServer:
+    """A second dedicated server under `base_dir`, on a free port, replicating `primary` by GTID from its first
+    transaction (`MASTER_USE_GTID=slave_pos`), with a binlog of its own that holds the same GTIDs at its own files
+    and offsets: what a failover points capture at. It replicates as the primary's CDC reader (REPLICATION SLAVE)."""
+    replica = start(base_dir, timeout_s=timeout_s, server_id=server_id)
+    password = primary.reader_password_file.read_text().strip()
+    with replica.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("SHOW SLAVE STATUS")
+        if cur.fetchone() is None:
+            cur.execute(
+                "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
+                "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+                (primary.port, READER_USER, password),
+            )
+        cur.execute("START SLAVE")
+    return replica
+
+
+def wait_caught_up(replica: LocalServer, primary: LocalServer, timeout_s: float = 30.0) -> str:
+    """Wait until `replica` has applied everything `primary` has binlogged now; returns that GTID position."""
+    with primary.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("SELECT @@global.gtid_binlog_pos")
+        position = str(cur.fetchone()[0])
+    with replica.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (position, timeout_s))
+        if cur.fetchone()[0] != 0:
+            raise RuntimeError(f"The replica under {replica.base_dir} did not reach {position} in {timeout_s:.0f}s.")
+    return position
 
 
 def running(base_dir: Path = DEFAULT_BASE_DIR) -> LocalServer | None:

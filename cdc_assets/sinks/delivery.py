@@ -28,6 +28,9 @@ class Expected:
     seq: int
     table: str
     kind: str  # c, u, d, t or schema_change
+    # what it must stay in order with: its key, or for a table without one the values of the rows it removes and adds
+    # (changes of distinct values commute); empty for a table-wide message
+    units: tuple[str, ...] = ()
 
 
 def expected_messages(lakehouse: Lakehouse, sink: SinkSettings) -> list[Expected]:
@@ -44,11 +47,16 @@ def expected_messages(lakehouse: Lakehouse, sink: SinkSettings) -> list[Expected
             name = str(table)
             if op in SCHEMA_OPS:
                 expected.append(Expected(str(seq), seq, name, SCHEMA_CHANGE))
-            elif op == "update" and keyed and before_key is not None and before_key != key:
-                expected.append(Expected(f"{seq}:old-key", seq, name, "d"))
-                expected.append(Expected(f"{seq}:new-key", seq, name, "c"))
-            else:
+            elif op == "truncate":
                 expected.append(Expected(str(seq), seq, name, OPS[op]))
+            elif op == "update" and keyed and before_key is not None and before_key != key:
+                expected.append(Expected(f"{seq}:old-key", seq, name, "d", ("key:" + before_key,)))
+                expected.append(Expected(f"{seq}:new-key", seq, name, "c", ("key:" + key,)))
+            elif keyed:
+                expected.append(Expected(str(seq), seq, name, OPS[op], ("key:" + (key if op != "delete" else before_key or key),)))
+            else:
+                rows = tuple("row:" + v for v in dict.fromkeys((before_key, key)) if v is not None)
+                expected.append(Expected(str(seq), seq, name, OPS[op], rows))
     return sorted(expected, key=lambda e: (e.seq, e.id))
 
 
@@ -87,11 +95,12 @@ def _table(body: dict[str, Any]) -> str:
     return str(TableRef(body["source"]["db"], body["source"]["table"]))
 
 
-def _unit(message: Received) -> str:
-    """What a message must be in order with: its key's messages (Kinesis: its partition key)."""
+def _units(message: Received, want: Expected) -> list[str]:
+    """What a message must be in order with: its partition key's messages on Kinesis; on RabbitMQ its key's, or for
+    a table without a key those of identical rows."""
     if message.partition_key is not None:
-        return message.partition_key
-    return _table(message.body) + ":" + json.dumps(message.body.get("key"), sort_keys=True)
+        return [message.partition_key]
+    return [f"{want.table}:{unit}" for unit in want.units]
 
 
 def check_delivery(expected: list[Expected], received: list[Received]) -> DeliveryReport:
@@ -125,10 +134,10 @@ def check_delivery(expected: list[Expected], received: list[Received]) -> Delive
             per_table[want.table].append((want.seq, message.id if table_wide else None))
             if table_wide:
                 continue
-            unit = _unit(message)
-            if unit in last_in_unit and last_in_unit[unit] >= want.seq:
-                report.out_of_order.append(f"{message.id} after seq {last_in_unit[unit]} of {unit} on {stream}")
-            last_in_unit[unit] = want.seq
+            for unit in _units(message, want):
+                if unit in last_in_unit and last_in_unit[unit] >= want.seq:
+                    report.out_of_order.append(f"{message.id} after seq {last_in_unit[unit]} of {unit} on {stream}")
+                last_in_unit[unit] = want.seq
         # a TRUNCATE or schema change concerns every key of its table: on each stream, every message of the table
         # before it must be older and every one after it newer
         for entries in per_table.values():

@@ -48,13 +48,16 @@ class SinkEvent:
     kind: str  # change, truncate, schema_change, heartbeat
     table: str | None  # `schema.table` text form; None for a heartbeat
     op: str | None  # c, u, d, t for changes and truncates
-    key: str | None  # the change log's key text (`_cdc_key`: JSON array of the key's values)
+    key: str | None  # the change log's key text (`_cdc_key`: JSON array of the key's values); None without a primary key
     routing_key: str  # RabbitMQ: `<schema>.<table>`
     partition_key: str  # Kinesis: table and primary key (the table alone without a key or for a statement)
     body: bytes
     commit_ts: float  # seconds since the epoch
     broadcast: bool = False  # Kinesis: put on every shard (a TRUNCATE or schema change concerns every key)
     key_change: bool = False  # one half of an update that changed the primary key
+    # a change of a table without a primary key: the values (`_cdc_before_key`, `_cdc_key`) of the rows it removes
+    # and adds; it need only stay in order with changes of identical rows (RabbitMQ's `in_flight`)
+    row_values: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -230,8 +233,13 @@ def table_events(table: TableRef, rows: pa.Table, timeline: ShapeTimeline, built
         key_text = keys[i] if op != "delete" else (before_keys[i] or keys[i])
         body = {"id": str(seq), "type": CHANGE, "before": before, "after": after, "op": letter, "ts_ms": built,
                 "source": source, "key": key_of(after if op != "delete" else before), "_cdc_seq": seq, "_cdc_gtid": gtids[i]}  # fmt: skip
-        # a table without a primary key has no row identity: its changes share the table's partition, in order
-        events.append(_event(body, seq, CHANGE, name, letter, key_text, partition_key(name, key_text if keyed else None), commit_ms))
+        # a table without a primary key has no row identity (its `_cdc_key` is the row's values, which two distinct
+        # rows may share): no key, so nothing collapses its changes, and they share the table's partition, in order
+        row_key = key_text if keyed else None
+        rows_touched = () if keyed else tuple(dict.fromkeys(v for v in (before_keys[i], keys[i]) if v is not None))
+        events.append(
+            _event(body, seq, CHANGE, name, letter, row_key, partition_key(name, row_key), commit_ms, row_values=rows_touched)
+        )
     return events
 
 
@@ -246,6 +254,7 @@ def _event(
     commit_ms: int,
     broadcast: bool = False,
     key_change: bool = False,
+    row_values: tuple[str, ...] = (),
 ) -> SinkEvent:
     return SinkEvent(
         id=body["id"],
@@ -260,6 +269,7 @@ def _event(
         commit_ts=commit_ms / 1000,
         broadcast=broadcast,
         key_change=key_change,
+        row_values=row_values,
     )
 
 
@@ -278,7 +288,9 @@ def heartbeat_event(sink: str, last_seq: int | None, now_ms: int) -> SinkEvent:
 def collapse_updates(events: list[SinkEvent], window_seconds: float) -> tuple[list[SinkEvent], int]:
     """Repeated updates of one key committed within `window_seconds` of the first of them collapse into the
     newest (with its own before image); any other change of the key, a key change, a TRUNCATE or a schema change
-    of its table ends the run of updates. Returns the messages kept, in order, and how many were dropped."""
+    of its table ends the run of updates. Only a primary key identifies a row: changes of a table without one
+    (key None) are each a change of their own, never collapsed, however alike their rows (two identical rows
+    updated together are two updates). Returns the messages kept, in order, and how many were dropped."""
     if window_seconds <= 0:
         return events, 0
     dropped: set[int] = set()
@@ -289,6 +301,8 @@ def collapse_updates(events: list[SinkEvent], window_seconds: float) -> tuple[li
         table_runs = runs.setdefault(event.table, {})
         if event.kind != CHANGE:
             table_runs.clear()
+            continue
+        if event.key is None:
             continue
         if event.op != "u" or event.key_change:
             table_runs.pop(event.key, None)

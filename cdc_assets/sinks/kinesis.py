@@ -118,7 +118,7 @@ class KinesisPublisher:
         self.sleep = sleep
         self.client: Any = None
         self.shard_hash_keys: list[str] = []
-        self.throttled_records = 0  # records Kinesis refused and that were sent again
+        self.refused_records = 0  # records Kinesis refused and that were sent again
 
     def _user_error(self, exc: BaseException) -> CdcUserError | None:
         """The sentence for what a user must fix, or None for a broker that is away."""
@@ -226,7 +226,7 @@ class KinesisPublisher:
                     f"{THROTTLE_RETRY_SECONDS:.0f} s: add shards or lower the load; the sink's checkpoint stays before "
                     "them and the next publish sends them again."
                 )
-            self.throttled_records += len(failed)
+            self.refused_records += len(failed)
             self.sleep(random.uniform(delay / 2, delay))
             delay = min(delay * 2, 2.0)
             pending = failed

@@ -63,7 +63,7 @@ class PublishReport:
     collapsed: int = 0  # updates left out by the de-duplication window
     heartbeats: int = 0
     reconnects: int = 0
-    refused_records: int = 0  # Kinesis: records refused (throttled) and sent again
+    refused_records: int = 0  # messages the broker refused and that were sent again (Kinesis throttling, RabbitMQ nacks)
     tables: dict[str, int] = field(default_factory=dict)  # messages per table in this run
     last_seq: int | None = None  # the checkpoint's highest acknowledged `_cdc_seq` after the run
     total_messages: int = 0  # the checkpoint's count since the sink began
@@ -130,7 +130,7 @@ def publish(
                     break
             checkpoint = _heartbeat_if_due(sink, lakehouse, publisher, checkpoint, report, log, clock, sleep)
         finally:
-            report.refused_records = getattr(publisher, "throttled_records", 0)
+            report.refused_records = getattr(publisher, "refused_records", 0)
             publisher.close()
     report.last_seq = checkpoint.last_seq
     report.total_messages = checkpoint.messages

@@ -1,15 +1,21 @@
-"""The RabbitMQ sink's client: persistent messages to an existing exchange, routing key `<schema>.<table>`,
-each confirmed by the broker (publisher confirms).
+"""The RabbitMQ sink's client: persistent, mandatory messages to an existing exchange, routing key
+`<schema>.<table>`, each confirmed by the broker (publisher confirms); one returned as unroutable is an error.
 
 pika's BlockingConnection waits for each confirm before the next publish (about 700 messages/s here), so this
-client runs pika's asynchronous SelectConnection: a window is published in one go on one channel, in order,
-and its ioloop runs until the broker has confirmed every delivery tag of it (or nacked one, or gone away).
+client runs pika's asynchronous SelectConnection: a window is published on one channel, in order, and its ioloop
+runs until the broker has confirmed every delivery tag of it (or gone away). A message waits for the confirm of
+an earlier one it must follow (its key's, or its table's for a table-wide one: `in_flight`), so when the broker
+refuses one (a nack: a queue full with `x-overflow: reject-publish`, a queue down) nothing later of its key has
+reached a queue: the refused ones are sent again, after every message in flight is settled and with backoff,
+before anything new goes out.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +25,8 @@ from pika.adapters.select_connection import SelectConnection
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.sinks.events import SinkEvent
+from cdc_assets.sinks.events import HEARTBEAT, SinkEvent
+from cdc_assets.sinks.in_flight import InFlight
 from cdc_assets.sinks.publisher import SinkConnectionLost
 from cdc_assets.sinks.settings import SinkSettings
 
@@ -29,6 +36,7 @@ logging.getLogger("pika").setLevel(logging.CRITICAL)
 
 CONNECT_TIMEOUT_SECONDS = 10.0
 CONFIRM_TIMEOUT_SECONDS = 60.0  # a window not confirmed in this long counts as a lost connection
+REFUSED_RETRY_SECONDS = 60.0  # how long refused (nacked) messages are sent again with nothing accepted meanwhile
 PUMP_EVERY = 100  # messages published between two turns of the ioloop: the broker works while we encode
 PERSISTENT = 2  # AMQP delivery mode: the broker writes the message to disk (in a durable queue)
 
@@ -45,7 +53,10 @@ class RabbitPublisher:
         self._error: BaseException | None = None
         self._ready = False
         self._next_tag = 1
-        self._unconfirmed: set[int] = set()
+        self._in_flight = InFlight()
+        self._refused: dict[int, SinkEvent] = {}  # nacked, by delivery tag: sent again, in publish order, first
+        self._accepted = 0  # messages acked since the connection opened
+        self.refused_records = 0  # messages the broker nacked and that were sent again
         self._waiting_for: Callable[[], bool] | None = None
 
     # --- the ioloop ---------------------------------------------------------------------------------------
@@ -104,6 +115,7 @@ class RabbitPublisher:
     def _on_channel(self, channel: Any) -> None:
         self.channel = channel
         channel.add_on_close_callback(self._on_channel_closed)
+        channel.add_on_return_callback(self._on_return)
         channel.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._on_confirm_mode)
 
     def _on_confirm_mode(self, _frame: Any) -> None:
@@ -116,7 +128,7 @@ class RabbitPublisher:
     def _on_channel_closed(self, _channel: Any, reason: BaseException) -> None:
         self._ready = False
         code = getattr(reason, "reply_code", None)
-        if code == 404 and not self._unconfirmed:
+        if code == 404 and not self._in_flight:
             self._fail(
                 CdcUserError(
                     f"The RabbitMQ exchange '{self.exchange}' does not exist on {self.url}: create it (a durable topic "
@@ -133,16 +145,25 @@ class RabbitPublisher:
         else:
             self._fail(SinkConnectionLost(f"the broker closed the channel ({reason})"))
 
+    def _on_return(self, _channel: Any, method: Any, _properties: Any, _body: bytes) -> None:
+        """A mandatory message no queue is bound for: RabbitMQ returns it (then confirms it), so it was not
+        delivered and the checkpoint must not move past it."""
+        self._fail(
+            CdcUserError(
+                f"RabbitMQ returned a message of routing key '{method.routing_key}' as unroutable: no queue is bound to "
+                f"exchange '{self.exchange}' for it; bind a queue for it, or leave the table out of the sink "
+                "(CDC_RABBITMQ_EXCLUDE_TABLES)."
+            )
+        )
+
     def _on_confirm(self, frame: Any) -> None:
         method = frame.method
-        tag = method.delivery_tag
-        if isinstance(method, pika.spec.Basic.Nack):
-            self._fail(SinkConnectionLost(f"the broker refused message {tag} (nack)"))
-            return
-        if method.multiple:
-            self._unconfirmed = {t for t in self._unconfirmed if t > tag}
+        settled = self._in_flight.settle(method.delivery_tag, method.multiple)
+        if isinstance(method, pika.spec.Basic.Nack):  # confirms may come out of order: keep the tags
+            self._refused.update(settled)
+            self.refused_records += len(settled)
         else:
-            self._unconfirmed.discard(tag)
+            self._accepted += len(settled)
         self._check()
 
     # --- errors a user can fix ------------------------------------------------------------------------------
@@ -174,7 +195,7 @@ class RabbitPublisher:
 
     def _connect(self) -> None:
         self.close()
-        self._error, self._ready, self._next_tag, self._unconfirmed = None, False, 1, set()
+        self._error, self._ready, self._next_tag, self._in_flight, self._refused = None, False, 1, InFlight(), {}
         parameters = pika.URLParameters(self.url.with_password())
         parameters.connection_attempts = 1
         parameters.socket_timeout = CONNECT_TIMEOUT_SECONDS
@@ -197,24 +218,61 @@ class RabbitPublisher:
             return
         if not self._ready or self.channel is None:
             raise SinkConnectionLost("not connected")
-        for index, event in enumerate(events):
-            properties = pika.BasicProperties(
-                content_type="application/json",
-                delivery_mode=PERSISTENT,
-                message_id=event.id,
-                timestamp=int(event.commit_ts),
-                type=event.kind,
-            )
-            try:
-                self.channel.basic_publish(self.exchange, event.routing_key, event.body, properties)
-            except (pika.exceptions.AMQPError, OSError) as exc:
-                raise SinkConnectionLost(f"publishing failed ({exc})") from exc
-            self._unconfirmed.add(self._next_tag)
-            self._next_tag += 1
-            if index % PUMP_EVERY == PUMP_EVERY - 1:
+        todo = deque(events)
+        published, announced = 0, False
+        delay, refused_since, accepted_then = 0.05, time.monotonic(), self._accepted
+        while todo or self._in_flight or self._refused:  # a window ends only once none is refused
+            if self._refused:
+                # nothing new goes out until every message in flight is settled; then the refused ones, first
+                self._wait(lambda: not self._in_flight)
+                if self._accepted != accepted_then:  # the broker took something since: not stuck
+                    delay, refused_since, accepted_then = 0.05, time.monotonic(), self._accepted
+                if time.monotonic() - refused_since > REFUSED_RETRY_SECONDS:
+                    raise CdcUserError(
+                        f"RabbitMQ kept refusing (nack) messages to exchange '{self.exchange}' at {self.url} for "
+                        f"{REFUSED_RETRY_SECONDS:.0f} s (routing key '{self._refused[min(self._refused)].routing_key}'): make room in its "
+                        "queues (a queue full under x-overflow reject-publish needs a consumer or a higher x-max-length) "
+                        "or bring the queue back, then publish again; the checkpoint stays before them."
+                    )
+                time.sleep(random.uniform(delay / 2, delay))
+                delay = min(delay * 2, 2.0)
+                todo.extendleft(reversed([self._refused[tag] for tag in sorted(self._refused)]))
+                self._refused = {}
+                continue
+            if not todo:
+                if not announced:  # the whole window is out, its last confirms awaited
+                    announced = True
+                    failpoints.hit("sinks.published_unconfirmed")
+                self._wait(lambda: not self._in_flight or bool(self._refused))
+                continue
+            head = todo[0]
+            if not self._in_flight.can_go(head):
+                self._wait(lambda: self._in_flight.can_go(head) or bool(self._refused))  # noqa: B023
+                continue
+            self._publish(todo.popleft())
+            published += 1
+            if published % PUMP_EVERY == 0:
                 self._pump()
-        failpoints.hit("sinks.published_unconfirmed")
-        self._run_until(lambda: not self._unconfirmed, CONFIRM_TIMEOUT_SECONDS, "waiting for the broker's confirms")
+
+    def _wait(self, done: Callable[[], bool]) -> None:
+        self._run_until(done, CONFIRM_TIMEOUT_SECONDS, "waiting for the broker's confirms")
+
+    def _publish(self, event: SinkEvent) -> None:
+        properties = pika.BasicProperties(
+            content_type="application/json",
+            delivery_mode=PERSISTENT,
+            message_id=event.id,
+            timestamp=int(event.commit_ts),
+            type=event.kind,
+        )
+        try:
+            # mandatory: a change no queue is bound for comes back (`_on_return`) instead of vanishing confirmed
+            mandatory = event.kind != HEARTBEAT
+            self.channel.basic_publish(self.exchange, event.routing_key, event.body, properties, mandatory)
+        except (pika.exceptions.AMQPError, OSError) as exc:
+            raise SinkConnectionLost(f"publishing failed ({exc})") from exc
+        self._in_flight.add(self._next_tag, event)
+        self._next_tag += 1
 
     def close(self) -> None:
         connection, self.connection, self.channel, self._ready = self.connection, None, None, False

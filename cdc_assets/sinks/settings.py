@@ -6,6 +6,7 @@ Passwords live only in memory: `AmqpUrl` never prints one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlparse
@@ -17,6 +18,7 @@ RABBITMQ = "rabbitmq"
 KINESIS = "kinesis"
 SINK_NAMES = (RABBITMQ, KINESIS)
 DEFAULT_EXCHANGE = "cdc"
+KINESIS_STREAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")  # Kinesis's rule for a stream name
 
 # the environment variable that turns each sink on, and those of its table globs
 ENABLING_VARIABLE = {RABBITMQ: "CDC_RABBITMQ_URL", KINESIS: "CDC_KINESIS_STREAM"}
@@ -130,4 +132,10 @@ def sink_settings(name: str, env: Mapping[str, str]) -> SinkSettings:
         exchange = env.get("CDC_RABBITMQ_EXCHANGE") or DEFAULT_EXCHANGE
         return SinkSettings(**common, rabbitmq_url=AmqpUrl.parse(env[ENABLING_VARIABLE[name]]), exchange=exchange)
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None
-    return SinkSettings(**common, stream=env[ENABLING_VARIABLE[name]], region=region)
+    stream = env[ENABLING_VARIABLE[name]]
+    if not KINESIS_STREAM_NAME.fullmatch(stream):
+        raise CdcUserError(
+            f"CDC_KINESIS_STREAM={stream!r} is not a Kinesis stream name: use 1 to 128 letters, digits, '_', '.' or '-' "
+            "(the stream's name, not its ARN)."
+        )
+    return SinkSettings(**common, stream=stream, region=region)

@@ -378,3 +378,27 @@ def read_query_rows(conn: pymysql.Connection, columns: list[ColumnSpec], sql: st
     `rows_per_chunk` at a time."""
     for raw in query_chunks(conn, sql, rows_per_chunk):
         yield _source_rows(columns, raw)
+
+
+# -- rows by key, for the equality check of the keys an apply changed -------------------------------------------
+
+KEYS_PER_QUERY = 1_000  # keys named in one SELECT: statements stay a few tens of kilobytes
+
+
+def read_source_rows_with_keys(
+    conn: pymysql.Connection, table: TableRef, columns: list[ColumnSpec], key: Sequence[str], keys: pa.Table
+) -> pa.Table:
+    """The source rows whose primary key (`key`, the columns of `keys`) is one of `keys`' rows, in the Delta
+    types: one SELECT per KEYS_PER_QUERY keys, inside the connection's transaction (its consistent snapshot)."""
+    names = [quote_identifier(k) for k in key]
+    target = names[0] if len(names) == 1 else "(" + ", ".join(names) + ")"
+    parts = [arrow_schema(columns).empty_table()]
+    for start in range(0, keys.num_rows, KEYS_PER_QUERY):
+        chunk = keys.slice(start, KEYS_PER_QUERY)
+        values = zip(*(chunk.column(k).to_pylist() for k in key), strict=True)
+        literals = [
+            conn.escape(v[0]) if len(v) == 1 else "(" + ", ".join(conn.escape(x) for x in v) + ")" for v in values
+        ]
+        sql = f"{_select_all(table, columns)} WHERE {target} IN ({', '.join(literals)})"
+        parts.append(_source_rows(columns, query_columns(conn, sql)))
+    return pa.concat_tables(parts)

@@ -6,12 +6,15 @@ Every problem a user can fix becomes a `CdcUserError` whose one sentence names t
 from __future__ import annotations
 
 import re
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pymysql
+import pymysql.connections
 import pymysql.cursors
 
 from cdc_assets.core.errors import CdcUserError
@@ -26,10 +29,25 @@ MIN_MARIADB = (10, 5)
 MIN_MYSQL = (5, 7)
 
 
+class _Connection(pymysql.connections.Connection):
+    """PyMySQL's connection with one TLS context per process for its default "preferred" TLS (encrypt when the
+    server offers it, no certificate check): PyMySQL makes a new one for every connection, reading the system's
+    CA store each time (about 20 ms), and a sync or a check connects several times."""
+
+    _preferred: ClassVar[ssl.SSLContext | None] = None
+
+    def _create_ssl_ctx(self, sslp: Any) -> ssl.SSLContext:
+        if sslp:
+            return super()._create_ssl_ctx(sslp)
+        if _Connection._preferred is None:
+            _Connection._preferred = super()._create_ssl_ctx(sslp)
+        return _Connection._preferred
+
+
 def connect(url: MySQLUrl, connect_timeout: int = 10) -> pymysql.Connection:
     """A connection to the source, with errors a user can fix turned into one sentence."""
     try:
-        return pymysql.connect(
+        return _Connection(
             host=url.host,
             port=url.port,
             user=url.user,
@@ -67,7 +85,13 @@ def resolve_mysql_url(configured: str | None) -> MySQLUrl:
 def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:
     """The user-facing sentence for a connection or permission error."""
     code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-    if code in (2003, 2005, 2006, 2013):
+    if code in (2006, 2013):  # an open connection lost: the server restarted, or the connection was killed
+        return CdcUserError(
+            f"The connection to the MySQL server at {url.host}:{url.port} was lost mid-way (the server restarted or "
+            "the connection was killed): nothing past the last complete raw batch was recorded; run the command "
+            "again once the server answers."
+        )
+    if code in (2003, 2005):
         return CdcUserError(
             f"Cannot reach the MySQL server at {url.host}:{url.port}: check that it is running and that "
             "CDC_MYSQL_URL has the right host and port."

@@ -23,6 +23,7 @@ from cdc_assets.lake.delta import (
     plain_type,
     read_query,
     seq_commit,
+    seq_landed,
     table_configuration,
 )
 from cdc_assets.lake.layout import CHANGES
@@ -50,6 +51,7 @@ def _conform_change_log(
         storage_options=options,
         commit_properties=seq_commit(MAX_SEQ_KEY, max_seq(existing) or 0),
     )
+    failpoints.hit("changes.log_rewritten")
     existing.update_incremental()  # the caller appends through this object next
     return target
 
@@ -99,7 +101,7 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
         )
     new_max = int(pc.max(changes.column("_cdc_seq")).as_py())
     failpoints.hit("changes.before_commit")
-    with fenced(lakehouse.table_key(CHANGES, table)):
+    with fenced(lakehouse.table_key(CHANGES, table), seq_landed(uri, options, MAX_SEQ_KEY, new_max)):
         write_deltalake(
             existing if existing is not None else uri,  # the table read for the watermark: fenced from its version
             changes,
@@ -110,7 +112,7 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
             commit_properties=seq_commit(MAX_SEQ_KEY, new_max),
         )
     if existing is not None:
-        compact_small_files(existing, CHANGE_LOG_FILE_BYTES)
+        compact_small_files(existing, CHANGE_LOG_FILE_BYTES, failpoint="changes.compacting")
     ops = changes.column("_cdc_op")
     return AppendResult(
         table,

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import TableShape, shape_from_json
@@ -140,4 +141,9 @@ def record_progress(
     moved = [t for t in starts if starts[t] is None or starts[t] < last]
     for table in moved:
         progress[table] = TableProgress(last, newest.get(table, progress[table].shape))
-    for_each_table(moved, lambda table: save_progress(store, CHANGES_STAGE, table, progress[table]))
+
+    def save(table: str) -> None:
+        save_progress(store, CHANGES_STAGE, table, progress[table])
+        failpoints.hit("changes.progress_partly_saved")
+
+    for_each_table(moved, save)

@@ -7,8 +7,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import runs
-from cdc_assets.core.errors import CdcUserError, disk_full_is_user_error
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import TableShape, renamed_partners, with_rename_partners
@@ -17,7 +18,7 @@ from cdc_assets.lake.change_rows import (
     typed_changes,
     with_batch,
 )
-from cdc_assets.lake.layout import CHANGES_LOCK, CHANGES_STAGE
+from cdc_assets.lake.layout import CHANGES, CHANGES_LOCK, CHANGES_STAGE
 from cdc_assets.lake.locks import Lease, lakehouse_lock
 from cdc_assets.lake.raw_batches import (
     BatchManifest,
@@ -47,9 +48,22 @@ def _starts(lakehouse: Lakehouse, tables: list[str]) -> dict[str, str | None]:
         first = registry.get(table, {}).get("first_batch")
         if progress.batch is None and first is None:
             continue  # no change of it was ever captured (a table known from a snapshot only)
-        # A table that has never been processed starts just before its first batch, not at the beginning.
-        starts[table] = progress.batch if progress.batch is not None else _just_before(first)
+        # A table that has never been processed starts just before its first batch, not at the beginning; so does
+        # one whose change log is gone (removed by hand): the raw batches rebuild it, each change once.
+        taken = progress.batch is not None and lakehouse.has_table(CHANGES, TableRef.parse(table))
+        starts[table] = progress.batch if taken or first is None else _just_before(first)
     return starts
+
+
+def missing_change_logs(lakehouse: Lakehouse, tables: list[str]) -> list[str]:
+    """Tables whose change log the stage wrote and that is gone (the pipeline never deletes one): the next run
+    of the stage rebuilds them from the raw batches."""
+
+    def missing(name: str) -> bool:
+        progress = load_progress(lakehouse.store, CHANGES_STAGE, name)
+        return progress.batch is not None and not lakehouse.has_table(CHANGES, TableRef.parse(name))
+
+    return [name for name, gone in zip(tables, for_each_table(tables, missing), strict=True) if gone]
 
 
 def _just_before(batch: str | None) -> str | None:
@@ -116,7 +130,7 @@ def process_new_batches(
     report = ChangesReport()
     wait = lakehouse.lock_wait_seconds
     with (
-        disk_full_is_user_error(str(lakehouse)),
+        lakehouse.faults_are_user_errors(),
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log) as lease,
     ):
         starts: dict[str, str | None] = {}
@@ -162,6 +176,7 @@ def _process(
         newest: dict[str, TableShape] = {}  # per table, the shape of its newest changes taken in
         for piece in _pieces(store, chunk, starts, MAX_ROWS_PER_ARROW_JOB):
             _take_in(lakehouse, plan_piece(piece, starts, progress, newest), starts, report, lease, log)
+        failpoints.hit("changes.appended_before_progress")
         lease.check()
         record_progress(store, starts, progress, newest, chunk[-1].name)
         report.batches.extend(m.name for m in chunk)
@@ -212,7 +227,9 @@ def _take_in(
         table, offset, length = table_slice
         lease.check()  # on S3 a lease lost to another run means: append nothing more
         typed = typed_changes(keyed.slice(offset, length), plan.versions, plan.ddl)
-        return append_changes(lakehouse, table, typed)
+        result = append_changes(lakehouse, table, typed)
+        failpoints.hit("changes.table_appended")
+        return result
 
     slices = [(TableRef(*names), offset, length) for names, offset, length in runs(keyed, ["schema", "table"])]
     results = for_each_table(slices, append)

@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import runs
-from cdc_assets.core.errors import disk_full_is_user_error
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
@@ -129,7 +129,7 @@ def apply_pending(
     store = lakehouse.store
     wait = lakehouse.lock_wait_seconds
     with (
-        disk_full_is_user_error(str(lakehouse)),
+        lakehouse.faults_are_user_errors(),
         lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log) as lease,
     ):
         targets = set(known_tables(lakehouse.store, tables))
@@ -159,6 +159,7 @@ def apply_pending(
             if pending:
                 _apply(lakehouse, pending, report, lease, log, dropped)
         _keep_histories(lakehouse, targets, lease, log)
+        failpoints.hit("current.merged_before_progress")
         lease.check()
 
         def saved(item: tuple[str, TableProgress]) -> None:
@@ -171,6 +172,7 @@ def apply_pending(
             save_progress(
                 store, CURRENT_STAGE, table, TableProgress(progress.batch, None, floor, present, snapshot if present else None)
             )
+            failpoints.hit("current.progress_partly_saved")
 
         for_each_table([(t, p) for t, p in reached.items() if p.batch is not None], saved)
         report.tables = sorted(targets)
@@ -223,32 +225,32 @@ def _apply(
         else {}
     )
 
+    def outcome(chain: list[tuple[int, Step]], n: int) -> str | ApplyResult:
+        """What the chain's `n`th step does, committed."""
+        i, step = chain[n]
+        if step.change is not None:
+            assert step.commit_ts is not None
+            following = chain[n + 1][1] if n + 1 < len(chain) else None
+            if _created_with_its_rows(lakehouse, step, following):
+                return "created"
+            return apply_schema_change(lakehouse, step.change, step.seq, step.commit_ts)
+        segment = segments[i]
+        if segment.bounds is not None:
+            segment = segment.load(lakehouse)
+            if segment.shape.primary_key:
+                return apply_changes(lakehouse, segment, latest_change_per_key(_key_events(i, segment)))
+            return apply_keyless_changes(lakehouse, segment)
+        if segment.shape.primary_key:
+            return apply_changes(lakehouse, segment, latest[i] if i in latest else _no_changes())
+        return apply_keyless_changes(lakehouse, segment)  # no primary key: duplicates are counted, not keyed
+
     def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
         """One table's steps (with its rename partners'), in `_cdc_seq` order."""
         done: list[tuple[Step, str | ApplyResult]] = []
-        for n, (i, step) in enumerate(chain):
+        for n, (_, step) in enumerate(chain):
             lease.check()  # on S3 a lease lost to another run means: merge nothing more
-            if step.change is not None:
-                assert step.commit_ts is not None
-                following = chain[n + 1][1] if n + 1 < len(chain) else None
-                if _created_with_its_rows(lakehouse, step, following):
-                    done.append((step, "created"))
-                    continue
-                done.append((step, apply_schema_change(lakehouse, step.change, step.seq, step.commit_ts)))
-                continue
-            segment = segments[i]
-            if segment.bounds is not None:
-                segment = segment.load(lakehouse)
-                if segment.shape.primary_key:
-                    done.append(
-                        (step, apply_changes(lakehouse, segment, latest_change_per_key(_key_events(i, segment))))
-                    )
-                else:
-                    done.append((step, apply_keyless_changes(lakehouse, segment)))
-            elif segment.shape.primary_key:
-                done.append((step, apply_changes(lakehouse, segment, latest[i] if i in latest else _no_changes())))
-            else:  # no primary key: duplicates are counted, not keyed (apply_keyless_changes)
-                done.append((step, apply_keyless_changes(lakehouse, segment)))
+            done.append((step, outcome(chain, n)))
+            failpoints.hit("current.table_merged")
         return done
 
     record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), "arrow")

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
+from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import sorted_by_key
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
@@ -39,6 +40,7 @@ from cdc_assets.lake.delta import (
     max_seq,
     read_query,
     seq_commit,
+    seq_landed,
 )
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.state import TableProgress, load_progress
@@ -93,9 +95,17 @@ def applied_floor(lakehouse: Lakehouse, table: TableRef, current: DeltaTable | N
     A table whose current state was dropped has taken in everything up to its DROP (`dropped_seq`). One whose
     current state should exist (`present`) but is gone was removed behind the pipeline's back: it is rebuilt
     from its whole change log, unless a snapshot loaded it (its rows are then not all in the log), which only
-    a new snapshot can mend.
+    a new snapshot can mend. One whose change log ends in a DROP (after any snapshot) was being dropped when a
+    crash came (the failpoints `current.drop_log_removed`, `current.merged_before_progress`): it is taken from
+    just before that DROP.
     """
     applied = max_seq(current, APPLIED_SEQ_KEY)
+    if current is None and progress is not None and progress.present:
+        # A DROP whose removal of the table (or the progress recording it) a crash cut short: nothing before the
+        # DROP matters any more, snapshot rows included, and the change log holds everything after it.
+        last_drop = _last_drop(lakehouse, table)
+        if last_drop is not None and (progress.snapshot_seq is None or last_drop > progress.snapshot_seq):
+            return last_drop - 1
     if current is None and progress is not None:
         if progress.present and progress.snapshot_seq is not None:
             raise CdcUserError(
@@ -104,6 +114,16 @@ def applied_floor(lakehouse: Lakehouse, table: TableRef, current: DeltaTable | N
             )
         applied = None if progress.present else progress.dropped_seq
     return applied
+
+
+def _last_drop(lakehouse: Lakehouse, table: TableRef) -> int | None:
+    """`_cdc_seq` of the table's newest DROP (or RENAME away) in its change log."""
+    log = lakehouse.open(CHANGES, table)
+    if log is None or "_cdc_op" not in [f.name for f in log.schema().fields]:
+        return None
+    found = read_query(log, "SELECT max(_cdc_seq) AS s FROM changes WHERE _cdc_op = 'drop'", "changes")
+    value = found.column(0)[0].as_py() if found.num_rows else None
+    return None if value is None else int(value)
 
 
 def read_pending(
@@ -237,7 +257,8 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
     if target is None or not target.file_uris():  # a new or empty table: no row to match, each upsert is a new row
         written = source if soft else upserts
         rows = sorted_by_key(written.drop_columns(["_cdc_action"]), keys)
-        with fenced(lakehouse.table_key(CURRENT, pending.table)):
+        landed = seq_landed(lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), APPLIED_SEQ_KEY, new_applied)
+        with fenced(lakehouse.table_key(CURRENT, pending.table), landed):
             write_deltalake(
                 target if target is not None else lakehouse.table_uri(CURRENT, pending.table),
                 rows,
@@ -316,9 +337,14 @@ def _execute(
         )
     elif truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
         merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
-    with fenced(lakehouse.table_key(CURRENT, pending.table)):
+    if truncated is not None:
+        failpoints.hit("current.truncate_before_commit")
+    seq = int(pc.max(pending.changes.column("_cdc_seq")).as_py())  # what _merge_into records as applied
+    landed = seq_landed(lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), APPLIED_SEQ_KEY, seq)
+    metrics: dict[str, Any] = {}  # none when the commit's answer was lost (it landed: see lake.delta.fenced)
+    with fenced(lakehouse.table_key(CURRENT, pending.table), landed):
         metrics = merge.execute()
-    compact_small_files(target, CURRENT_FILE_BYTES)
+    compact_small_files(target, CURRENT_FILE_BYTES, failpoint="current.compacting")
     return metrics
 
 
@@ -401,6 +427,7 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
             updates={quote(f.name): f"s.{quote(f.name)}" for f in schema}, predicate="s._cdc_action = 'upsert'"
         )
     )
+    failpoints.hit("current.keyless_before_commit")
     metrics = _execute(lakehouse, pending, target, merge)
     return ApplyResult(
         table=pending.table,
@@ -444,7 +471,8 @@ def replace_current(
     Written through `existing` (the version the caller read its applied seq from), so the commit is fenced
     against any other writer's commit since (see lake.delta.seq_commit). The table properties only apply
     when the table is created: delta-rs keeps an existing table's."""
-    with fenced(lakehouse.table_key(CURRENT, table)):
+    landed = seq_landed(lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), APPLIED_SEQ_KEY, seq)
+    with fenced(lakehouse.table_key(CURRENT, table), landed):
         write_deltalake(
             existing if existing is not None else lakehouse.table_uri(CURRENT, table),
             rows,
@@ -495,6 +523,8 @@ def apply_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int, co
         return f"created from {change.renamed_from}" if change.renamed_from else "created"
     assert existing is not None
     rows = read_query(existing, "SELECT * FROM current", "current")
-    reshaped = reshape_rows(rows, change, after, commit_ts, table)
-    replace_current(lakehouse, table, sorted_by_key(reshaped, after.primary_key), seq, existing)
+    reshaped = sorted_by_key(reshape_rows(rows, change, after, commit_ts, table), after.primary_key)
+    failpoints.hit("current.alter_before_commit")
+    replace_current(lakehouse, table, reshaped, seq, existing)
+    failpoints.hit("current.altered")
     return "altered"

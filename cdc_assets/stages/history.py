@@ -27,6 +27,7 @@ from cdc_assets.lake.delta import (
     plain_type,
     read_query,
     seq_commit,
+    seq_landed,
     table_configuration,
 )
 from cdc_assets.lake.history_rows import (
@@ -101,9 +102,11 @@ def _commit(lakehouse: Lakehouse, table: TableRef, history: Any, rows: pa.Table,
     """One Delta commit: versions closed (updated in place) and opened (inserted), recording `new_seq`."""
     where = lakehouse.table_key(HISTORY, table)
     commit = seq_commit(HISTORY_SEQ_KEY, new_seq)
+    # a commit whose answer was lost but that landed is not an error (see lake.delta.fenced)
+    landed = seq_landed(lakehouse.table_uri(HISTORY, table), lakehouse.storage_options(), HISTORY_SEQ_KEY, new_seq)
     rows = rows.sort_by([(KEY, "ascending"), (VALID_FROM_SEQ, "ascending")])
     if history is None:
-        with fenced(where):
+        with fenced(where, landed):
             write_deltalake(
                 lakehouse.table_uri(HISTORY, table),
                 rows,
@@ -120,7 +123,7 @@ def _commit(lakehouse: Lakehouse, table: TableRef, history: Any, rows: pa.Table,
         ids = pc.binary_join_element_wise(whole.column(KEY), pc.cast(whole.column(VALID_FROM_SEQ), pa.string()), "|")
         replaced = pc.binary_join_element_wise(rows.column(KEY), pc.cast(rows.column(VALID_FROM_SEQ), pa.string()), "|")
         kept = whole.filter(pc.invert(pc.is_in(ids, value_set=replaced)))
-        with fenced(where):
+        with fenced(where, landed):
             write_deltalake(
                 history,
                 pa.concat_tables([kept, rows]),
@@ -129,7 +132,7 @@ def _commit(lakehouse: Lakehouse, table: TableRef, history: Any, rows: pa.Table,
                 commit_properties=commit,
             )
         return
-    with fenced(where):
+    with fenced(where, landed):
         history.merge(
             rows,
             predicate=f"t.{KEY} = s.{KEY} AND t.{VALID_FROM_SEQ} = s.{VALID_FROM_SEQ}",

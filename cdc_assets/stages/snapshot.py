@@ -21,7 +21,8 @@ import pymysql
 
 from cdc_assets.capture.run import capture
 from cdc_assets.capture.spool import SpoolDirectory
-from cdc_assets.core.errors import CdcUserError, disk_full_is_user_error
+from cdc_assets.core import failpoints
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import SourceSettings
@@ -75,7 +76,7 @@ def take_snapshot(
     (the default below CDC_SPARK_MIN_ROWS rows) in this process inside one consistent snapshot; on Spark by
     parallel tasks a key range at a time, without a lock on the source (stages/snapshot_on_spark.py)."""
     wait = lakehouse.lock_wait_seconds
-    with disk_full_is_user_error(str(lakehouse)), lakehouse_lock(lakehouse, SNAPSHOT_LOCK, "snapshot", owner, wait, log=log):
+    with lakehouse.faults_are_user_errors(), lakehouse_lock(lakehouse, SNAPSHOT_LOCK, "snapshot", owner, wait, log=log):
         if transforms is not None:
             engine = transforms(_rows_estimate(settings, requested))
             if engine.session is not None:
@@ -145,6 +146,7 @@ def _take_snapshot(
             f"Capture did not stop at the snapshot's position {position}: run the snapshot again when no sync is running."
         )
     seq = checkpoint.next_seq - 1
+    failpoints.hit("snapshot.captured")
     wait = lakehouse.lock_wait_seconds
     with (
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log),
@@ -152,6 +154,7 @@ def _take_snapshot(
     ):
         for shape, rows in loaded.values():
             _load_current(lakehouse, shape, rows, seq, taken_at)
+            failpoints.hit("snapshot.overwritten")
             record_loaded(lakehouse, shape, seq)
     spool.remove()
     register_loaded(lakehouse, [shape for shape, _ in loaded.values()], seq, owner, log)
@@ -169,6 +172,7 @@ def _spool_rows(conn: pymysql.Connection, shape: TableShape, path: Path) -> int:
         for part in read_source_chunks(conn, shape.table, columns, SNAPSHOT_CHUNK_ROWS, shape.primary_key):
             writer.write_table(part)
             rows += part.num_rows
+            failpoints.hit("snapshot.reading")
     return rows
 
 

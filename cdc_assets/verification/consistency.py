@@ -10,7 +10,7 @@ order-independent checksum per side and the row-for-row comparison of `verify`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -46,6 +46,7 @@ from cdc_assets.source import server as source
 from cdc_assets.source.rows import (
     count_source_rows,
     read_source_chunks,
+    read_source_rows_with_keys,
     read_source_table,
     source_row_estimates,
     source_shapes,
@@ -53,6 +54,7 @@ from cdc_assets.source.rows import (
 from cdc_assets.stages.current_state import current_expected
 from cdc_assets.verification import buckets as bucketed
 from cdc_assets.verification.compare import TableDiff, align_current, compare_tables, tables_to_verify
+from cdc_assets.verification.key_rows import keys_table, lake_rows_with_keys, with_keys
 from cdc_assets.verification.row_hashes import EMPTY_CHECKSUM, checksum_text, content_checksum
 
 MAX_SERVER_ID = (1 << 32) - 1
@@ -60,6 +62,13 @@ MAX_SERVER_ID = (1 << 32) - 1
 # (1412), a column or the table itself gone meanwhile (1054, 1146).
 DEFINITION_CHANGED_ERRORS = (1412, 1054, 1146)
 SEQ_NONE = 0  # "after seq 0": every captured change of a table without an applied seq is in flight
+EVERY_ROW = "every row"
+CHANGED_KEYS = "changed keys"
+
+# Which keys of a table to compare (None: every row), given the current-state table opened inside the consistent
+# snapshot, its applied seq and the source's shape: how the equality check after an apply narrows a comparison
+# to the keys the apply changed (verification/changed_keys.py).
+Narrowing = Callable[[TableRef, DeltaTable, int | None, TableShape], set[tuple[Any, ...]] | None]
 
 
 def _without_keys(rows: pa.Table, key_names: list[str], keys: set[tuple[Any, ...]]) -> pa.Table:
@@ -86,10 +95,16 @@ class ConsistentComparison:
     diff: TableDiff  # (verification/compare.py) computed over the compared rows only
     not_compared: str | None = None  # why no row could be compared now (a TRUNCATE or DDL of the table in flight)
     buckets: int = 0  # how many buckets the table was compared in, streamed (0: read whole; see verification/buckets.py)
+    scope: str = EVERY_ROW  # or CHANGED_KEYS: only the rows of `changed_keys` keys were read and compared
+    changed_keys: int = 0  # keys changed since the table was last found equal (scope CHANGED_KEYS)
+    files_read: int = 0  # current-state files read for them (scope CHANGED_KEYS)
+    counts_differ: bool = False  # total row counts disagree beyond what is in flight (scope CHANGED_KEYS)
+    lake_version: int | None = None  # the current-state table's Delta version that was compared
+    checked_seq: int | None = None  # every change up to this seq is in the rows compared (in-flight keys: after it)
 
     @property
     def ok(self) -> bool:
-        return self.diff.ok and self.source_checksum == self.lakehouse_checksum
+        return self.diff.ok and self.source_checksum == self.lakehouse_checksum and not self.counts_differ
 
     def describe(self) -> str:
         left_out = f"{self.in_flight_keys} keys changed in flight left out" if self.in_flight_keys else ""
@@ -100,7 +115,9 @@ class ConsistentComparison:
             matched = f"{self.compared_rows} rows match at {self.position} (checksum {self.source_checksum})"
             return f"{self.table}: {matched}{tail}"
         text = self.diff.describe()
-        if self.diff.ok:  # equal keys and values, yet the checksums differ: a value whose repr differs
+        if self.counts_differ and self.diff.ok:
+            text = f"{self.table}: source {self.source_rows} rows, lakehouse {self.lakehouse_rows} rows"
+        elif self.diff.ok:  # equal keys and values, yet the checksums differ: a value whose repr differs
             text = f"{self.table}: checksums differ over {self.compared_rows} rows"
         else:
             text += f"; checksums {self.source_checksum} / {self.lakehouse_checksum}"
@@ -122,6 +139,8 @@ class _Target:
     unsettled: tuple[int, str] | None = None  # the last change in flight not made row by row: its seq, and why
     created_seq: int | None = None  # the last plain CREATE of the table in flight
     large_rows: int = 0  # more rows than LARGE_TABLE_ROWS on some side: how many (compared in buckets); else 0
+    only: set[tuple[Any, ...]] | None = None  # compare only these keys' rows (None: every row)
+    lakehouse: Lakehouse | None = None  # where to read those rows (set with `only`)
 
     @property
     def columns(self) -> list[ColumnSpec]:
@@ -368,8 +387,8 @@ def _source_columns(names: list[str]) -> list[str]:
 
 
 def _read_lake(target: _Target) -> pa.Table | None:
-    if target.current is None or target.large_rows:
-        return None
+    if target.current is None or target.large_rows or (target.only is not None and target.columns):
+        return None  # read in buckets, or only some keys' rows (`_compare_changed`)
     return read_query(target.current, live_rows_sql(_lake_columns(target.current)), "current")
 
 
@@ -386,6 +405,7 @@ def _comparison(
     return ConsistentComparison(
         target.table, str(position), target.applied_seq, source_rows, lake_rows, compared, len(target.keys),
         source_sum, lake_sum, diff, target.not_compared, buckets,
+        lake_version=None if target.current is None else target.current.version(), checked_seq=target.after_seq,
     )  # fmt: skip
 
 
@@ -395,6 +415,8 @@ def _compare(
     """Both sides with the in-flight keys left out: counts, checksums and the row-for-row diff."""
     if target.missing:
         return _missing(target, position)
+    if target.only is not None and target.columns:
+        return _compare_changed(conn, position, target)
     if target.large_rows:
         return _compare_large(conn, position, target)
     table = target.table
@@ -423,6 +445,41 @@ def _compare(
     kept_lake = _without_keys(aligned, target.key_names, target.keys)
     diff = compare_tables(table, kept_source, kept_lake, target.key)
     return result(diff, kept_source.num_rows, content_checksum(kept_source), content_checksum(kept_lake))
+
+
+def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target: _Target) -> ConsistentComparison:
+    """`_compare` of only the rows of the keys changed since the table was last found equal (`target.only`), and
+    of the total row counts: the rows of the keys in flight are read too, so that the counts can leave them out."""
+    assert target.only is not None and target.current is not None
+    table, lakehouse = target.table, target.lakehouse
+    assert lakehouse is not None
+    lake_rows = _lake_rows(target.current)
+    if target.not_compared:
+        source_rows = count_source_rows(conn, table)
+        result = _comparison(target, position, TableDiff(table, source_rows, lake_rows), source_rows, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
+        result.scope, result.changed_keys = CHANGED_KEYS, len(target.only)
+        return result
+    wanted = keys_table(target.only | target.keys, target.key_names, target.key_types())
+    source = read_source_rows_with_keys(conn, table, target.columns, target.key_names, wanted)
+    source_rows = count_source_rows(conn, table)
+    lake, files = lake_rows_with_keys(lakehouse, table, target.current, wanted)
+    aligned = align_current(table, source, lake)
+    if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
+        aligned.source_rows, aligned.lakehouse_rows = source_rows, lake_rows
+        data = lake.select(_source_columns(lake.column_names))
+        result = _comparison(target, position, aligned, source_rows, lake_rows, 0, content_checksum(source), content_checksum(data))
+    else:
+        in_flight = keys_table(target.keys, target.key_names, target.key_types())
+        kept_source = _without_keys(source, target.key_names, target.keys)
+        kept_lake = _without_keys(aligned, target.key_names, target.keys)
+        diff = compare_tables(table, kept_source, kept_lake, target.key)
+        diff.source_rows, diff.lakehouse_rows = source_rows, lake_rows
+        source_sum, lake_sum = content_checksum(kept_source), content_checksum(kept_lake)
+        result = _comparison(target, position, diff, source_rows, lake_rows, kept_source.num_rows, source_sum, lake_sum)
+        # every row outside the keys in flight is in both or in neither: the totals without them agree
+        result.counts_differ = source_rows - with_keys(source, in_flight).num_rows != lake_rows - with_keys(aligned, in_flight).num_rows
+    result.scope, result.changed_keys, result.files_read = CHANGED_KEYS, len(target.only), files
+    return result
 
 
 def _missing(target: _Target, position: BinlogPosition) -> ConsistentComparison:
@@ -489,8 +546,11 @@ def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _
     )  # fmt: skip
 
 
-def compare_many(settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:
-    """Tables compared at one consistent point: one source snapshot, one pass over raw batches and the binlog."""
+def compare_many(
+    settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef], narrow: Narrowing | None = None
+) -> list[ConsistentComparison]:
+    """Tables compared at one consistent point: one source snapshot, one pass over raw batches and the binlog.
+    `narrow` may limit a table's comparison to some keys and its row counts (see `Narrowing`)."""
     url = settings.url
     conn = source.connect(url)
     try:
@@ -508,11 +568,20 @@ def compare_many(settings: SourceSettings, lakehouse: Lakehouse, tables: list[Ta
             gone = for_each_table([t for t in targets if t.current is None], partial(_missing_reason, lakehouse))
             for target, reason in zip([t for t in targets if t.current is None], gone, strict=True):
                 target.missing = reason
+            if narrow is not None:
+                narrowed = [t for t in targets if t.current is not None and t.shape is not None and t.shape.primary_key]
+                only = for_each_table(narrowed, lambda t: narrow(t.table, t.current, t.applied_seq, t.shape))
+                for target, keys in zip(narrowed, only, strict=True):
+                    target.only, target.lakehouse = keys, lakehouse
             # Read after the current-state tables: the checkpoint and the batches cover every applied seq.
             checkpoint = load_checkpoint(lakehouse.store)
             manifests = _Manifests(lakehouse.store, list_batches(lakehouse.store))
             # A sync may have captured (and applied) past the snapshot: changes after it are in flight too.
-            floor = manifests.seq_floor_at(position) if checkpoint and position < checkpoint.position else None
+            floor = (
+                manifests.seq_floor_at(position.in_epoch(checkpoint.position.epoch))
+                if checkpoint and position < checkpoint.position
+                else None
+            )
             estimates = source_row_estimates(conn, tables)
             for target in targets:
                 applied = SEQ_NONE if target.applied_seq is None else target.applied_seq

@@ -48,19 +48,27 @@ def checksum_enabled(conn: pymysql.Connection) -> bool:
     return bool(row) and str(row[0]).upper() not in ("NONE", "")
 
 
-def dump_events(conn: pymysql.Connection, server_id: int, start: BinlogPosition) -> Iterator[RawEvent]:
+def dump_events(
+    conn: pymysql.Connection, server_id: int, start: BinlogPosition | None, gtid_state: str | None = None
+) -> Iterator[RawEvent]:
     """Every event from `start` to the binlog's end as of now, then the iterator ends.
 
     The stream begins with the server's own artificial events (a rotate naming the file, its format
-    description); `log_pos` of every real event is the position after it.
+    description); `log_pos` of every real event is the position after it. With `gtid_state` instead of a
+    start (MariaDB only), the server starts right after that GTID state, wherever it lies in its own binlog
+    (`@slave_connect_state`, strict: it refuses a state its binlog does not hold).
     """
     checksums = checksum_enabled(conn)
     with conn.cursor() as cur:
         if checksums:  # a replica must say it understands checksums, or the server refuses to send
             cur.execute("SET @master_binlog_checksum = @@global.binlog_checksum")
         cur.execute(f"SET @mariadb_slave_capability = {MARIADB_SLAVE_CAPABILITY_GTID}")
-    name = start.log_file.encode()
-    command = struct.pack("<BIHI", COM_BINLOG_DUMP, start.log_pos, BINLOG_DUMP_NON_BLOCK, server_id) + name
+        if start is None:
+            cur.execute("SET @slave_connect_state = %s", (gtid_state or "",))
+            cur.execute("SET @slave_gtid_strict_mode = 1")
+    name = start.log_file.encode() if start is not None else b""
+    offset = start.log_pos if start is not None else 4
+    command = struct.pack("<BIHI", COM_BINLOG_DUMP, offset, BINLOG_DUMP_NON_BLOCK, server_id) + name
     conn._write_bytes(_PACKET_HEADER.pack(len(command)) + command)  # sequence id 0 in the high byte
     read = conn._rfile.read
     trailer = CHECKSUM_SIZE if checksums else 0

@@ -1,0 +1,106 @@
+"""What a sync costs beyond its work: a sync with nothing to do beside `python -c 'import dagster'`, and a small
+sync (20k row changes over 25 tables, from an empty lakehouse) beside the tutorial baseline's capture of the same
+binlog.
+
+    .venv/bin/python -m benchmarks.fixed_costs [--runs 5] [--tables 25] [--rows-per-table 400] [--oltp 10000]
+
+Every figure is the median of `--runs` runs, each a process of its own timed by a parent of its own (wall time,
+interpreter start-up included, as a user sees it). The small sync runs on a fresh lakehouse and Dagster home each
+time; the no-op syncs run on the lakehouse the last of them left, with nothing new in the binlog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+from benchmarks.run import BASELINE, child, timed
+from benchmarks.workloads import CLI, SCHEMA, fresh_server, mixed_tables
+
+READER_SERVER_ID = 4246
+
+
+def _sync(env: dict[str, str]) -> dict:
+    done = timed(env, CLI, "sync")
+    if done["code"] != 0:
+        raise SystemExit(f"sync failed:\n{done['out']}{done['err']}")
+    printed = [line for line in done["out"].splitlines() if line.startswith("sync succeeded in ")]
+    return {**done, "printed": printed[-1] if printed else "?"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--tables", type=int, default=25)
+    parser.add_argument("--rows-per-table", type=int, default=400)
+    parser.add_argument("--oltp", type=int, default=10_000)
+    args = parser.parse_args()
+
+    server = fresh_server()
+    began = time.monotonic()
+    workload = mixed_tables(server, args.tables, args.rows_per_table, args.oltp)
+    print(
+        f"small sync: {workload.row_changes} row changes over {workload.tables} tables, generated in "
+        f"{time.monotonic() - began:.0f} s",
+        flush=True,
+    )
+    env = {
+        **os.environ,
+        "CDC_MYSQL_URL": server.reader_url(),
+        "CDC_TABLES": f"{SCHEMA}.*",
+        "CDC_SERVER_ID": str(READER_SERVER_ID),
+        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
+    }
+    runs: dict[str, list[float]] = {"baseline": [], "sync": [], "noop": [], "import": []}
+    for i in range(args.runs):
+        out = tempfile.mkdtemp(prefix="cdc-bench-fixed-baseline-")
+        baseline = child(BASELINE.format(server_id=READER_SERVER_ID), {**env, "OUT_DIR": out})
+        runs["baseline"].append(baseline["seconds"])
+        sync_env = {
+            **env,
+            "CDC_LAKEHOUSE": tempfile.mkdtemp(prefix="cdc-bench-fixed-lake-"),
+            "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-fixed-dh-"),
+        }
+        sync = _sync(sync_env)
+        runs["sync"].append(sync["seconds"])
+        print(
+            f"  run {i + 1}: baseline capture {baseline['rows']} rows in {baseline['seconds']:.2f} s; "
+            f"sync {sync['seconds']:.2f} s ({sync['printed']})",
+            flush=True,
+        )
+    for i in range(args.runs):
+        noop = _sync(sync_env)
+        imported = timed(env, sys.executable, "-c", "import dagster")
+        runs["noop"].append(noop["seconds"])
+        runs["import"].append(imported["seconds"])
+        print(
+            f"  run {i + 1}: no-op sync {noop['seconds']:.2f} s ({noop['printed']}); "
+            f"python -c 'import dagster' {imported['seconds']:.2f} s",
+            flush=True,
+        )
+
+    def median(name: str) -> float:
+        return statistics.median(runs[name])
+
+    rows = [
+        ("a sync with nothing to do (s)", "python -c 'import dagster'", median("import"), median("noop")),
+        (
+            f"a small sync from an empty lakehouse: {workload.row_changes} row changes, {workload.tables} tables (s)",
+            "tutorial baseline capture",
+            median("baseline"),
+            median("sync"),
+        ),
+    ]
+    print()
+    print("| figure | reference | reference (s) | cdc-lakehouse (s) | ratio |")
+    print("|---|---|---|---|---|")
+    for figure, reference, base, ours in rows:
+        print(f"| {figure} | {reference} | {base:.2f} | {ours:.2f} | {ours / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
