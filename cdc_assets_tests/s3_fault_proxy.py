@@ -164,7 +164,9 @@ def _handler(upstream: str, rules: _Rules) -> type[BaseHTTPRequestHandler]:
             for name, value in answer.getheaders():
                 if name.lower() not in ("transfer-encoding", "connection", "content-length"):
                     self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
+            # a HEAD answer has no body but the object's length (pyarrow reads a file's size from it)
+            length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+            self.send_header("Content-Length", length or str(len(data)))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)

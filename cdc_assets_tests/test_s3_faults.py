@@ -135,14 +135,16 @@ def test_an_s3_endpoint_that_stays_down_ends_in_one_sentence_and_the_next_sync_e
         s3_faults.set({"action": "status:503"})
         _, seconds = _sync_refused(cdc, capsys, s3_faults.url)
         assert len(s3_faults.injected()) == attempts and seconds < 10
-        print(f"503 throughout, CDC_S3_MAX_ATTEMPTS={attempts}: refused after {seconds:.1f} s")
+        with capsys.disabled():
+            print(f"503 throughout, CDC_S3_MAX_ATTEMPTS={attempts}: refused after {seconds:.1f} s")
 
     # Down without answering: each try is cut after CDC_S3_TIMEOUT_SECONDS (1 s here; 120 s is the proxy's silence).
     monkeypatch.setenv("CDC_S3_MAX_ATTEMPTS", "3")
     s3_faults.set({"action": "timeout"})
     _, seconds = _sync_refused(cdc, capsys, s3_faults.url)
     assert len(s3_faults.injected()) == 3 and 3 <= seconds < 15
-    print(f"no answer, 3 tries of 1 s: refused after {seconds:.1f} s")
+    with capsys.disabled():
+        print(f"no answer, 3 tries of 1 s: refused after {seconds:.1f} s")
 
     # Up for objects, down for the Delta tables: capture lands its batch and checkpoint, the change-log stage gives
     # up on its first Delta request, and nothing moves past what was written.

@@ -21,8 +21,10 @@ import pyarrow.compute as pc
 import pymysql
 from deltalake import DeltaTable
 
+from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.core import failpoints
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import TABLE_WORKERS, for_each_table
@@ -575,6 +577,11 @@ def compare_many(
                     target.only, target.lakehouse = keys, lakehouse
             # Read after the current-state tables: the checkpoint and the batches cover every applied seq.
             checkpoint = load_checkpoint(lakehouse.store)
+            if failover.moved(checkpoint, server):  # its file and offset are another server's: nothing to compare
+                raise CdcUserError(
+                    f"The source is server {server.server_id}, not server {checkpoint.server_id} the checkpoint was "
+                    "taken on: run `cdc-lakehouse sync` first, so that capture follows it by GTID, then compare."
+                )
             manifests = _Manifests(lakehouse.store, list_batches(lakehouse.store))
             # A sync may have captured (and applied) past the snapshot: changes after it are in flight too.
             floor = (
