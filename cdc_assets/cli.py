@@ -1,4 +1,4 @@
-"""`cdc-lakehouse`: sync, verify, status, snapshot, publish and demo. It parses and prints; the runs are the Dagster
+"""`cdc-lakehouse`: sync, verify, status, snapshot, publish, export and demo. It parses and prints; the runs are the Dagster
 definitions' own (cdc_assets/defs/runs.py), on the persistent instance in DAGSTER_HOME (default
 `.local/dagster_home`), so `make dev` shows them. Errors a user can fix end with one sentence and exit code 2,
 never a traceback.
@@ -22,6 +22,7 @@ from cdc_assets.defs.runs import (
     RunOutcome,
     collect_status,
     run_continuous,
+    run_export,
     run_publish,
     run_snapshot,
     run_sync,
@@ -71,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="continuous mode in the foreground: capture and apply as the binlog grows, until stopped")
     run.add_argument("--poll-seconds", type=float, help="how long an idle follower waits before it looks again (0.5)")
     sub.add_parser("stop", help="stop the continuous mode after its cycle in progress, and wait until it has")
+    export = sub.add_parser("export", help="write a table as it was at a time or seq to a Parquet file")
+    export.add_argument("export_table", metavar="TABLE", help="schema.table")
+    export.add_argument("--as-of", required=True, help="an ISO time (UTC unless it has an offset) or seq:N")
+    export.add_argument("--to", required=True, help="the Parquet file to write")
     status = sub.add_parser("status", help="checkpoint, lag, tables, last batch and freshness")
     status.add_argument("--json", action="store_true", help="print JSON")
     demo_command = sub.add_parser("demo", help="local source + live workload + sync until caught up + verify")
@@ -240,6 +245,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_FAILED if bad else EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    rows = run_export(args.export_table, args.as_of, args.to)
+    print(f"{args.export_table} as of {args.as_of}: {rows} rows written to {args.to}")
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.poll_seconds is not None and args.poll_seconds <= 0:
         raise CdcUserError(f"--poll-seconds {args.poll_seconds:g} is not a positive number of seconds: use e.g. 0.5.")
@@ -345,6 +356,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "stop": cmd_stop,
     "snapshot": cmd_snapshot,
     "publish": cmd_publish,
+    "export": cmd_export,
     "demo": cmd_demo,
 }
 

@@ -42,6 +42,7 @@ WALKED_ELSEWHERE = {
     "sinks.published_unconfirmed": "test_sinks.py (the broker stopped there)",
     "sinks.window_acknowledged": "test_sinks.py (the CLI killed there)",
     "verify.in_snapshot": "test_consistency.py (DDL in flight during a verify)",
+    "history.before_commit": "test_history.py (the CLI killed there; history needs CDC_HISTORY_TABLES)",
 }
 
 BATCH_ROWS = 40  # small raw batches: a capture writes several, so it can be stopped between two

@@ -3,7 +3,8 @@
 import pytest
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import MySQLUrl, TableFilter
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import MySQLUrl, TableFilter, TableSelection
 
 
 def test_url_never_shows_its_password() -> None:
@@ -65,3 +66,14 @@ def test_s3_retry_settings_reach_every_s3_client_from_one_place(monkeypatch: pyt
         "max_retries": "6", "timeout": "2500ms", "connect_timeout": "2500ms"}  # fmt: skip
     assert lakehouse.file_access().retries == lakehouse.s3.retries
     assert lakehouse.file_access().filesystem().type_name == "s3"
+
+
+def test_table_selection_selects_nothing_by_default_and_names_a_bad_glob() -> None:
+    """CDC_HISTORY_TABLES / CDC_SOFT_DELETES: unlike CDC_TABLES, unset selects no table."""
+    assert "shop.orders" not in TableSelection.parse(None, "CDC_HISTORY_TABLES")
+    assert "shop.orders" not in TableSelection.parse(" , ", "CDC_HISTORY_TABLES")
+    chosen = TableSelection.parse("shop.ord*, `d.ot`.t", "CDC_SOFT_DELETES")
+    assert "shop.orders" in chosen and TableRef("d.ot", "t") in chosen
+    assert "shop.items" not in chosen and "other.orders" not in chosen
+    with pytest.raises(CdcUserError, match="CDC_SOFT_DELETES has no schema"):
+        TableSelection.parse("orders", "CDC_SOFT_DELETES")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.names import split_name
+from cdc_assets.core.names import TableRef, split_name
 
 DEFAULT_SERVER_ID = 4_200_001  # the reader's replica id; the demo source uses 1
 DEFAULT_LAKEHOUSE = "./lakehouse"
@@ -164,6 +164,32 @@ class TableFilter:
         if self.include:
             return any(fnmatch.fnmatchcase(schema, split_name(g)[0]) for g in self.include)
         return schema not in SYSTEM_SCHEMAS
+
+
+@dataclass(frozen=True)
+class TableSelection:
+    """Tables a feature is on for (CDC_HISTORY_TABLES, CDC_SOFT_DELETES): comma-separated `schema.table` globs;
+    none by default (unlike TableFilter, an empty selection selects nothing)."""
+
+    globs: tuple[str, ...] = ()
+
+    @staticmethod
+    def parse(text: str | None, variable: str) -> TableSelection:
+        globs = tuple(g.strip() for g in (text or "").split(",") if g.strip())
+        for g in globs:
+            try:
+                split_name(g)
+            except CdcUserError:
+                raise CdcUserError(
+                    f"Table pattern '{g}' in {variable} has no schema: write its entries as schema.table globs, "
+                    "e.g. shop.* or shop.orders (a name with a dot in backticks)."
+                ) from None
+        return TableSelection(globs)
+
+    def __contains__(self, table: object) -> bool:
+        """Whether the table (a TableRef or its `schema.table` text) is selected."""
+        ref = table if isinstance(table, TableRef) else TableRef.parse(str(table))
+        return any(_glob_matches(g, ref.schema, ref.table) for g in self.globs)
 
 
 def _glob_matches(glob: str, schema: str, table: str) -> bool:

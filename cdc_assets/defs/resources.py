@@ -29,6 +29,7 @@ from cdc_assets.core.settings import (
     S3Retries,
     SourceSettings,
     TableFilter,
+    TableSelection,
     env_number,
     s3_retries_from_env,
 )
@@ -112,6 +113,13 @@ class LakehouseResource(ConfigurableResource):
         description="On S3: how long a lock lease lives unless renewed, so a killed run's lease blocks the next "
         "run at most that long (CDC_LOCK_TTL_SECONDS).",
     )
+    history_tables: str | None = Field(
+        default=None, description="schema.table globs whose SCD2 history is kept under history/ (CDC_HISTORY_TABLES)."
+    )
+    soft_deletes: str | None = Field(
+        default=None,
+        description="schema.table globs whose deleted rows stay in current state with _cdc_deleted = true (CDC_SOFT_DELETES).",
+    )
     s3_max_attempts: int = Field(
         default=DEFAULT_S3_MAX_ATTEMPTS,
         description="Tries of one S3 request, retries with backoff included, by every S3 client (CDC_S3_MAX_ATTEMPTS).",
@@ -139,7 +147,14 @@ class LakehouseResource(ConfigurableResource):
             }
             client = s3_client(retries, **connection)
             access = S3Access.of(client, retries=retries, **connection)
-        return Lakehouse(self.location, access, self.lock_wait_seconds, self.lock_ttl_seconds)
+        return Lakehouse(
+            self.location,
+            access,
+            self.lock_wait_seconds,
+            self.lock_ttl_seconds,
+            TableSelection.parse(self.history_tables, "CDC_HISTORY_TABLES"),
+            TableSelection.parse(self.soft_deletes, "CDC_SOFT_DELETES"),
+        )
 
 
 class SinksResource(ConfigurableResource):
@@ -289,6 +304,8 @@ def resources_from_env(resolved: bool = False) -> Resources:
             location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE),
             lock_wait_seconds=lock_wait_seconds(),
             lock_ttl_seconds=lock_ttl_seconds(),
+            history_tables=_env("CDC_HISTORY_TABLES", None),
+            soft_deletes=_env("CDC_SOFT_DELETES", None),
             s3_max_attempts=retries.max_attempts,
             s3_timeout_seconds=retries.timeout_seconds,
             s3=s3,

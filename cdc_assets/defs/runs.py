@@ -34,6 +34,7 @@ from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, touched_ranges, w
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.defs.sensors import apply_run_request
 from cdc_assets.defs.sinks import configured_sinks
+from cdc_assets.lake.as_of import export_as_of
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
@@ -337,6 +338,11 @@ def stop_continuous(wait_seconds: float = STOP_WAIT_SECONDS) -> str:
             )
         time.sleep(0.2)
     return STOPPED
+
+
+def run_export(table: str, point: str, destination: str) -> int:
+    """`cdc-lakehouse export`: a table as of a point (a time or seq:N) to a Parquet file; the rows written."""
+    return export_as_of(initialized_resources().lakehouse.get(), table, point, destination)
 
 
 def run_verify(tables: list[str] | None = None) -> list[ConsistentComparison]:

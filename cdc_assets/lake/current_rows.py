@@ -22,6 +22,17 @@ DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so 
 
 DUP_TYPE = pa.int32()
 
+# CDC_SOFT_DELETES: a deleted row stays, flagged, with the delete's seq and time; NULL (a row written before soft
+# deletes were turned on) counts as live
+DELETED_COLUMN = "_cdc_deleted"
+LIVE_ROWS = f"{DELETED_COLUMN} IS NOT TRUE"
+
+
+def live_rows_sql(columns: list[str], select: str = "*") -> str:
+    """A query of a current-state table (registered as `current`) for its live rows: without the soft-deleted."""
+    where = f" WHERE {LIVE_ROWS}" if DELETED_COLUMN in columns else ""
+    return f"SELECT {select} FROM current{where}"
+
 
 def current_schema(version: TableShape) -> pa.Schema:
     source = arrow_schema(list(version.columns))
@@ -96,6 +107,9 @@ def reshape_rows(
             arrays.append(rows.column(DUP_COLUMN))
         else:
             arrays.append(number_duplicates(rows, [c.name for c in after.columns]))
+    if DELETED_COLUMN in rows.column_names:  # soft-deleted rows stay soft-deleted
+        arrays.append(rows.column(DELETED_COLUMN))
+        schema = schema.append(pa.field(DELETED_COLUMN, pa.bool_()))
     return pa.Table.from_arrays(
         [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema
     )

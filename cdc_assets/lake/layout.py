@@ -7,6 +7,7 @@ progress files under `_state/progress/<stage>/` carry that name.
 RAW = "raw"  # raw binlog batches: raw/<batch>/{changes.parquet, manifest.json}
 CHANGES = "changes"  # Delta change logs: changes/<schema>/<table>
 CURRENT = "current"  # Delta current state: current/<schema>/<table>
+HISTORY = "history"  # Delta SCD2 history of the tables CDC_HISTORY_TABLES selects: history/<schema>/<table>
 STATE = "_state"  # checkpoint, registry, shapes, progress, locks
 DELTA_LOG = "_delta_log"
 

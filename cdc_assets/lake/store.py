@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError, storage_faults_are_user_errors, unreachable_message, unreachable_reason
 from cdc_assets.core.names import TableRef, name_of_segment
-from cdc_assets.core.settings import S3Retries
+from cdc_assets.core.settings import S3Retries, TableSelection
 from cdc_assets.lake.delta import open_table
 from cdc_assets.lake.files import FileAccess
 from cdc_assets.lake.layout import DELTA_LOG, STATE
@@ -300,9 +300,13 @@ class Lakehouse:
         s3: S3Access | None = None,
         lock_wait_seconds: float = 120.0,
         lock_ttl_seconds: float = 60.0,
+        history: TableSelection | None = None,
+        soft_deletes: TableSelection | None = None,
     ) -> None:
         self.lock_wait_seconds = lock_wait_seconds  # how long a stage waits for another run of itself
         self.lock_ttl_seconds = lock_ttl_seconds  # on S3: how long a killed run's lease blocks the next run
+        self.history = history or TableSelection()  # CDC_HISTORY_TABLES: tables whose SCD2 history is kept
+        self.soft_deletes = soft_deletes or TableSelection()  # CDC_SOFT_DELETES: deleted rows stay, flagged
         self.location = location.rstrip("/") if location.startswith("s3://") else location
         if self.is_s3:
             if s3 is None:

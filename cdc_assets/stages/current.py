@@ -33,9 +33,10 @@ from cdc_assets.stages.current_state import (
     pending_at_most,
     read_pending,
 )
+from cdc_assets.stages.history import keep_history
 from cdc_assets.stages.steps import CurrentReport, Step, independent_chains, record_outcomes
 from spark_resources.arrow_transforms import latest_change_per_key
-from spark_resources.engine import TransformsFor
+from spark_resources.engine import Transforms, TransformsFor
 
 
 def table_steps(pending: PendingTable) -> list[Step]:
@@ -137,6 +138,10 @@ def apply_pending(
         pending: list[PendingTable] = []
         dropped: dict[str, int | None] = {}
         engine = transforms(_pending_estimate(lakehouse, targets))
+        if engine.session is not None and any(t in lakehouse.soft_deletes for t in targets):
+            engine = Transforms(None)  # soft deletes are applied by the Arrow merge only (README)
+            if log is not None:
+                log.info("current state: on Arrow, as CDC_SOFT_DELETES selects some of the run's tables")
         if engine.session is not None:  # on Spark no pending row is read here
             from cdc_assets.stages.current_on_spark import apply_on_spark  # pyspark loads only for a Spark run
 
@@ -153,6 +158,7 @@ def apply_pending(
             with_rename_partners(targets, take_in)
             if pending:
                 _apply(lakehouse, pending, report, lease, log, dropped)
+        _keep_histories(lakehouse, targets, lease, log)
         failpoints.hit("current.merged_before_progress")
         lease.check()
 
@@ -172,6 +178,20 @@ def apply_pending(
         report.tables = sorted(targets)
     report.seconds = time.monotonic() - began
     return report
+
+
+def _keep_histories(lakehouse: Lakehouse, targets: Collection[str], lease: Lease, log: Any | None) -> None:
+    """The history tables of the run's tables that CDC_HISTORY_TABLES selects, moved forward in the same run
+    (before its progress is saved, so a crash in between applies them again: see stages/history)."""
+    selected = sorted(t for t in targets if t in lakehouse.history)
+
+    def keep(name: str) -> str:
+        lease.check()
+        return keep_history(lakehouse, TableRef.parse(name), log)
+
+    outcomes = for_each_table(selected, keep)
+    if log is not None and selected:
+        log.info("history: " + ", ".join(f"{t}: {o}" for t, o in zip(selected, outcomes, strict=True)))
 
 
 def _pending_estimate(lakehouse: Lakehouse, tables: Collection[str]) -> int:

@@ -25,7 +25,9 @@ from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import DDL_COLUMN, SEQ_TYPE
 from cdc_assets.lake.current_rows import (
     CURRENT_FILE_BYTES,
+    DELETED_COLUMN,
     DUP_COLUMN,
+    LIVE_ROWS,
     SCHEMA_OPS,
     current_configuration,
     current_schema,
@@ -237,16 +239,24 @@ def _open_or_create(lakehouse: Lakehouse, pending: PendingTable) -> DeltaTable:
 
 
 def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table) -> ApplyResult:
-    """Merge the newest change per key (`latest`: key, seq, action for this table) into current state."""
+    """Merge the newest change per key (`latest`: key, seq, action for this table) into current state.
+
+    With soft deletes (CDC_SOFT_DELETES) a delete keeps the row, flagged `_cdc_deleted` with the delete's seq
+    and time (a delete of a row not there yet writes it so), and a later write of the key revives it."""
     target = lakehouse.open(CURRENT, pending.table)
     actions = latest.column("action")
     upserts = _rows_for(pending, latest.filter(pc.equal(actions, "upsert")).column("seq"), "after")
     deletes = _rows_for(pending, latest.filter(pc.equal(actions, "delete")).column("seq"), "before")
+    soft = pending.table in lakehouse.soft_deletes
+    if soft:
+        upserts = upserts.append_column(DELETED_COLUMN, pa.array([False] * upserts.num_rows, pa.bool_()))
+        deletes = deletes.append_column(DELETED_COLUMN, pa.array([True] * deletes.num_rows, pa.bool_()))
     source = pa.concat_tables([upserts, deletes])
     new_applied = int(pc.max(pending.changes.column("_cdc_seq")).as_py())
     keys = list(pending.shape.primary_key)
     if target is None or not target.file_uris():  # a new or empty table: no row to match, each upsert is a new row
-        rows = sorted_by_key(upserts.drop_columns(["_cdc_action"]), keys)
+        written = source if soft else upserts
+        rows = sorted_by_key(written.drop_columns(["_cdc_action"]), keys)
         landed = seq_landed(lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), APPLIED_SEQ_KEY, new_applied)
         with fenced(lakehouse.table_key(CURRENT, pending.table), landed):
             write_deltalake(
@@ -265,13 +275,22 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)  # keyless tables: apply_keyless_changes
     assignments = {quote(f.name): f"s.{quote(f.name)}" for f in current_schema(pending.shape)}
     newer = "s._cdc_seq > t._cdc_seq"
-    merge = (
-        _merge_into(target, source, on, new_applied)
-        .when_matched_delete(predicate=f"s._cdc_action = 'delete' AND {newer}")
-        .when_matched_update(updates=assignments, predicate=f"s._cdc_action = 'upsert' AND {newer}")
-        .when_not_matched_insert(updates=assignments, predicate="s._cdc_action = 'upsert'")
-    )
-    metrics = _execute(lakehouse, pending, target, merge)
+    merge = _merge_into(target, source, on, new_applied)
+    if soft:
+        assignments[DELETED_COLUMN] = f"s.{DELETED_COLUMN}"
+        flagged = {DELETED_COLUMN: "true", "_cdc_seq": "s._cdc_seq", "_cdc_commit_ts": "s._cdc_commit_ts"}
+        merge = (
+            merge.when_matched_update(updates=flagged, predicate=f"s._cdc_action = 'delete' AND {newer}")
+            .when_matched_update(updates=assignments, predicate=f"s._cdc_action = 'upsert' AND {newer}")
+            .when_not_matched_insert(updates=assignments)
+        )
+    else:
+        merge = (
+            merge.when_matched_delete(predicate=f"s._cdc_action = 'delete' AND {newer}")
+            .when_matched_update(updates=assignments, predicate=f"s._cdc_action = 'upsert' AND {newer}")
+            .when_not_matched_insert(updates=assignments, predicate="s._cdc_action = 'upsert'")
+        )
+    metrics = _execute(lakehouse, pending, target, merge, soft)
     return ApplyResult(
         table=pending.table,
         changes_in=pending.changes.num_rows,
@@ -297,12 +316,28 @@ def _merge_into(target: DeltaTable, source: pa.Table, predicate: str, new_applie
     )
 
 
-def _execute(lakehouse: Lakehouse, pending: PendingTable, target: DeltaTable, merge: TableMerger) -> dict[str, Any]:
-    """Run a merge, fenced, with a pending TRUNCATE's removal of older rows in the same commit; then compact
-    the table's small files when there are enough. Returns delta-rs's metrics."""
+def _execute(
+    lakehouse: Lakehouse, pending: PendingTable, target: DeltaTable, merge: TableMerger, soft: bool = False
+) -> dict[str, Any]:
+    """Run a merge, fenced, with a pending TRUNCATE's removal of older rows in the same commit (with soft
+    deletes: their flagging, at the TRUNCATE's seq and time); then compact the table's small files when there
+    are enough. Returns delta-rs's metrics."""
     truncated = pending.truncate_seq
-    if truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
+    if truncated is not None and soft:
+        at = pending.changes.filter(pc.equal(pending.changes.column("_cdc_seq"), truncated)).column("_cdc_commit_ts")[0]
+        stamp = at.as_py().strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        merge = merge.when_not_matched_by_source_update(
+            updates={
+                DELETED_COLUMN: "true",
+                "_cdc_seq": str(int(truncated)),
+                "_cdc_commit_ts": f"arrow_cast('{stamp}', 'Timestamp(Microsecond, Some(\"UTC\"))')",
+            },
+            predicate=f"t._cdc_seq < {int(truncated)}"
+            + (f" AND t.{LIVE_ROWS}" if DELETED_COLUMN in pa.schema(target.schema().to_arrow()).names else ""),
+        )
+    elif truncated is not None:  # in the same commit: the rows written before the TRUNCATE go
         merge = merge.when_not_matched_by_source_delete(predicate=f"t._cdc_seq < {int(truncated)}")
+    if truncated is not None:
         failpoints.hit("current.truncate_before_commit")
     seq = int(pc.max(pending.changes.column("_cdc_seq")).as_py())  # what _merge_into records as applied
     landed = seq_landed(lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), APPLIED_SEQ_KEY, seq)

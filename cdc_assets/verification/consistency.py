@@ -30,6 +30,7 @@ from cdc_assets.core.parallel import TABLE_WORKERS, for_each_table
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings, TableFilter
 from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.current_rows import DELETED_COLUMN, live_rows_sql
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, read_query, read_query_chunks, row_count
 from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
 from cdc_assets.lake.raw_batches import (
@@ -368,7 +369,17 @@ def _missing_reason(lakehouse: Lakehouse, target: _Target) -> str | None:
 
 
 def _lake_rows(current: DeltaTable | None) -> int:
-    return 0 if current is None else row_count(current)
+    """Live rows of a current-state table: from the log's statistics, or counted when soft deletes keep rows."""
+    if current is None:
+        return 0
+    names = _lake_columns(current)
+    if DELETED_COLUMN not in names:
+        return row_count(current)
+    return int(read_query(current, live_rows_sql(names, "count(*) AS n"), "current").column(0)[0].as_py())
+
+
+def _lake_columns(current: DeltaTable) -> list[str]:
+    return list(pa.schema(current.schema().to_arrow()).names)
 
 
 def _source_columns(names: list[str]) -> list[str]:
@@ -379,12 +390,13 @@ def _source_columns(names: list[str]) -> list[str]:
 def _read_lake(target: _Target) -> pa.Table | None:
     if target.current is None or target.large_rows or (target.only is not None and target.columns):
         return None  # read in buckets, or only some keys' rows (`_compare_changed`)
-    return read_query(target.current, "SELECT * FROM current", "current")
+    return read_query(target.current, live_rows_sql(_lake_columns(target.current)), "current")
 
 
 def _lake_chunks(target: _Target) -> Iterator[pa.Table]:
     if target.current is not None:
-        yield from read_query_chunks(target.current, "SELECT * FROM current", "current", bucketed.STREAM_ROWS)
+        sql = live_rows_sql(_lake_columns(target.current))
+        yield from read_query_chunks(target.current, sql, "current", bucketed.STREAM_ROWS)
 
 
 def _comparison(
@@ -442,7 +454,7 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
     assert target.only is not None and target.current is not None
     table, lakehouse = target.table, target.lakehouse
     assert lakehouse is not None
-    lake_rows = row_count(target.current)
+    lake_rows = _lake_rows(target.current)
     if target.not_compared:
         source_rows = count_source_rows(conn, table)
         result = _comparison(target, position, TableDiff(table, source_rows, lake_rows), source_rows, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.current_rows import touched_by
+from cdc_assets.lake.current_rows import DELETED_COLUMN, touched_by
 from cdc_assets.lake.files import conformed, read_files
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
@@ -64,4 +64,7 @@ def lake_rows_with_keys(lakehouse: Lakehouse, table: TableRef, current: DeltaTab
         paths = sorted(actions.column("path").to_pylist())
     access, key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
     parts = [with_keys(conformed(rows, schema), keys) for rows in read_files(access, key, paths)]
-    return (pa.concat_tables(parts) if parts else schema.empty_table()), len(paths)
+    rows = pa.concat_tables(parts) if parts else schema.empty_table()
+    if DELETED_COLUMN in schema.names:  # soft deletes: only live rows are compared
+        rows = rows.filter(pc.invert(pc.fill_null(rows.column(DELETED_COLUMN), False)))
+    return rows, len(paths)

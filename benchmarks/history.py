@@ -1,0 +1,91 @@
+"""The current-state apply run of workload (a) with SCD2 history off and on (CDC_HISTORY_TABLES).
+
+    .venv/bin/python -m benchmarks.history [--runs 3] [--tables 200] [--rows-per-table 1000] [--oltp 50000]
+
+Workload (a) is captured once and taken into the change logs once per run, in a fresh lakehouse; then the
+apply run (`stages.current.apply_pending` on Arrow, as `sync` runs it for this workload) is timed in a process of
+its own, once with no history and once with every table's history kept. Figures are medians of `--runs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+from benchmarks.run import READER_SERVER_ID, child
+from benchmarks.workloads import BENCH_DIR, SCHEMA, fresh_server, mixed_tables
+from cdc_assets.local_source import server as local_server
+
+PREPARE = (
+    "import os\n"
+    "from cdc_assets.capture.run import capture\n"
+    "from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter\n"
+    "from cdc_assets.lake.store import Lakehouse\n"
+    "from cdc_assets.stages.changes import process_new_batches\n"
+    "from spark_resources.engine import Transforms\n"
+    "settings = SourceSettings(MySQLUrl.parse(os.environ['CDC_MYSQL_URL']), {server_id}, TableFilter(('{schema}.*',)))\n"
+    "lakehouse = Lakehouse(os.environ['OUT_DIR'])\n"
+    "report = capture(settings, lakehouse)\n"
+    "process_new_batches(lakehouse, lambda n: Transforms(None))\n"
+    "out = {{'rows': report.rows}}\n"
+)
+APPLY = (
+    "import os, time\n"
+    "from cdc_assets.core.settings import TableSelection\n"
+    "from cdc_assets.lake.store import Lakehouse\n"
+    "from cdc_assets.stages.current import apply_pending\n"
+    "from spark_resources.engine import Transforms\n"
+    "history = TableSelection(('{schema}.*',) if {history} else ())\n"
+    "lakehouse = Lakehouse(os.environ['OUT_DIR'], history=history)\n"
+    "began = time.monotonic()\n"
+    "report = apply_pending(lakehouse, lambda n: Transforms(None))\n"
+    "out = {{'seconds': time.monotonic() - began, 'changes': sum(r.changes_in for r in report.applied)}}\n"
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tables", type=int, default=200)
+    parser.add_argument("--rows-per-table", type=int, default=1_000)
+    parser.add_argument("--oltp", type=int, default=50_000)
+    args = parser.parse_args()
+
+    server = fresh_server()
+    try:
+        _measure(args, server)
+    finally:
+        local_server.stop(BENCH_DIR)
+
+
+def _measure(args: argparse.Namespace, server: local_server.LocalServer) -> None:
+    workload = mixed_tables(server, args.tables, args.rows_per_table, args.oltp)
+    print(f"workload (a): {workload.row_changes} row changes across {workload.tables} tables", flush=True)
+    env = {**os.environ, "CDC_MYSQL_URL": server.reader_url()}
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(args.runs):
+        for history in (False, True):
+            lakehouse = tempfile.mkdtemp(prefix="cdc-bench-history-")
+            prepared = child(PREPARE.format(server_id=READER_SERVER_ID, schema=SCHEMA), {**env, "OUT_DIR": lakehouse})
+            began = time.monotonic()
+            result = child(APPLY.format(schema=SCHEMA, history=history), {**env, "OUT_DIR": lakehouse})
+            seconds[history].append(result["seconds"])
+            shutil.rmtree(lakehouse, ignore_errors=True)
+            print(
+                f"  run {i + 1} history {'on ' if history else 'off'}: {result['changes']} of {prepared['rows']} changes "
+                f"applied in {result['seconds']:.1f} s (process {time.monotonic() - began:.1f} s, peak {result['peak_mb']:.0f} MB)",
+                flush=True,
+            )
+    off, on = statistics.median(seconds[False]), statistics.median(seconds[True])
+    print(f"\nmedians of {args.runs} runs, workload (a), {workload.row_changes} row changes")
+    print("| figure | history off | history on | ratio |")
+    print("|---|---|---|---|")
+    print(f"| apply run of every table, s | {off:.1f} | {on:.1f} | {on / off:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""The rows of the history tables (`history/<schema>/<table>`, SCD type 2), as plain data: the versions a table's
+change-log rows open and close, in `_cdc_seq` order. The history stage applies them to the Delta table; an as-of
+read with no history table replays a change log through the same function, so both give the same versions.
+
+A version is a source row's values between two changes: it opens at an insert or update (`_cdc_valid_from`,
+`_cdc_valid_from_seq`) and closes at the next change of its key (`_cdc_valid_to`, `_cdc_valid_to_seq`);
+while open it is current (`_cdc_is_current`). A version closed because its row left the table (a delete, the
+old key of a key-changing update, a TRUNCATE, a DROP TABLE) has `_cdc_deleted = true`. An ALTER TABLE closes
+every open version and opens it again with the row's values as the ALTER left them (an added column's default,
+a renamed column's values under the new name, converted types), so an as-of read after it sees what the
+source held. `_cdc_key` (the row's primary key as a JSON array) and `_cdc_valid_from_seq` identify a version.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from cdc_assets.core.mysql_types import arrow_type
+from cdc_assets.core.shapes import SchemaChange, TableShape
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE
+from cdc_assets.lake.current_rows import _default_column, convert_column
+
+KEY = "_cdc_key"
+VALID_FROM, VALID_TO = "_cdc_valid_from", "_cdc_valid_to"
+VALID_FROM_SEQ, VALID_TO_SEQ = "_cdc_valid_from_seq", "_cdc_valid_to_seq"
+IS_CURRENT, DELETED = "_cdc_is_current", "_cdc_deleted"
+
+HISTORY_META = [
+    pa.field(KEY, pa.string(), nullable=False),
+    pa.field(VALID_FROM, COMMIT_TS_TYPE),
+    pa.field(VALID_TO, COMMIT_TS_TYPE),
+    pa.field(VALID_FROM_SEQ, SEQ_TYPE),
+    pa.field(VALID_TO_SEQ, SEQ_TYPE),
+    pa.field(IS_CURRENT, pa.bool_()),
+    pa.field(DELETED, pa.bool_()),
+]
+
+
+def source_fields(log_schema: pa.Schema) -> list[pa.Field]:
+    """A change log's source columns (every column any version of the table had, at a type holding them all)."""
+    return [f.with_nullable(True) for f in log_schema if not f.name.startswith("_cdc_")]
+
+
+def history_schema(columns: Sequence[pa.Field]) -> pa.Schema:
+    """The history table's columns: the change log's source columns, then the version's key and validity."""
+    return pa.schema(list(columns) + HISTORY_META)
+
+
+def key_columns(shape: TableShape) -> tuple[str, ...]:
+    """What tells a table's rows apart: its primary key, or (no key) all its columns (identical rows are then
+    copies of one key, closed oldest first)."""
+    return shape.primary_key or tuple(shape.column_names)
+
+
+@dataclass
+class Versions:
+    """The versions one pass over a table's changes touched: `closed`, those it was given open and closed;
+    `opened`, those it opened (closed again or still open). `open` maps each key to its open versions."""
+
+    open: dict[str, list[dict[str, Any]]]
+    key: tuple[str, ...]
+    keyless: bool  # the key is the whole row (no primary key): identical rows are copies of one key
+    closed: list[dict[str, Any]] = field(default_factory=list)
+    opened: list[dict[str, Any]] = field(default_factory=list)
+
+    def current(self) -> list[dict[str, Any]]:
+        return [v for versions in self.open.values() for v in versions]
+
+
+def key_text(row: dict[str, Any], key: Sequence[str]) -> str:
+    return json.dumps([row.get(k) for k in key], default=str, ensure_ascii=False)
+
+
+def start(open_versions: list[dict[str, Any]], shape: TableShape) -> Versions:
+    """The state before a pass: the versions open now (read from the history table), by key, under the table
+    shape in force then."""
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for v in sorted(open_versions, key=lambda v: v[VALID_FROM_SEQ]):
+        by_key.setdefault(v[KEY], []).append(v)
+    return Versions(by_key, key_columns(shape), not shape.primary_key)
+
+
+def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> Versions:
+    """`state` moved through a table's change-log rows (any order; taken by `_cdc_seq`)."""
+    names = [f.name for f in columns]
+    given = {id(v) for vs in state.open.values() for v in vs}
+    rows = changes.sort_by("_cdc_seq").to_pylist()
+
+    def close(version: dict[str, Any], seq: int, ts: dt.datetime, deleted: bool) -> None:
+        version.update({VALID_TO: ts, VALID_TO_SEQ: seq, IS_CURRENT: False, DELETED: deleted})
+        if id(version) in given:
+            state.closed.append(version)
+
+    def close_key(key: str, seq: int, ts: dt.datetime, deleted: bool) -> None:
+        versions = state.open.get(key)
+        if versions:
+            close(versions.pop(0), seq, ts, deleted)
+            if not versions:
+                del state.open[key]
+
+    def close_all(seq: int, ts: dt.datetime, deleted: bool) -> list[dict[str, Any]]:
+        were = state.current()
+        for version in were:
+            close(version, seq, ts, deleted)
+        state.open.clear()
+        return were
+
+    def open_version(values: dict[str, Any], seq: int, ts: dt.datetime) -> None:
+        version = {n: values.get(n) for n in names}
+        version.update(
+            {KEY: key_text(version, state.key), VALID_FROM: ts, VALID_TO: None, VALID_FROM_SEQ: seq}
+            | {VALID_TO_SEQ: None, IS_CURRENT: True, DELETED: False}
+        )
+        if not state.keyless:  # a keyed row written again: the old version ends here
+            close_key(version[KEY], seq, ts, False)
+        state.open.setdefault(version[KEY], []).append(version)
+        state.opened.append(version)
+
+    for row in rows:
+        op, seq, ts = row["_cdc_op"], row["_cdc_seq"], row["_cdc_commit_ts"]
+        if op == "insert":
+            open_version(row, seq, ts)
+        elif op == "update":
+            before = row["_cdc_before"] or {}
+            old, new = key_text(before, state.key), key_text(row, state.key)
+            close_key(old, seq, ts, old != new)
+            open_version(row, seq, ts)
+        elif op == "delete":
+            close_key(key_text(row, state.key), seq, ts, True)
+        elif op in ("truncate", "drop"):
+            close_all(seq, ts, True)
+        elif op in ("create", "alter") and row.get(DDL_COLUMN):
+            change = SchemaChange.from_json(json.loads(row[DDL_COLUMN]))
+            if change.after is None:
+                continue
+            were = close_all(seq, ts, False) if op == "alter" else []
+            state.key, state.keyless = key_columns(change.after), not change.after.primary_key
+            for values in altered(were, change, names, ts):
+                open_version(values, seq, ts)
+    return state
+
+
+def altered(
+    versions: list[dict[str, Any]], change: SchemaChange, names: list[str], ts: dt.datetime
+) -> list[dict[str, Any]]:
+    """The rows of `versions` as an ALTER TABLE leaves them (see current_rows.reshape_rows): added columns take
+    their default, renamed ones keep their values under the new name, modified ones are converted, dropped ones
+    are NULL."""
+    after = change.after
+    assert after is not None
+    if not versions:
+        return []
+    before = {c.name: c for c in change.before.columns} if change.before is not None else {}
+    out: list[dict[str, Any]] = [{} for _ in versions]
+    for spec in after.columns:
+        if spec.name in change.defaults:
+            value = _default_column(spec, change.defaults[spec.name], 1, ts)[0].as_py()
+            values = [value] * len(versions)
+        else:
+            old = change.renames.get(spec.name, spec.name)
+            values = [v.get(old) for v in versions]
+            if old in before and before[old] != spec:
+                try:
+                    typed = pa.array(values, arrow_type(before[old]))
+                    values = convert_column(typed, before[old], spec).to_pylist()
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                    pass  # the values as they are, at the history column's type
+        for row, value in zip(out, values, strict=True):
+            row[spec.name] = value
+    return out
+
+
+def version_rows(versions: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Versions as an Arrow table of the history schema."""
+    return pa.Table.from_pylist(versions, schema=schema)
+
+
+def schema_changes(changes: pa.Table) -> list[tuple[int, SchemaChange]]:
+    """The schema changes among change-log rows, with their seqs, in order."""
+    if DDL_COLUMN not in changes.column_names:
+        return []
+    rows = changes.select(["_cdc_seq", DDL_COLUMN]).filter(pc.is_valid(changes.column(DDL_COLUMN)))
+    found = [
+        (seq, SchemaChange.from_json(json.loads(ddl))) for seq, ddl in zip(*rows.to_pydict().values(), strict=True)
+    ]
+    return sorted(found, key=lambda e: e[0])
+
+
+def shape_at(changes: list[tuple[int, SchemaChange]], seq: int | None, latest: TableShape) -> TableShape:
+    """The table's shape just after `seq` (None: before every one of `changes`): that of the last schema change
+    at or before it, else the one the first change after it started from, else `latest`."""
+    done = [c for s, c in changes if seq is not None and s <= seq and c.after is not None]
+    if done:
+        assert done[-1].after is not None
+        return done[-1].after
+    later = [c for s, c in changes if (seq is None or s > seq) and c.before is not None]
+    if later:
+        assert later[0].before is not None
+        return later[0].before
+    return latest
