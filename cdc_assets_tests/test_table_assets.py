@@ -6,16 +6,18 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pyarrow as pa
-from dagster import AssetKey, TableSchema, materialize
+from dagster import AssetKey, DefaultSensorStatus, TableSchema, materialize
 from deltalake import write_deltalake
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.tables import column_schema
 from cdc_assets.defs.code_location import build_definitions
-from cdc_assets.defs.examples import ORDERS_TABLE, build_orders_summary, example_assets
+from cdc_assets.defs.examples import EXAMPLES_SENSOR, ORDERS_TABLE, build_orders_summary, example_assets
 from cdc_assets.defs.keys import APPLY_JOB, CHANGES_ASSET, table_asset_key
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.defs.runs import instance
+from cdc_assets.lake.state import save_registry
+from cdc_assets.lake.store import Lakehouse
 from cdc_assets_tests.conftest import CdcEnv
 
 ORDERS_DDL = """CREATE TABLE orders (
@@ -36,6 +38,26 @@ def test_asset_keys_are_the_delta_paths_segments() -> None:
     odd = table_asset_key(str(TableRef("we/ird", "a b.c")))
     assert odd.path == ["current", "we~2Fird", "a~20b.c"]  # one segment per name, as its Delta directory
     assert example_assets(set()) == [] and len(example_assets({ORDERS_TABLE})) == 1
+
+
+def test_the_code_location_lists_the_registrys_tables_and_the_example_of_a_captured_orders_table(
+    tmp_path, monkeypatch
+) -> None:
+    house = Lakehouse(str(tmp_path / "lake"))
+    save_registry(house.store, {"shop.orders": {"first_batch": "b1", "last_batch": "b1"}, "shop.`a b`": {}})
+    monkeypatch.setenv("CDC_LAKEHOUSE", str(tmp_path / "lake"))
+    defs = build_definitions()
+    keys = set(defs.resolve_asset_graph().get_all_asset_keys())
+    assert {AssetKey(["current", "shop", "orders"]), AssetKey(["current", "shop", "a~20b"])} <= keys
+    assert AssetKey(["examples", "orders_by_status"]) in keys
+    [sensor] = [s for s in defs.sensors if s.name == EXAMPLES_SENSOR]
+    assert sensor.default_status == DefaultSensorStatus.RUNNING
+    # a registry that cannot be read leaves the per-table assets out; the pipeline's own assets still load
+    house.store.put("_state/tables.json", b"[not json")
+    keys = set(build_definitions().resolve_asset_graph().get_all_asset_keys())
+    assert AssetKey("current_tables") in keys and not any(
+        k.path[0] in ("current", "examples") and len(k.path) > 1 for k in keys
+    )
 
 
 def test_column_schema_comes_from_the_delta_schema(tmp_path) -> None:

@@ -9,7 +9,7 @@ from cdc_assets.defs.assets import current_tables, raw_binlog_batches, table_cha
 from cdc_assets.defs.assets.tables import table_specs
 from cdc_assets.defs.checks import ALL_CHECKS
 from cdc_assets.defs.continuous import build_continuous_sensor, continuous_job
-from cdc_assets.defs.examples import example_assets
+from cdc_assets.defs.examples import example_assets, example_sensors
 from cdc_assets.defs.freshness import current_freshness_policy
 from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, equality_job, snapshot_job
 from cdc_assets.defs.progress import progress_logger
@@ -58,6 +58,7 @@ def build_definitions() -> Definitions:
             build_binlog_sensor(),
             build_continuous_sensor(),
             *([build_sink_sensor(sinks, publish_jobs)] if sinks else []),
+            *example_sensors(examples),
         ],
         resources=resources.by_key(),
         executor=in_process_executor,

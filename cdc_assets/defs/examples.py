@@ -10,7 +10,10 @@ from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
+    AssetSelection,
     AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
     Failure,
     MetadataValue,
     Output,
@@ -25,6 +28,7 @@ from cdc_assets.lake.layout import CURRENT
 
 ORDERS_TABLE = "shop.orders"  # cdc_assets/local_source/sample_schema.sql
 EXAMPLES_GROUP = "examples"
+EXAMPLES_SENSOR = "examples_automation_sensor"
 
 
 def orders_by_status(orders: pd.DataFrame) -> pd.DataFrame:
@@ -70,3 +74,18 @@ def build_orders_summary(table: str = ORDERS_TABLE) -> AssetsDefinition:
 def example_assets(tables: set[str]) -> list[AssetsDefinition]:
     """The examples whose table the lakehouse has captured (none before the first sync)."""
     return [build_orders_summary()] if ORDERS_TABLE in tables else []
+
+
+def example_sensors(assets: list[AssetsDefinition]) -> list[AutomationConditionSensorDefinition]:
+    """Dagster's automation sensor over the examples, running from the start (Dagster's default one starts
+    stopped), so an example follows its table under `make dev` without a click."""
+    if not assets:
+        return []
+    return [
+        AutomationConditionSensorDefinition(
+            EXAMPLES_SENSOR,
+            target=AssetSelection.groups(EXAMPLES_GROUP),
+            default_status=DefaultSensorStatus.RUNNING,
+            description="Materializes the example assets after their table's asset was materialized (eager).",
+        )
+    ]
