@@ -26,7 +26,10 @@ from cdc_assets.defs.sinks import (
 )
 
 
-def build_definitions() -> Definitions:
+def build_definitions(table_assets: bool = True) -> Definitions:
+    """`table_assets=False` leaves out the per-table assets and the examples (the registry is not read): what the
+    CLI's runs resolve their jobs from, since the jobs select the partitioned assets and the runs record the
+    per-table materializations by key either way."""
     # One process per run: a Spark session (a JVM), when a run needs one, is started once and shared by the steps.
     # Freshness windows come from the environment when the definitions load (CDC_FRESHNESS_*).
     policy = current_freshness_policy()
@@ -38,7 +41,7 @@ def build_definitions() -> Definitions:
     # one asset per captured table, from the lakehouse's table registry as it is now: a table captured later
     # appears at the next definitions reload (README, "Operating it")
     resources = resources_from_env()
-    tables = table_specs(initialized_resources().lakehouse.get())
+    tables = table_specs(initialized_resources().lakehouse.get()) if table_assets else []
     examples = example_assets({str(spec.metadata["source_table"]) for spec in tables})
     return Definitions(
         assets=[fresh[0], table_changes, fresh[1], *tables, *examples, *sink_assets],
