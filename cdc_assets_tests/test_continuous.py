@@ -16,7 +16,7 @@ import pytest
 from dagster import DagsterEventType, DefaultSensorStatus, RunRequest, SkipReason, build_sensor_context
 
 from cdc_assets.defs.continuous import build_continuous_sensor
-from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET
+from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, table_asset_key
 from cdc_assets.defs.queue import capture_in_progress
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.runs import instance
@@ -119,8 +119,14 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
     changed_scopes = [t["scope"] for c in checks if c.metadata["scope"].value == "changed" for t in c.metadata["per_table"].value.values()]
     assert all(s == "changed keys" or s.startswith("every row") for s in changed_scopes), changed_scopes
     materialized = _events(run.run_id, DagsterEventType.ASSET_MATERIALIZATION)
-    assert {e.asset_key for e in materialized} == {RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET}
-    assert {e.partition for e in materialized if e.asset_key != RAW_ASSET} == {f"{cdc.database}.acct"}
+    table_key = table_asset_key(f"{cdc.database}.acct")  # the table's own asset, with its table metadata
+    assert {e.asset_key for e in materialized} == {RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET, table_key}
+    assert {e.partition for e in materialized if e.asset_key in (CHANGES_ASSET, CURRENT_ASSET)} == {f"{cdc.database}.acct"}
+    own = [e.step_materialization_data.materialization.metadata for e in materialized if e.asset_key == table_key]
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM acct")
+        assert own[-1]["dagster/row_count"].value == cur.fetchone()[0]
+    assert [c.name for c in own[-1]["dagster/column_schema"].value.columns][:3] == ["id", "owner", "balance"]
 
     # CDC_CONTINUOUS: its sensor is on by default only when set, and starts a run once none is alive
     assert isinstance(_evaluate_sensor(cdc), RunRequest)

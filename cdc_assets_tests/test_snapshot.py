@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.defs.keys import table_asset_key
+from cdc_assets.defs.runs import instance
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
@@ -30,6 +32,10 @@ def test_snapshot_brings_in_a_table_whose_history_the_pipeline_never_saw(cdc: Cd
     checkpoint = load_checkpoint(cdc.lakehouse.store)
     rows = read_current(cdc.lakehouse, TableRef(db, "old")).to_pylist()
     assert {r["_cdc_seq"] for r in rows} == {checkpoint.next_seq - 1}
+    # the snapshot run records the table's own asset, with its rows and columns
+    own = instance().get_latest_materialization_event(table_asset_key(f"{db}.old")).asset_materialization.metadata
+    assert own["dagster/row_count"].value == own["snapshot_rows"].value == 4
+    assert [c.name for c in own["dagster/column_schema"].value.columns][:3] == ["k1", "k2", "v"]
 
     cdc.execute(
         "UPDATE old SET v = v + 1 WHERE k1 IN (1, 3)",

@@ -6,12 +6,14 @@ from __future__ import annotations
 from dagster import Definitions, apply_freshness_policy, colored_console_logger, in_process_executor
 
 from cdc_assets.defs.assets import current_tables, raw_binlog_batches, table_changes
+from cdc_assets.defs.assets.tables import table_specs
 from cdc_assets.defs.checks import ALL_CHECKS
 from cdc_assets.defs.continuous import build_continuous_sensor, continuous_job
+from cdc_assets.defs.examples import example_assets, example_sensors
 from cdc_assets.defs.freshness import current_freshness_policy
 from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, equality_job, snapshot_job
 from cdc_assets.defs.progress import progress_logger
-from cdc_assets.defs.resources import resources_from_env
+from cdc_assets.defs.resources import initialized_resources, resources_from_env
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule, lag_check_schedule
 from cdc_assets.defs.sensors import build_binlog_sensor, raw_batch_sensor
 from cdc_assets.defs.sinks import (
@@ -24,7 +26,10 @@ from cdc_assets.defs.sinks import (
 )
 
 
-def build_definitions() -> Definitions:
+def build_definitions(table_assets: bool = True) -> Definitions:
+    """`table_assets=False` leaves out the per-table assets and the examples (the registry is not read): what the
+    CLI's runs resolve their jobs from, since the jobs select the partitioned assets and the runs record the
+    per-table materializations by key either way."""
     # One process per run: a Spark session (a JVM), when a run needs one, is started once and shared by the steps.
     # Freshness windows come from the environment when the definitions load (CDC_FRESHNESS_*).
     policy = current_freshness_policy()
@@ -33,8 +38,13 @@ def build_definitions() -> Definitions:
     sinks = configured_sinks()
     sink_assets = [build_sink_asset(s).map_asset_specs(lambda spec: apply_freshness_policy(spec, policy)) for s in sinks]
     publish_jobs = [build_publish_job(s) for s in sinks]
+    # one asset per captured table, from the lakehouse's table registry as it is now: a table captured later
+    # appears at the next definitions reload (README, "Operating it")
+    resources = resources_from_env()
+    tables = table_specs(initialized_resources().lakehouse.get()) if table_assets else []
+    examples = example_assets({str(spec.metadata["source_table"]) for spec in tables})
     return Definitions(
-        assets=[fresh[0], table_changes, fresh[1], *sink_assets],
+        assets=[fresh[0], table_changes, fresh[1], *tables, *examples, *sink_assets],
         asset_checks=[*ALL_CHECKS, *(build_sink_lag_check(s) for s in sinks)],
         jobs=[
             capture_job,
@@ -51,8 +61,9 @@ def build_definitions() -> Definitions:
             build_binlog_sensor(),
             build_continuous_sensor(),
             *([build_sink_sensor(sinks, publish_jobs)] if sinks else []),
+            *example_sensors(examples),
         ],
-        resources=resources_from_env().by_key(),
+        resources=resources.by_key(),
         executor=in_process_executor,
         # the console (Dagster's default) for runs of the UI and the daemon; progress for the CLI's long runs
         loggers={"console": colored_console_logger, "progress": progress_logger},

@@ -40,13 +40,13 @@ from pydantic import Field
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import env_number
 from cdc_assets.defs.assets.metadata import capture_metadata
+from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.queue import WAITING_STATUSES
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.current import current_row_count
 from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
 from cdc_assets.verification.changed_keys import compare_changed, compare_every_row
 from cdc_assets.verification.consistency import ConsistentComparison
@@ -125,8 +125,8 @@ class _Checks:
     out={},
     description=(
         "Continuous mode: follows the binlog in one warm process (capture, then the change logs and current state of "
-        "the tables each batch touched), records each cycle as materializations of raw_binlog_batches and of the "
-        "table_changes / current_tables partitions it touched, and evaluates current_matches_source every "
+        "the tables each batch touched), records each cycle as materializations of raw_binlog_batches, of the "
+        "table_changes / current_tables partitions it touched and of those tables' own current/<schema>/<table> assets, and evaluates current_matches_source every "
         "CDC_CHECK_INTERVAL_SECONDS (the tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every table). Holds "
         "the capture, change-log and current-state locks for its whole life; a termination stops it between cycles."
     ),
@@ -248,6 +248,17 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
     changes, current = cycle.changes, cycle.current
     batches = changes.batches if changes else []
     applied = {str(r.table): r for r in current.applied} if current else {}
+    figures = {}
+    for table in cycle.tables:
+        result = applied.get(table)
+        figures[table] = {
+            "changes_in": result.changes_in if result else 0,
+            "rows_inserted": result.inserted if result else 0,
+            "rows_updated": result.updated if result else 0,
+            "rows_deleted": result.removed if result else 0,
+            "cycle": cycle.number,
+        }
+    own = table_materializations(house, figures)  # each touched table's own asset, current/<schema>/<table>
     for table in cycle.tables:
         appended = changes.appended.get(table) if changes else None
         yield AssetMaterialization(
@@ -264,20 +275,16 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
                 "cycle": cycle.number,
             },
         )
-        result = applied.get(table)
         yield AssetMaterialization(
             CURRENT_ASSET,
             partition=table,
             metadata={
-                "changes_in": result.changes_in if result else 0,
-                "rows_inserted": result.inserted if result else 0,
-                "rows_updated": result.updated if result else 0,
-                "rows_deleted": result.removed if result else 0,
-                "rows_out": current_row_count(house, table) or 0,
-                "cycle": cycle.number,
+                **figures[table],
+                "rows_out": own[table].metadata["dagster/row_count"].value,
                 "cycle_seconds": round(cycle.seconds, 3),
             },
         )
+        yield own[table]
 
 
 def _equality(context: OpExecutionContext, house: Lakehouse, settings: Any, kind: str, tables: list[str]) -> AssetCheckEvaluation:

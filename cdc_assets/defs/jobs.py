@@ -23,6 +23,7 @@ from pydantic import Field
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.metadata import capture_metadata
+from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.checks import comparison_figures, log_comparisons
 from cdc_assets.defs.keys import (
     APPLY_JOB,
@@ -119,6 +120,10 @@ def snapshot_tables(
             },
         )
     )
+    house = lakehouse.get()
+    figures = {table: {"snapshot_position": report.position, "snapshot_rows": rows} for table, rows in report.rows.items()}
+    for event in table_materializations(house, figures).values():  # each loaded table's own asset
+        context.log_event(event)
 
 
 @job(name=SNAPSHOT_JOB, executor_def=in_process_executor, description=snapshot_tables.description)

@@ -2,6 +2,8 @@
 
 from dagster import AssetKey
 
+from cdc_assets.core.names import TableRef, path_segment
+
 RAW_ASSET = AssetKey("raw_binlog_batches")
 CHANGES_ASSET = AssetKey("table_changes")
 CURRENT_ASSET = AssetKey("current_tables")
@@ -31,3 +33,14 @@ STAGE_TAG = "cdc/stage"  # capture, apply or check: the run queue lets one captu
 PARTITION_TAG = "dagster/partition"
 PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"
 PARTITION_RANGE_END_TAG = "dagster/asset_partition_range_end"
+
+
+CURRENT_TABLE_PREFIX = "current"  # per-table current-state assets: current/<schema>/<table>
+
+
+def table_asset_key(table: str) -> AssetKey:
+    """A table's own current-state asset, `current/<schema>/<table>`: each name as the path segment its Delta
+    table's directory has (cdc_assets.core.names), so the key never holds a `/` of a name and plain names read as
+    they are (`current/shop/orders`)."""
+    ref = TableRef.parse(table)
+    return AssetKey([CURRENT_TABLE_PREFIX, path_segment(ref.schema), path_segment(ref.table)])

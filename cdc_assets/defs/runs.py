@@ -147,7 +147,7 @@ def run_job(
     if check_source:
         preflight(resources.binlog.settings())  # what the user can fix is said before any run starts
     resources.lakehouse.get().check_writable()
-    job = build_definitions().resolve_job_def(job_name)
+    job = build_definitions(table_assets=False).resolve_job_def(job_name)
     began = time.monotonic()
     # verbose: the pipeline's progress messages, never Dagster's events (a failure's stack trace stays in the run)
     loggers = {"progress": {}} if verbose else {"console": {"config": {"log_level": "CRITICAL"}}}
@@ -271,7 +271,7 @@ def run_continuous(poll_seconds: float | None = None, verbose: bool = False) -> 
     lakehouse = resources.lakehouse.get()
     lakehouse.check_writable()
     refuse_beside_continuous(lakehouse)
-    job = build_definitions().resolve_job_def(CONTINUOUS_JOB)
+    job = build_definitions(table_assets=False).resolve_job_def(CONTINUOUS_JOB)
     loggers = {"progress": {}} if verbose else {"console": {"config": {"log_level": "CRITICAL"}}}
     run_config: dict[str, Any] = {"loggers": loggers}
     if poll_seconds is not None:

@@ -2,12 +2,12 @@
 
 from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, asset
 
-from cdc_assets.core.parallel import for_each_table
 from cdc_assets.defs.assets.metadata import per_table_metadata
+from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET
 from cdc_assets.defs.partitions import run_owner, tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
-from cdc_assets.stages.current import apply_pending, current_row_count
+from cdc_assets.stages.current import apply_pending
 from spark_resources.resources import TransformsResource
 
 
@@ -20,7 +20,8 @@ from spark_resources.resources import TransformsResource
     description=(
         "Current-state tables under current/<schema>/<table> (Delta), one partition per source table: one row "
         "per source row, the source's columns plus _cdc_seq and _cdc_commit_ts, rebuilt by applying the "
-        "newest change per key from the change log in _cdc_seq order."
+        "newest change per key from the change log in _cdc_seq order. Each run also records a materialization "
+        "of every run table's own asset, current/<schema>/<table>, with its column schema and row count."
     ),
 )
 def current_tables(
@@ -31,16 +32,25 @@ def current_tables(
         house, transforms.for_changes, tables=context.partition_keys, log=context.log, owner=run_owner(context.run.run_id)
     )
     applied = {str(r.table): r for r in report.applied}
-    rows = dict(zip(report.tables, for_each_table(report.tables, lambda t: current_row_count(house, t)), strict=True))
-    per_table = {}
+    figures = {}
     for name in report.tables:
         r = applied.get(name)
-        per_table[name] = {
+        figures[name] = {
             "changes_in": r.changes_in if r else 0,
-            "inserted": r.inserted if r else 0,
-            "updated": r.updated if r else 0,
-            "deleted": r.removed if r else 0,
-            "rows": rows[name],
+            "rows_inserted": r.inserted if r else 0,
+            "rows_updated": r.updated if r else 0,
+            "rows_deleted": r.removed if r else 0,
+        }
+    # every table of the run gets a materialization of its own asset, from this one run (not a run per table)
+    per_table = {}
+    for name, event in table_materializations(house, figures).items():
+        context.log_event(event)
+        per_table[name] = {
+            "changes_in": figures[name]["changes_in"],
+            "inserted": figures[name]["rows_inserted"],
+            "updated": figures[name]["rows_updated"],
+            "deleted": figures[name]["rows_deleted"],
+            "rows": event.metadata["dagster/row_count"].value,
         }
     return MaterializeResult(
         metadata={

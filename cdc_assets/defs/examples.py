@@ -1,0 +1,91 @@
+"""An example of what the lakehouse is for: a downstream asset that depends on one table's asset
+(`current/shop/orders` of the demo's sample schema) and reads its current state with pandas through deltalake.
+
+Registered in the code location only when the lakehouse has captured its table. It materializes on its own after
+each change of the table when Dagster's automation sensor runs (`make dev`), or from the UI.
+"""
+
+import pandas as pd
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    AssetSelection,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+    Failure,
+    MetadataValue,
+    Output,
+    asset,
+)
+
+from cdc_assets.core.names import TableRef
+from cdc_assets.defs.keys import table_asset_key
+from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.lake.delta import read_query
+from cdc_assets.lake.layout import CURRENT
+
+ORDERS_TABLE = "shop.orders"  # cdc_assets/local_source/sample_schema.sql
+EXAMPLES_GROUP = "examples"
+EXAMPLES_SENSOR = "examples_automation_sensor"
+
+
+def orders_by_status(orders: pd.DataFrame) -> pd.DataFrame:
+    """Orders and their total per status, statuses sorted: the kind of summary an analyst builds on a table."""
+    summary = orders.groupby("status", sort=True).agg(orders=("status", "size"), total=("total", "sum")).reset_index()
+    return summary.astype({"orders": "int64"})
+
+
+def build_orders_summary(table: str = ORDERS_TABLE) -> AssetsDefinition:
+    """The example asset over `table` (an orders table with `status` and `total` columns)."""
+
+    @asset(
+        key=AssetKey([EXAMPLES_GROUP, "orders_by_status"]),
+        group_name=EXAMPLES_GROUP,
+        deps=[table_asset_key(table)],
+        automation_condition=AutomationCondition.eager(),
+        kinds={"pandas"},
+        description=(
+            f"Example downstream asset: the orders of {table} and their total per status, read from its current state "
+            "(Delta) with pandas. It depends on that one table's asset, and runs again after the table changes."
+        ),
+    )
+    def orders_summary(context: AssetExecutionContext, lakehouse: LakehouseResource) -> Output[pd.DataFrame]:
+        dt = lakehouse.get().open(CURRENT, TableRef.parse(table))
+        if dt is None:
+            raise Failure(f"{table} has no current state in the lakehouse: run `cdc-lakehouse sync` first.")
+        orders = read_query(dt, "SELECT status, total FROM t").to_pandas()
+        summary = orders_by_status(orders)
+        context.log.info(f"{len(orders)} orders of {table} in {len(summary)} statuses")
+        return Output(
+            summary,
+            metadata={
+                "dagster/row_count": len(summary),
+                "orders": len(orders),
+                "delta_version": dt.version(),
+                "preview": MetadataValue.md(f"```\n{summary.to_string(index=False)}\n```"),
+            },
+        )
+
+    return orders_summary
+
+
+def example_assets(tables: set[str]) -> list[AssetsDefinition]:
+    """The examples whose table the lakehouse has captured (none before the first sync)."""
+    return [build_orders_summary()] if ORDERS_TABLE in tables else []
+
+
+def example_sensors(assets: list[AssetsDefinition]) -> list[AutomationConditionSensorDefinition]:
+    """Dagster's automation sensor over the examples, running from the start (Dagster's default one starts
+    stopped), so an example follows its table under `make dev` without a click."""
+    if not assets:
+        return []
+    return [
+        AutomationConditionSensorDefinition(
+            EXAMPLES_SENSOR,
+            target=AssetSelection.groups(EXAMPLES_GROUP),
+            default_status=DefaultSensorStatus.RUNNING,
+            description="Materializes the example assets after their table's asset was materialized (eager).",
+        )
+    ]
