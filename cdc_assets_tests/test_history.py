@@ -22,6 +22,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.lake.as_of import table_as_of
 from cdc_assets.lake.delta import HISTORY_SEQ_KEY, max_seq, open_table, read_query
 from cdc_assets.lake.layout import CHANGES, HISTORY
+from cdc_assets.stages import history as history_stage
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
 
@@ -55,6 +56,7 @@ def _rows(table, columns: list[str]) -> list[tuple]:
 
 def test_history_and_as_of_reads_follow_the_source(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("CDC_HISTORY_TABLES", f"{cdc.database}.t")
+    monkeypatch.setattr(history_stage, "CHANGES_PER_COMMIT", 3)  # several history commits per run, each its part
     points: list[tuple[int, dt.datetime, list[tuple], str]] = []  # seq, time, source rows, columns
 
     def record(columns: str) -> None:
@@ -110,7 +112,9 @@ def test_history_and_as_of_reads_follow_the_source(cdc: CdcEnv, monkeypatch: pyt
         assert r["_cdc_valid_from"] == times[r["_cdc_valid_from_seq"]]
         assert r["_cdc_valid_to"] == (None if r["_cdc_valid_to_seq"] is None else times[r["_cdc_valid_to_seq"]])
         assert r["_cdc_is_current"] == (r["_cdc_valid_to_seq"] is None)
-    assert max_seq(cdc.lakehouse.open(HISTORY, TableRef(cdc.database, "t")), HISTORY_SEQ_KEY) == log[-1]["_cdc_seq"]
+    history_table = cdc.lakehouse.open(HISTORY, TableRef(cdc.database, "t"))
+    assert max_seq(history_table, HISTORY_SEQ_KEY) == log[-1]["_cdc_seq"]
+    assert len([c for c in history_table.history() if HISTORY_SEQ_KEY in c]) > 4  # more parts than the 4 runs
 
     # as of each recorded point: what the source held then, from the history and from the change log alone
     name = f"{cdc.database}.t"

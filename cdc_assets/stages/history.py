@@ -17,7 +17,7 @@ from deltalake import write_deltalake
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.change_rows import cast_column
+from cdc_assets.lake.change_rows import DDL_COLUMN, cast_column
 from cdc_assets.lake.current_rows import CURRENT_FILE_BYTES
 from cdc_assets.lake.delta import (
     HISTORY_SEQ_KEY,
@@ -34,6 +34,7 @@ from cdc_assets.lake.history_rows import (
     IS_CURRENT,
     KEY,
     VALID_FROM_SEQ,
+    Versions,
     advance,
     history_schema,
     schema_changes,
@@ -45,6 +46,8 @@ from cdc_assets.lake.history_rows import (
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, HISTORY
 from cdc_assets.lake.state import load_progress
 from cdc_assets.lake.store import Lakehouse
+
+CHANGES_PER_COMMIT = 200_000  # changes taken into a history at once (as current state's merges): bounds memory
 
 
 def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None) -> str:
@@ -58,11 +61,13 @@ def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None) 
     log_max = max_seq(changes_log)
     if log_max is None or (done is not None and log_max <= done):
         return "up to date"
-    where = "" if done is None else f" WHERE _cdc_seq > {int(done)}"
-    changes = read_query(changes_log, f"SELECT * FROM changes{where}", "changes")
-    if not changes.num_rows:
+    after = "" if done is None else f" AND _cdc_seq > {int(done)}"
+    seqs = read_query(changes_log, f"SELECT _cdc_seq FROM changes WHERE true{after} ORDER BY _cdc_seq", "changes")
+    if not seqs.num_rows:
         return "up to date"
-    events = schema_changes(changes)
+    names = pa.schema(changes_log.schema().to_arrow()).names
+    ddl = f"SELECT * FROM changes WHERE {DDL_COLUMN} IS NOT NULL{after}" if DDL_COLUMN in names else None
+    events = schema_changes(read_query(changes_log, ddl, "changes")) if ddl else []
     shape = shape_at(events, None, latest)
     if not shape.primary_key and not any(c.after is not None and c.after.primary_key for _, c in events):
         if log is not None:
@@ -70,17 +75,29 @@ def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None) 
                 f"{table} has no primary key: its history is not kept (CDC_HISTORY_TABLES covers keyed tables)."
             )
         return "not kept: no primary key"
-    columns = source_fields(changes.schema)
-    schema = history_schema(columns)
-    opened = _open_versions(history, schema) if history is not None else []
-    state = advance(start(opened, shape), columns, changes)
-    new_seq = int(pc.max(changes.column("_cdc_seq")).as_py())
-    rows = version_rows(state.closed + state.opened, schema)
-    if not rows.num_rows:
-        return "no versions"
-    failpoints.hit("history.before_commit")
-    _commit(lakehouse, table, history, rows, new_seq)
-    return f"{len(state.opened)} versions opened, {len(state.closed)} closed"
+    state = None
+    opened = closed = 0
+    column = seqs.column("_cdc_seq")
+    for offset in range(0, len(column), CHANGES_PER_COMMIT):  # bounded memory: one commit per part, each exactly once
+        window = column.slice(offset, CHANGES_PER_COMMIT)
+        low, high = int(window[0].as_py()), int(window[-1].as_py())
+        sql = f"SELECT * FROM changes WHERE _cdc_seq >= {low} AND _cdc_seq <= {high}"
+        changes = read_query(changes_log, sql, "changes")
+        columns = source_fields(changes.schema)
+        schema = history_schema(columns)
+        if state is None:
+            state = start(_open_versions(history, schema) if history is not None else [], shape)
+        else:  # the versions the last part left open are in the table now: closing one updates it there
+            state = Versions(state.open, state.key, state.keyless)
+        state = advance(state, columns, changes)
+        rows = version_rows(state.closed + state.opened, schema)
+        opened, closed = opened + len(state.opened), closed + len(state.closed)
+        if not rows.num_rows:
+            continue
+        failpoints.hit("history.before_commit")
+        _commit(lakehouse, table, history, rows, high)
+        history = lakehouse.open(HISTORY, table)
+    return f"{opened} versions opened, {closed} closed"
 
 
 def _open_versions(history: Any, schema: pa.Schema) -> list[dict[str, Any]]:
