@@ -39,7 +39,7 @@ from pydantic import Field
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import env_number
-from cdc_assets.defs.assets.metadata import capture_metadata
+from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
 from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
@@ -247,17 +247,9 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
         instance.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
     changes, current = cycle.changes, cycle.current
     batches = changes.batches if changes else []
-    applied = {str(r.table): r for r in current.applied} if current else {}
-    figures = {}
-    for table in cycle.tables:
-        result = applied.get(table)
-        figures[table] = {
-            "changes_in": result.changes_in if result else 0,
-            "rows_inserted": result.inserted if result else 0,
-            "rows_updated": result.updated if result else 0,
-            "rows_deleted": result.removed if result else 0,
-            "cycle": cycle.number,
-        }
+    figures = applied_figures(cycle.tables, current.applied if current else [])
+    for counts in figures.values():
+        counts["cycle"] = cycle.number
     own = table_materializations(house, figures)  # each touched table's own asset, current/<schema>/<table>
     for table in cycle.tables:
         appended = changes.appended.get(table) if changes else None

@@ -2,7 +2,7 @@
 
 from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, asset
 
-from cdc_assets.defs.assets.metadata import per_table_metadata
+from cdc_assets.defs.assets.metadata import applied_figures, per_table_metadata
 from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET
 from cdc_assets.defs.partitions import run_owner, tables_partitions
@@ -31,16 +31,7 @@ def current_tables(
     report = apply_pending(
         house, transforms.for_changes, tables=context.partition_keys, log=context.log, owner=run_owner(context.run.run_id)
     )
-    applied = {str(r.table): r for r in report.applied}
-    figures = {}
-    for name in report.tables:
-        r = applied.get(name)
-        figures[name] = {
-            "changes_in": r.changes_in if r else 0,
-            "rows_inserted": r.inserted if r else 0,
-            "rows_updated": r.updated if r else 0,
-            "rows_deleted": r.removed if r else 0,
-        }
+    figures = applied_figures(report.tables, report.applied)
     # every table of the run gets a materialization of its own asset, from this one run (not a run per table)
     per_table = {}
     for name, event in table_materializations(house, figures).items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dagster import MetadataValue
 
 from cdc_assets.capture.run import CaptureReport
+from cdc_assets.stages.current_state import ApplyResult
 
 PER_TABLE_SHOWN = 25
 
@@ -19,6 +20,21 @@ def per_table_metadata(per_table: dict[str, dict[str, int | None]], busiest_by: 
     if len(per_table) > len(shown):
         metadata["per_table_not_shown"] = len(per_table) - len(shown)
     return metadata
+
+
+def applied_figures(tables: list[str], applied: list[ApplyResult]) -> dict[str, dict[str, int]]:
+    """Each table's counts in one apply (zeros for a table it had nothing to apply to), by table name."""
+    by_name = {str(r.table): r for r in applied}
+    figures = {}
+    for name in tables:
+        r = by_name.get(name)
+        figures[name] = {
+            "changes_in": r.changes_in if r else 0,
+            "rows_inserted": r.inserted if r else 0,
+            "rows_updated": r.updated if r else 0,
+            "rows_deleted": r.removed if r else 0,
+        }
+    return figures
 
 
 def capture_metadata(report: CaptureReport, max_batch_rows: int | None = None) -> dict[str, object]:
