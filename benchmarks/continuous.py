@@ -14,56 +14,21 @@ the batch mode's reference from `benchmarks/README.md` (workload (c)).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import signal
 import statistics
 import subprocess
 import tempfile
-import threading
 from pathlib import Path
 
-from benchmarks.steady_load import SCHEMA, MemorySampler, _prepare, _wait_for, _write
+from benchmarks.steady_load import SCHEMA, MemorySampler, Probe, _prepare, _wait_for, _write
 from benchmarks.workloads import CLI, fresh_server
-from cdc_assets.core.names import TableRef
-from cdc_assets.lake.delta import read_query
-from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.local_source import server as local_server
 
 READER_SERVER_ID = 4245
 BATCH_REFERENCE_P95 = {1000: 19.8}  # workload (c) in benchmarks/README.md: the batch mode under `make dev`
 TARGET_P95 = {1000: 5.0, 5000: 10.0}  # issue 16
-
-
-class FastProbe:
-    """The steady-load probe, looking every `every` seconds: the continuous mode's latency is a few seconds."""
-
-    def __init__(self, lakehouse: Lakehouse, every: float = 0.25) -> None:
-        self.lakehouse, self.every = lakehouse, every
-        self.latencies: dict[int, float] = {}
-        self.last_id = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        ticks = TableRef(SCHEMA, "ticks")
-        while not self._stop.wait(self.every):
-            table = self.lakehouse.open(CURRENT, ticks)
-            if table is None:
-                continue
-            seen = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-            rows = read_query(table, f"SELECT id, committed_at FROM t WHERE id > {self.last_id}")
-            for tick, committed in zip(rows.column("id").to_pylist(), rows.column("committed_at").to_pylist(), strict=True):
-                self.latencies[tick] = (seen - committed).total_seconds()
-                self.last_id = max(self.last_id, tick)
 
 
 def main() -> None:
@@ -92,7 +57,7 @@ def main() -> None:
         [CLI, "run"], env=env, stdout=(work / "run.log").open("wb"), stderr=subprocess.STDOUT, start_new_session=True
     )
     memory = MemorySampler(follower.pid)
-    probe = FastProbe(lakehouse)
+    probe = Probe(lakehouse, every=0.25)  # the continuous mode's latency is a few seconds: look often
     results: dict[int, list[dict[str, float]]] = {rate: [] for rate in rates}
     try:
         memory.start()

@@ -87,10 +87,10 @@ def _write(server: local_server.LocalServer, rate: int, seconds: float, seed: in
 
 
 class Probe:
-    """Reads the ticks' current state every second; a tick's latency is first seen minus committed."""
+    """Reads the ticks' current state every `every` seconds; a tick's latency is first seen minus committed."""
 
-    def __init__(self, lakehouse: Lakehouse) -> None:
-        self.lakehouse = lakehouse
+    def __init__(self, lakehouse: Lakehouse, every: float = 1.0) -> None:
+        self.lakehouse, self.every = lakehouse, every
         self.latencies: dict[int, float] = {}
         self.last_id = 0
         self._stop = threading.Event()
@@ -105,7 +105,7 @@ class Probe:
 
     def _run(self) -> None:
         ticks = TableRef(SCHEMA, "ticks")
-        while not self._stop.wait(1.0):
+        while not self._stop.wait(self.every):
             table = self.lakehouse.open(CURRENT, ticks)
             if table is None:
                 continue
