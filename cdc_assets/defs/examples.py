@@ -5,7 +5,8 @@ Registered in the code location only when the lakehouse has captured its table. 
 each change of the table when Dagster's automation sensor runs (`make dev`), or from the UI.
 """
 
-import pandas as pd
+from typing import TYPE_CHECKING, Any
+
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -26,12 +27,15 @@ from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CURRENT
 
+if TYPE_CHECKING:
+    import pandas as pd  # imported where an example runs: every command loads the definitions, few run an example
+
 ORDERS_TABLE = "shop.orders"  # cdc_assets/local_source/sample_schema.sql
 EXAMPLES_GROUP = "examples"
 EXAMPLES_SENSOR = "examples_automation_sensor"
 
 
-def orders_by_status(orders: pd.DataFrame) -> pd.DataFrame:
+def orders_by_status(orders: "pd.DataFrame") -> "pd.DataFrame":
     """Orders and their total per status, statuses sorted: the kind of summary an analyst builds on a table."""
     summary = orders.groupby("status", sort=True).agg(orders=("status", "size"), total=("total", "sum")).reset_index()
     return summary.astype({"orders": "int64"})
@@ -51,7 +55,7 @@ def build_orders_summary(table: str = ORDERS_TABLE) -> AssetsDefinition:
             "(Delta) with pandas. It depends on that one table's asset, and runs again after the table changes."
         ),
     )
-    def orders_summary(context: AssetExecutionContext, lakehouse: LakehouseResource) -> Output[pd.DataFrame]:
+    def orders_summary(context: AssetExecutionContext, lakehouse: LakehouseResource) -> Output[Any]:
         dt = lakehouse.get().open(CURRENT, TableRef.parse(table))
         if dt is None:
             raise Failure(f"{table} has no current state in the lakehouse: run `cdc-lakehouse sync` first.")

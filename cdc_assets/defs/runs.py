@@ -55,6 +55,9 @@ def instance() -> DagsterInstance:
     """The persistent Dagster instance of DAGSTER_HOME, opened once per process and kept open."""
     home = str(ensure_dagster_home())
     if home not in _instances:
+        from cdc_assets.defs.event_log import share_alembic_scripts  # sqlalchemy and alembic: only with an instance
+
+        share_alembic_scripts()  # before the run storage opens
         _instances[home] = DagsterInstance.get()
     return _instances[home]
 
