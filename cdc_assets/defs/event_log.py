@@ -117,15 +117,6 @@ class BatchingSqliteEventLogStorage(SqliteEventLogStorage):
         while engines:
             engines.popitem()[1].dispose()
 
-
-_storages: weakref.WeakSet[BatchingSqliteEventLogStorage] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all() -> None:
-    for storage in list(_storages):
-        storage.close_databases()
-
     def store_event_batch(self, events: Sequence[EventLogEntry]) -> None:
         """As `store_event` for each event (run database, then the asset index), in two transactions."""
         writable = all(e.is_dagster_event and e.dagster_event_type in BATCH_WRITABLE_EVENTS for e in events)
@@ -151,3 +142,12 @@ def _close_all() -> None:
                 with self.index_connection() as conn, db_result(conn, statement) as result:
                     event_id = result.inserted_primary_key[0]
                 self.store_asset_check_event(event, event_id)
+
+
+_storages: weakref.WeakSet[BatchingSqliteEventLogStorage] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for storage in list(_storages):
+        storage.close_databases()
