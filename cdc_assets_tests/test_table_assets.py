@@ -13,7 +13,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.tables import column_schema
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.examples import EXAMPLES_SENSOR, ORDERS_TABLE, build_orders_summary, example_assets
-from cdc_assets.defs.keys import APPLY_JOB, CHANGES_ASSET, table_asset_key
+from cdc_assets.defs.keys import CHANGES_ASSET, SYNC_JOB, table_asset_key
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.defs.runs import instance
 from cdc_assets.lake.state import save_registry
@@ -87,8 +87,8 @@ def _count(cdc: CdcEnv, table: str) -> int:
         return cur.fetchone()[0]
 
 
-def _apply_runs(known: set[str]) -> list[str]:
-    return [r.run_id for r in instance().get_runs() if r.job_name == APPLY_JOB and r.run_id not in known]
+def _sync_runs(known: set[str]) -> list[str]:
+    return [r.run_id for r in instance().get_runs() if r.job_name == SYNC_JOB and r.run_id not in known]
 
 
 def _value(metadata: object) -> object:
@@ -109,11 +109,11 @@ def test_every_table_gets_its_asset_from_a_few_runs_and_a_downstream_asset_follo
         *(f"INSERT INTO {t} VALUES (1, 'a'), (2, 'b')" for t in SMALL_TABLES),
     )
     tables = [f"{db}.{t}" for t in ["orders", *SMALL_TABLES]]
-    before = set(_apply_runs(set()))
+    before = set(_sync_runs(set()))
     assert cdc.sync() == 0
 
-    # one sync: one capture and one apply run materialize every table's own asset (not one run per table)
-    runs = _apply_runs(before)
+    # one sync: one run materializes every table's own asset (not one run per table)
+    runs = _sync_runs(before)
     assert len(runs) == 1
     for table in tables:
         event = _latest(table)
@@ -157,11 +157,11 @@ def test_every_table_gets_its_asset_from_a_few_runs_and_a_downstream_asset_follo
     )
     old_keys = set(build_definitions().resolve_asset_graph().get_all_asset_keys())
     assert table_asset_key(f"{db}.late_table") not in old_keys
-    before = set(_apply_runs(set()))
+    before = set(_sync_runs(set()))
     assert cdc.sync() == 0
     touched = [f"{db}.orders", f"{db}.late_table", f"{db}.t0"]
-    runs = _apply_runs(before)
-    assert 1 <= len(runs) < len(touched)
+    runs = _sync_runs(before)
+    assert len(runs) == 1
     assert all(_latest(t).run_id in runs for t in touched)
     table_event = _latest(f"{db}.orders")
     result = materialize([summary_asset], instance=instance(), resources=resources)

@@ -8,6 +8,7 @@ from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeve
 
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import SourceSettings
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
@@ -42,13 +43,22 @@ def raw_batches_contiguous(context: AssetCheckExecutionContext, lakehouse: Lakeh
     materialization = event.asset_materialization if event is not None else None
     first = materialization.metadata.get("first_batch") if materialization is not None else None
     since = first.value if first is not None and first.value else None
-    breaks = batch_chain_breaks(lakehouse.get(), since if isinstance(since, str) else None)
-    return AssetCheckResult(
-        passed=not breaks,
-        severity=AssetCheckSeverity.ERROR,
-        description="; ".join(breaks[:3]) if breaks else "contiguous",
-        metadata={"breaks": len(breaks), "checked_from": since or "the first batch", "details": MetadataValue.json(breaks[:MAX_DETAILS])},
-    )
+    return AssetCheckResult(**contiguity(lakehouse.get(), since if isinstance(since, str) else None))
+
+
+def contiguity(house: Lakehouse, since: str | None) -> dict[str, Any]:
+    """raw_batches_contiguous's outcome from batch `since` on (the check's fields, for a result or an evaluation)."""
+    breaks = batch_chain_breaks(house, since)
+    return {
+        "passed": not breaks,
+        "severity": AssetCheckSeverity.ERROR,
+        "description": "; ".join(breaks[:3]) if breaks else "contiguous",
+        "metadata": {
+            "breaks": len(breaks),
+            "checked_from": since or "the first batch",
+            "details": MetadataValue.json(breaks[:MAX_DETAILS]),
+        },
+    }
 
 
 @asset_check(
@@ -58,14 +68,18 @@ def raw_batches_contiguous(context: AssetCheckExecutionContext, lakehouse: Lakeh
 )
 def change_log_seq_unique(context: AssetCheckExecutionContext, lakehouse: LakehouseResource) -> AssetCheckResult:
     house = lakehouse.get()
-    tables = run_tables(context, house)
+    return AssetCheckResult(**seq_uniqueness(house, run_tables(context, house)))
+
+
+def seq_uniqueness(house: Lakehouse, tables: list[str]) -> dict[str, Any]:
+    """change_log_seq_unique's outcome over `tables`."""
     duplicates = duplicate_seqs(house, tables)
-    return AssetCheckResult(
-        passed=not duplicates,
-        severity=AssetCheckSeverity.ERROR,
-        description=", ".join(f"{t}: {n} duplicate changes" for t, n in duplicates.items()) or "unique",
-        metadata={"tables_checked": len(tables), "tables_with_duplicates": MetadataValue.json(duplicates)},
-    )
+    return {
+        "passed": not duplicates,
+        "severity": AssetCheckSeverity.ERROR,
+        "description": ", ".join(f"{t}: {n} duplicate changes" for t, n in duplicates.items()) or "unique",
+        "metadata": {"tables_checked": len(tables), "tables_with_duplicates": MetadataValue.json(duplicates)},
+    }
 
 
 def comparison_figures(comparisons: list[ConsistentComparison]) -> dict[str, dict[str, object]]:
@@ -117,21 +131,24 @@ def current_matches_source(
     context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
 ) -> AssetCheckResult:
     house = lakehouse.get()
-    tables = run_tables(context, house)
-    comparisons = compare_changed(binlog.settings(), house, [TableRef.parse(t) for t in tables])
-    results = comparison_figures(comparisons)
-    failing = log_comparisons(context.log, comparisons)
-    return AssetCheckResult(
-        passed=not failing,
-        severity=AssetCheckSeverity.ERROR,
-        description="; ".join(failing[:5]) if failing else f"{len(tables)} tables equal to the source",
-        metadata={
+    return AssetCheckResult(**equality(binlog.settings(), house, run_tables(context, house), context.log))
+
+
+def equality(settings: SourceSettings, house: Lakehouse, tables: list[str], log: Any) -> dict[str, Any]:
+    """current_matches_source's outcome over `tables` (the keys changed since each was last found equal)."""
+    comparisons = compare_changed(settings, house, [TableRef.parse(t) for t in tables])
+    failing = log_comparisons(log, comparisons)
+    return {
+        "passed": not failing,
+        "severity": AssetCheckSeverity.ERROR,
+        "description": "; ".join(failing[:5]) if failing else f"{len(tables)} tables equal to the source",
+        "metadata": {
             "tables": len(tables),
             "differing": len(failing),
             "not_compared": sum(1 for c in comparisons if c.not_compared),
-            "per_table": MetadataValue.json(results),
+            "per_table": MetadataValue.json(comparison_figures(comparisons)),
         },
-    )
+    }
 
 
 @asset_check(
@@ -146,14 +163,18 @@ def current_schema_matches_source(
     context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
 ) -> AssetCheckResult:
     house = lakehouse.get()
-    tables = run_tables(context, house)
-    problems = schema_differences(binlog.settings(), house, tables)
-    return AssetCheckResult(
-        passed=not problems,
-        severity=AssetCheckSeverity.ERROR,
-        description="; ".join(f"{t}: {p}" for t, p in list(problems.items())[:5]) or f"{len(tables)} schemas match",
-        metadata={"tables": len(tables), "mismatches": MetadataValue.json(problems)},
-    )
+    return AssetCheckResult(**schema_match(binlog.settings(), house, run_tables(context, house)))
+
+
+def schema_match(settings: SourceSettings, house: Lakehouse, tables: list[str]) -> dict[str, Any]:
+    """current_schema_matches_source's outcome over `tables`."""
+    problems = schema_differences(settings, house, tables)
+    return {
+        "passed": not problems,
+        "severity": AssetCheckSeverity.ERROR,
+        "description": "; ".join(f"{t}: {p}" for t, p in list(problems.items())[:5]) or f"{len(tables)} schemas match",
+        "metadata": {"tables": len(tables), "mismatches": MetadataValue.json(problems)},
+    }
 
 
 @asset_check(
@@ -165,18 +186,23 @@ def current_schema_matches_source(
     ),
 )
 def table_lag(binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
+    return AssetCheckResult(**lag(binlog.settings(), lakehouse.get()))
+
+
+def lag(settings: SourceSettings, house: Lakehouse) -> dict[str, Any]:
+    """table_lag's outcome: every table's lag against the thresholds."""
     warn, fail = lag_thresholds()
-    house, now = lakehouse.get(), time.time()
-    lags = table_lags(house, capture_lag(binlog.settings(), house, now).seconds, now)
+    now = time.time()
+    lags = table_lags(house, capture_lag(settings, house, now).seconds, now)
     failing = {t: s for t, s in lags.items() if s >= fail}
     warning = {t: s for t, s in lags.items() if warn <= s < fail}
     behind = failing or warning
     described = ", ".join(f"{t} is {s:.0f} s behind" for t, s in sorted(behind.items(), key=lambda kv: -kv[1])[:10])
-    return AssetCheckResult(
-        passed=not behind,
-        severity=AssetCheckSeverity.ERROR if failing else AssetCheckSeverity.WARN,
-        description=described or f"all {len(lags)} tables within {warn:g} s",
-        metadata={
+    return {
+        "passed": not behind,
+        "severity": AssetCheckSeverity.ERROR if failing else AssetCheckSeverity.WARN,
+        "description": described or f"all {len(lags)} tables within {warn:g} s",
+        "metadata": {
             "max_lag_seconds": round(max(lags.values(), default=0.0), 1),
             "tables_failing": MetadataValue.json(sorted(failing)),
             "tables_warning": MetadataValue.json(sorted(warning)),
@@ -184,7 +210,7 @@ def table_lag(binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetChec
             "fail_after_seconds": fail,
             "per_table_lag_seconds": MetadataValue.json({t: round(s, 1) for t, s in sorted(lags.items())}),
         },
-    )
+    }
 
 
 ALL_CHECKS = [

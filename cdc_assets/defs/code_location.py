@@ -24,6 +24,7 @@ from cdc_assets.defs.sinks import (
     configured_sinks,
     sink_lag_check_key,
 )
+from cdc_assets.defs.sync import sync_job
 
 
 def build_definitions(table_assets: bool = True) -> Definitions:
@@ -53,6 +54,7 @@ def build_definitions(table_assets: bool = True) -> Definitions:
             snapshot_job,
             equality_job,
             continuous_job,
+            sync_job,
             *publish_jobs,
         ],
         schedules=[build_capture_schedule(), lag_check_schedule, build_full_check_schedule()],

@@ -26,9 +26,10 @@ LAG_JOB = "check_lag"
 EQUALITY_JOB = "check_equality"  # every row of every table compared with the source (CDC_FULL_CHECK_CRON)
 SNAPSHOT_JOB = "snapshot"
 CONTINUOUS_JOB = "continuous"
+SYNC_JOB = "sync"  # `cdc-lakehouse sync` in one run: capture, apply and checks (defs/sync.py)
 
 SINK_TAG = "cdc/sink"  # the sink a publish run serves: the run queue lets one run per sink go at a time
-STAGE_TAG = "cdc/stage"  # capture, apply or check: the run queue lets one capture and one apply run go at a time
+STAGE_TAG = "cdc/stage"  # capture, apply, sync or check: the run queue lets one capture and one apply run go at a time
 # Dagster's own tags of a run over one partition or a range of them (documented system tags)
 PARTITION_TAG = "dagster/partition"
 PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"

@@ -20,29 +20,23 @@ from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
 from cdc_assets.defs.freshness import freshness_windows
 from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.defs.keys import (
-    APPLY_JOB,
-    CAPTURE_JOB,
     CHANGES_ASSET,
     CONTINUOUS_JOB,
     CURRENT_ASSET,
     RAW_ASSET,
     SNAPSHOT_JOB,
+    SYNC_JOB,
     publish_job_name,
     sink_asset_key,
 )
-from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, touched_ranges, with_new_tables
 from cdc_assets.defs.resources import initialized_resources
-from cdc_assets.defs.sensors import apply_run_request
 from cdc_assets.defs.sinks import configured_sinks
 from cdc_assets.lake.as_of import export_as_of
-from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches
-from cdc_assets.lake.state import known_tables, tables_behind
+from cdc_assets.lake.state import known_tables
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
-from cdc_assets.stages.changes import missing_change_logs
-from cdc_assets.stages.current_state import missing_current_tables
 from cdc_assets.stages.follow import continuous_holder, refuse_beside_continuous
 from cdc_assets.stages.snapshot_records import snapshots_in_progress
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
@@ -190,31 +184,10 @@ def run_job(
 
 
 def run_sync(verbose: bool = False) -> RunOutcome:
-    """Capture, then one apply run per consecutive range of the tables with new changes, each with its checks."""
+    """One run of the `sync` job (capture, then the touched tables' change logs and current state, with the checks
+    of all three), then a publish run per configured sink."""
     refuse_beside_continuous(initialized_resources().lakehouse.get())
-    outcome = run_job(CAPTURE_JOB, verbose)
-    if not outcome.success:
-        return outcome
-    lakehouse = initialized_resources().lakehouse.get()
-    dagster = instance()
-    ordered, new = with_new_tables(list(dagster.get_dynamic_partitions(TABLES_PARTITIONS_NAME)), known_tables(lakehouse.store))
-    if new:
-        dagster.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
-    pending = set(tables_behind(lakehouse.store, CURRENT_STAGE))  # captured, not yet in current state
-    pending |= set(missing_current_tables(lakehouse, sorted(set(ordered) - pending)))  # removed by hand
-    pending |= set(missing_change_logs(lakehouse, sorted(set(ordered) - pending)))  # removed by hand
-    refused: CdcUserError | None = None
-    for first, last in touched_ranges(ordered, pending):
-        # every range runs: tables of one range do not wait on another's failure
-        request = apply_run_request(first, last, run_key="cli")
-        try:
-            applied = run_job(APPLY_JOB, verbose, tags=dict(request.tags), partition_key=request.partition_key)
-        except CdcUserError as exc:
-            refused = refused or exc
-            continue
-        outcome = outcome + applied
-    if refused is not None:
-        raise refused
+    outcome = run_job(SYNC_JOB, verbose)
     if configured_sinks():
         outcome = outcome + run_publish(None, verbose)
     return outcome

@@ -6,6 +6,7 @@ from cdc_assets.defs.assets.metadata import per_table_metadata
 from cdc_assets.defs.keys import CHANGES_ASSET, RAW_ASSET
 from cdc_assets.defs.partitions import run_owner, tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.stages.change_plan import ChangesReport
 from cdc_assets.stages.changes import process_new_batches
 from spark_resources.resources import TransformsResource
 
@@ -29,6 +30,11 @@ def table_changes(
     report = process_new_batches(
         lakehouse.get(), transforms.for_changes, tables=tables, log=context.log, owner=run_owner(context.run.run_id)
     )
+    return MaterializeResult(metadata=changes_metadata(report, tables))
+
+
+def changes_metadata(report: ChangesReport, tables: list[str]) -> dict[str, object]:
+    """A change-log run's metadata (the asset's, and each partition's of a `sync` run)."""
     per_table = {}
     for name in sorted(tables):
         r = report.appended.get(name)
@@ -38,19 +44,17 @@ def table_changes(
             "updates": r.updates if r else 0,
             "deletes": r.deletes if r else 0,
         }
-    return MaterializeResult(
-        metadata={
-            "batches": len(report.batches),
-            "first_batch": report.batches[0] if report.batches else "",
-            "last_batch": report.batches[-1] if report.batches else "",
-            "rows_in": report.rows_in,
-            "rows_out": report.rows_out,
-            "tables": len(tables),
-            "tables_changed": len(report.appended),
-            "inserts": sum(r.inserts for r in report.appended.values()),
-            "updates": sum(r.updates for r in report.appended.values()),
-            "deletes": sum(r.deletes for r in report.appended.values()),
-            **per_table_metadata(per_table, busiest_by="changes"),
-            "duration_seconds": round(report.seconds, 3),
-        }
-    )
+    return {
+        "batches": len(report.batches),
+        "first_batch": report.batches[0] if report.batches else "",
+        "last_batch": report.batches[-1] if report.batches else "",
+        "rows_in": report.rows_in,
+        "rows_out": report.rows_out,
+        "tables": len(tables),
+        "tables_changed": len(report.appended),
+        "inserts": sum(r.inserts for r in report.appended.values()),
+        "updates": sum(r.updates for r in report.appended.values()),
+        "deletes": sum(r.deletes for r in report.appended.values()),
+        **per_table_metadata(per_table, busiest_by="changes"),
+        "duration_seconds": round(report.seconds, 3),
+    }

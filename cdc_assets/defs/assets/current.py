@@ -1,13 +1,15 @@
 """The current-state asset: each table's pending changes applied to `current/<schema>/<table>` (stages/current.py)."""
 
-from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, asset
+from dagster import AssetExecutionContext, AssetMaterialization, BackfillPolicy, MaterializeResult, asset
 
 from cdc_assets.defs.assets.metadata import applied_figures, per_table_metadata
 from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET
 from cdc_assets.defs.partitions import run_owner, tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.current import apply_pending
+from cdc_assets.stages.steps import CurrentReport
 from spark_resources.resources import TransformsResource
 
 
@@ -29,13 +31,27 @@ def current_tables(
 ) -> MaterializeResult:
     house = lakehouse.get()
     report = apply_pending(
-        house, transforms.for_changes, tables=context.partition_keys, log=context.log, owner=run_owner(context.run.run_id)
+        house,
+        transforms.for_changes,
+        tables=context.partition_keys,
+        log=context.log,
+        owner=run_owner(context.run.run_id),
     )
-    figures = applied_figures(report.tables, report.applied)
-    # every table of the run gets a materialization of its own asset, from this one run (not a run per table)
-    per_table = {}
-    for name, event in table_materializations(house, figures).items():
+    metadata, own = current_events(house, report)
+    for event in own.values():  # every table of the run gets a materialization of its own asset, from this one run
         context.log_event(event)
+    return MaterializeResult(metadata=metadata)
+
+
+def current_events(
+    house: Lakehouse, report: CurrentReport
+) -> tuple[dict[str, object], dict[str, AssetMaterialization]]:
+    """A current-state run's metadata (the asset's, and each partition's of a `sync` run), and each run table's
+    materialization of its own asset, current/<schema>/<table>."""
+    figures = applied_figures(report.tables, report.applied)
+    own = table_materializations(house, figures)
+    per_table = {}
+    for name, event in own.items():
         per_table[name] = {
             "changes_in": figures[name]["changes_in"],
             "inserted": figures[name]["rows_inserted"],
@@ -43,16 +59,15 @@ def current_tables(
             "deleted": figures[name]["rows_deleted"],
             "rows": event.metadata["dagster/row_count"].value,
         }
-    return MaterializeResult(
-        metadata={
-            "tables": len(report.tables),
-            "tables_changed": len(report.applied),
-            "changes_in": sum(r.changes_in for r in report.applied),
-            "rows_inserted": sum(r.inserted for r in report.applied),
-            "rows_updated": sum(r.updated for r in report.applied),
-            "rows_deleted": sum(r.removed for r in report.applied),
-            "rows_out": sum(v["rows"] or 0 for v in per_table.values()),
-            **per_table_metadata(per_table, busiest_by="changes_in"),
-            "duration_seconds": round(report.seconds, 3),
-        }
-    )
+    metadata = {
+        "tables": len(report.tables),
+        "tables_changed": len(report.applied),
+        "changes_in": sum(r.changes_in for r in report.applied),
+        "rows_inserted": sum(r.inserted for r in report.applied),
+        "rows_updated": sum(r.updated for r in report.applied),
+        "rows_deleted": sum(r.removed for r in report.applied),
+        "rows_out": sum(v["rows"] or 0 for v in per_table.values()),
+        **per_table_metadata(per_table, busiest_by="changes_in"),
+        "duration_seconds": round(report.seconds, 3),
+    }
+    return metadata, own
