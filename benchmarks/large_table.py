@@ -42,7 +42,7 @@ PATTERNS = ("recent", "uniform")
 
 APPLY = (
     "import os, time\n"
-    "from dagster_pyspark import LazyPySparkResource\n"
+    "from spark_resources.resources import LazySparkResource\n"
     "from cdc_assets.core.names import TableRef\n"
     "from cdc_assets.defs.resources import initialized_resources\n"
     "from cdc_assets.lake.layout import CURRENT\n"
@@ -51,7 +51,7 @@ APPLY = (
     "from spark_resources.resources import TransformsResource\n"
     "from spark_resources.session import spark_config\n"
     "lakehouse = initialized_resources().lakehouse.get()\n"
-    "spark = TransformsResource(pyspark=LazyPySparkResource(spark_config=spark_config('local[2]')))\n"
+    "spark = TransformsResource(pyspark=LazySparkResource(spark_config=spark_config('local[2]')))\n"
     "began = time.monotonic()\n"
     "changes = process_new_batches(lakehouse, spark.for_changes)\n"
     "middle = time.monotonic()\n"

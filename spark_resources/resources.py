@@ -1,18 +1,40 @@
-"""The transforms' engine as a Dagster resource, on dagster-pyspark's lazily started session."""
+"""The transforms' engine as a Dagster resource, on a lazily started session built by dagster-pyspark."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dagster import ConfigurableResource
-from dagster_pyspark import LazyPySparkResource
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS, Transforms, choose_transforms
 
 
-class TransformsResource(ConfigurableResource):
-    """Spark (dagster-pyspark's LazyPySparkResource: no session until a run picks Spark) or Arrow, by run size."""
+class LazySparkResource(ConfigurableResource):
+    """dagster-pyspark's LazyPySparkResource (same config, same `spark_session` and `spark_context`), except that
+    dagster-pyspark and pyspark are imported only when a run asks for the session: every command loads the
+    definitions, and importing them cost ~0.15 s of each, Arrow runs included."""
 
-    pyspark: LazyPySparkResource
+    spark_config: dict[str, Any]
+    _spark_session: Any = PrivateAttr(default=None)
+
+    @property
+    def spark_session(self) -> Any:
+        if self._spark_session is None:
+            from dagster_pyspark.resources import spark_session_from_config
+
+            self._spark_session = spark_session_from_config(self.spark_config)
+        return self._spark_session
+
+    @property
+    def spark_context(self) -> Any:
+        return self.spark_session.sparkContext
+
+
+class TransformsResource(ConfigurableResource):
+    """Spark (LazySparkResource: no session until a run picks Spark) or Arrow, by run size."""
+
+    pyspark: LazySparkResource
     min_rows: int = Field(
         default=DEFAULT_SPARK_MIN_ROWS,
         description=(

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster import ConfigurableResource, EnvVar
-from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from cdc_assets.core.errors import CdcUserError
@@ -37,7 +36,7 @@ from cdc_assets.lake.store import Lakehouse, S3Access, s3_client
 from cdc_assets.sinks.settings import SinkSettings, sink_settings
 from cdc_assets.source.server import resolve_mysql_url
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
-from spark_resources.resources import TransformsResource
+from spark_resources.resources import LazySparkResource, TransformsResource
 from spark_resources.session import DEFAULT_SPARK_MASTER, spark_config
 
 
@@ -257,7 +256,7 @@ class Resources:
     binlog: BinlogResource
     lakehouse: LakehouseResource
     s3: S3Resource
-    pyspark: LazyPySparkResource
+    pyspark: LazySparkResource
     transforms: TransformsResource
     sinks: SinksResource
 
@@ -290,7 +289,7 @@ def resources_from_env(resolved: bool = False) -> Resources:
         max_attempts=retries.max_attempts,
     )
     master = os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER
-    pyspark = LazyPySparkResource(spark_config=spark_config(master, spark_settings()))
+    pyspark = LazySparkResource(spark_config=spark_config(master, spark_settings()))
     return Resources(
         binlog=BinlogResource(
             mysql_url=_env("CDC_MYSQL_URL", None),
