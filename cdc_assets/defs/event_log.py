@@ -10,9 +10,13 @@ instance written by it reads as any other SQLite instance (`instance.py` configu
 Two more fixed costs of Dagster's SQLite storage are cut here, both measured on a small `sync`:
 - each connection was a new engine and a new SQLite connection, closed after one statement; closing the last
   connection of a WAL database checkpoints and removes its WAL file, so every event paid an open, a checkpoint and
-  a close. This storage keeps one connection per database (the run's and the index) and reuses it, under the
-  storage's own lock as before; the few most recently used stay open (a webserver reads many runs' databases),
-  the rest and all of them at exit are closed.
+  a close. Inside `connections_kept_open()` (the CLI's runs, `defs/runs.py`) this storage keeps one connection per
+  database (the run's and the index; at most OPEN_DATABASES) and reuses it, under the storage's own lock as
+  before, and closes them all when the block ends; outside it, a connection is closed after each use, as
+  Dagster's. Not always: SQLite's locks are POSIX locks, which a process drops on any close of the file, also by
+  code that is not SQLite (a scan of DAGSTER_HOME, a copy), and a connection kept open across that can corrupt
+  the database once another process writes it (a test that scans DAGSTER_HOME for passwords found this).
+- its commits wait for no fsync of their own (`_no_sync_per_commit`).
 - every new database (one per run) and every storage opened looked up alembic's head revision by loading all of
   Dagster's migration scripts again (~50 ms each); `share_alembic_scripts` loads them once per process.
 """
@@ -37,7 +41,7 @@ from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._serdes import ConfigurableClassData
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import NullPool, StaticPool
 
 OPEN_DATABASES = 8  # connections kept open per storage: the index and the most recently used runs' databases
 
@@ -79,6 +83,7 @@ def _no_sync_per_commit(dbapi_connection: Any, _record: Any) -> None:
 class BatchingSqliteEventLogStorage(SqliteEventLogStorage):
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
         self._engines: OrderedDict[str, Engine] = OrderedDict()
+        self._kept_open = 0  # how many connections_kept_open() blocks are running
         super().__init__(base_dir, inst_data)
         _storages.add(self)
 
@@ -92,15 +97,21 @@ class BatchingSqliteEventLogStorage(SqliteEventLogStorage):
         """The shard's engine: one connection, kept open (StaticPool); used only under `_db_lock`."""
         engine = self._engines.pop(shard, None)
         if engine is None:
+            if shard not in self._initialized_dbs:  # Dagster's set-up, on connections of its own
+                first = create_engine(
+                    self.conn_string_for_shard(shard),
+                    poolclass=NullPool,
+                    connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS},
+                )
+                self._initdb(first)
+                first.dispose()
+                self._initialized_dbs.add(shard)
             engine = create_engine(
                 self.conn_string_for_shard(shard),
                 poolclass=StaticPool,
                 connect_args={"timeout": SQLITE_BUSY_TIMEOUT_SECONDS, "check_same_thread": False},
             )
             event.listen(engine, "connect", _no_sync_per_commit)
-            if shard not in self._initialized_dbs:
-                self._initdb(engine)
-                self._initialized_dbs.add(shard)
         self._engines[shard] = engine
         while len(self._engines) > OPEN_DATABASES:
             self._engines.popitem(last=False)[1].dispose()
@@ -109,8 +120,28 @@ class BatchingSqliteEventLogStorage(SqliteEventLogStorage):
     @contextmanager
     def _connect(self, shard: str) -> Iterator[Connection]:
         with self._db_lock:
-            with self._engine(shard).connect() as conn, conn.begin():
-                yield conn
+            engine = self._engine(shard)
+            try:
+                with engine.connect() as conn, conn.begin():
+                    yield conn
+            finally:
+                if not self._kept_open:
+                    self._engines.pop(shard, None)
+                    engine.dispose()
+
+    @contextmanager
+    def connections_kept_open(self) -> Iterator[None]:
+        """Within this block, keep each database's connection open from one use to the next (a run's hundreds of
+        events each open, checkpoint and close it otherwise); close them all when it ends."""
+        with self._db_lock:
+            self._kept_open += 1
+        try:
+            yield
+        finally:
+            with self._db_lock:
+                self._kept_open -= 1
+            if not self._kept_open:
+                self.close_databases()
 
     def close_databases(self) -> None:
         """Close every connection kept open (at exit, and when the instance is disposed)."""

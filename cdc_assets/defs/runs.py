@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,13 @@ def instance() -> DagsterInstance:
         share_alembic_scripts()  # before the run storage opens
         _instances[home] = DagsterInstance.get()
     return _instances[home]
+
+
+def connections_kept_open(dagster: DagsterInstance) -> AbstractContextManager[Any]:
+    """The event log's SQLite connections kept open for the length of a run, when it is ours (cdc_assets.defs.event_log:
+    a run's events each opened and closed its database otherwise); a user's own dagster.yaml may name another."""
+    keep = getattr(dagster.event_log_storage, "connections_kept_open", None)
+    return keep() if keep is not None else nullcontext()
 
 
 @dataclass
@@ -151,13 +159,14 @@ def run_job(
     run_config: dict[str, Any] = {"loggers": loggers}
     if op_config:
         run_config["ops"] = op_config
-    result = job.execute_in_process(
-        instance=instance(),
-        run_config=run_config,
-        raise_on_error=False,
-        tags={"cdc/trigger": "cli", **(tags or {})},
-        partition_key=partition_key,
-    )
+    with connections_kept_open(instance()):
+        result = job.execute_in_process(
+            instance=instance(),
+            run_config=run_config,
+            raise_on_error=False,
+            tags={"cdc/trigger": "cli", **(tags or {})},
+            partition_key=partition_key,
+        )
     failures = []
     for event in result.all_events:
         if event.event_type == DagsterEventType.STEP_FAILURE:
@@ -255,7 +264,8 @@ def run_continuous(poll_seconds: float | None = None, verbose: bool = False) -> 
     began = time.monotonic()
     tags = {"cdc/trigger": "cli", "cdc/host": socket.gethostname(), "cdc/pid": str(os.getpid())}
     try:
-        result = job.execute_in_process(instance=instance(), run_config=run_config, raise_on_error=False, tags=tags)
+        with connections_kept_open(instance()):
+            result = job.execute_in_process(instance=instance(), run_config=run_config, raise_on_error=False, tags=tags)
     finally:
         stop_followers()  # an interruption Dagster raised outside the op leaves its follower to finish its cycle
     record = instance().get_run_by_id(result.run_id)
