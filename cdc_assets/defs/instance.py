@@ -1,8 +1,8 @@
 """The Dagster instance the CLI and `make dev` share: DAGSTER_HOME and its dagster.yaml.
 
-The run queue lets one capture and one apply run go at a time (tag `cdc/stage`), and one publish run per
-sink (tag `cdc/sink`): the lakehouse locks would keep them apart anyway, but queued runs wait without holding
-a run slot or timing out on a lock.
+The run queue lets one capture, one apply and one sync run go at a time (tag `cdc/stage`; a `sync` run launched
+from the UI queues too), and one publish run per sink (tag `cdc/sink`): the lakehouse locks would keep them apart
+anyway, but queued runs wait without holding a run slot or timing out on a lock.
 """
 
 import json
@@ -32,6 +32,9 @@ concurrency:
         limit: 1
       - key: cdc/stage
         value: apply
+        limit: 1
+      - key: cdc/stage
+        value: sync
         limit: 1
       - key: cdc/sink
         value:
