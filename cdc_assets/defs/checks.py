@@ -12,6 +12,7 @@ from cdc_assets.core.settings import SourceSettings
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.changed_keys import compare_changed
@@ -35,7 +36,8 @@ def run_tables(context: AssetCheckExecutionContext, lakehouse: Lakehouse) -> lis
     blocking=True,
     description=(
         "Raw batches are contiguous: each starts where the previous ended (no gap, no overlap in binlog "
-        "position or _cdc_seq), and the checkpoint sits at the end of the last one. Checks what the run added."
+        "position or _cdc_seq), and the checkpoint sits at the end of the last one. Checks what the run added "
+        "(a run that added nothing: the last batch and the checkpoint)."
     ),
 )
 def raw_batches_contiguous(context: AssetCheckExecutionContext, lakehouse: LakehouseResource) -> AssetCheckResult:
@@ -47,7 +49,12 @@ def raw_batches_contiguous(context: AssetCheckExecutionContext, lakehouse: Lakeh
 
 
 def contiguity(house: Lakehouse, since: str | None) -> dict[str, Any]:
-    """raw_batches_contiguous's outcome from batch `since` on (the check's fields, for a result or an evaluation)."""
+    """raw_batches_contiguous's outcome from batch `since` on (the check's fields, for a result or an evaluation).
+    A run that added no batch (`since` None) checks the last batch against the checkpoint, not the whole chain
+    again: that read every manifest the lakehouse ever made, at every capture and every no-op sync."""
+    if since is None:
+        names = list_batches(house.store)
+        since = names[-1] if names else None
     breaks = batch_chain_breaks(house, since)
     return {
         "passed": not breaks,
