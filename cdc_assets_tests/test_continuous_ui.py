@@ -6,10 +6,6 @@ API's `terminateRun`) stops it after a whole cycle: the run ends canceled, the l
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,13 +14,11 @@ from pathlib import Path
 
 from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.defs.keys import CONTINUOUS_JOB
-from cdc_assets.local_source.server import free_port
 from cdc_assets.stages.follow import continuous_holder
 from cdc_assets.verification.integrity import duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv, run_cli
+from cdc_assets_tests.dagster_dev import dagster_dev
 from cdc_assets_tests.test_restart import _write_transactions
-
-REPO = Path(__file__).resolve().parent.parent
 
 LAUNCH = """
 mutation Launch($params: ExecutionParams!) {
@@ -91,18 +85,7 @@ def test_launched_and_terminated_from_the_ui(cdc: CdcEnv, tmp_path: Path, monkey
     _write_transactions(cdc, transactions=40, rows_each=5)
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     ensure_dagster_home()
-    port = free_port()
-    dev = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO,
-        env=dict(os.environ),
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "dagster-dev.log").open("wb"),
-        start_new_session=True,
-        # dagster dev started from a script ignores SIGINT/SIGTERM unless they are reset to the default
-        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)],
-    )
-    try:
+    with dagster_dev(tmp_path / "dagster-dev.log") as port:
         _wait_for("the webserver and its code location", lambda: _location_loaded(port), timeout_s=120, every_s=1)
         selector = {"repositoryLocationName": "cdc_assets", "repositoryName": "__repository__", "jobName": CONTINUOUS_JOB}
         launched = _graphql(port, LAUNCH, {"params": {"selector": selector, "runConfigData": {}}})["launchRun"]
@@ -122,9 +105,6 @@ def test_launched_and_terminated_from_the_ui(cdc: CdcEnv, tmp_path: Path, monkey
         assert terminated["__typename"] == "TerminateRunSuccess", terminated
         _wait_for("the run to end canceled", lambda: status() == "CANCELED", timeout_s=60)
         assert continuous_holder(cdc.lakehouse) is None  # its locks are given back
-    finally:
-        os.killpg(dev.pid, signal.SIGKILL)
-        dev.wait(timeout=30)
 
     # a batch sync goes on where the continuous run stopped: nothing lost, nothing applied twice
     _write_transactions(cdc, transactions=10, rows_each=5, start=60)
