@@ -40,7 +40,8 @@ ALLOWED = {
     "cdc_assets.local_source": {"cdc_assets.local_source"},
     # the sinks follow the change logs in the lakehouse: they never read the source or run a stage
     "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.sinks"},
-    "cdc_assets.local_brokers": {"cdc_assets.local_brokers"},
+    # the local brokers share the local servers' process helpers (ports, pid files, a clean stop)
+    "cdc_assets.local_brokers": {"cdc_assets.local_source", "cdc_assets.local_brokers"},
     # the Dagster layer: everything below it, never the code location or the CLI above it
     "cdc_assets.defs": {
         "cdc_assets.core",
