@@ -60,8 +60,9 @@ ALLOWED = {
     "spark_resources.arrow_transforms": set(),
     "spark_resources.transforms": set(),
     "spark_resources.session": set(),
-    "spark_resources.connect_server": set(),
-    "spark_resources.cluster": set(),
+    # local Spark processes for tests, `make dev` and the benchmarks: the local servers' process helpers
+    "spark_resources.connect_server": {"cdc_assets.local_source"},
+    "spark_resources.cluster": {"cdc_assets.local_source"},
     # the Spark jobs: they run the lakehouse's pure row functions (lake.change_rows, lake.current_rows) on the
     # executors, never a stage (the stages call them)
     "spark_resources.files_job": {"cdc_assets.core", "cdc_assets.lake", "spark_resources.transforms"},
