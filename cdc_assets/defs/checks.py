@@ -8,9 +8,11 @@ from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeve
 
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
+from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.table_checks import equality_verdicts, lag_verdicts, schema_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.changed_keys import compare_changed
@@ -121,6 +123,7 @@ def current_matches_source(
     comparisons = compare_changed(binlog.settings(), house, [TableRef.parse(t) for t in tables])
     results = comparison_figures(comparisons)
     failing = log_comparisons(context.log, comparisons)
+    log_batch(context, [v.evaluation() for v in equality_verdicts(comparisons)])  # each table's own asset
     return AssetCheckResult(
         passed=not failing,
         severity=AssetCheckSeverity.ERROR,
@@ -148,6 +151,7 @@ def current_schema_matches_source(
     house = lakehouse.get()
     tables = run_tables(context, house)
     problems = schema_differences(binlog.settings(), house, tables)
+    log_batch(context, [v.evaluation() for v in schema_verdicts(tables, problems)])  # each table's own asset
     return AssetCheckResult(
         passed=not problems,
         severity=AssetCheckSeverity.ERROR,
@@ -164,10 +168,12 @@ def current_schema_matches_source(
         "fails past CDC_LAG_FAIL_SECONDS (default: the freshness windows), naming each table that is behind."
     ),
 )
-def table_lag(binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
+def table_lag(context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
     warn, fail = lag_thresholds()
     house, now = lakehouse.get(), time.time()
     lags = table_lags(house, capture_lag(binlog.settings(), house, now).seconds, now)
+    # each table's own asset: the run's tables (every table in check_lag's runs), and any table behind
+    log_batch(context, [v.evaluation() for v in lag_verdicts(lags, run_tables(context, house), warn, fail)])
     failing = {t: s for t, s in lags.items() if s >= fail}
     warning = {t: s for t, s in lags.items() if warn <= s < fail}
     behind = failing or warning
