@@ -7,8 +7,6 @@ behind. The specs are declared with the per-table assets when the definitions lo
 their own from the UI, they compare the tables selected.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
