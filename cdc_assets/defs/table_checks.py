@@ -14,15 +14,18 @@ from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
-    AssetCheckExecutionContext,
     AssetCheckKey,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
     AssetKey,
+    In,
     MetadataValue,
-    multi_asset_check,
+    Nothing,
+    OpExecutionContext,
+    Out,
+    op,
 )
 
 from cdc_assets.capture.run import capture_lag
@@ -177,46 +180,59 @@ def selected_tables(selected: Iterable[AssetCheckKey], by_key: dict[AssetKey, st
 
 def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
     """The per-table checks as one subsettable definition: what the UI lists on each table's asset, and what it
-    runs when a user executes some of them (one run compares every table selected, not a run per table)."""
+    runs when a user executes some of them (one run compares every table selected, not a run per table).
+
+    Built as `@multi_asset_check` builds it, but with inputs and outputs named by position: that decorator names
+    them after the asset keys, and a key segment such as `a~20b` is not a valid Dagster name."""
     if not tables:
         return []
+    specs = table_check_specs(tables)
     by_key = {table_asset_key(t): t for t in tables}
+    inputs = {f"table_{i}": key for i, key in enumerate(by_key)}
+    outputs = {f"check_{i}": spec for i, spec in enumerate(specs)}
 
-    @multi_asset_check(
-        specs=table_check_specs(tables),
-        can_subset=True,
+    @op(
         name="per_table_checks",
+        ins={name: In(Nothing) for name in inputs},
+        out={name: Out(Nothing, is_required=False) for name in outputs},
+        required_resource_keys={"binlog", "lakehouse"},
         description=(
             "Each table's equality, schema and lag checks on its own asset. The apply runs, check_equality, "
             "check_lag and the continuous mode record these evaluations for the tables they compare."
         ),
     )
-    def per_table_checks(
-        context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
-    ) -> Iterator[AssetCheckResult]:
+    def per_table_checks(context: OpExecutionContext) -> Iterator[AssetCheckResult]:
+        binlog: BinlogResource = context.resources.binlog
+        lakehouse: LakehouseResource = context.resources.lakehouse
         chosen = selected_tables(context.selected_asset_check_keys, by_key)
-        house, settings = lakehouse.get(), binlog.settings()
-        verdicts: list[TableVerdict] = []
-        if chosen[EQUALITY_CHECK]:
-            verdicts += equality_verdicts(compare_changed(settings, house, [TableRef.parse(t) for t in chosen[EQUALITY_CHECK]]))
-        if chosen[SCHEMA_CHECK]:
-            verdicts += schema_verdicts(chosen[SCHEMA_CHECK], schema_differences(settings, house, chosen[SCHEMA_CHECK]))
-        if chosen[LAG_CHECK]:
-            now = time.time()
-            warn, fail = lag_thresholds()
-            lags = table_lags(house, capture_lag(settings, house, now).seconds, now)
-            verdicts += [v for v in lag_verdicts(lags, chosen[LAG_CHECK], warn, fail) if v.table in chosen[LAG_CHECK]]
-            verdicts += [
-                TableVerdict(t, LAG_CHECK, True, f"{t} is not in the lakehouse's table registry")
-                for t in chosen[LAG_CHECK]
-                if t not in lags
-            ]
-        done = {(v.table, v.check) for v in verdicts}
-        for name, names in chosen.items():  # a table the comparison left out still gets a result
-            for t in names:
-                if (t, name) not in done:
-                    verdicts.append(TableVerdict(t, name, True, f"{t}: not compared (no longer in the lakehouse)"))
-        for verdict in verdicts:
+        for verdict in run_table_checks(binlog.settings(), lakehouse.get(), chosen):
             yield verdict.result()
 
-    return [per_table_checks]
+    return [
+        AssetChecksDefinition.create(
+            keys_by_input_name=inputs, node_def=per_table_checks, check_specs_by_output_name=outputs, can_subset=True
+        )
+    ]
+
+
+def run_table_checks(settings: Any, house: Any, chosen: dict[str, list[str]]) -> list[TableVerdict]:
+    """Each chosen table's chosen checks, each kind in one pass over its tables; a verdict for every one."""
+    verdicts: list[TableVerdict] = []
+    if chosen[EQUALITY_CHECK]:
+        tables = [TableRef.parse(t) for t in chosen[EQUALITY_CHECK]]
+        verdicts += equality_verdicts(compare_changed(settings, house, tables))
+    if chosen[SCHEMA_CHECK]:
+        verdicts += schema_verdicts(chosen[SCHEMA_CHECK], schema_differences(settings, house, chosen[SCHEMA_CHECK]))
+    if chosen[LAG_CHECK]:
+        now = time.time()
+        warn, fail = lag_thresholds()
+        lags = table_lags(house, capture_lag(settings, house, now).seconds, now)
+        verdicts += [v for v in lag_verdicts(lags, chosen[LAG_CHECK], warn, fail) if v.table in chosen[LAG_CHECK]]
+    done = {(v.table, v.check) for v in verdicts}
+    for name, names in chosen.items():  # a table the comparison left out (gone from the lakehouse) still gets one
+        verdicts += [
+            TableVerdict(t, name, True, f"{t}: not compared (not in the lakehouse's table registry)")
+            for t in names
+            if (t, name) not in done
+        ]
+    return verdicts
