@@ -95,6 +95,11 @@ def test_a_quiet_table_is_confirmed_up_to_date_while_another_changes(cdc: CdcEnv
     assert metadata["dagster/row_count"].value == 1 and "dagster/column_schema" in metadata
     tags = quiet.asset_materialization.tags
     assert tags[DATA_VERSION_TAG] == before["quiet"].asset_materialization.tags[DATA_VERSION_TAG]
+    # the same run restates its checks, so the UI shows them as the confirmed data's; its lag is nothing
+    equality = _latest_check(f"{db}.quiet", EQUALITY_CHECK)
+    assert equality.passed and equality.metadata["carried_over_from_run"].value != quiet.run_id
+    lag = _latest_check(f"{db}.quiet", LAG_CHECK)
+    assert lag.passed and lag.metadata["up_to_date_through"].value == metadata["up_to_date_through"].value
     # the busy table was behind when capture confirmed: its materialization is the apply run's, with new data
     assert "unchanged" not in busy.asset_materialization.metadata
     assert busy.asset_materialization.tags[DATA_VERSION_TAG] != before["busy"].asset_materialization.tags[DATA_VERSION_TAG]

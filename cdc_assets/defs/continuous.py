@@ -43,7 +43,7 @@ from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
 from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import confirm_every_seconds
-from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG, table_asset_key
+from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.queue import WAITING_STATUSES
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
@@ -255,12 +255,12 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
     """Materializations of the cycle: the raw batches, and each touched table's partitions and own asset, with the
     batch runs' metadata; and, at most every half confirmation interval, the quiet tables confirmed up to date
     through the cycle's capture. One batch of events per cycle."""
-    events: list[AssetMaterialization] = []
+    events: list[Any] = []
     if cycle.capture is not None and cycle.capture.batches:
         events.append(AssetMaterialization(RAW_ASSET, metadata={**capture_metadata(cycle.capture), "cycle": cycle.number}))
     if cycle.capture is not None and checks.confirm_due(time.monotonic()):
-        quiet = confirmations(context.instance, house, str(cycle.capture.end), checks.confirm_every, time.time())
-        events += [e for e in quiet if e.asset_key not in {table_asset_key(t) for t in cycle.tables}]
+        position, touched = str(cycle.capture.end), set(cycle.tables)
+        events += confirmations(context.instance, house, position, checks.confirm_every, time.time(), touched)
     if cycle.tables:
         events += _table_events(context, house, cycle, checks)
     log_batch(context, events)

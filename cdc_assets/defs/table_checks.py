@@ -41,6 +41,7 @@ from cdc_assets.verification.schema_match import schema_differences
 EQUALITY_CHECK = "current_matches_source"
 SCHEMA_CHECK = "current_schema_matches_source"
 LAG_CHECK = "table_lag"
+TABLE_CHECKS = (EQUALITY_CHECK, SCHEMA_CHECK, LAG_CHECK)
 MAX_KEYS = 50  # differing keys kept in a check's metadata, per kind
 
 CHECK_DESCRIPTIONS = {
@@ -165,7 +166,7 @@ def table_check_specs(tables: Iterable[str]) -> list[AssetCheckSpec]:
     return [
         AssetCheckSpec(name, asset=table_asset_key(t), description=CHECK_DESCRIPTIONS[name])
         for t in tables
-        for name in (EQUALITY_CHECK, SCHEMA_CHECK, LAG_CHECK)
+        for name in TABLE_CHECKS
     ]
 
 

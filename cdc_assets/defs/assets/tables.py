@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
     AssetMaterialization,
     AssetSpec,
     MetadataValue,
@@ -24,6 +26,7 @@ from dagster import (
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.defs.keys import CHANGES_ASSET, table_asset_key
+from cdc_assets.defs.table_checks import EQUALITY_CHECK, LAG_CHECK, SCHEMA_CHECK
 from cdc_assets.lake.delta import row_count
 from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
 from cdc_assets.lake.state import known_tables, load_progress, load_registry, needs_work
@@ -190,8 +193,13 @@ def due_for_confirmation(last_materialized: dict[str, float | None], now: float,
 
 
 def confirmations(
-    instance: Any, house: Lakehouse, position: str, every_seconds: float, now: float
-) -> list[AssetMaterialization]:
+    instance: Any,
+    house: Lakehouse,
+    position: str,
+    every_seconds: float,
+    now: float,
+    exclude: set[str] | frozenset[str] = frozenset(),
+) -> list[AssetMaterialization | AssetCheckEvaluation]:
     """Materializations of the quiet tables' assets: a table with no change pending through the binlog position
     capture has read to is up to date, although nothing was written to it.
 
@@ -200,8 +208,12 @@ def confirmations(
     while current. Each carries the table metadata of the table's last materialization and its data version (no
     Delta table is read, downstream assets that follow data versions do not run again), `unchanged: true`, and
     the position. Only tables last materialized `every_seconds` ago or more, so a busy table gets none; one
-    query for every table's last materialization."""
-    tables = up_to_date_tables(house)
+    query for every table's last materialization. `exclude`: tables the caller materializes itself.
+
+    Dagster shows a check's execution as the asset's current one only when it is newer than the asset's last
+    materialization or from the same run, so each confirmation restates the table's latest check verdicts (see
+    `carried_over`): the data they judged is the data confirmed."""
+    tables = [t for t in up_to_date_tables(house) if t not in exclude]
     records = instance.get_asset_records([table_asset_key(t) for t in tables])
     last = {r.asset_entry.asset_key: r.asset_entry.last_materialization for r in records}
     by_table = {t: last.get(table_asset_key(t)) for t in tables}
@@ -224,4 +236,39 @@ def confirmations(
                 tags={DATA_VERSION_TAG: version or data_version(base)},
             )
         )
-    return events
+    up_to_date = [
+        AssetCheckEvaluation(
+            asset_key=table_asset_key(t),
+            check_name=LAG_CHECK,
+            passed=True,
+            description=f"{t}: no change pending through {position}",
+            metadata={"lag_seconds": 0.0, "up_to_date_through": position},
+        )
+        for t in due
+    ]
+    return [*events, *carried_over(instance, due), *up_to_date]
+
+
+def carried_over(instance: Any, tables: list[str]) -> list[AssetCheckEvaluation]:
+    """Each table's latest equality and schema evaluations, restated in this run (same verdict, severity and
+    metadata, the description saying which run evaluated them), so a failed check stays failed in the UI until a
+    run checks the table again. One query for all of them."""
+    keys = [AssetCheckKey(table_asset_key(t), name) for t in tables for name in (EQUALITY_CHECK, SCHEMA_CHECK)]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys) if keys else {}
+    restated = []
+    for key in keys:
+        record = latest.get(key)
+        evaluation = record.event.dagster_event.event_specific_data if record is not None and record.event else None
+        if not isinstance(evaluation, AssetCheckEvaluation):
+            continue  # never evaluated, or only planned
+        restated.append(
+            AssetCheckEvaluation(
+                asset_key=key.asset_key,
+                check_name=key.name,
+                passed=evaluation.passed,
+                severity=evaluation.severity,
+                description=f"unchanged since evaluated in run {record.run_id[:8]}: {evaluation.description or ''}",
+                metadata={**evaluation.metadata, "carried_over_from_run": record.run_id},
+            )
+        )
+    return restated
