@@ -1,5 +1,7 @@
 """Asset checks: they run after each materialization, in every run the sensor, the schedule, the UI or
-`cdc-lakehouse sync` starts. Blocking checks stop downstream work when a layer is wrong."""
+`cdc-lakehouse sync` starts. Blocking checks stop downstream work when a layer is wrong. The checks of the
+current-state layer compare all the run's tables at once and also record each table's verdict on its own asset
+(`defs/table_checks.py`), in one batch of events."""
 
 import time
 from typing import Any
@@ -112,7 +114,8 @@ def log_comparisons(log: Any, comparisons: list[ConsistentComparison]) -> list[s
         "read inside a consistent snapshot, keys changed after the table's applied _cdc_seq are left out on "
         "both sides. Only the keys changed since the table was last found equal are compared, with the row counts "
         "(every row when that cannot be trusted, e.g. after a commit that is not the pipeline's, and when they "
-        "differ); the check_equality job compares every row on its own cadence (CDC_FULL_CHECK_CRON)."
+        "differ); the check_equality job compares every row on its own cadence (CDC_FULL_CHECK_CRON). Records each "
+        "table's current_matches_source on its own asset, current/<schema>/<table>, with the keys that differ."
     ),
 )
 def current_matches_source(
@@ -142,7 +145,7 @@ def current_matches_source(
     description=(
         "Every current-state table of the run has the source table's columns, in the same order, with the "
         "Delta types of the type mapping, followed only by _cdc_ columns (a table whose columns changed in flight "
-        "is left out until the run that applies the change)."
+        "is left out until the run that applies the change). Records each table's verdict on its own asset."
     ),
 )
 def current_schema_matches_source(
@@ -165,7 +168,8 @@ def current_schema_matches_source(
     description=(
         "Per-table lag: for every table, how long ago the oldest change not yet in its current state was "
         "committed (or, while capture is behind the binlog, the capture lag). Warns past CDC_LAG_WARN_SECONDS and "
-        "fails past CDC_LAG_FAIL_SECONDS (default: the freshness windows), naming each table that is behind."
+        "fails past CDC_LAG_FAIL_SECONDS (default: the freshness windows), naming each table that is behind. Records "
+        "the table_lag of the run's tables (every table in check_lag's runs) and of each table behind on their own assets."
     ),
 )
 def table_lag(context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:

@@ -140,7 +140,8 @@ class EqualityConfig(Config):
     description=(
         "Compares every row of every current-state table with its source table at one consistent point (keys "
         "changed in flight left out), the comparison the checks after applies narrow to the keys they changed. Fails "
-        "naming each table that differs, with its keys; a table found equal becomes the base of the next checks."
+        "naming each table that differs, with its keys, and records each table's current_matches_source on its own "
+        "asset; a table found equal becomes the base of the next checks."
     )
 )
 def compare_every_row_op(
