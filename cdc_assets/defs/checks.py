@@ -1,5 +1,7 @@
 """Asset checks: they run after each materialization, in every run the sensor, the schedule, the UI or
-`cdc-lakehouse sync` starts. Blocking checks stop downstream work when a layer is wrong."""
+`cdc-lakehouse sync` starts. Blocking checks stop downstream work when a layer is wrong. The checks of the
+current-state layer compare all the run's tables at once and also record each table's verdict on its own asset
+(`defs/table_checks.py`), in one batch of events."""
 
 import time
 from typing import Any
@@ -8,9 +10,11 @@ from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeve
 
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
+from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.table_checks import equality_verdicts, lag_verdicts, schema_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.changed_keys import compare_changed
@@ -110,7 +114,8 @@ def log_comparisons(log: Any, comparisons: list[ConsistentComparison]) -> list[s
         "read inside a consistent snapshot, keys changed after the table's applied _cdc_seq are left out on "
         "both sides. Only the keys changed since the table was last found equal are compared, with the row counts "
         "(every row when that cannot be trusted, e.g. after a commit that is not the pipeline's, and when they "
-        "differ); the check_equality job compares every row on its own cadence (CDC_FULL_CHECK_CRON)."
+        "differ); the check_equality job compares every row on its own cadence (CDC_FULL_CHECK_CRON). Records each "
+        "table's current_matches_source on its own asset, current/<schema>/<table>, with the keys that differ."
     ),
 )
 def current_matches_source(
@@ -121,6 +126,7 @@ def current_matches_source(
     comparisons = compare_changed(binlog.settings(), house, [TableRef.parse(t) for t in tables])
     results = comparison_figures(comparisons)
     failing = log_comparisons(context.log, comparisons)
+    log_batch(context, [v.evaluation() for v in equality_verdicts(comparisons)])  # each table's own asset
     return AssetCheckResult(
         passed=not failing,
         severity=AssetCheckSeverity.ERROR,
@@ -139,7 +145,7 @@ def current_matches_source(
     description=(
         "Every current-state table of the run has the source table's columns, in the same order, with the "
         "Delta types of the type mapping, followed only by _cdc_ columns (a table whose columns changed in flight "
-        "is left out until the run that applies the change)."
+        "is left out until the run that applies the change). Records each table's verdict on its own asset."
     ),
 )
 def current_schema_matches_source(
@@ -148,6 +154,7 @@ def current_schema_matches_source(
     house = lakehouse.get()
     tables = run_tables(context, house)
     problems = schema_differences(binlog.settings(), house, tables)
+    log_batch(context, [v.evaluation() for v in schema_verdicts(tables, problems)])  # each table's own asset
     return AssetCheckResult(
         passed=not problems,
         severity=AssetCheckSeverity.ERROR,
@@ -161,13 +168,16 @@ def current_schema_matches_source(
     description=(
         "Per-table lag: for every table, how long ago the oldest change not yet in its current state was "
         "committed (or, while capture is behind the binlog, the capture lag). Warns past CDC_LAG_WARN_SECONDS and "
-        "fails past CDC_LAG_FAIL_SECONDS (default: the freshness windows), naming each table that is behind."
+        "fails past CDC_LAG_FAIL_SECONDS (default: the freshness windows), naming each table that is behind. Records "
+        "the table_lag of the run's tables (every table in check_lag's runs) and of each table behind on their own assets."
     ),
 )
-def table_lag(binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
+def table_lag(context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
     warn, fail = lag_thresholds()
     house, now = lakehouse.get(), time.time()
     lags = table_lags(house, capture_lag(binlog.settings(), house, now).seconds, now)
+    # each table's own asset: the run's tables (every table in check_lag's runs), and any table behind
+    log_batch(context, [v.evaluation() for v in lag_verdicts(lags, run_tables(context, house), warn, fail)])
     failing = {t: s for t, s in lags.items() if s >= fail}
     warning = {t: s for t, s in lags.items() if warn <= s < fail}
     behind = failing or warning

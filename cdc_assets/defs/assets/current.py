@@ -4,6 +4,7 @@ from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, as
 
 from cdc_assets.defs.assets.metadata import applied_figures, per_table_metadata
 from cdc_assets.defs.assets.tables import table_materializations
+from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET
 from cdc_assets.defs.partitions import run_owner, tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
@@ -34,8 +35,9 @@ def current_tables(
     figures = applied_figures(report.tables, report.applied)
     # every table of the run gets a materialization of its own asset, from this one run (not a run per table)
     per_table = {}
-    for name, event in table_materializations(house, figures).items():
-        context.log_event(event)
+    own = table_materializations(house, figures)
+    log_batch(context, list(own.values()))  # one batch of events, however many tables
+    for name, event in own.items():
         per_table[name] = {
             "changes_in": figures[name]["changes_in"],
             "inserted": figures[name]["rows_inserted"],
