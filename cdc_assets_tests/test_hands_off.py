@@ -5,9 +5,7 @@ the daemon turns the current-state layer's freshness to failing."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,10 +15,9 @@ from dagster import AssetKey, DagsterInstance
 from dagster._core.definitions.freshness import FreshnessState
 
 from cdc_assets.defs.instance import ensure_dagster_home
-from cdc_assets.local_source.server import free_port
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.dagster_dev import DAGSTER, REPO, dagster_dev
 
-REPO = Path(__file__).resolve().parent.parent
 CURRENT = AssetKey("current_tables")
 
 
@@ -61,24 +58,15 @@ def test_make_dev_catches_up_by_itself_and_fails_freshness_when_capture_stops(
     monkeypatch.setenv("CDC_FRESHNESS_FAIL_MINUTES", "1.25")
     monkeypatch.setenv("CDC_SPARK_MASTER", "local[1]")
     ensure_dagster_home()
-    port = free_port()
-    dev = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster"), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=REPO,
-        env=dict(os.environ),
-        stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "dagster-dev.log").open("wb"),
-        start_new_session=True,
-        # dagster dev started from a script ignores SIGINT/SIGTERM unless they are reset to the default
-        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)],
-    )
     stop = threading.Event()
     writer = threading.Thread(target=_write, args=(cdc, stop))
-    try:
+    with dagster_dev(tmp_path / "dagster-dev.log"):
         writer.start()
-        time.sleep(40)  # the workload keeps writing while the schedule ticks and the sensor reacts
-        stop.set()
-        writer.join()
+        try:
+            time.sleep(40)  # the workload keeps writing while the schedule ticks and the sensor reacts
+        finally:
+            stop.set()
+            writer.join()
 
         def caught_up() -> bool:
             results = cdc.verify()
@@ -90,14 +78,10 @@ def test_make_dev_catches_up_by_itself_and_fails_freshness_when_capture_stops(
 
         # Capture stops (its schedule is switched off): freshness must turn to failing by itself.
         subprocess.run(
-            [str(Path(sys.executable).parent / "dagster"), "schedule", "stop", "capture_schedule", "-w", "workspace.yaml"],
+            [DAGSTER, "schedule", "stop", "capture_schedule", "-w", "workspace.yaml"],
             cwd=REPO,
             env=dict(os.environ),
             check=True,
             capture_output=True,
         )
         _wait_for("freshness to fail", lambda: _freshness(instance) == FreshnessState.FAIL, timeout_s=270)
-    finally:
-        stop.set()
-        os.killpg(dev.pid, signal.SIGKILL)
-        dev.wait(timeout=30)

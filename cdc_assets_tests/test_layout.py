@@ -40,7 +40,8 @@ ALLOWED = {
     "cdc_assets.local_source": {"cdc_assets.local_source"},
     # the sinks follow the change logs in the lakehouse: they never read the source or run a stage
     "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.sinks"},
-    "cdc_assets.local_brokers": {"cdc_assets.local_brokers"},
+    # the local brokers share the local servers' process helpers (ports, pid files, a clean stop)
+    "cdc_assets.local_brokers": {"cdc_assets.local_source", "cdc_assets.local_brokers"},
     # the Dagster layer: everything below it, never the code location or the CLI above it
     "cdc_assets.defs": {
         "cdc_assets.core",
@@ -59,8 +60,9 @@ ALLOWED = {
     "spark_resources.arrow_transforms": set(),
     "spark_resources.transforms": set(),
     "spark_resources.session": set(),
-    "spark_resources.connect_server": set(),
-    "spark_resources.cluster": set(),
+    # local Spark processes for tests, `make dev` and the benchmarks: the local servers' process helpers
+    "spark_resources.connect_server": {"cdc_assets.local_source"},
+    "spark_resources.cluster": {"cdc_assets.local_source"},
     # the Spark jobs: they run the lakehouse's pure row functions (lake.change_rows, lake.current_rows) on the
     # executors, never a stage (the stages call them)
     "spark_resources.files_job": {"cdc_assets.core", "cdc_assets.lake", "spark_resources.transforms"},

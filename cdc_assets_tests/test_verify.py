@@ -50,3 +50,36 @@ def test_verify_consistent_reports_every_table_at_one_point(cdc, spark) -> None:
     assert [(r.compared_rows, r.in_flight_keys) for r in results] == [(2, 1), (2, 1)]
     only_a = verify_tables(binlog.settings(), cdc.lakehouse, [f"{cdc.database}.a"])
     assert [r.describe().split(":")[0] for r in only_a] == [f"{cdc.database}.a"]
+
+
+def test_a_dropped_table_is_reported_dropped_not_in_flight(cdc) -> None:
+    """Once its DROP is applied, a dropped table is not a DDL in flight: `verify` says it is gone on both sides
+    (it once kept saying "not compared: a ddl of the table is in flight" for ever)."""
+    from cdc_assets.defs.resources import BinlogResource
+    from cdc_assets.verification.consistency import verify_tables
+    from cdc_assets_tests.conftest import run_cli
+
+    cdc.execute(
+        "CREATE TABLE keep (id INT PRIMARY KEY)",
+        "CREATE TABLE gone (id INT PRIMARY KEY)",
+        "INSERT INTO keep VALUES (1)",
+        "INSERT INTO gone VALUES (1), (2)",
+    )
+    assert cdc.sync() == 0
+    cdc.execute("DROP TABLE gone", "INSERT INTO keep VALUES (2)")
+    assert cdc.sync() == 0
+
+    shown = run_cli("verify")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    gone = [line for line in shown.stdout.splitlines() if f"{cdc.database}.gone" in line]
+    assert len(gone) == 1 and gone[0].startswith("ok") and "dropped from the source (_cdc_seq " in gone[0], shown.stdout
+    assert "in flight" not in shown.stdout
+
+    # created again and written, not yet captured: its rows are in flight, nothing differs
+    cdc.execute("CREATE TABLE gone (id INT PRIMARY KEY, v INT)", "INSERT INTO gone VALUES (5, 5)")
+    settings = BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*").settings()
+    again = {str(r.table): r for r in verify_tables(settings, cdc.lakehouse)}
+    recreated = again[f"{cdc.database}.gone"]
+    assert recreated.ok and recreated.not_compared is None and recreated.in_flight_keys == 1, recreated.describe()
+    assert cdc.sync() == 0
+    assert all(r.ok and r.compared_rows for r in cdc.verify()), [r.describe() for r in cdc.verify()]

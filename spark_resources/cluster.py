@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
+
+from cdc_assets.local_source.processes import free_port, listening
 
 DEFAULT_STATE_DIR = Path(".local") / "spark_cluster"
 DEFAULT_PORT = 7077
@@ -39,16 +40,6 @@ class Cluster:
         return self.state_dir / "master.log"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _environment() -> dict[str, str]:
@@ -74,16 +65,16 @@ def _registered_workers(log: Path) -> int:
 def start(state_dir: Path, workers: int = 2, port: int | None = None, worker_memory: str = "1g", timeout_s: float = 90.0) -> Cluster:
     """Start a master on 127.0.0.1 and `workers` workers of one core each, and wait until they registered."""
     state_dir.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(port or _free_port(), state_dir)
+    cluster = Cluster(port or free_port(), state_dir)
     cluster.master_log.unlink(missing_ok=True)
     pids = []
     master = _spark_class(
         "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(cluster.port),
-        "--webui-port", str(_free_port()), log=cluster.master_log,
+        "--webui-port", str(free_port()), log=cluster.master_log,
     )  # fmt: skip
     pids.append(master.pid)
     deadline = time.monotonic() + timeout_s
-    while not _listening(cluster.port):
+    while not listening(cluster.port):
         if time.monotonic() > deadline or master.poll() is not None:
             raise RuntimeError(f"The Spark master did not start: see {cluster.master_log}")
         time.sleep(0.2)
@@ -92,7 +83,7 @@ def start(state_dir: Path, workers: int = 2, port: int | None = None, worker_mem
         work.mkdir(exist_ok=True)
         worker = _spark_class(
             "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1", "--memory", worker_memory,
-            "--webui-port", str(_free_port()), "--work-dir", str(work), cluster.master, log=state_dir / f"worker-{n}.log",
+            "--webui-port", str(free_port()), "--work-dir", str(work), cluster.master, log=state_dir / f"worker-{n}.log",
         )  # fmt: skip
         pids.append(worker.pid)
     (state_dir / "pids").write_text(" ".join(str(p) for p in pids))
@@ -129,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stop":
         stop(state_dir)
         return 0
-    if (state_dir / "pids").exists() and _listening(args.port):
+    if (state_dir / "pids").exists() and listening(args.port):
         print((state_dir / "master").read_text())
         return 0
     print(start(state_dir, args.workers, args.port).master)

@@ -6,7 +6,6 @@ A long-lived server saves every run the JVM start-up; the tests use one to prove
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
+
+from cdc_assets.local_source.processes import listening
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,6 @@ def _environment(state_dir: Path) -> dict[str, str]:
     env.setdefault("PYSPARK_PYTHON", sys.executable)  # the tasks' Python: one with the project installed
     return env
 
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.settimeout(0.2)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def start(state_dir: Path, port: int, master: str = "local[2]", timeout_s: float = 60.0) -> ConnectServer:
@@ -71,7 +67,7 @@ def start(state_dir: Path, port: int, master: str = "local[2]", timeout_s: float
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + timeout_s
-    while not _listening(port):
+    while not listening(port):
         if time.monotonic() > deadline:
             raise RuntimeError(f"Spark Connect did not listen on 127.0.0.1:{port}: see {state_dir / 'log'}")
         time.sleep(0.2)
@@ -99,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     server = ConnectServer(args.port, DEFAULT_STATE_DIR.resolve())
     if args.command == "start":
-        if not _listening(args.port):
+        if not listening(args.port):
             server = start(server.state_dir, args.port, args.master)
         print(server.remote)
     else:

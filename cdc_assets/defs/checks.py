@@ -1,17 +1,29 @@
 """Asset checks: they run after each materialization, in every run the sensor, the schedule, the UI or
-`cdc-lakehouse sync` starts. Blocking checks stop downstream work when a layer is wrong."""
+`cdc-lakehouse sync` starts. Blocking checks stop downstream work when a layer is wrong. The checks of the
+current-state layer compare all the run's tables at once and also record each table's verdict on its own asset
+(`defs/table_checks.py`), in one batch of events. Each check's outcome is built by a plain function (`contiguity`,
+`seq_uniqueness`, `equality`, `schema_match`, `lag`), which the `sync` job's one step (`defs/sync.py`) calls too."""
 
 import time
 from typing import Any
 
-from dagster import AssetCheckExecutionContext, AssetCheckResult, AssetCheckSeverity, MetadataValue, asset_check
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetCheckSeverity,
+    MetadataValue,
+    asset_check,
+)
 
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import SourceSettings
+from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.table_checks import equality_verdicts, lag_verdicts, schema_verdicts
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
@@ -131,18 +143,24 @@ def log_comparisons(log: Any, comparisons: list[ConsistentComparison]) -> list[s
         "read inside a consistent snapshot, keys changed after the table's applied _cdc_seq are left out on "
         "both sides. Only the keys changed since the table was last found equal are compared, with the row counts "
         "(every row when that cannot be trusted, e.g. after a commit that is not the pipeline's, and when they "
-        "differ); the check_equality job compares every row on its own cadence (CDC_FULL_CHECK_CRON)."
+        "differ); the check_equality job compares every row on its own cadence (CDC_FULL_CHECK_CRON). Records each "
+        "table's current_matches_source on its own asset, current/<schema>/<table>, with the keys that differ."
     ),
 )
 def current_matches_source(
     context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
 ) -> AssetCheckResult:
     house = lakehouse.get()
-    return AssetCheckResult(**equality(binlog.settings(), house, run_tables(context, house), context.log))
+    fields, verdicts = equality(binlog.settings(), house, run_tables(context, house), context.log)
+    log_batch(context, verdicts)  # each table's own asset
+    return AssetCheckResult(**fields)
 
 
-def equality(settings: SourceSettings, house: Lakehouse, tables: list[str], log: Any) -> dict[str, Any]:
-    """current_matches_source's outcome over `tables` (the keys changed since each was last found equal)."""
+def equality(
+    settings: SourceSettings, house: Lakehouse, tables: list[str], log: Any
+) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
+    """current_matches_source's outcome over `tables` (the keys changed since each was last found equal), and each
+    table's verdict for its own asset."""
     comparisons = compare_changed(settings, house, [TableRef.parse(t) for t in tables])
     failing = log_comparisons(log, comparisons)
     return {
@@ -155,7 +173,7 @@ def equality(settings: SourceSettings, house: Lakehouse, tables: list[str], log:
             "not_compared": sum(1 for c in comparisons if c.not_compared),
             "per_table": MetadataValue.json(comparison_figures(comparisons)),
         },
-    }
+    }, [v.evaluation() for v in equality_verdicts(comparisons)]
 
 
 @asset_check(
@@ -163,25 +181,29 @@ def equality(settings: SourceSettings, house: Lakehouse, tables: list[str], log:
     description=(
         "Every current-state table of the run has the source table's columns, in the same order, with the "
         "Delta types of the type mapping, followed only by _cdc_ columns (a table whose columns changed in flight "
-        "is left out until the run that applies the change)."
+        "is left out until the run that applies the change). Records each table's verdict on its own asset."
     ),
 )
 def current_schema_matches_source(
     context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
 ) -> AssetCheckResult:
     house = lakehouse.get()
-    return AssetCheckResult(**schema_match(binlog.settings(), house, run_tables(context, house)))
+    fields, verdicts = schema_match(binlog.settings(), house, run_tables(context, house))
+    log_batch(context, verdicts)  # each table's own asset
+    return AssetCheckResult(**fields)
 
 
-def schema_match(settings: SourceSettings, house: Lakehouse, tables: list[str]) -> dict[str, Any]:
-    """current_schema_matches_source's outcome over `tables`."""
+def schema_match(
+    settings: SourceSettings, house: Lakehouse, tables: list[str]
+) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
+    """current_schema_matches_source's outcome over `tables`, and each table's verdict for its own asset."""
     problems = schema_differences(settings, house, tables)
     return {
         "passed": not problems,
         "severity": AssetCheckSeverity.ERROR,
         "description": "; ".join(f"{t}: {p}" for t, p in list(problems.items())[:5]) or f"{len(tables)} schemas match",
         "metadata": {"tables": len(tables), "mismatches": MetadataValue.json(problems)},
-    }
+    }, [v.evaluation() for v in schema_verdicts(tables, problems)]
 
 
 @asset_check(
@@ -189,18 +211,26 @@ def schema_match(settings: SourceSettings, house: Lakehouse, tables: list[str]) 
     description=(
         "Per-table lag: for every table, how long ago the oldest change not yet in its current state was "
         "committed (or, while capture is behind the binlog, the capture lag). Warns past CDC_LAG_WARN_SECONDS and "
-        "fails past CDC_LAG_FAIL_SECONDS (default: the freshness windows), naming each table that is behind."
+        "fails past CDC_LAG_FAIL_SECONDS (default: the freshness windows), naming each table that is behind. Records "
+        "the table_lag of the run's tables (every table in check_lag's runs) and of each table behind on their own assets."
     ),
 )
-def table_lag(binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
-    return AssetCheckResult(**lag(binlog.settings(), lakehouse.get()))
+def table_lag(context: AssetCheckExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource) -> AssetCheckResult:
+    house = lakehouse.get()
+    fields, verdicts = lag(binlog.settings(), house, run_tables(context, house))
+    log_batch(context, verdicts)  # each table's own asset
+    return AssetCheckResult(**fields)
 
 
-def lag(settings: SourceSettings, house: Lakehouse) -> dict[str, Any]:
-    """table_lag's outcome: every table's lag against the thresholds."""
+def lag(
+    settings: SourceSettings, house: Lakehouse, tables: list[str]
+) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
+    """table_lag's outcome: every table's lag against the thresholds; and the verdicts for the own assets of
+    `tables` (the run's) and of each table behind."""
     warn, fail = lag_thresholds()
     now = time.time()
     lags = table_lags(house, capture_lag(settings, house, now).seconds, now)
+    verdicts = [v.evaluation() for v in lag_verdicts(lags, tables, warn, fail)]
     failing = {t: s for t, s in lags.items() if s >= fail}
     warning = {t: s for t, s in lags.items() if warn <= s < fail}
     behind = failing or warning
@@ -217,7 +247,7 @@ def lag(settings: SourceSettings, house: Lakehouse) -> dict[str, Any]:
             "fail_after_seconds": fail,
             "per_table_lag_seconds": MetadataValue.json({t: round(s, 1) for t, s in sorted(lags.items())}),
         },
-    }
+    }, verdicts
 
 
 ALL_CHECKS = [

@@ -25,6 +25,7 @@ from cdc_assets.defs.sinks import (
     sink_lag_check_key,
 )
 from cdc_assets.defs.sync import sync_job
+from cdc_assets.defs.table_checks import build_table_checks
 
 
 def build_definitions(table_assets: bool = True) -> Definitions:
@@ -42,11 +43,14 @@ def build_definitions(table_assets: bool = True) -> Definitions:
     # one asset per captured table, from the lakehouse's table registry as it is now: a table captured later
     # appears at the next definitions reload (README, "Operating it")
     resources = resources_from_env()
+    # each with the same freshness policy (a quiet table is confirmed up to date by capture) and its own checks
     tables = table_specs(initialized_resources().lakehouse.get()) if table_assets else []
-    examples = example_assets({str(spec.metadata["source_table"]) for spec in tables})
+    tables = [apply_freshness_policy(spec, policy) for spec in tables]
+    names = [str(spec.metadata["source_table"]) for spec in tables]
+    examples = example_assets(set(names))
     return Definitions(
         assets=[fresh[0], table_changes, fresh[1], *tables, *examples, *sink_assets],
-        asset_checks=[*ALL_CHECKS, *(build_sink_lag_check(s) for s in sinks)],
+        asset_checks=[*ALL_CHECKS, *build_table_checks(names), *(build_sink_lag_check(s) for s in sinks)],
         jobs=[
             capture_job,
             apply_job,

@@ -40,11 +40,14 @@ from pydantic import Field
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import env_number
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
-from cdc_assets.defs.assets.tables import table_materializations
+from cdc_assets.defs.assets.tables import confirmations, table_materializations
+from cdc_assets.defs.event_log import log_batch
+from cdc_assets.defs.freshness import confirm_every_seconds
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.queue import WAITING_STATUSES
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.table_checks import equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
@@ -100,13 +103,24 @@ class ContinuousConfig(Config):
 
 @dataclass
 class _Checks:
-    """When the equality check is due, and which tables it owes a comparison."""
+    """When the equality check is due, and which tables it owes a comparison; when the quiet tables were last
+    confirmed up to date, and the binlog position the follower last found everything captured up to."""
 
     every: float
     full_every: float
     touched: set[str] = field(default_factory=set)
     last: float = field(default_factory=time.monotonic)
     last_full: float = field(default_factory=time.monotonic)
+    confirm_every: float = field(default_factory=confirm_every_seconds)
+    last_confirmed: float | None = None
+    caught_up: str | None = None  # set by the follower's thread when idle (a plain assignment)
+
+    def confirm_due(self, now: float) -> bool:
+        """Whether to look for quiet tables to confirm now (at most every `confirm_every` / 2 seconds)."""
+        if self.last_confirmed is not None and now - self.last_confirmed < self.confirm_every / 2:
+            return False
+        self.last_confirmed = now
+        return True
 
     def due(self, now: float) -> tuple[str, list[str]] | None:
         """('full', []) for every table, ('changed', tables) for the tables changed since the last one, or None."""
@@ -160,6 +174,7 @@ def follow_binlog(
                 poll_seconds=config.poll_seconds,
                 log=context.log,
                 wake=stop,
+                on_idle=lambda position: setattr(checks, "caught_up", position),
             )
             events.put(None)
         except BaseException as exc:  # handed to the op's thread, which fails the step with it
@@ -231,15 +246,29 @@ def _watch(
         due = checks.due(now)
         if due is not None:
             yield _equality(context, house, settings, *due)
+        caught_up, checks.caught_up = checks.caught_up, None
+        if caught_up is not None and checks.confirm_due(now):  # the source is quiet: its tables are up to date
+            log_batch(context, confirmations(context.instance, house, caught_up, checks.confirm_every, time.time()))
 
 
 def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, checks: _Checks) -> Iterator[Any]:
-    """Materializations of the cycle: the raw batches, and each touched table's partitions, with the batch runs'
-    metadata."""
+    """Materializations of the cycle: the raw batches, and each touched table's partitions and own asset, with the
+    batch runs' metadata; and, at most every half confirmation interval, the quiet tables confirmed up to date
+    through the cycle's capture. One batch of events per cycle."""
+    events: list[Any] = []
     if cycle.capture is not None and cycle.capture.batches:
-        yield AssetMaterialization(RAW_ASSET, metadata={**capture_metadata(cycle.capture), "cycle": cycle.number})
-    if not cycle.tables:
-        return
+        events.append(AssetMaterialization(RAW_ASSET, metadata={**capture_metadata(cycle.capture), "cycle": cycle.number}))
+    if cycle.capture is not None and checks.confirm_due(time.monotonic()):
+        position, touched = str(cycle.capture.end), set(cycle.tables)
+        events += confirmations(context.instance, house, position, checks.confirm_every, time.time(), touched)
+    if cycle.tables:
+        events += _table_events(context, house, cycle, checks)
+    log_batch(context, events)
+    yield from ()
+
+
+def _table_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, checks: _Checks) -> list[AssetMaterialization]:
+    """The touched tables' partitions of both layers and their own assets."""
     checks.touched.update(cycle.tables)
     instance = context.instance
     _, new = with_new_tables(list(instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME)), cycle.tables)
@@ -251,9 +280,10 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
     for counts in figures.values():
         counts["cycle"] = cycle.number
     own = table_materializations(house, figures)  # each touched table's own asset, current/<schema>/<table>
+    events = []
     for table in cycle.tables:
         appended = changes.appended.get(table) if changes else None
-        yield AssetMaterialization(
+        events.append(AssetMaterialization(
             CHANGES_ASSET,
             partition=table,
             metadata={
@@ -266,8 +296,8 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
                 "deletes": appended.deletes if appended else 0,
                 "cycle": cycle.number,
             },
-        )
-        yield AssetMaterialization(
+        ))
+        events.append(AssetMaterialization(
             CURRENT_ASSET,
             partition=table,
             metadata={
@@ -275,8 +305,9 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
                 "rows_out": own[table].metadata["dagster/row_count"].value,
                 "cycle_seconds": round(cycle.seconds, 3),
             },
-        )
-        yield own[table]
+        ))
+        events.append(own[table])
+    return events
 
 
 def _equality(context: OpExecutionContext, house: Lakehouse, settings: Any, kind: str, tables: list[str]) -> AssetCheckEvaluation:
@@ -288,6 +319,7 @@ def _equality(context: OpExecutionContext, house: Lakehouse, settings: Any, kind
     failing = [c.describe() for c in comparisons if not c.ok]
     for text in failing:
         context.log.error(text)
+    log_batch(context, [v.evaluation() for v in equality_verdicts(comparisons)])  # each table's own asset
     context.log.info(f"continuous mode, {kind} check: {len(comparisons) - len(failing)} of {len(comparisons)} tables equal to the source")
     return AssetCheckEvaluation(
         asset_key=CURRENT_ASSET,

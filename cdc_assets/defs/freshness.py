@@ -18,9 +18,18 @@ def freshness_windows() -> tuple[float, float]:
 
 
 def current_freshness_policy() -> FreshnessPolicy:
-    """Warn, then fail, when no current-state table has been brought up to date for that long."""
+    """Warn, then fail, when the asset has not been brought (or confirmed) up to date for that long: on
+    `current_tables`, any table; on `current/<schema>/<table>`, that table (a quiet one is confirmed by capture,
+    defs/assets/tables.confirmations)."""
     warn, fail = freshness_windows()
     return FreshnessPolicy.time_window(fail_window=timedelta(minutes=fail), warn_window=timedelta(minutes=warn))
+
+
+def confirm_every_seconds() -> float:
+    """How old a quiet table's last materialization may be before a capture confirms it up to date again: a
+    quarter of the warn window, so a capture every minute keeps every quiet table fresh with room to spare."""
+    warn, _ = freshness_windows()
+    return warn * 60 / 4
 
 
 def lag_thresholds() -> tuple[float, float]:

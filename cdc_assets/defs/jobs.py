@@ -25,6 +25,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.metadata import capture_metadata
 from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.checks import comparison_figures, log_comparisons
+from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
@@ -38,6 +39,7 @@ from cdc_assets.defs.keys import (
 )
 from cdc_assets.defs.partitions import run_owner
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.table_checks import equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.stages.snapshot import take_snapshot
 from cdc_assets.verification.changed_keys import compare_every_row
@@ -122,8 +124,7 @@ def snapshot_tables(
     )
     house = lakehouse.get()
     figures = {table: {"snapshot_position": report.position, "snapshot_rows": rows} for table, rows in report.rows.items()}
-    for event in table_materializations(house, figures).values():  # each loaded table's own asset
-        context.log_event(event)
+    log_batch(context, list(table_materializations(house, figures).values()))  # each loaded table's own asset
 
 
 @job(name=SNAPSHOT_JOB, executor_def=in_process_executor, description=snapshot_tables.description)
@@ -139,7 +140,8 @@ class EqualityConfig(Config):
     description=(
         "Compares every row of every current-state table with its source table at one consistent point (keys "
         "changed in flight left out), the comparison the checks after applies narrow to the keys they changed. Fails "
-        "naming each table that differs, with its keys; a table found equal becomes the base of the next checks."
+        "naming each table that differs, with its keys, and records each table's current_matches_source on its own "
+        "asset; a table found equal becomes the base of the next checks."
     )
 )
 def compare_every_row_op(
@@ -149,6 +151,7 @@ def compare_every_row_op(
     tables = [TableRef.parse(t) for t in known_tables(house.store, config.tables or None)]
     comparisons = compare_every_row(binlog.settings(), house, tables)
     failing = log_comparisons(context.log, comparisons)
+    log_batch(context, [v.evaluation() for v in equality_verdicts(comparisons)])  # each table's own asset
     metadata = {"tables": len(tables), "differing": len(failing), "per_table": MetadataValue.json(comparison_figures(comparisons))}
     context.log_event(AssetObservation(CURRENT_ASSET, description="every row compared with the source", metadata=metadata))
     if failing:

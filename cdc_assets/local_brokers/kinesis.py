@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdc_assets.local_brokers.processes import free_port, listening, pid_alive, terminate
+from cdc_assets.local_source.processes import free_port, listening, pid_alive, terminate
 
 DEFAULT_BASE_DIR = Path(".local") / "kinesis"
 _started: dict[Path, subprocess.Popen] = {}

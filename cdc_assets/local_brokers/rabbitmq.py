@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from cdc_assets.local_brokers.processes import free_port, listening, pid_alive, port_is_free, terminate
+from cdc_assets.local_source.processes import free_port, listening, pid_alive, port_is_free, terminate
 
 DEFAULT_BASE_DIR = Path(".local") / "rabbitmq"
 USER = "cdc"

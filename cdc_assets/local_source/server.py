@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -18,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pymysql
+
+from cdc_assets.local_source.processes import free_port, pid_alive, port_is_free, terminate
 
 READER_USER = "cdc_reader"
 DEFAULT_BASE_DIR = Path(".local") / "mariadb"
@@ -64,31 +64,6 @@ def _find_binary(name: str) -> str:
     return found
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _pid_alive(pid_file: Path) -> int | None:
-    try:
-        pid = int(pid_file.read_text().strip())
-        os.kill(pid, 0)
-    except (FileNotFoundError, ValueError, ProcessLookupError, PermissionError):
-        return None
-    return pid
-
-
 def _answers(server: LocalServer) -> bool:
     try:
         server.admin_connection().close()
@@ -113,7 +88,7 @@ def start(
     port_file = base_dir / "port"
     pid_file = base_dir / "mysqld.pid"
 
-    if _pid_alive(pid_file) and port_file.exists():
+    if pid_alive(pid_file) and port_file.exists():
         server = LocalServer(base_dir, int(port_file.read_text()))
         if _answers(server):
             return server
@@ -144,7 +119,7 @@ def start(
 
     if port is None:
         previous = int(port_file.read_text()) if port_file.exists() else None
-        port = previous if previous and _port_is_free(previous) else free_port()
+        port = previous if previous and port_is_free(previous) else free_port()
     port_file.write_text(str(port))
     server = LocalServer(base_dir, port)
 
@@ -243,7 +218,7 @@ def running(base_dir: Path = DEFAULT_BASE_DIR) -> LocalServer | None:
     """The server under `base_dir` if it is up, else None."""
     base_dir = Path(base_dir).resolve()
     port_file = base_dir / "port"
-    if not port_file.exists() or not _pid_alive(base_dir / "mysqld.pid"):
+    if not port_file.exists() or not pid_alive(base_dir / "mysqld.pid"):
         return None
     server = LocalServer(base_dir, int(port_file.read_text()))
     return server if _answers(server) else None
@@ -252,21 +227,8 @@ def running(base_dir: Path = DEFAULT_BASE_DIR) -> LocalServer | None:
 def stop(base_dir: Path = DEFAULT_BASE_DIR, timeout_s: float = 30.0) -> bool:
     """Stop the server under `base_dir`; True if one was running."""
     pid_file = Path(base_dir).resolve() / "mysqld.pid"
-    pid = _pid_alive(pid_file)
+    pid = pid_alive(pid_file)
     if pid is None:
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:  # our own child: reap it, or it lingers as a zombie
-                return True
-        except ChildProcessError:
-            pass
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.1)
-    os.kill(pid, signal.SIGKILL)
+    terminate(pid, timeout_s)
     return True

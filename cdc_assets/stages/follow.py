@@ -86,13 +86,15 @@ def follow(
     poll_seconds: float = DEFAULT_POLL_SECONDS,
     log: Any | None = None,
     wake: threading.Event | None = None,
+    on_idle: Callable[[str], None] | None = None,
 ) -> int:
     """Follow the binlog until `should_stop()` says so between two cycles; returns the number of cycles that did work.
 
     A cycle captures from the checkpoint to the binlog end (when the binlog grew), takes the new batches into the
     change logs of the tables they touched and applies them to those tables' current state; `on_cycle` hears what
     it did. The first cycle also takes in every table a stopped or killed run left behind. When the binlog has not
-    grown, it waits `poll_seconds` (cut short once `wake` is set: the event a stop request sets) and looks again.
+    grown, it waits `poll_seconds` (cut short once `wake` is set: the event a stop request sets) and looks again;
+    `on_idle` then hears the binlog position everything is captured up to (the quiet tables are current through it).
     """
     if not owner.startswith(CONTINUOUS_OWNER):
         raise ValueError(f"a continuous run's lock owner must start with {CONTINUOUS_OWNER!r}, not {owner!r}")
@@ -127,6 +129,8 @@ def follow(
                 worked += 1
                 on_cycle(cycle)
             else:
+                if on_idle is not None and watcher.end is not None:
+                    on_idle(str(watcher.end))
                 wake.wait(poll_seconds)
     return worked
 

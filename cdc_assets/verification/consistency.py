@@ -102,6 +102,7 @@ class ConsistentComparison:
     counts_differ: bool = False  # total row counts disagree beyond what is in flight (scope CHANGED_KEYS)
     lake_version: int | None = None  # the current-state table's Delta version that was compared
     checked_seq: int | None = None  # every change up to this seq is in the rows compared (in-flight keys: after it)
+    dropped_seq: int | None = None  # the table was dropped from the source at this seq and its current state removed
 
     @property
     def ok(self) -> bool:
@@ -111,6 +112,8 @@ class ConsistentComparison:
         left_out = f"{self.in_flight_keys} keys changed in flight left out" if self.in_flight_keys else ""
         if self.not_compared:
             return f"{self.table}: not compared at {self.position}: {self.not_compared}"
+        if self.ok and self.dropped_seq is not None and not self.source_rows and not self.lakehouse_rows:
+            return f"{self.table}: dropped from the source (_cdc_seq {self.dropped_seq}) and from the lakehouse, at {self.position}"
         if self.ok:
             tail = f"; {left_out}" if left_out else ""
             matched = f"{self.compared_rows} rows match at {self.position} (checksum {self.source_checksum})"
@@ -137,6 +140,7 @@ class _Target:
     keys: set[tuple[Any, ...]] = field(default_factory=set)
     not_compared: str | None = None
     missing: str | None = None  # why the lakehouse should have a current-state table it does not have
+    dropped_seq: int | None = None  # its current state was removed by the DROP of this seq (applied)
     unsettled: tuple[int, str] | None = None  # the last change in flight not made row by row: its seq, and why
     created_seq: int | None = None  # the last plain CREATE of the table in flight
     large_rows: int = 0  # more rows than LARGE_TABLE_ROWS on some side: how many (compared in buckets); else 0
@@ -354,18 +358,19 @@ def _open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | N
     return current, applied
 
 
-def _missing_reason(lakehouse: Lakehouse, target: _Target) -> str | None:
-    """Why a table without current state should have one (see current_state.current_expected), or None."""
+def _absence(lakehouse: Lakehouse, target: _Target) -> tuple[str | None, int | None]:
+    """For a table without current state: why it should have one (see current_state.current_expected), or
+    None; and the seq of the applied DROP that removed it, if one did (changes up to it are not in flight)."""
     progress = load_progress(lakehouse.store, CURRENT_STAGE, str(target.table))
     if not current_expected(lakehouse, target.table, progress):
-        return None
+        return None, progress.dropped_seq if progress.present is False else None
     fix = (
         f"`cdc-lakehouse snapshot {target.table}` loads it again"
         if progress.snapshot_seq is not None
         else "`cdc-lakehouse sync` rebuilds it from its change log"
     )
     where = lakehouse.table_key(CURRENT, target.table)
-    return f"its current-state table {where} is missing from the lakehouse (removed by hand?): {fix}"
+    return f"its current-state table {where} is missing from the lakehouse (removed by hand?): {fix}", None
 
 
 def _lake_rows(current: DeltaTable | None) -> int:
@@ -407,6 +412,7 @@ def _comparison(
         target.table, str(position), target.applied_seq, source_rows, lake_rows, compared, len(target.keys),
         source_sum, lake_sum, diff, target.not_compared, buckets,
         lake_version=None if target.current is None else target.current.version(), checked_seq=target.after_seq,
+        dropped_seq=target.dropped_seq,
     )  # fmt: skip
 
 
@@ -566,9 +572,11 @@ def compare_many(
                 _Target(table, shapes[table], applied, current)
                 for table, (current, applied) in zip(tables, opened, strict=True)
             ]
-            gone = for_each_table([t for t in targets if t.current is None], partial(_missing_reason, lakehouse))
-            for target, reason in zip([t for t in targets if t.current is None], gone, strict=True):
+            absent = [t for t in targets if t.current is None]
+            for target, (reason, dropped) in zip(absent, for_each_table(absent, partial(_absence, lakehouse)), strict=True):
                 target.missing = reason
+                if dropped is not None:
+                    target.applied_seq = target.dropped_seq = dropped
             if narrow is not None:
                 narrowed = [t for t in targets if t.current is not None and t.shape is not None and t.shape.primary_key]
                 only = for_each_table(narrowed, lambda t: narrow(t.table, t.current, t.applied_seq, t.shape))

@@ -4,6 +4,7 @@ from dagster import AssetExecutionContext, AssetMaterialization, BackfillPolicy,
 
 from cdc_assets.defs.assets.metadata import applied_figures, per_table_metadata
 from cdc_assets.defs.assets.tables import table_materializations
+from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET
 from cdc_assets.defs.partitions import run_owner, tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
@@ -38,8 +39,8 @@ def current_tables(
         owner=run_owner(context.run.run_id),
     )
     metadata, own = current_events(house, report)
-    for event in own.values():  # every table of the run gets a materialization of its own asset, from this one run
-        context.log_event(event)
+    # every table of the run gets a materialization of its own asset, from this one run (not a run per table)
+    log_batch(context, list(own.values()))  # one batch of events, however many tables
     return MaterializeResult(metadata=metadata)
 
 

@@ -1,5 +1,6 @@
-"""What both local brokers need of the machine: free ports on 127.0.0.1, whether a pid file's process lives, and a
-clean stop (SIGTERM, then SIGKILL after a timeout) that reaps a child this process started."""
+"""What the local servers (MariaDB here, the brokers in `local_brokers`) need of the machine: free ports on
+127.0.0.1, whether a pid file's process lives, and a clean stop (SIGTERM, then SIGKILL after a timeout) that reaps a
+child this process started."""
 
 from __future__ import annotations
 
@@ -52,10 +53,21 @@ def terminate(pid: int, timeout_s: float, started: subprocess.Popen | None = Non
             os.kill(pid, 0)
         except ProcessLookupError:
             break
-        if started is not None and started.pid == pid and started.poll() is not None:
+        if started is not None and started.pid == pid:
+            if started.poll() is not None:
+                break
+        elif _reaped(pid):
             break
         time.sleep(0.1)
     else:
         os.kill(pid, signal.SIGKILL)
     if started is not None:
         started.wait(timeout=10)
+
+
+def _reaped(pid: int) -> bool:
+    """Reap `pid` if it is an ended child of this process (else it lingers as a zombie that still answers kill 0)."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return False

@@ -1,0 +1,239 @@
+"""Each table's own checks, on its own asset `current/<schema>/<table>`: equality with the source, schema, lag.
+
+The runs that check many tables at once (the apply runs' checks on `current_tables`, `check_equality`, `check_lag`,
+the continuous mode's cadence) compare every table of the run in one pass, as before, and record one evaluation
+per table they compared on that table's asset, so the UI names the table that differs (with its keys) or falls
+behind. The specs are declared with the per-table assets when the definitions load (`build_table_checks`); run on
+their own from the UI, they compare the tables selected.
+"""
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    In,
+    MetadataValue,
+    Nothing,
+    OpExecutionContext,
+    Out,
+    op,
+)
+
+from cdc_assets.capture.run import capture_lag
+from cdc_assets.core.names import TableRef
+from cdc_assets.defs.freshness import lag_thresholds
+from cdc_assets.defs.keys import table_asset_key
+from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.verification.changed_keys import compare_changed
+from cdc_assets.verification.consistency import ConsistentComparison
+from cdc_assets.verification.lag import table_lags
+from cdc_assets.verification.schema_match import schema_differences
+
+EQUALITY_CHECK = "current_matches_source"
+SCHEMA_CHECK = "current_schema_matches_source"
+LAG_CHECK = "table_lag"
+TABLE_CHECKS = (EQUALITY_CHECK, SCHEMA_CHECK, LAG_CHECK)
+MAX_KEYS = 50  # differing keys kept in a check's metadata, per kind
+
+CHECK_DESCRIPTIONS = {
+    EQUALITY_CHECK: (
+        "This table equals its source table at one consistent point (keys changed in flight left out): the keys "
+        "changed since it was last found equal after each apply, every row on the check_equality cadence. A "
+        "failure names the keys missing, extra or different."
+    ),
+    SCHEMA_CHECK: "This table has the source table's columns, in order, with the Delta types of the type mapping.",
+    LAG_CHECK: (
+        "How long ago this table's oldest change not yet in its current state was committed (at least capture's "
+        "lag): warns past CDC_LAG_WARN_SECONDS, fails past CDC_LAG_FAIL_SECONDS."
+    ),
+}
+
+
+@dataclass(frozen=True)
+class TableVerdict:
+    """One check's result for one table, as either an evaluation logged by a run or a check's own result."""
+
+    table: str
+    check: str
+    passed: bool
+    description: str
+    severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def evaluation(self) -> AssetCheckEvaluation:
+        return AssetCheckEvaluation(
+            asset_key=table_asset_key(self.table),
+            check_name=self.check,
+            passed=self.passed,
+            severity=self.severity,
+            description=self.description,
+            metadata=self.metadata,
+        )
+
+    def result(self) -> AssetCheckResult:
+        return AssetCheckResult(
+            asset_key=table_asset_key(self.table),
+            check_name=self.check,
+            passed=self.passed,
+            severity=self.severity,
+            description=self.description,
+            metadata=self.metadata,
+        )
+
+
+def _keys(keys: list[tuple]) -> list[Any]:
+    return [list(k) if len(k) != 1 else k[0] for k in keys[:MAX_KEYS]]
+
+
+def equality_verdicts(comparisons: Iterable[ConsistentComparison]) -> list[TableVerdict]:
+    """One per table compared: its figures, and the keys that differ (the first MAX_KEYS of each kind)."""
+    verdicts = []
+    for c in comparisons:
+        diff = c.diff
+        metadata: dict[str, Any] = {
+            "scope": c.scope,
+            "position": c.position,
+            "applied_seq": c.applied_seq if c.applied_seq is not None else "",
+            "source_rows": c.source_rows,
+            "lakehouse_rows": c.lakehouse_rows,
+            "compared_rows": c.compared_rows,
+            "in_flight_keys": c.in_flight_keys,
+            "changed_keys": c.changed_keys,
+            "source_checksum": c.source_checksum,
+            "lakehouse_checksum": c.lakehouse_checksum,
+            "not_compared": c.not_compared or "",
+        }
+        if not c.ok:
+            metadata.update(
+                {
+                    "missing": len(diff.missing),
+                    "extra": len(diff.extra),
+                    "different": len(diff.different),
+                    "missing_keys": MetadataValue.json(_keys(diff.missing)),
+                    "extra_keys": MetadataValue.json(_keys(diff.extra)),
+                    "different_keys": MetadataValue.json(_keys(diff.different)),
+                }
+            )
+        verdicts.append(TableVerdict(str(c.table), EQUALITY_CHECK, c.ok, c.describe(), metadata=metadata))
+    return verdicts
+
+
+def schema_verdicts(tables: Iterable[str], problems: dict[str, str]) -> list[TableVerdict]:
+    """One per table whose columns were compared with the source's."""
+    return [
+        TableVerdict(
+            t,
+            SCHEMA_CHECK,
+            t not in problems,
+            f"{t}: {problems[t]}" if t in problems else f"{t}: columns and types match the source",
+        )
+        for t in tables
+    ]
+
+
+def lag_verdicts(lags: dict[str, float], tables: Iterable[str], warn: float, fail: float) -> list[TableVerdict]:
+    """One per table of `tables` and per table behind (past `warn`), whatever the run's tables: the asset of a
+    table falling behind says so as soon as any lag check looks."""
+    wanted = set(tables) | {t for t, s in lags.items() if s >= warn}
+    verdicts = []
+    for t in sorted(wanted & set(lags)):
+        seconds = lags[t]
+        behind = seconds >= warn
+        verdicts.append(
+            TableVerdict(
+                t,
+                LAG_CHECK,
+                not behind,
+                f"{t} is {seconds:.0f} s behind" if behind else f"{t} within {warn:g} s ({seconds:.0f} s)",
+                AssetCheckSeverity.ERROR if seconds >= fail else AssetCheckSeverity.WARN,
+                {"lag_seconds": round(seconds, 1), "warn_after_seconds": warn, "fail_after_seconds": fail},
+            )
+        )
+    return verdicts
+
+
+def table_check_specs(tables: Iterable[str]) -> list[AssetCheckSpec]:
+    """The three checks of each table's asset."""
+    return [
+        AssetCheckSpec(name, asset=table_asset_key(t), description=CHECK_DESCRIPTIONS[name])
+        for t in tables
+        for name in TABLE_CHECKS
+    ]
+
+
+def selected_tables(selected: Iterable[AssetCheckKey], by_key: dict[AssetKey, str]) -> dict[str, list[str]]:
+    """Per check name, the tables whose check of that name is selected."""
+    chosen: dict[str, list[str]] = {EQUALITY_CHECK: [], SCHEMA_CHECK: [], LAG_CHECK: []}
+    for key in selected:
+        if key.asset_key in by_key and key.name in chosen:
+            chosen[key.name].append(by_key[key.asset_key])
+    return {name: sorted(tables) for name, tables in chosen.items()}
+
+
+def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
+    """The per-table checks as one subsettable definition: what the UI lists on each table's asset, and what it
+    runs when a user executes some of them (one run compares every table selected, not a run per table).
+
+    Built as `@multi_asset_check` builds it, but with inputs and outputs named by position: that decorator names
+    them after the asset keys, and a key segment such as `a~20b` is not a valid Dagster name."""
+    if not tables:
+        return []
+    specs = table_check_specs(tables)
+    by_key = {table_asset_key(t): t for t in tables}
+    inputs = {f"table_{i}": key for i, key in enumerate(by_key)}
+    outputs = {f"check_{i}": spec for i, spec in enumerate(specs)}
+
+    @op(
+        name="per_table_checks",
+        ins={name: In(Nothing) for name in inputs},
+        out={name: Out(Nothing, is_required=False) for name in outputs},
+        required_resource_keys={"binlog", "lakehouse"},
+        description=(
+            "Each table's equality, schema and lag checks on its own asset. The apply runs, check_equality, "
+            "check_lag and the continuous mode record these evaluations for the tables they compare."
+        ),
+    )
+    def per_table_checks(context: OpExecutionContext) -> Iterator[AssetCheckResult]:
+        binlog: BinlogResource = context.resources.binlog
+        lakehouse: LakehouseResource = context.resources.lakehouse
+        chosen = selected_tables(context.selected_asset_check_keys, by_key)
+        for verdict in run_table_checks(binlog.settings(), lakehouse.get(), chosen):
+            yield verdict.result()
+
+    return [
+        AssetChecksDefinition.create(
+            keys_by_input_name=inputs, node_def=per_table_checks, check_specs_by_output_name=outputs, can_subset=True
+        )
+    ]
+
+
+def run_table_checks(settings: Any, house: Any, chosen: dict[str, list[str]]) -> list[TableVerdict]:
+    """Each chosen table's chosen checks, each kind in one pass over its tables; a verdict for every one."""
+    verdicts: list[TableVerdict] = []
+    if chosen[EQUALITY_CHECK]:
+        tables = [TableRef.parse(t) for t in chosen[EQUALITY_CHECK]]
+        verdicts += equality_verdicts(compare_changed(settings, house, tables))
+    if chosen[SCHEMA_CHECK]:
+        verdicts += schema_verdicts(chosen[SCHEMA_CHECK], schema_differences(settings, house, chosen[SCHEMA_CHECK]))
+    if chosen[LAG_CHECK]:
+        now = time.time()
+        warn, fail = lag_thresholds()
+        lags = table_lags(house, capture_lag(settings, house, now).seconds, now)
+        verdicts += [v for v in lag_verdicts(lags, chosen[LAG_CHECK], warn, fail) if v.table in chosen[LAG_CHECK]]
+    done = {(v.table, v.check) for v in verdicts}
+    for name, names in chosen.items():  # a table the comparison left out (gone from the lakehouse) still gets one
+        verdicts += [
+            TableVerdict(t, name, True, f"{t}: not compared (not in the lakehouse's table registry)")
+            for t in names
+            if (t, name) not in done
+        ]
+    return verdicts
