@@ -64,7 +64,6 @@ def _blocked(evaluation: AssetCheckEvaluation) -> Failure:
 
 
 @op(
-    out={},
     description=(
         "cdc-lakehouse sync in one run: captures raw batches up to the binlog end as of its start (and confirms the "
         "quiet tables up to date), then appends the touched tables' changes to their change logs and applies them "
