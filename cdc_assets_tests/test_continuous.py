@@ -111,10 +111,14 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
     [run] = _continuous_runs(but=earlier)
     assert run.status.value == "CANCELED"
     evaluations = [e.event_specific_data for e in _events(run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)]
-    checks = [c for c in evaluations if c.asset_key == CURRENT_ASSET]
-    # each comparison also recorded the table's own check, on its own asset
-    own_checks = [c for c in evaluations if c.asset_key == table_asset_key(f"{cdc.database}.acct")]
-    assert len(own_checks) == len(checks) and all(c.passed and c.check_name == "current_matches_source" for c in own_checks)
+    checks = [c for c in evaluations if c.asset_key == CURRENT_ASSET and c.check_name == "current_matches_source"]
+    # each comparison also recorded the table's own check, on its own asset; the schema and lag checks go with it
+    own = [c for c in evaluations if c.asset_key == table_asset_key(f"{cdc.database}.acct")]
+    by_name = {name: [c for c in own if c.check_name == name] for name in ("current_matches_source", "current_schema_matches_source", "table_lag")}
+    assert all(len(found) == len(checks) and all(c.passed for c in found) for found in by_name.values()), by_name
+    beside = [c for c in evaluations if c.asset_key == CURRENT_ASSET and c.check_name != "current_matches_source"]
+    assert sorted(c.check_name for c in beside) == sorted(["current_schema_matches_source", "table_lag"] * len(checks))
+    assert all(c.passed for c in beside)
     scopes = [c.metadata["scope"].value for c in checks]
     assert scopes.count("changed") >= 1 and scopes.count("full") >= 1 and all(c.passed for c in checks), scopes
     # a full check compares every row; a "changed" one, after a table was found equal, only the keys changed since

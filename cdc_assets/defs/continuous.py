@@ -41,6 +41,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import env_number
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
+from cdc_assets.defs.checks import current_matches_source, current_schema_matches_source, lag, schema_match, table_lag
 from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import confirm_every_seconds
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
@@ -55,7 +56,10 @@ from cdc_assets.verification.changed_keys import compare_changed, compare_every_
 from cdc_assets.verification.consistency import ConsistentComparison
 from spark_resources.resources import TransformsResource
 
-CHECK_NAME = "current_matches_source"  # the batch runs' equality check (defs/checks.py), evaluated on a cadence
+# the batch runs' current-state checks (defs/checks.py), evaluated on a cadence
+CHECK_NAME = current_matches_source.check_key.name
+SCHEMA_CHECK_NAME = current_schema_matches_source.check_key.name
+LAG_CHECK_NAME = table_lag.check_key.name
 CONTINUOUS_SENSOR = "continuous_sensor"
 RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is being terminated
 # A run that started longer ago than the time it may wait for the locks of a batch run in progress (the
@@ -140,8 +144,9 @@ class _Checks:
     description=(
         "Continuous mode: follows the binlog in one warm process (capture, then the change logs and current state of "
         "the tables each batch touched), records each cycle as materializations of raw_binlog_batches, of the "
-        "table_changes / current_tables partitions it touched and of those tables' own current/<schema>/<table> assets, and evaluates current_matches_source every "
-        "CDC_CHECK_INTERVAL_SECONDS (the tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every table). Holds "
+        "table_changes / current_tables partitions it touched and of those tables' own current/<schema>/<table> assets, and evaluates current_matches_source, current_schema_matches_source and "
+        "table_lag every CDC_CHECK_INTERVAL_SECONDS (the tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every "
+        "table), on current_tables and on each table's own asset. Holds "
         "the capture, change-log and current-state locks for its whole life; a termination stops it between cycles."
     ),
 )
@@ -245,7 +250,7 @@ def _watch(
                 return
         due = checks.due(now)
         if due is not None:
-            yield _equality(context, house, settings, *due)
+            yield from _checks_due(context, house, settings, *due)
         caught_up, checks.caught_up = checks.caught_up, None
         if caught_up is not None and checks.confirm_due(now):  # the source is quiet: its tables are up to date
             log_batch(context, confirmations(context.instance, house, caught_up, checks.confirm_every, time.time()))
@@ -308,6 +313,20 @@ def _table_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
         ))
         events.append(own[table])
     return events
+
+
+def _checks_due(context: OpExecutionContext, house: Lakehouse, settings: Any, kind: str, tables: list[str]) -> Iterator[AssetCheckEvaluation]:
+    """The batch runs' three current-state checks over the same tables: equality, then the tables' schemas and
+    every table's lag (cheap: the source's columns, and each table's progress), each also on the tables' own assets."""
+    yield _equality(context, house, settings, kind, tables)
+    names = known_tables(house.store, tables or None)
+    for check_name, (fields, verdicts) in (
+        (SCHEMA_CHECK_NAME, schema_match(settings, house, names)),
+        (LAG_CHECK_NAME, lag(settings, house, names)),
+    ):
+        log_batch(context, verdicts)  # each table's own asset
+        fields["metadata"]["scope"] = kind
+        yield AssetCheckEvaluation(asset_key=CURRENT_ASSET, check_name=check_name, **fields)
 
 
 def _equality(context: OpExecutionContext, house: Lakehouse, settings: Any, kind: str, tables: list[str]) -> AssetCheckEvaluation:
