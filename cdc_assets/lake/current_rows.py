@@ -4,6 +4,7 @@ the current-state stage and snapshots in the run's process and by their Spark jo
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 from typing import Any
 
@@ -61,6 +62,13 @@ def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
 # Written sorted by primary key, each file then covers a narrow key range, and a merge rewrites only the
 # files whose range holds a changed key: its cost follows how far the changes spread, not the table's size.
 CURRENT_FILE_BYTES = 4 * 1024 * 1024
+
+# A keyed table's merge on Arrow (stages/current_state.py) rewrites only the files whose key range holds a changed
+# key, and writes each back as pieces of at least this size and less than twice it: a file changes touch often
+# ends up small, so one changed key costs the rewrite of about this much, not of a 4 MB file (files no change
+# touches stay as they are). Above half the size compaction looks for (CURRENT_FILE_BYTES / 2 is "small"), so
+# the pieces are never binned together again.
+CURRENT_PIECE_BYTES = 512 * 1024
 
 
 SCHEMA_OPS = ("create", "alter", "drop")
@@ -183,6 +191,21 @@ def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) 
     return latest.drop_columns(["_cdc_k"]).select([*schema.names, ACTION_COLUMN])
 
 
+def file_ranges(actions: pa.Table, key: list[str]) -> list[dict[str, Any]]:
+    """Each file's path and the min and max of each key column its statistics give (None: none), from a Delta
+    table's add actions (`get_add_actions(flatten=True)`)."""
+    columns = set(actions.column_names)
+    ranges = []
+    for i, path in enumerate(actions.column("path").to_pylist()):
+        bounds: dict[str, dict[str, Any]] = {"min": {}, "max": {}}
+        for side, out in bounds.items():
+            for name in key:
+                column = f"{side}.{name}"
+                out[name] = actions.column(column)[i].as_py() if column in columns else None
+        ranges.append({"path": path, **bounds})
+    return ranges
+
+
 def touched_by(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
     """The files (of `ranges`: path, and per key column the min and max their statistics give, None when
     unknown) whose key range holds one of `keys`. A file without a bound for a column may hold any key."""
@@ -199,6 +222,39 @@ def touched_by(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
         if mask is None or pc.any(mask).as_py():
             found.add(file["path"])
     return found
+
+
+def home_files(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
+    """For keys that no file's range holds (new rows), the file each would join: with a single-column key, the
+    file whose range lies just below the key (the first file for a key below them all), so a new row extends a
+    file's range instead of opening a file of its own and no two files' ranges overlap. Empty when the key has
+    several columns or a file lacks bounds (the new rows then go to files of their own)."""
+    if keys.num_columns != 1 or not keys.num_rows or not ranges:
+        return set()
+    name = keys.column_names[0]
+    lows = [(f["min"].get(name), f["max"].get(name), f["path"]) for f in ranges]
+    if any(low is None or high is None for low, high, _ in lows):
+        return set()
+    homes: set[str] = set()
+    try:
+        lows.sort(key=lambda f: f[0])
+        starts = [low for low, _, _ in lows]
+        for key in pc.unique(keys.column(0)).to_pylist():
+            low, high, path = lows[max(bisect.bisect_right(starts, key) - 1, 0)]
+            if not (low <= key <= high):  # outside that file's range: it joins it (inside: it is that file's)
+                homes.add(path)
+    except TypeError:  # bounds that do not compare with the keys (a statistic's type): new rows go apart
+        return set()
+    return homes
+
+
+def pieces(rows: int, row_bytes: float, piece_bytes: int = CURRENT_PIECE_BYTES) -> list[tuple[int, int]]:
+    """(offset, length) of equal slices of `rows` sorted rows, each at least `piece_bytes` (or all of them when
+    fewer) and less than twice that, at `row_bytes` bytes a row."""
+    per_piece = max(1, int(piece_bytes / max(row_bytes, 1.0)))
+    count = max(1, rows // per_piece)
+    bounds = [rows * i // count for i in range(count + 1)]
+    return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(count) if bounds[i + 1] > bounds[i]]
 
 
 _CHANGE = "\x00change."
