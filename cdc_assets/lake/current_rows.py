@@ -248,6 +248,33 @@ def home_files(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
     return homes
 
 
+def range_groups(rows: pa.Table, key: list[str], ranges: list[dict[str, Any]]) -> list[pa.Table]:
+    """Merged rows (sorted by key) of the files of `ranges`, cut where one file's key range ends and the next
+    one's begins (files whose ranges overlap stay together), so each part is written back within its file's old
+    range, widened only by new keys past its ends: files never come to span the ranges of files not rewritten.
+    One part for a key of several columns or a file without bounds."""
+    if len(key) != 1 or not ranges or not rows.num_rows:
+        return [rows]
+    name = key[0]
+    bounds = [(f["min"].get(name), f["max"].get(name)) for f in ranges]
+    if any(low is None or high is None for low, high in bounds):
+        return [rows]
+    try:
+        bounds.sort(key=lambda b: b[0])
+        starts = [bounds[0][0]]
+        reach = bounds[0][1]
+        for low, high in bounds[1:]:
+            if low > reach:  # a gap before this file: a new part starts at its first key
+                starts.append(low)
+            reach = max(reach, high)
+        column = rows.column(name)
+        cuts = [int(pc.sum(pc.less(column, pa.scalar(low, column.type))).as_py() or 0) for low in starts[1:]]
+    except (TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):  # bounds that do not compare with the keys
+        return [rows]
+    edges = [0, *cuts, rows.num_rows]
+    return [rows.slice(a, b - a) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+
+
 def pieces(rows: int, row_bytes: float, piece_bytes: int = CURRENT_PIECE_BYTES) -> list[tuple[int, int]]:
     """(offset, length) of equal slices of `rows` sorted rows, each at least `piece_bytes` (or all of them when
     fewer) and less than twice that, at `row_bytes` bytes a row."""

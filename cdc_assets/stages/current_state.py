@@ -36,6 +36,7 @@ from cdc_assets.lake.current_rows import (
     home_files,
     merge_rows,
     pieces,
+    range_groups,
     reshape_rows,
     touched_by,
 )
@@ -345,6 +346,7 @@ def _rewrite_touched_files(
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError):
         return None
     access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, pending.table)
+    rewritten = set(paths)
     parts = [conformed(rows, schema) for rows in read_files(access, table_key, paths)]
     existing = pa.concat_tables(parts) if parts else schema.empty_table()
     merged, counts = merge_rows(existing, source, key)
@@ -354,8 +356,9 @@ def _rewrite_touched_files(
     row_bytes = (int(pc.sum(sample.column("size_bytes")).as_py() or 0) / rows) if rows else 100.0
     adds = [
         done
-        for offset, length in pieces(merged.num_rows, row_bytes)
-        for done in write_files(access, table_key, str(pending.table), [merged.slice(offset, length)])
+        for group in range_groups(merged, key, [r for r in ranges if r["path"] in rewritten])
+        for offset, length in pieces(group.num_rows, row_bytes, CURRENT_PIECE_BYTES)
+        for done in write_files(access, table_key, str(pending.table), [group.slice(offset, length)])
     ]
     commit_files(
         target, lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), table_key, schema,
