@@ -12,7 +12,15 @@ from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import change_log_schema
-from cdc_assets.lake.current_rows import current_schema, home_files, merge_rows, newest_rows, pieces, range_groups, touched_by
+from cdc_assets.lake.current_rows import (
+    current_schema,
+    home_files,
+    merge_rows,
+    newest_rows,
+    pieces,
+    range_groups,
+    touched_by,
+)
 
 SHAPE = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"), ColumnSpec("v", "varchar", length=10)), ("id",))
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
