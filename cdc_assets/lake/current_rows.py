@@ -63,12 +63,14 @@ def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
 # files whose range holds a changed key: its cost follows how far the changes spread, not the table's size.
 CURRENT_FILE_BYTES = 4 * 1024 * 1024
 
-# A keyed table's merge on Arrow (stages/current_state.py) rewrites only the files whose key range holds a changed
-# key, and writes each back as pieces of at least this size and less than twice it: a file changes touch often
-# ends up small, so one changed key costs the rewrite of about this much, not of a 4 MB file (files no change
-# touches stay as they are). Above half the size compaction looks for (CURRENT_FILE_BYTES / 2 is "small"), so
-# the pieces are never binned together again.
-CURRENT_PIECE_BYTES = 512 * 1024
+# A keyed table's current state on Arrow is kept in pieces of at least this size and under twice it, each a
+# disjoint key range: the snapshot writes them, and a merge (stages/current_state.py) rewrites only the pieces
+# whose range holds a changed key and writes them back as pieces again. One changed key then costs the rewrite
+# of about this much (1,500 rows of a six-column table), however large the table: at 1,000 changes/s with one
+# table in 21 of 10M rows, changed at uniformly random keys, a 4 MB file (100k rows) per changed key made each
+# cycle of the continuous mode slower than the changes came. Compaction bins only fragments under a quarter of
+# this (deletes thinned them), never the pieces (benchmarks/README.md, continuous mode).
+CURRENT_PIECE_BYTES = 64 * 1024
 
 
 SCHEMA_OPS = ("create", "alter", "drop")
@@ -209,7 +211,16 @@ def file_ranges(actions: pa.Table, key: list[str]) -> list[dict[str, Any]]:
 def touched_by(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
     """The files (of `ranges`: path, and per key column the min and max their statistics give, None when
     unknown) whose key range holds one of `keys`. A file without a bound for a column may hold any key."""
-    found: set[str] = set()
+    ordered = _disjoint_ranges(keys, ranges)
+    if ordered is not None:  # one lookup per key instead of a pass over the keys per file (thousands of files)
+        starts = [low for low, _, _ in ordered]
+        found: set[str] = set()
+        for key in pc.unique(keys.column(0)).to_pylist():
+            at = bisect.bisect_right(starts, key) - 1
+            if at >= 0 and key <= ordered[at][1]:
+                found.add(ordered[at][2])
+        return found
+    found = set()
     for file in ranges:
         mask = None
         for name in keys.column_names:
@@ -222,6 +233,25 @@ def touched_by(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
         if mask is None or pc.any(mask).as_py():
             found.add(file["path"])
     return found
+
+
+def _disjoint_ranges(keys: pa.Table, ranges: list[dict[str, Any]]) -> list[tuple[Any, Any, str]] | None:
+    """(min, max, path) of every file sorted by min, when the key is one integer or text column, every file has
+    exact bounds of its type (Python compares them as Arrow does) and no two ranges overlap; else None."""
+    if keys.num_columns != 1 or not ranges:
+        return None
+    kind = keys.schema.field(0).type
+    python = int if pa.types.is_integer(kind) else str if pa.types.is_string(kind) or pa.types.is_large_string(kind) else None
+    if python is None:
+        return None
+    name = keys.column_names[0]
+    ordered = [(f["min"].get(name), f["max"].get(name), f["path"]) for f in ranges]
+    if not all(type(low) is python and type(high) is python for low, high, _ in ordered):
+        return None
+    ordered.sort(key=lambda f: f[0])
+    if any(ordered[i][1] >= ordered[i + 1][0] for i in range(len(ordered) - 1)):
+        return None
+    return ordered
 
 
 def home_files(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:

@@ -8,6 +8,7 @@ than the row's `_cdc_seq` is ignored, so replaying changes is a no-op.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,9 @@ def quote(name: str) -> str:
 
 
 MAX_CHANGES_PER_MERGE = 200_000  # changes read and merged at once: bounds memory when a table has millions pending
+# Rows of the files a copy on write by file (`_rewrite_touched_files`) reads at once, at most: beyond, changes spread
+# over most of a large table (a catch-up), and delta-rs's MERGE, which streams, takes them.
+REWRITE_MAX_ROWS = 2_000_000
 
 
 @dataclass
@@ -345,13 +349,15 @@ def _rewrite_touched_files(
         paths = sorted(touched_by(changed, ranges) | home_files(changed, ranges))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError):
         return None
-    access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, pending.table)
     rewritten = set(paths)
+    chosen = pc.is_in(actions.column("path"), value_set=pa.array(paths, pa.string()))
+    if int(pc.sum(actions.filter(chosen).column("num_records")).as_py() or 0) > REWRITE_MAX_ROWS:
+        return None  # most of a large table: delta-rs's MERGE streams it instead of holding it here
+    access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, pending.table)
     parts = [conformed(rows, schema) for rows in read_files(access, table_key, paths)]
     existing = pa.concat_tables(parts) if parts else schema.empty_table()
     merged, counts = merge_rows(existing, source, key)
-    read = pc.is_in(actions.column("path"), value_set=pa.array(paths, pa.string())) if paths else None
-    sample = actions.filter(read) if read is not None and pc.any(read).as_py() else actions
+    sample = actions.filter(chosen) if paths else actions
     rows = int(pc.sum(sample.column("num_records")).as_py() or 0)
     row_bytes = (int(pc.sum(sample.column("size_bytes")).as_py() or 0) / rows) if rows else 100.0
     adds = [
@@ -549,6 +555,50 @@ def replace_current(
             configuration=current_configuration(rows.schema),
             commit_properties=seq_commit(APPLIED_SEQ_KEY, seq),
         )
+
+
+def write_pieces(lakehouse: Lakehouse, table: TableRef, parts: Iterable[pa.Table]) -> list[dict]:
+    """Rows in key order (parts of any size) written under the table's current-state directory as pieces of
+    CURRENT_PIECE_BYTES to under twice that, each file one stretch of keys; their add actions (lake.files). The
+    first piece's size gives the bytes a row takes."""
+    access, key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
+    adds: list[dict] = []
+    per_piece = FIRST_PIECE_ROWS
+    held: list[pa.Table] = []
+    count = 0
+
+    def flush(rows: pa.Table) -> None:
+        nonlocal per_piece
+        done = list(write_files(access, key, str(table), [rows]))
+        adds.extend(done)
+        if len(adds) == 1 and done[0]["rows"]:  # aim at the middle of [piece, 2 x piece)
+            per_piece = max(1, int(1.5 * CURRENT_PIECE_BYTES * done[0]["rows"] / max(done[0]["size"], 1)))
+
+    for part in parts:
+        held.append(part)
+        count += part.num_rows
+        while count >= 2 * per_piece:  # the rest is at least a piece: write one
+            rows, size = pa.concat_tables(held), per_piece  # (the first flush sets per_piece anew)
+            flush(rows.slice(0, size))
+            held, count = [rows.slice(size)], rows.num_rows - size
+    if count:
+        flush(pa.concat_tables(held))
+    return adds
+
+
+FIRST_PIECE_ROWS = 2048
+
+
+def replace_current_in_pieces(
+    lakehouse: Lakehouse, table: TableRef, parts: Iterable[pa.Table], schema: pa.Schema, seq: int, existing: DeltaTable | None
+) -> None:
+    """`replace_current` for a keyed table's rows in key order: written as pieces (`write_pieces`), so its first
+    merges rewrite only the pieces holding changed keys, committed in one Delta commit that records `seq`."""
+    adds = write_pieces(lakehouse, table, parts)
+    commit_files(
+        existing, lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), lakehouse.table_key(CURRENT, table),
+        schema, add_actions(adds), [], APPLIED_SEQ_KEY, seq, current_configuration(schema), overwrite=existing is not None,
+    )  # fmt: skip
 
 
 def settle_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int) -> tuple[str | None, DeltaTable | None]:
