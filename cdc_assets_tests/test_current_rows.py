@@ -127,3 +127,17 @@ def test_rewritten_rows_are_written_as_pieces_of_at_least_the_piece_size_and_und
     parts = pieces(35, 100.0, 1000)
     assert [length for _, length in parts] == [11, 12, 12] and parts[0][0] == 0 and sum(n for _, n in parts) == 35
     assert all(10 <= length < 20 for _, length in parts)
+
+
+def test_rows_in_key_order_are_written_as_pieces_each_a_stretch_of_consecutive_keys(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    from cdc_assets.lake.files import FileAccess, write_files
+
+    ids = pa.array(range(100_000), pa.int64())
+    parts = [pa.table({"id": ids.slice(n, 30_000), "v": pa.array([f"row {i}" for i in range(n, min(n + 30_000, 100_000))])}) for n in range(0, 100_000, 30_000)]
+    actions = list(write_files(FileAccess(str(tmp_path)), "t", "s.t", parts, piece_bytes=16 * 1024))
+    assert len(actions) > 10
+    read = [pq.read_table(tmp_path / "t" / a["path"]).column("id").to_pylist() for a in actions]
+    assert [i for ids in read for i in ids] == list(range(100_000))  # every row once, in order, file after file
+    assert all(16 * 1024 * 0.7 <= a["size"] < 2 * 16 * 1024 for a in actions[1:-1])  # the first one measures

@@ -557,44 +557,13 @@ def replace_current(
         )
 
 
-def write_pieces(lakehouse: Lakehouse, table: TableRef, parts: Iterable[pa.Table]) -> list[dict]:
-    """Rows in key order (parts of any size) written under the table's current-state directory as pieces of
-    CURRENT_PIECE_BYTES to under twice that, each file one stretch of keys; their add actions (lake.files). The
-    first piece's size gives the bytes a row takes."""
-    access, key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
-    adds: list[dict] = []
-    per_piece = FIRST_PIECE_ROWS
-    held: list[pa.Table] = []
-    count = 0
-
-    def flush(rows: pa.Table) -> None:
-        nonlocal per_piece
-        done = list(write_files(access, key, str(table), [rows]))
-        adds.extend(done)
-        if len(adds) == 1 and done[0]["rows"]:  # aim at the middle of [piece, 2 x piece)
-            per_piece = max(1, int(1.5 * CURRENT_PIECE_BYTES * done[0]["rows"] / max(done[0]["size"], 1)))
-
-    for part in parts:
-        held.append(part)
-        count += part.num_rows
-        while count >= 2 * per_piece:  # the rest is at least a piece: write one
-            rows, size = pa.concat_tables(held), per_piece  # (the first flush sets per_piece anew)
-            flush(rows.slice(0, size))
-            held, count = [rows.slice(size)], rows.num_rows - size
-    if count:
-        flush(pa.concat_tables(held))
-    return adds
-
-
-FIRST_PIECE_ROWS = 2048
-
-
 def replace_current_in_pieces(
     lakehouse: Lakehouse, table: TableRef, parts: Iterable[pa.Table], schema: pa.Schema, seq: int, existing: DeltaTable | None
 ) -> None:
-    """`replace_current` for a keyed table's rows in key order: written as pieces (`write_pieces`), so its first
+    """`replace_current` for a keyed table's rows in key order: written as pieces (lake.files.write_files), so its first
     merges rewrite only the pieces holding changed keys, committed in one Delta commit that records `seq`."""
-    adds = write_pieces(lakehouse, table, parts)
+    key = lakehouse.table_key(CURRENT, table)
+    adds = list(write_files(lakehouse.file_access(), key, str(table), parts, piece_bytes=CURRENT_PIECE_BYTES))
     commit_files(
         existing, lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), lakehouse.table_key(CURRENT, table),
         schema, add_actions(adds), [], APPLIED_SEQ_KEY, seq, current_configuration(schema), overwrite=existing is not None,
