@@ -8,6 +8,7 @@ import bisect
 import datetime as dt
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -320,7 +321,40 @@ _CHANGE = "\x00change."
 def merge_rows(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
     """Current-state rows (those of the files a change may touch) with the newest changes applied: a change
     not newer than its row's `_cdc_seq` is ignored, a delete of a row that is not there does nothing. Returns the
-    rows to write, sorted by key, and how many were inserted, updated and deleted."""
+    rows to write, sorted by key, and how many were inserted, updated and deleted.
+
+    With a single-column key only the rows whose key changed go through the join: a few hundred changes spread
+    over the files of a large table then cost a filter and a sort of their rows, not a join of all of them."""
+    if len(key) == 1 and existing.num_rows > newest.num_rows:
+        hit = pc.is_in(existing.column(key[0]), value_set=newest.column(key[0]).combine_chunks())
+        merged, counts = _merge_joined(existing.filter(hit), newest, key)
+        rest = existing.filter(pc.invert(hit))
+        return _interleaved(rest, merged, key[0]), counts
+    return _merge_joined(existing, newest, key)
+
+
+INTERLEAVE_MAX_ROWS = 10_000  # changed rows put in place by slices; more are sorted in with the rest
+
+
+def _interleaved(rest: pa.Table, merged: pa.Table, key: str) -> pa.Table:
+    """`rest` and `merged` (each sorted by an integer `key`, no key in both) as one table sorted by it: slices of
+    `rest` with each merged row between them, no copy of `rest` (a sort would copy every column); a sort when the
+    key is not an integer, `rest` is not in order or there are many merged rows."""
+    kind = rest.schema.field(key).type
+    if pa.types.is_integer(kind) and 0 < merged.num_rows <= INTERLEAVE_MAX_ROWS and rest.num_rows:
+        keys = rest.column(key).to_numpy()
+        if bool(np.all(keys[1:] > keys[:-1])):
+            at = np.searchsorted(keys, merged.column(key).to_numpy())
+            parts, start = [], 0
+            for row, position in enumerate(at.tolist()):
+                parts += [rest.slice(start, position - start), merged.slice(row, 1)]
+                start = position
+            parts.append(rest.slice(start))
+            return pa.concat_tables(parts)
+    return pa.concat_tables([rest, merged]).sort_by([(key, "ascending")])
+
+
+def _merge_joined(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
     schema = existing.schema
     # the changes' columns apart from the rows' under a prefix no identifier holds (a NUL)
     incoming = newest.rename_columns([c if c in key else f"{_CHANGE}{c}" for c in newest.column_names])

@@ -163,6 +163,7 @@ def write_files(
     per_file = FILE_ROWS if piece_bytes is None else FIRST_PIECE_ROWS
 
     def flush(data: pa.Table) -> dict:
+        data = data.combine_chunks()  # one row group a ROW_GROUP_ROWS, whatever the slices it was put together from
         name = f"part-{uuid.uuid4().hex}-c000.zstd.parquet"
         path = access.path(f"{table_key}/{name}")
         with fs.open_output_stream(path) as out:

@@ -346,7 +346,7 @@ def _rewrite_touched_files(
     try:
         ranges = file_ranges(actions, key)
         changed = source.select(key)
-        paths = sorted(touched_by(changed, ranges) | home_files(changed, ranges))
+        paths = _in_key_order(touched_by(changed, ranges) | home_files(changed, ranges), ranges, key)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError):
         return None
     rewritten = set(paths)
@@ -374,6 +374,16 @@ def _rewrite_touched_files(
     # only fragments (deletes thinned them, new rows of a many-column key) are binned: never the pieces
     compact_small_files(target, CURRENT_PIECE_BYTES // 2, failpoint="current.compacting")
     return counts
+
+
+def _in_key_order(paths: set[str], ranges: list[dict[str, Any]], key: list[str]) -> list[str]:
+    """The files in the order of their lowest key (by name when that does not compare), so their rows read one
+    after the other are in key order when their ranges are disjoint (merge_rows then needs no sort)."""
+    lows = {r["path"]: r["min"].get(key[0]) for r in ranges if r["path"] in paths}
+    try:
+        return sorted(paths, key=lambda p: (lows.get(p) is None, lows.get(p), p))
+    except TypeError:
+        return sorted(paths)
 
 
 def _merge_into(target: DeltaTable, source: pa.Table, predicate: str, new_applied: int) -> TableMerger:
