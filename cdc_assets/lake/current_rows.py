@@ -67,11 +67,11 @@ CURRENT_FILE_BYTES = 4 * 1024 * 1024
 # A keyed table's current state on Arrow is kept in pieces of at least this size and under twice it, each a
 # disjoint key range: the snapshot writes them, and a merge (stages/current_state.py) rewrites only the pieces
 # whose range holds a changed key and writes them back as pieces again. One changed key then costs the rewrite
-# of about this much (1,500 rows of a six-column table), however large the table: at 1,000 changes/s with one
+# of about this much (3,000 rows of a six-column table), however large the table: at 1,000 changes/s with one
 # table in 21 of 10M rows, changed at uniformly random keys, a 4 MB file (100k rows) per changed key made each
 # cycle of the continuous mode slower than the changes came. Compaction bins only fragments under a quarter of
 # this (deletes thinned them), never the pieces (benchmarks/README.md, continuous mode).
-CURRENT_PIECE_BYTES = 64 * 1024
+CURRENT_PIECE_BYTES = 32 * 1024
 
 
 SCHEMA_OPS = ("create", "alter", "drop")
