@@ -354,18 +354,27 @@ def _rewrite_touched_files(
     if int(pc.sum(actions.filter(chosen).column("num_records")).as_py() or 0) > REWRITE_MAX_ROWS:
         return None  # most of a large table: delta-rs's MERGE streams it instead of holding it here
     access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, pending.table)
-    parts = [conformed(rows, schema) for rows in read_files(access, table_key, paths)]
+
+
+    def read(path: str) -> list[pa.Table]:
+        return [conformed(rows, schema) for rows in read_files(access, table_key, [path])]
+
+    parts = [part for parts in for_each_table(paths, read) for part in parts]  # small files: a few at a time
     existing = pa.concat_tables(parts) if parts else schema.empty_table()
     merged, counts = merge_rows(existing, source, key)
     sample = actions.filter(chosen) if paths else actions
     rows = int(pc.sum(sample.column("num_records")).as_py() or 0)
     row_bytes = (int(pc.sum(sample.column("size_bytes")).as_py() or 0) / rows) if rows else 100.0
-    adds = [
-        done
+    slices = [
+        group.slice(offset, length)
         for group in range_groups(merged, key, [r for r in ranges if r["path"] in rewritten])
         for offset, length in pieces(group.num_rows, row_bytes, CURRENT_PIECE_BYTES)
-        for done in write_files(access, table_key, str(pending.table), [group.slice(offset, length)])
     ]
+
+    def write(rows: pa.Table) -> list[dict]:
+        return list(write_files(access, table_key, str(pending.table), [rows]))
+
+    adds = [done for written in for_each_table(slices, write) for done in written]
     commit_files(
         target, lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), table_key, schema,
         add_actions(adds), remove_actions(target, paths), APPLIED_SEQ_KEY, new_applied, current_configuration(schema),
