@@ -141,3 +141,27 @@ def test_rows_in_key_order_are_written_as_pieces_each_a_stretch_of_consecutive_k
     read = [pq.read_table(tmp_path / "t" / a["path"]).column("id").to_pylist() for a in actions]
     assert [i for ids in read for i in ids] == list(range(100_000))  # every row once, in order, file after file
     assert all(16 * 1024 * 0.7 <= a["size"] < 2 * 16 * 1024 for a in actions[1:-1])  # the first one measures
+
+
+def test_few_changes_into_many_rows_are_put_in_place_in_key_order() -> None:
+    """The path that joins only the changed rows and slices them in among the others gives what the full join gives."""
+    existing = _current([(i, f"r{i}", 5) for i in range(0, 2000, 2)])  # even keys
+    changes = pa.Table.from_pylist(
+        [
+            _change(6, "update", 10, "ten", 10, "r10"),
+            _change(7, "delete", None, None, 500, "r500"),
+            _change(8, "insert", 7, "seven"),  # between two rows
+            _change(9, "insert", 5001, "past the end"),
+            _change(10, "update", 4, "old", 4, "r4"),
+        ],
+        schema=change_log_schema(SHAPE),
+    )
+    newest = newest_rows(changes, SHAPE, None)
+    fast, counts = merge_rows(existing, newest, ["id"])
+    from cdc_assets.lake.current_rows import _merge_joined
+
+    full, full_counts = _merge_joined(existing, newest, ["id"])
+    assert fast.to_pylist() == full.to_pylist() and counts == full_counts
+    ids = fast.column("id").to_pylist()
+    assert ids == sorted(ids) and 7 in ids and 5001 in ids and 500 not in ids
+    assert counts == {"inserted": 2, "updated": 2, "deleted": 1}
