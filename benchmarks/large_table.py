@@ -89,20 +89,20 @@ def _cli(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def make_table(server: local_server.LocalServer, table: str, rows: int) -> None:
+def make_table(server: local_server.LocalServer, table: str, rows: int, schema: str = SCHEMA) -> None:
     """N rows in key order, written without the binlog (the snapshot is what brings them to the lakehouse)."""
     with server.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("SET SESSION sql_log_bin = 0")
-        cur.execute(f"USE {SCHEMA}")  # where the seq_1_to_N tables of the Sequence engine are found
+        cur.execute(f"USE {schema}")  # where the seq_1_to_N tables of the Sequence engine are found
         cur.execute(
-            f"CREATE TABLE {SCHEMA}.{table} (id BIGINT PRIMARY KEY, account INT NOT NULL, amount DECIMAL(12,2), "
+            f"CREATE TABLE {schema}.{table} (id BIGINT PRIMARY KEY, account INT NOT NULL, amount DECIMAL(12,2), "
             "status VARCHAR(16), updated DATETIME(6), note VARCHAR(64))"
         )
         step = 1_000_000
         for start in range(0, rows, step):
             count = min(step, rows - start)
             cur.execute(
-                f"INSERT INTO {SCHEMA}.{table} SELECT seq, seq % 100000, (seq % 100000) / 100, "
+                f"INSERT INTO {schema}.{table} SELECT seq, seq % 100000, (seq % 100000) / 100, "
                 "ELT(1 + seq % 4, 'new', 'paid', 'shipped', 'closed'), "
                 "TIMESTAMP'2026-01-01 00:00:00' + INTERVAL seq SECOND, CONCAT('row ', seq) "
                 f"FROM seq_{start + 1}_to_{start + count}"

@@ -26,7 +26,9 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from benchmarks.workloads import CLI, fresh_server
 from cdc_assets.core.names import TableRef
@@ -53,10 +55,27 @@ def _prepare(server: local_server.LocalServer) -> None:
             cur.execute(f"INSERT INTO {SCHEMA}.t{t:02d} VALUES {values}")
 
 
-def _write(server: local_server.LocalServer, rate: int, seconds: float, seed: int) -> tuple[int, float]:
-    """Row changes at `rate` per second for `seconds`, ten to a transaction; returns (changes, seconds taken)."""
+@dataclass(frozen=True)
+class BigTable:
+    """A large table written as one more of the writer's tables (benchmarks/continuous.py): made by
+    benchmarks.large_table.make_table (`id BIGINT` key 1..rows and five columns)."""
+
+    name: str
+    rows: int
+
+
+def _write(
+    server: local_server.LocalServer, rate: int, seconds: float, seed: int, big: BigTable | None = None
+) -> tuple[int, float]:
+    """Row changes at `rate` per second for `seconds`, ten to a transaction; returns (changes, seconds taken).
+
+    With `big`, it is one table more among those the nine changes of a transaction are spread over (its share:
+    one in TABLES + 1): updates and deletes of keys drawn uniformly from its whole key range (the worst case for
+    a copy-on-write current state: every file is as likely to be hit), inserts past its end."""
     rng = random.Random(seed)
     next_id = {t: 1000 + seed * 1_000_000 for t in range(TABLES)}
+    if big is not None:
+        next_id[TABLES] = big.rows + 1 + seed * 1_000_000
     transactions = rate // 10
     began = time.monotonic()
     written = 0
@@ -68,9 +87,11 @@ def _write(server: local_server.LocalServer, rate: int, seconds: float, seed: in
             if pause > 0:
                 time.sleep(pause)
             for _ in range(9):
-                t = rng.randrange(TABLES)
+                t = rng.randrange(TABLES + (1 if big is not None else 0))
                 roll = rng.random()
-                if roll < 0.4:
+                if t == TABLES and big is not None:
+                    _big_change(cur, big, roll, rng.randint(1, big.rows), next_id)
+                elif roll < 0.4:
                     cur.execute(
                         f"UPDATE {SCHEMA}.t{t:02d} SET v = v + 1, updated = NOW(6) WHERE id = %s",
                         (rng.randrange(1000),),
@@ -84,6 +105,18 @@ def _write(server: local_server.LocalServer, rate: int, seconds: float, seed: in
             conn.commit()
             written += 10
     return written, time.monotonic() - began
+
+
+def _big_change(cur: Any, big: BigTable, roll: float, key: int, next_id: dict[int, int]) -> None:
+    """One change of the big table: 40% updates and 30% deletes of `key` (uniform over its range), 30% inserts."""
+    table = f"{SCHEMA}.{big.name}"
+    if roll < 0.4:
+        cur.execute(f"UPDATE {table} SET amount = amount + 1, status = 'paid', updated = NOW(6) WHERE id = %s", (key,))
+    elif roll < 0.7:
+        cur.execute(f"INSERT INTO {table} VALUES (%s, 1, 1.00, 'new', NOW(6), 'inserted')", (next_id[TABLES],))
+        next_id[TABLES] += 1
+    else:
+        cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
 
 
 class Probe:

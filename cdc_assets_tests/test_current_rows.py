@@ -12,7 +12,15 @@ from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import change_log_schema
-from cdc_assets.lake.current_rows import current_schema, merge_rows, newest_rows, touched_by
+from cdc_assets.lake.current_rows import (
+    current_schema,
+    home_files,
+    merge_rows,
+    newest_rows,
+    pieces,
+    range_groups,
+    touched_by,
+)
 
 SHAPE = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"), ColumnSpec("v", "varchar", length=10)), ("id",))
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -86,3 +94,74 @@ def test_a_change_touches_the_files_whose_key_range_holds_its_key() -> None:
     ]
     keys = pa.table({"id": pa.array([5, 25, 40], pa.int32())})
     assert touched_by(keys, ranges) == {"a", "c", "d"}
+
+
+RANGES = [
+    {"path": "a", "min": {"id": 1}, "max": {"id": 10}},
+    {"path": "b", "min": {"id": 21}, "max": {"id": 30}},
+    {"path": "c", "min": {"id": 41}, "max": {"id": 50}},
+]
+
+
+def test_a_new_key_joins_the_file_just_below_it_so_no_file_of_its_own_is_opened() -> None:
+    keys = pa.table({"id": pa.array([5, 15, 60, 0], pa.int32())})  # 5 is a's already; 15 past a, 60 past c, 0 below a
+    assert home_files(keys, RANGES) == {"a", "c"}
+    assert home_files(pa.table({"id": pa.array([25], pa.int32())}), RANGES) == set()
+    two_columns = pa.table({"id": pa.array([60], pa.int32()), "v": pa.array(["x"])})
+    assert home_files(two_columns, RANGES) == set()  # a key of several columns: new rows go to a file of their own
+    unbounded = [*RANGES, {"path": "d", "min": {"id": None}, "max": {"id": None}}]
+    assert home_files(keys, unbounded) == set()
+
+
+def test_merged_rows_are_cut_where_a_files_key_range_ends_so_no_file_spans_another() -> None:
+    rows = pa.table({"id": pa.array([0, 3, 15, 22, 29, 35, 41, 60], pa.int32())})
+    parts = range_groups(rows, ["id"], RANGES)
+    assert [p.column("id").to_pylist() for p in parts] == [[0, 3, 15], [22, 29, 35], [41, 60]]
+    overlapping = [*RANGES, {"path": "e", "min": {"id": 8}, "max": {"id": 22}}]  # a, e and b overlap: one part
+    assert [p.column("id").to_pylist() for p in range_groups(rows, ["id"], overlapping)] == [[0, 3, 15, 22, 29, 35], [41, 60]]
+
+
+def test_rewritten_rows_are_written_as_pieces_of_at_least_the_piece_size_and_under_twice_it() -> None:
+    assert pieces(10, 100.0, 1000) == [(0, 10)]  # 1,000 bytes: one piece
+    assert pieces(5, 100.0, 1000) == [(0, 5)]  # fewer rows than a piece: all of them
+    parts = pieces(35, 100.0, 1000)
+    assert [length for _, length in parts] == [11, 12, 12] and parts[0][0] == 0 and sum(n for _, n in parts) == 35
+    assert all(10 <= length < 20 for _, length in parts)
+
+
+def test_rows_in_key_order_are_written_as_pieces_each_a_stretch_of_consecutive_keys(tmp_path) -> None:
+    import pyarrow.parquet as pq
+
+    from cdc_assets.lake.files import FileAccess, write_files
+
+    ids = pa.array(range(100_000), pa.int64())
+    parts = [pa.table({"id": ids.slice(n, 30_000), "v": pa.array([f"row {i}" for i in range(n, min(n + 30_000, 100_000))])}) for n in range(0, 100_000, 30_000)]
+    actions = list(write_files(FileAccess(str(tmp_path)), "t", "s.t", parts, piece_bytes=16 * 1024))
+    assert len(actions) > 10
+    read = [pq.read_table(tmp_path / "t" / a["path"]).column("id").to_pylist() for a in actions]
+    assert [i for ids in read for i in ids] == list(range(100_000))  # every row once, in order, file after file
+    assert all(16 * 1024 * 0.7 <= a["size"] < 2 * 16 * 1024 for a in actions[1:-1])  # the first one measures
+
+
+def test_few_changes_into_many_rows_are_put_in_place_in_key_order() -> None:
+    """The path that joins only the changed rows and slices them in among the others gives what the full join gives."""
+    existing = _current([(i, f"r{i}", 5) for i in range(0, 2000, 2)])  # even keys
+    changes = pa.Table.from_pylist(
+        [
+            _change(6, "update", 10, "ten", 10, "r10"),
+            _change(7, "delete", None, None, 500, "r500"),
+            _change(8, "insert", 7, "seven"),  # between two rows
+            _change(9, "insert", 5001, "past the end"),
+            _change(10, "update", 4, "old", 4, "r4"),
+        ],
+        schema=change_log_schema(SHAPE),
+    )
+    newest = newest_rows(changes, SHAPE, None)
+    fast, counts = merge_rows(existing, newest, ["id"])
+    from cdc_assets.lake.current_rows import _merge_joined
+
+    full, full_counts = _merge_joined(existing, newest, ["id"])
+    assert fast.to_pylist() == full.to_pylist() and counts == full_counts
+    ids = fast.column("id").to_pylist()
+    assert ids == sorted(ids) and 7 in ids and 5001 in ids and 500 not in ids
+    assert counts == {"inserted": 2, "updated": 2, "deleted": 1}

@@ -368,3 +368,46 @@ def test_xa_transactions_count_at_their_commit(cdc: CdcEnv) -> None:
     rows = {r["id"]: r["v"] for r in read_current(cdc.lakehouse, TableRef(cdc.database, "x")).to_pylist()}
     assert rows == {1: "by xa", 2: "xa", 3: "plain", 5: "one phase"}
     assert duplicate_seqs(cdc.lakehouse) == {} and batch_chain_breaks(cdc.lakehouse) == []
+
+
+def test_a_change_rewrites_only_the_current_state_file_holding_its_key(cdc: CdcEnv, monkeypatch) -> None:
+    """Copy on write by file: a changed key costs the rewrite of the file whose key range holds it (new keys past
+    the end: of the last file), the files stay in disjoint key ranges, and the table still equals the source."""
+    from cdc_assets.lake.layout import CURRENT
+    from cdc_assets.stages import current_state
+
+    monkeypatch.setattr(current_state, "CURRENT_PIECE_BYTES", 2048)  # a few hundred rows a file
+    cdc.execute(
+        "CREATE TABLE wide (id INT PRIMARY KEY, v INT, note VARCHAR(20))",
+        "INSERT INTO wide SELECT seq, seq, CONCAT('row ', seq) FROM seq_1_to_5000",
+    )
+    assert cdc.sync() == 0
+    cdc.execute("UPDATE wide SET v = -1 WHERE id = 2500")  # the first merge cuts the table's file into pieces
+    assert cdc.sync() == 0
+
+    def files() -> dict[str, tuple[int, int]]:
+        table = cdc.lakehouse.open(CURRENT, TableRef(cdc.database, "wide"))
+        actions = pa.table(table.get_add_actions(flatten=True))
+        return {
+            p: (low, high)
+            for p, low, high in zip(*(actions.column(c).to_pylist() for c in ("path", "min.id", "max.id")), strict=True)
+        }
+
+    before = files()
+    assert len(before) >= 8
+    spans = sorted(before.values())
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))  # disjoint ranges
+    cdc.execute(
+        "UPDATE wide SET v = -2 WHERE id = 1234",
+        "DELETE FROM wide WHERE id = 3210",
+        "INSERT INTO wide VALUES (6000, 0, 'past the end')",
+    )
+    assert cdc.sync() == 0
+    after = files()
+    holders = {p for p, (low, high) in before.items() if low <= 1234 <= high or low <= 3210 <= high or high == 5000}
+    assert set(before) - set(after) == holders  # only the files holding a changed key (and the last) rewritten
+    spans = sorted(after.values())
+    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert spans[-1][1] == 6000
+    results = cdc.verify()
+    assert all(r.ok for r in results), [r.describe() for r in results]

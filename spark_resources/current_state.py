@@ -22,7 +22,15 @@ from pyspark.sql import functions as F
 
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column
-from cdc_assets.lake.current_rows import DUP_COLUMN, SCHEMA_OPS, current_schema, merge_rows, newest_rows, touched_by
+from cdc_assets.lake.current_rows import (
+    DUP_COLUMN,
+    SCHEMA_OPS,
+    current_schema,
+    file_ranges,
+    merge_rows,
+    newest_rows,
+    touched_by,
+)
 from cdc_assets.lake.files import (
     FILE_ACTION_SCHEMA,
     FILE_ROWS,
@@ -146,19 +154,6 @@ def touched_files(latest: DataFrame, key: list[str], ranges: list[dict[str, Any]
 
     rows = latest.select(*[_col(k) for k in key]).mapInArrow(probe, "path string").distinct().collect()
     return sorted(r["path"] for r in rows)
-
-
-def file_ranges(actions: pa.Table, key: list[str]) -> list[dict[str, Any]]:
-    """Each file's path and the min and max of each key column its statistics give (None: none)."""
-    ranges = []
-    for i, path in enumerate(actions.column("path").to_pylist()):
-        low, high = {}, {}
-        for name in key:
-            for prefix, out in (("min", low), ("max", high)):
-                column = f"{prefix}.{name}"
-                out[name] = actions.column(column)[i].as_py() if column in actions.column_names else None
-        ranges.append({"path": path, "min": low, "max": high})
-    return ranges
 
 
 # -- merging and writing ---------------------------------------------------------------------------------------

@@ -4,9 +4,11 @@ the current-state stage and snapshots in the run's process and by their Spark jo
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -61,6 +63,15 @@ def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
 # Written sorted by primary key, each file then covers a narrow key range, and a merge rewrites only the
 # files whose range holds a changed key: its cost follows how far the changes spread, not the table's size.
 CURRENT_FILE_BYTES = 4 * 1024 * 1024
+
+# A keyed table's current state on Arrow is kept in pieces of at least this size and under twice it, each a
+# disjoint key range: the snapshot writes them, and a merge (stages/current_state.py) rewrites only the pieces
+# whose range holds a changed key and writes them back as pieces again. One changed key then costs the rewrite
+# of about this much (3,000 rows of a six-column table), however large the table: at 1,000 changes/s with one
+# table in 21 of 10M rows, changed at uniformly random keys, a 4 MB file (100k rows) per changed key made each
+# cycle of the continuous mode slower than the changes came. Compaction bins only fragments under a quarter of
+# this (deletes thinned them), never the pieces (benchmarks/README.md, continuous mode).
+CURRENT_PIECE_BYTES = 32 * 1024
 
 
 SCHEMA_OPS = ("create", "alter", "drop")
@@ -183,10 +194,34 @@ def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) 
     return latest.drop_columns(["_cdc_k"]).select([*schema.names, ACTION_COLUMN])
 
 
+def file_ranges(actions: pa.Table, key: list[str]) -> list[dict[str, Any]]:
+    """Each file's path and the min and max of each key column its statistics give (None: none), from a Delta
+    table's add actions (`get_add_actions(flatten=True)`)."""
+    columns = set(actions.column_names)
+    ranges = []
+    for i, path in enumerate(actions.column("path").to_pylist()):
+        bounds: dict[str, dict[str, Any]] = {"min": {}, "max": {}}
+        for side, out in bounds.items():
+            for name in key:
+                column = f"{side}.{name}"
+                out[name] = actions.column(column)[i].as_py() if column in columns else None
+        ranges.append({"path": path, **bounds})
+    return ranges
+
+
 def touched_by(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
     """The files (of `ranges`: path, and per key column the min and max their statistics give, None when
     unknown) whose key range holds one of `keys`. A file without a bound for a column may hold any key."""
-    found: set[str] = set()
+    ordered = _disjoint_ranges(keys, ranges)
+    if ordered is not None:  # one lookup per key instead of a pass over the keys per file (thousands of files)
+        starts = [low for low, _, _ in ordered]
+        found: set[str] = set()
+        for key in pc.unique(keys.column(0)).to_pylist():
+            at = bisect.bisect_right(starts, key) - 1
+            if at >= 0 and key <= ordered[at][1]:
+                found.add(ordered[at][2])
+        return found
+    found = set()
     for file in ranges:
         mask = None
         for name in keys.column_names:
@@ -201,13 +236,125 @@ def touched_by(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
     return found
 
 
+def _disjoint_ranges(keys: pa.Table, ranges: list[dict[str, Any]]) -> list[tuple[Any, Any, str]] | None:
+    """(min, max, path) of every file sorted by min, when the key is one integer or text column, every file has
+    exact bounds of its type (Python compares them as Arrow does) and no two ranges overlap; else None."""
+    if keys.num_columns != 1 or not ranges:
+        return None
+    kind = keys.schema.field(0).type
+    python = int if pa.types.is_integer(kind) else str if pa.types.is_string(kind) or pa.types.is_large_string(kind) else None
+    if python is None:
+        return None
+    name = keys.column_names[0]
+    ordered = [(f["min"].get(name), f["max"].get(name), f["path"]) for f in ranges]
+    if not all(type(low) is python and type(high) is python for low, high, _ in ordered):
+        return None
+    ordered.sort(key=lambda f: f[0])
+    if any(ordered[i][1] >= ordered[i + 1][0] for i in range(len(ordered) - 1)):
+        return None
+    return ordered
+
+
+def home_files(keys: pa.Table, ranges: list[dict[str, Any]]) -> set[str]:
+    """For keys that no file's range holds (new rows), the file each would join: with a single-column key, the
+    file whose range lies just below the key (the first file for a key below them all), so a new row extends a
+    file's range instead of opening a file of its own and no two files' ranges overlap. Empty when the key has
+    several columns or a file lacks bounds (the new rows then go to files of their own)."""
+    if keys.num_columns != 1 or not keys.num_rows or not ranges:
+        return set()
+    name = keys.column_names[0]
+    lows = [(f["min"].get(name), f["max"].get(name), f["path"]) for f in ranges]
+    if any(low is None or high is None for low, high, _ in lows):
+        return set()
+    homes: set[str] = set()
+    try:
+        lows.sort(key=lambda f: f[0])
+        starts = [low for low, _, _ in lows]
+        for key in pc.unique(keys.column(0)).to_pylist():
+            low, high, path = lows[max(bisect.bisect_right(starts, key) - 1, 0)]
+            if not (low <= key <= high):  # outside that file's range: it joins it (inside: it is that file's)
+                homes.add(path)
+    except TypeError:  # bounds that do not compare with the keys (a statistic's type): new rows go apart
+        return set()
+    return homes
+
+
+def range_groups(rows: pa.Table, key: list[str], ranges: list[dict[str, Any]]) -> list[pa.Table]:
+    """Merged rows (sorted by key) of the files of `ranges`, cut where one file's key range ends and the next
+    one's begins (files whose ranges overlap stay together), so each part is written back within its file's old
+    range, widened only by new keys past its ends: files never come to span the ranges of files not rewritten.
+    One part for a key of several columns or a file without bounds."""
+    if len(key) != 1 or not ranges or not rows.num_rows:
+        return [rows]
+    name = key[0]
+    bounds = [(f["min"].get(name), f["max"].get(name)) for f in ranges]
+    if any(low is None or high is None for low, high in bounds):
+        return [rows]
+    try:
+        bounds.sort(key=lambda b: b[0])
+        starts = [bounds[0][0]]
+        reach = bounds[0][1]
+        for low, high in bounds[1:]:
+            if low > reach:  # a gap before this file: a new part starts at its first key
+                starts.append(low)
+            reach = max(reach, high)
+        column = rows.column(name)
+        cuts = [int(pc.sum(pc.less(column, pa.scalar(low, column.type))).as_py() or 0) for low in starts[1:]]
+    except (TypeError, pa.ArrowInvalid, pa.ArrowNotImplementedError):  # bounds that do not compare with the keys
+        return [rows]
+    edges = [0, *cuts, rows.num_rows]
+    return [rows.slice(a, b - a) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+
+
+def pieces(rows: int, row_bytes: float, piece_bytes: int = CURRENT_PIECE_BYTES) -> list[tuple[int, int]]:
+    """(offset, length) of equal slices of `rows` sorted rows, each at least `piece_bytes` (or all of them when
+    fewer) and less than twice that, at `row_bytes` bytes a row."""
+    per_piece = max(1, int(piece_bytes / max(row_bytes, 1.0)))
+    count = max(1, rows // per_piece)
+    bounds = [rows * i // count for i in range(count + 1)]
+    return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(count) if bounds[i + 1] > bounds[i]]
+
+
 _CHANGE = "\x00change."
 
 
 def merge_rows(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
     """Current-state rows (those of the files a change may touch) with the newest changes applied: a change
     not newer than its row's `_cdc_seq` is ignored, a delete of a row that is not there does nothing. Returns the
-    rows to write, sorted by key, and how many were inserted, updated and deleted."""
+    rows to write, sorted by key, and how many were inserted, updated and deleted.
+
+    With a single-column key only the rows whose key changed go through the join: a few hundred changes spread
+    over the files of a large table then cost a filter and a sort of their rows, not a join of all of them."""
+    if len(key) == 1 and existing.num_rows > newest.num_rows:
+        hit = pc.is_in(existing.column(key[0]), value_set=newest.column(key[0]).combine_chunks())
+        merged, counts = _merge_joined(existing.filter(hit), newest, key)
+        rest = existing.filter(pc.invert(hit))
+        return _interleaved(rest, merged, key[0]), counts
+    return _merge_joined(existing, newest, key)
+
+
+INTERLEAVE_MAX_ROWS = 10_000  # changed rows put in place by slices; more are sorted in with the rest
+
+
+def _interleaved(rest: pa.Table, merged: pa.Table, key: str) -> pa.Table:
+    """`rest` and `merged` (each sorted by an integer `key`, no key in both) as one table sorted by it: slices of
+    `rest` with each merged row between them, no copy of `rest` (a sort would copy every column); a sort when the
+    key is not an integer, `rest` is not in order or there are many merged rows."""
+    kind = rest.schema.field(key).type
+    if pa.types.is_integer(kind) and 0 < merged.num_rows <= INTERLEAVE_MAX_ROWS and rest.num_rows:
+        keys = rest.column(key).to_numpy()
+        if bool(np.all(keys[1:] > keys[:-1])):
+            at = np.searchsorted(keys, merged.column(key).to_numpy())
+            parts, start = [], 0
+            for row, position in enumerate(at.tolist()):
+                parts += [rest.slice(start, position - start), merged.slice(row, 1)]
+                start = position
+            parts.append(rest.slice(start))
+            return pa.concat_tables(parts)
+    return pa.concat_tables([rest, merged]).sort_by([(key, "ascending")])
+
+
+def _merge_joined(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
     schema = existing.schema
     # the changes' columns apart from the rows' under a prefix no identifier holds (a NUL)
     incoming = newest.rename_columns([c if c in key else f"{_CHANGE}{c}" for c in newest.column_names])

@@ -146,17 +146,24 @@ def delta_stats(rows: pa.Table) -> str:
 # -- writing and reading on any process ------------------------------------------------------------------------
 
 
-def write_files(access: FileAccess, table_key: str, table_text: str, rows: Iterable[pa.Table]) -> Iterator[dict]:
+def write_files(
+    access: FileAccess, table_key: str, table_text: str, rows: Iterable[pa.Table], piece_bytes: int | None = None
+) -> Iterator[dict]:
     """The rows as Parquet files under the table's directory, FILE_ROWS at most each; one add action per file
-    (FILE_ACTION_SCHEMA's fields). Each file is complete before its action is returned."""
+    (FILE_ACTION_SCHEMA's fields). Each file is complete before its action is returned.
+
+    With `piece_bytes` (rows in key order: current state's pieces, lake.current_rows.CURRENT_PIECE_BYTES), files of
+    that size to under twice it instead, each a stretch of consecutive rows: the first file, of FIRST_PIECE_ROWS,
+    tells the bytes a row takes."""
     fs = access.filesystem()
     if not access.is_s3:
         fs.create_dir(access.path(table_key), recursive=True)
     pending: list[pa.Table] = []
     held = 0
+    per_file = FILE_ROWS if piece_bytes is None else FIRST_PIECE_ROWS
 
-    def flush() -> dict:
-        data = pa.concat_tables(pending).combine_chunks() if len(pending) > 1 else pending[0]
+    def flush(data: pa.Table) -> dict:
+        data = data.combine_chunks()  # one row group a ROW_GROUP_ROWS, whatever the slices it was put together from
         name = f"part-{uuid.uuid4().hex}-c000.zstd.parquet"
         path = access.path(f"{table_key}/{name}")
         with fs.open_output_stream(path) as out:
@@ -171,16 +178,33 @@ def write_files(access: FileAccess, table_key: str, table_text: str, rows: Itera
             "modification_time": int(time.time() * 1000),
         }
 
+    def joined() -> pa.Table:
+        return pa.concat_tables(pending).combine_chunks() if len(pending) > 1 else pending[0]
+
+    written = 0
     for part in rows:
         if not part.num_rows:
             continue
         pending.append(part)
         held += part.num_rows
-        if held >= FILE_ROWS:
-            yield flush()
-            pending, held = [], 0
+        if piece_bytes is None:
+            if held >= FILE_ROWS:
+                yield flush(joined())
+                pending, held = [], 0
+            continue
+        while held >= 2 * per_file:  # what stays after this file is a file's worth at least
+            data, size = joined(), per_file
+            action = flush(data.slice(0, size))
+            written += 1
+            if written == 1:  # aim at the middle of [piece, 2 x piece)
+                per_file = max(1, int(1.5 * piece_bytes * action["rows"] / max(action["size"], 1)))
+            yield action
+            pending, held = [data.slice(size)], data.num_rows - size
     if pending:
-        yield flush()
+        yield flush(joined())
+
+
+FIRST_PIECE_ROWS = 2048
 
 
 def read_files(access: FileAccess, table_key: str, paths: Iterable[str], columns: list[str] | None = None) -> Iterator[pa.Table]:

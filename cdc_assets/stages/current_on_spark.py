@@ -24,7 +24,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.current_rows import (
-    CURRENT_FILE_BYTES,
+    CURRENT_PIECE_BYTES,
     DUP_COLUMN,
     SCHEMA_OPS,
     current_configuration,
@@ -223,12 +223,16 @@ def apply_on_spark(
             done.append((step, _apply_segment(lakehouse, spark, step.table, step.segment)))
         for table in {str(step.table) for _, step in chain}:
             if lakehouse.has_table(CURRENT, TableRef.parse(table)):
-                compact_table(lakehouse, spark, CURRENT, TableRef.parse(table), CURRENT_FILE_BYTES, APPLIED_SEQ_KEY)
+                compact_table(lakehouse, spark, CURRENT, TableRef.parse(table), COMPACT_BELOW, APPLIED_SEQ_KEY)
         return done
 
     rest = [c for c in chains if not (len(c) == 1 and id(c[0][1]) in small)]
     record_outcomes(merged + for_each_table(rest, run), report, dropped, log, len(steps), "spark")
 
+
+# Compaction bins only fragments, as on Arrow: the key-range pieces of CURRENT_PIECE_BYTES an Arrow snapshot or merge
+# wrote are not small, and binning them (in path order) would make every file span the whole key range.
+COMPACT_BELOW = CURRENT_PIECE_BYTES // 2
 
 # Tables whose pending changes one task applies whole (one job for all of them): a keyed table, changes under one
 # shape with no TRUNCATE among them, at most this many, into at most this many rows. Others get jobs of their own.
@@ -275,7 +279,7 @@ def _apply_small(
         segment = step.segment
         assert isinstance(segment, SparkSegment)
         _commit_segment(lakehouse, step.table, segment, existing, done)
-        compact_table(lakehouse, spark, CURRENT, step.table, CURRENT_FILE_BYTES, APPLIED_SEQ_KEY)
+        compact_table(lakehouse, spark, CURRENT, step.table, COMPACT_BELOW, APPLIED_SEQ_KEY)
         return [(step, _result(step.table, segment, done))]
 
     return for_each_table(list(zip(steps, rewritten, strict=True)), commit)

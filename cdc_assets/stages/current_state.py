@@ -8,6 +8,7 @@ than the row's `_cdc_seq` is ignored, so replaying changes is a no-op.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,23 +26,32 @@ from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import DDL_COLUMN, SEQ_TYPE
 from cdc_assets.lake.current_rows import (
     CURRENT_FILE_BYTES,
+    CURRENT_PIECE_BYTES,
     DELETED_COLUMN,
     DUP_COLUMN,
     LIVE_ROWS,
     SCHEMA_OPS,
     current_configuration,
     current_schema,
+    file_ranges,
+    home_files,
+    merge_rows,
+    pieces,
+    range_groups,
     reshape_rows,
+    touched_by,
 )
 from cdc_assets.lake.delta import (
     APPLIED_SEQ_KEY,
     compact_small_files,
     fenced,
     max_seq,
+    plain_type,
     read_query,
     seq_commit,
     seq_landed,
 )
+from cdc_assets.lake.files import add_actions, commit_files, conformed, read_files, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
@@ -53,6 +63,9 @@ def quote(name: str) -> str:
 
 
 MAX_CHANGES_PER_MERGE = 200_000  # changes read and merged at once: bounds memory when a table has millions pending
+# Rows of the files a copy on write by file (`_rewrite_touched_files`) reads at once, at most: beyond, changes spread
+# over most of a large table (a catch-up), and delta-rs's MERGE, which streams, takes them.
+REWRITE_MAX_ROWS = 2_000_000
 
 
 @dataclass
@@ -272,6 +285,13 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
             pending.table, pending.changes.num_rows, upserts.num_rows, deletes.num_rows, rows.num_rows, 0, 0, new_applied
         )
 
+    if not soft and pending.truncate_seq is None:
+        counts = _rewrite_touched_files(lakehouse, pending, target, source, new_applied)
+        if counts is not None:
+            return ApplyResult(
+                pending.table, pending.changes.num_rows, upserts.num_rows, deletes.num_rows,
+                counts["inserted"], counts["updated"], counts["deleted"], new_applied,
+            )  # fmt: skip
     on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in keys)  # keyless tables: apply_keyless_changes
     assignments = {quote(f.name): f"s.{quote(f.name)}" for f in current_schema(pending.shape)}
     newer = "s._cdc_seq > t._cdc_seq"
@@ -301,6 +321,78 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
         removed=int(metrics.get("num_target_rows_deleted", 0)),
         applied_seq=new_applied,
     )
+
+
+def _rewrite_touched_files(
+    lakehouse: Lakehouse, pending: PendingTable, target: DeltaTable, source: pa.Table, new_applied: int
+) -> dict[str, int] | None:
+    """Copy on write of exactly the files whose key range (their statistics) holds a changed key, plus, for new
+    rows, the file whose range they extend (lake.current_rows.home_files); the rows of those files with the
+    changes applied (lake.current_rows.merge_rows, as the Spark engine's tasks do), sorted by key and written
+    back as pieces of CURRENT_PIECE_BYTES, committed with the removes of the files they replace in one Delta
+    commit that records `new_applied`. Returns the inserted, updated and deleted counts.
+
+    Why not delta-rs's MERGE: it narrows the files it reads only to the changed keys' overall min and max, so a
+    few changes spread over a large table read and rewrite most of it (10M rows: seconds a cycle), and it writes
+    the rows back in join order, so the files' key ranges widen with every merge. None (the caller MERGEs) for a
+    table whose columns differ from its shape's (a column added by a soft-delete setting) or whose bounds do not
+    compare."""
+    schema = pa.schema([f.with_type(plain_type(f.type)) for f in pa.schema(target.schema().to_arrow())])
+    expected = current_schema(pending.shape)
+    if [(f.name, f.type) for f in schema] != [(f.name, f.type) for f in expected]:
+        return None
+    key = list(pending.shape.primary_key)
+    actions = pa.table(target.get_add_actions(flatten=True))
+    try:
+        ranges = file_ranges(actions, key)
+        changed = source.select(key)
+        paths = _in_key_order(touched_by(changed, ranges) | home_files(changed, ranges), ranges, key)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError):
+        return None
+    rewritten = set(paths)
+    chosen = pc.is_in(actions.column("path"), value_set=pa.array(paths, pa.string()))
+    if int(pc.sum(actions.filter(chosen).column("num_records")).as_py() or 0) > REWRITE_MAX_ROWS:
+        return None  # most of a large table: delta-rs's MERGE streams it instead of holding it here
+    access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, pending.table)
+
+
+    def read(path: str) -> list[pa.Table]:
+        return [conformed(rows, schema) for rows in read_files(access, table_key, [path])]
+
+    parts = [part for parts in for_each_table(paths, read) for part in parts]  # small files: a few at a time
+    existing = pa.concat_tables(parts) if parts else schema.empty_table()
+    merged, counts = merge_rows(existing, source, key)
+    sample = actions.filter(chosen) if paths else actions
+    rows = int(pc.sum(sample.column("num_records")).as_py() or 0)
+    row_bytes = (int(pc.sum(sample.column("size_bytes")).as_py() or 0) / rows) if rows else 100.0
+    slices = [
+        group.slice(offset, length)
+        for group in range_groups(merged, key, [r for r in ranges if r["path"] in rewritten])
+        for offset, length in pieces(group.num_rows, row_bytes, CURRENT_PIECE_BYTES)
+    ]
+
+    def write(rows: pa.Table) -> list[dict]:
+        return list(write_files(access, table_key, str(pending.table), [rows]))
+
+    adds = [done for written in for_each_table(slices, write) for done in written]
+    commit_files(
+        target, lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), table_key, schema,
+        add_actions(adds), remove_actions(target, paths), APPLIED_SEQ_KEY, new_applied, current_configuration(schema),
+    )  # fmt: skip
+    target.update_incremental()
+    # only fragments (deletes thinned them, new rows of a many-column key) are binned: never the pieces
+    compact_small_files(target, CURRENT_PIECE_BYTES // 2, failpoint="current.compacting")
+    return counts
+
+
+def _in_key_order(paths: set[str], ranges: list[dict[str, Any]], key: list[str]) -> list[str]:
+    """The files in the order of their lowest key (by name when that does not compare), so their rows read one
+    after the other are in key order when their ranges are disjoint (merge_rows then needs no sort)."""
+    lows = {r["path"]: r["min"].get(key[0]) for r in ranges if r["path"] in paths}
+    try:
+        return sorted(paths, key=lambda p: (lows.get(p) is None, lows.get(p), p))
+    except TypeError:
+        return sorted(paths)
 
 
 def _merge_into(target: DeltaTable, source: pa.Table, predicate: str, new_applied: int) -> TableMerger:
@@ -482,6 +574,19 @@ def replace_current(
             configuration=current_configuration(rows.schema),
             commit_properties=seq_commit(APPLIED_SEQ_KEY, seq),
         )
+
+
+def replace_current_in_pieces(
+    lakehouse: Lakehouse, table: TableRef, parts: Iterable[pa.Table], schema: pa.Schema, seq: int, existing: DeltaTable | None
+) -> None:
+    """`replace_current` for a keyed table's rows in key order: written as pieces (lake.files.write_files), so its first
+    merges rewrite only the pieces holding changed keys, committed in one Delta commit that records `seq`."""
+    key = lakehouse.table_key(CURRENT, table)
+    adds = list(write_files(lakehouse.file_access(), key, str(table), parts, piece_bytes=CURRENT_PIECE_BYTES))
+    commit_files(
+        existing, lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), lakehouse.table_key(CURRENT, table),
+        schema, add_actions(adds), [], APPLIED_SEQ_KEY, seq, current_configuration(schema), overwrite=existing is not None,
+    )  # fmt: skip
 
 
 def settle_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int) -> tuple[str | None, DeltaTable | None]:

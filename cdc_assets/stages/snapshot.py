@@ -43,7 +43,7 @@ from cdc_assets.lake.state import (
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_chunks, source_row_estimates, source_shapes
-from cdc_assets.stages.current_state import replace_current
+from cdc_assets.stages.current_state import replace_current, replace_current_in_pieces
 from cdc_assets.stages.loaded_tables import SnapshotReport, record_loaded, register_loaded
 from spark_resources.engine import TransformsFor
 
@@ -210,9 +210,9 @@ def _load_current(lakehouse: Lakehouse, shape: TableShape, rows: Path, seq: int,
             part = part.append_column(DUP_COLUMN, number_duplicates(part, [c.name for c in shape.columns]))
         return part.cast(schema)
 
-    if shape.primary_key:  # in key order already: streamed, SNAPSHOT_WRITE_ROWS in memory at a time
-        batches = (b for part in _regrouped(parquet) for b in with_metadata(part).to_batches())
-        data: pa.Table | pa.RecordBatchReader = pa.RecordBatchReader.from_batches(schema, batches)
+    existing = lakehouse.open(CURRENT, shape.table)
+    if shape.primary_key:  # in key order already: streamed, SNAPSHOT_WRITE_ROWS in memory at a time, as pieces
+        parts = (with_metadata(part) for part in _regrouped(parquet))
+        replace_current_in_pieces(lakehouse, shape.table, parts, schema, seq, existing)
     else:  # duplicates are numbered over the whole table: it is read at once
-        data = with_metadata(parquet.read())
-    replace_current(lakehouse, shape.table, data, seq, lakehouse.open(CURRENT, shape.table))
+        replace_current(lakehouse, shape.table, with_metadata(parquet.read()), seq, existing)

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.current_rows import DELETED_COLUMN, touched_by
+from cdc_assets.lake.current_rows import DELETED_COLUMN, file_ranges, touched_by
 from cdc_assets.lake.files import conformed, read_files
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
@@ -37,20 +37,6 @@ def with_keys(rows: pa.Table, keys: pa.Table) -> pa.Table:
     return rows.filter(pc.is_in(row_bytes(rows, names), value_set=wanted.combine_chunks()))
 
 
-def _file_ranges(actions: pa.Table, key: list[str]) -> list[dict[str, Any]]:
-    """Each file's path and the min and max of each key column its statistics give (None: none)."""
-    columns = set(actions.column_names)
-    ranges = []
-    for i, path in enumerate(actions.column("path").to_pylist()):
-        bounds: dict[str, dict[str, Any]] = {"min": {}, "max": {}}
-        for side, out in bounds.items():
-            for name in key:
-                column = f"{side}.{name}"
-                out[name] = actions.column(column)[i].as_py() if column in columns else None
-        ranges.append({"path": path, **bounds})
-    return ranges
-
-
 def lake_rows_with_keys(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, keys: pa.Table) -> tuple[pa.Table, int]:
     """The current-state rows (at `current`'s version, every column) whose key is one of `keys`' rows, and how
     many of the table's files were read for them."""
@@ -59,7 +45,7 @@ def lake_rows_with_keys(lakehouse: Lakehouse, table: TableRef, current: DeltaTab
     if not keys.num_rows or not actions.num_rows:
         return schema.empty_table(), 0
     try:
-        paths = sorted(touched_by(keys, _file_ranges(actions, keys.column_names)))
+        paths = sorted(touched_by(keys, file_ranges(actions, keys.column_names)))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError):  # a bound that does not compare: read all
         paths = sorted(actions.column("path").to_pylist())
     access, key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
