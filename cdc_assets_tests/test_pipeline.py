@@ -374,9 +374,8 @@ def test_a_change_rewrites_only_the_current_state_file_holding_its_key(cdc: CdcE
     """Copy on write by file: a changed key costs the rewrite of the file whose key range holds it (new keys past
     the end: of the last file), the files stay in disjoint key ranges, and the table still equals the source."""
     from cdc_assets.lake.layout import CURRENT
-    from cdc_assets.stages import current_state
 
-    monkeypatch.setattr(current_state, "CURRENT_PIECE_BYTES", 2048)  # a few hundred rows a file
+    monkeypatch.setenv("CDC_CURRENT_FILE_KB", "2")  # a few hundred rows a file (default 32 KB: one file here)
     cdc.execute(
         "CREATE TABLE wide (id INT PRIMARY KEY, v INT, note VARCHAR(20))",
         "INSERT INTO wide SELECT seq, seq, CONCAT('row ', seq) FROM seq_1_to_5000",
@@ -411,3 +410,12 @@ def test_a_change_rewrites_only_the_current_state_file_holding_its_key(cdc: CdcE
     assert spans[-1][1] == 6000
     results = cdc.verify()
     assert all(r.ok for r in results), [r.describe() for r in results]
+
+    # CDC_CURRENT_FILE_KB sets the pieces' size: the same rows at 64 KB make a few files, not dozens
+    monkeypatch.setenv("CDC_CURRENT_FILE_KB", "64")
+    cdc.execute("CREATE TABLE wide64 LIKE wide", "INSERT INTO wide64 SELECT * FROM wide")
+    assert cdc.sync() == 0
+    cdc.execute("UPDATE wide64 SET v = -3 WHERE id = 10")
+    assert cdc.sync() == 0
+    coarse = cdc.lakehouse.open(CURRENT, TableRef(cdc.database, "wide64"))
+    assert 1 <= len(coarse.file_uris()) <= 3 < len(after), (len(coarse.file_uris()), len(after))

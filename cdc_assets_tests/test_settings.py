@@ -43,6 +43,20 @@ def test_a_lock_ttl_below_three_seconds_is_refused_with_the_fix(monkeypatch: pyt
     assert lock_ttl_seconds() == 7.5
 
 
+@pytest.mark.parametrize("value", ["0", "-4", "big"])
+def test_a_current_file_size_below_one_kb_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """CDC_CURRENT_FILE_KB (its effect on the files: test_pipeline, copy on write by file)."""
+    from cdc_assets.lake.current_rows import current_piece_bytes
+
+    monkeypatch.delenv("CDC_CURRENT_FILE_KB", raising=False)
+    assert current_piece_bytes() == 32 * 1024
+    monkeypatch.setenv("CDC_CURRENT_FILE_KB", value)
+    with pytest.raises(CdcUserError, match="CDC_CURRENT_FILE_KB"):
+        current_piece_bytes()
+    monkeypatch.setenv("CDC_CURRENT_FILE_KB", "4096")
+    assert current_piece_bytes() == 4096 * 1024
+
+
 def test_s3_retry_settings_reach_every_s3_client_from_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
     """CDC_S3_MAX_ATTEMPTS / CDC_S3_TIMEOUT_SECONDS configure boto3, delta-rs and pyarrow alike (their effect on a
     real endpoint: test_s3_faults); a bad value is refused with the fix."""

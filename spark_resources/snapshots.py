@@ -16,7 +16,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.current_rows import CURRENT_PIECE_BYTES, DUP_COLUMN, current_schema, number_duplicates
+from cdc_assets.lake.current_rows import DUP_COLUMN, current_piece_bytes, current_schema, number_duplicates
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FileAccess, put_object, write_files
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_range_select, read_query_rows, read_source_chunks
@@ -69,6 +69,8 @@ def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: 
     if not chunks:
         return []
 
+    piece_bytes = current_piece_bytes()  # read here: the executors do not have the run's environment
+
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         conn = source.connect(url)
         try:
@@ -81,7 +83,7 @@ def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: 
                         for part in read_query_rows(conn, list(work.shape.columns), sql, READ_ROWS)
                     )
                     # in key order: current state's pieces, so a change rewrites about one piece
-                    actions = list(write_files(access, work.table_key, str(work.shape.table), rows, CURRENT_PIECE_BYTES))
+                    actions = list(write_files(access, work.table_key, str(work.shape.table), rows, piece_bytes))
                     # the chunk is done only once this object exists: a snapshot started again skips it
                     put_object(access, work.done_key, json.dumps(actions).encode())
                     failpoints.hit("snapshot.chunk_written")

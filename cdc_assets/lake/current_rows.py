@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import env_number
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
 from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE, cast_column
 from cdc_assets.lake.delta import table_configuration
@@ -72,6 +73,14 @@ CURRENT_FILE_BYTES = 4 * 1024 * 1024
 # cycle of the continuous mode slower than the changes came. Compaction bins only fragments under a quarter of
 # this (deletes thinned them), never the pieces (benchmarks/README.md, continuous mode).
 CURRENT_PIECE_BYTES = 32 * 1024
+PIECE_KB_SETTING = "CDC_CURRENT_FILE_KB"
+
+
+def current_piece_bytes() -> int:
+    """The size of current state's key-range files: CDC_CURRENT_FILE_KB, default CURRENT_PIECE_BYTES. Larger files
+    cost a merge more per changed key and a whole-table reader fewer files."""
+    default = CURRENT_PIECE_BYTES / 1024
+    return int(env_number(PIECE_KB_SETTING, default, lambda kb: kb >= 1, "a size in KB of at least 1") * 1024)
 
 
 SCHEMA_OPS = ("create", "alter", "drop")
@@ -306,7 +315,7 @@ def range_groups(rows: pa.Table, key: list[str], ranges: list[dict[str, Any]]) -
     return [rows.slice(a, b - a) for a, b in zip(edges, edges[1:], strict=False) if b > a]
 
 
-def pieces(rows: int, row_bytes: float, piece_bytes: int = CURRENT_PIECE_BYTES) -> list[tuple[int, int]]:
+def pieces(rows: int, row_bytes: float, piece_bytes: int) -> list[tuple[int, int]]:
     """(offset, length) of equal slices of `rows` sorted rows, each at least `piece_bytes` (or all of them when
     fewer) and less than twice that, at `row_bytes` bytes a row."""
     per_piece = max(1, int(piece_bytes / max(row_bytes, 1.0)))

@@ -24,10 +24,10 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.current_rows import (
-    CURRENT_PIECE_BYTES,
     DUP_COLUMN,
     SCHEMA_OPS,
     current_configuration,
+    current_piece_bytes,
     current_schema,
     reshape_rows,
 )
@@ -223,16 +223,15 @@ def apply_on_spark(
             done.append((step, _apply_segment(lakehouse, spark, step.table, step.segment)))
         for table in {str(step.table) for _, step in chain}:
             if lakehouse.has_table(CURRENT, TableRef.parse(table)):
-                compact_table(lakehouse, spark, CURRENT, TableRef.parse(table), COMPACT_BELOW, APPLIED_SEQ_KEY)
+                compact_table(lakehouse, spark, CURRENT, TableRef.parse(table), current_piece_bytes() // 2, APPLIED_SEQ_KEY)
         return done
 
     rest = [c for c in chains if not (len(c) == 1 and id(c[0][1]) in small)]
     record_outcomes(merged + for_each_table(rest, run), report, dropped, log, len(steps), "spark")
 
 
-# Compaction bins only fragments, as on Arrow: the key-range pieces of CURRENT_PIECE_BYTES an Arrow snapshot or merge
+# Compaction bins only fragments, as on Arrow: the key-range pieces of current_piece_bytes() an Arrow snapshot or merge
 # wrote are not small, and binning them (in path order) would make every file span the whole key range.
-COMPACT_BELOW = CURRENT_PIECE_BYTES // 2
 
 # Tables whose pending changes one task applies whole (one job for all of them): a keyed table, changes under one
 # shape with no TRUNCATE among them, at most this many, into at most this many rows. Others get jobs of their own.
@@ -279,7 +278,7 @@ def _apply_small(
         segment = step.segment
         assert isinstance(segment, SparkSegment)
         _commit_segment(lakehouse, step.table, segment, existing, done)
-        compact_table(lakehouse, spark, CURRENT, step.table, COMPACT_BELOW, APPLIED_SEQ_KEY)
+        compact_table(lakehouse, spark, CURRENT, step.table, current_piece_bytes() // 2, APPLIED_SEQ_KEY)
         return [(step, _result(step.table, segment, done))]
 
     return for_each_table(list(zip(steps, rewritten, strict=True)), commit)
