@@ -21,7 +21,7 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.as_of import table_as_of
 from cdc_assets.lake.delta import HISTORY_SEQ_KEY, max_seq, open_table, read_query
-from cdc_assets.lake.layout import CHANGES, HISTORY
+from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
 from cdc_assets.stages import history as history_stage
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
@@ -175,3 +175,119 @@ def test_history_is_kept_exactly_once_across_a_crash(cdc: CdcEnv, monkeypatch: p
     assert sorted((r["id"], r["v"]) for r in _history(cdc, "t") if r["_cdc_is_current"]) == [(1, 21), (3, 3)]
     keyless = table_as_of(cdc.lakehouse, f"{cdc.database}.k", at_seq=_point(cdc, "k")[0])
     assert sorted(_rows(keyless, ["id", "v"])) == sorted(_source(cdc, "k", "id, v")) == [(1, 1), (2, 2)]
+
+
+def _versions(cdc: CdcEnv, table: str) -> list[tuple]:
+    """The history's versions: id, v, from seq, to seq, deleted."""
+    return sorted(
+        (r["id"], r["v"], r["_cdc_valid_from_seq"], r["_cdc_valid_to_seq"], r["_cdc_deleted"])
+        for r in _history(cdc, table)
+    )
+
+
+def _snapshot(cdc: CdcEnv, table: str) -> int:
+    """`cdc-lakehouse snapshot` of the table; returns the seq it loaded the rows at."""
+    assert main(["snapshot", f"{cdc.database}.{table}"]) == 0
+    current = cdc.lakehouse.open(CURRENT, TableRef(cdc.database, table))
+    assert current is not None
+    [seq] = set(read_query(current, "SELECT DISTINCT _cdc_seq FROM current", "current").column(0).to_pylist())
+    return seq
+
+
+def test_a_snapshot_seeds_the_history(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows a snapshot loads open versions at its seq; later changes go on from them; a re-snapshot closes the
+    versions of rows that changed or left meanwhile; as-of reads between a snapshot and the next change see it."""
+    db = cdc.database
+    monkeypatch.setenv("CDC_HISTORY_TABLES", f"{db}.s")
+    monkeypatch.setattr(history_stage, "SEED_ROWS_PER_COMMIT", 2)  # several seed commits, each its part
+    cdc.execute(
+        "CREATE TABLE s (id INT PRIMARY KEY, v VARCHAR(10))",
+        "CREATE TABLE other (id INT PRIMARY KEY)",
+        "INSERT INTO s VALUES (1, 'a'), (2, 'b'), (3, 'c'), (4, 'd'), (5, 'e')",
+        "INSERT INTO other VALUES (1)",
+    )
+    monkeypatch.setenv("CDC_TABLES", f"{db}.other")  # `s`'s inserts pass the checkpoint: it has no change log
+    assert cdc.sync() == 0
+    monkeypatch.setenv("CDC_TABLES", f"{db}.*")
+    seeded = _snapshot(cdc, "s")
+    assert _versions(cdc, "s") == [(i, v, seeded, None, False) for i, v in enumerate("abcde", 1)]
+    assert not cdc.lakehouse.has_table(CHANGES, TableRef(db, "s"))  # a snapshot-only table: history, no log
+    time.sleep(1.1)  # commit times have one-second resolution
+    after_snapshot, then = dt.datetime.now(dt.UTC), _source(cdc, "s", "id, v")
+    time.sleep(1.1)
+    assert _rows(table_as_of(cdc.lakehouse, f"{db}.s", at_time=after_snapshot), ["id", "v"]) == then
+    assert _rows(table_as_of(cdc.lakehouse, f"{db}.s", at_seq=seeded), ["id", "v"]) == then
+
+    cdc.execute(
+        "UPDATE s SET v = 'A' WHERE id = 1",
+        "DELETE FROM s WHERE id = 2",
+        "UPDATE s SET id = 30 WHERE id = 3",
+        "INSERT INTO s VALUES (6, 'f')",
+    )
+    assert cdc.sync() == 0
+    seq = {(r["_cdc_op"], r["id"]): r["_cdc_seq"] for r in _log(cdc, "s")}
+    replayed = [  # the seeded versions, then what the changes made of them
+        (1, "a", seeded, seq[("update", 1)], False),
+        (1, "A", seq[("update", 1)], None, False),
+        (2, "b", seeded, seq[("delete", 2)], True),
+        (3, "c", seeded, seq[("update", 30)], True),
+        (4, "d", seeded, None, False),
+        (5, "e", seeded, None, False),
+        (6, "f", seq[("insert", 6)], None, False),
+        (30, "c", seq[("update", 30)], None, False),
+    ]
+    assert _versions(cdc, "s") == replayed
+    name = f"{db}.s"
+    assert _rows(table_as_of(cdc.lakehouse, name, at_time=after_snapshot), ["id", "v"]) == then  # still
+    newest = _point(cdc, "s")[0]
+    assert _rows(table_as_of(cdc.lakehouse, name, at_seq=newest, from_history=True), ["id", "v"]) == _source(cdc, "s", "id, v")
+
+    # a re-snapshot after changes the history has not taken in: changed rows and rows gone close at its seq
+    cdc.execute("UPDATE s SET v = 'D' WHERE id = 4", "DELETE FROM s WHERE id = 5")
+    again = _snapshot(cdc, "s")
+    expected = [r for r in replayed if r[0] not in (4, 5)] + [
+        (4, "d", seeded, again, False),
+        (4, "D", again, None, False),
+        (5, "e", seeded, again, True),
+    ]
+    assert _versions(cdc, "s") == sorted(expected)
+    assert cdc.sync() == 0  # the changes up to the re-snapshot reach the change log, not the history again
+    assert _versions(cdc, "s") == sorted(expected)
+    current = sorted((r[0], r[1]) for r in _versions(cdc, "s") if r[3] is None)
+    assert current == _source(cdc, "s", "id, v")
+    assert all(r.ok for r in cdc.verify())
+
+
+def test_a_seed_stopped_part_way_is_done_once(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot killed before a seed commit (the CLI at the first, this process after some parts), then run
+    again: one open version per row, none twice."""
+    db = cdc.database
+    monkeypatch.setenv("CDC_HISTORY_TABLES", f"{db}.s")
+    cdc.execute("CREATE TABLE s (id INT PRIMARY KEY, v INT)")
+    cdc.execute("INSERT INTO s VALUES " + ", ".join(f"({i}, {i})" for i in range(1, 8)))
+    killed = run_cli("snapshot", f"{db}.s", env={failpoints.ENV: "history.before_seed_commit=exit"})
+    assert killed.returncode == failpoints.EXIT_CODE, killed.stderr[-2000:]
+    assert not cdc.lakehouse.has_table(HISTORY, TableRef(db, "s"))
+    monkeypatch.setattr(history_stage, "SEED_ROWS_PER_COMMIT", 2)
+
+    def stop() -> None:
+        raise OSError("stopped between two seed commits")
+
+    cdc.execute("UPDATE s SET v = 70 WHERE id = 7")
+    with failpoints.arm("history.before_seed_commit", stop, on_hit=3):
+        assert main(["snapshot", f"{db}.s"]) != 0
+    current = cdc.lakehouse.open(CURRENT, TableRef(db, "s"))
+    [stopped] = set(read_query(current, "SELECT DISTINCT _cdc_seq FROM current", "current").column(0).to_pylist())
+    assert len(_history(cdc, "s")) == 4  # two parts committed
+    seeded = _snapshot(cdc, "s")
+    cdc.execute("UPDATE s SET v = 10 WHERE id = 1")
+    assert cdc.sync() == 0
+    assert _snapshot(cdc, "s") > seeded  # a snapshot with nothing changed closes nothing and opens nothing
+    got = _versions(cdc, "s")
+    update = _log(cdc, "s")[-1]["_cdc_seq"]
+    assert len({(r[0], r[2]) for r in got}) == len(got) == 8  # no version twice
+    assert sorted((r[0], r[1]) for r in got if r[3] is None) == _source(cdc, "s", "id, v")
+    first = {r[0]: r[2] for r in got if r[2] != update}
+    assert sorted(first.values()).count(stopped) == 4 and sorted(first.values()).count(seeded) == 3  # by part
+    assert (1, 1, first[1], update, False) in got and (1, 10, update, None, False) in got
+    assert (7, 70, first[7], None, False) in got

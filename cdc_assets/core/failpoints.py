@@ -53,6 +53,7 @@ FAILPOINTS = frozenset(
         "current.merged_before_progress",  # every step of the run is committed, no progress saved
         "current.progress_partly_saved",  # one table's current-state progress is saved, others not yet
         "history.before_commit",  # a history table's new versions are computed, their commit not yet made
+        "history.before_seed_commit",  # a snapshot's rows compared with the open versions, a seed commit not yet made
         # snapshots (cdc_assets/stages/snapshot.py on Arrow; snapshot_on_spark.py, spark_resources/snapshots.py)
         "snapshot.reading",  # a snapshot has spooled a chunk of a table's rows, the rest is unread
         "snapshot.captured",  # the rows are read and capture has reached the snapshot's position, nothing loaded

@@ -1,9 +1,11 @@
 """Reads of a table as it was at a point: a commit time or a `_cdc_seq` (`table_as_of`).
 
 From the table's history table when CDC_HISTORY_TABLES keeps one up to that point (one query over the versions
-valid then), else by replaying its change log up to the point through the very function that builds history
-versions (lake.history_rows), so both ways give the same rows. Rows loaded by a snapshot and never changed
-since are in neither (they never passed through the change log).
+valid then, with the changes it has not taken in yet moved through on top), else by replaying its change log up
+to the point through the very function that builds history versions (lake.history_rows), so both ways give the
+same rows. A snapshot seeds the history with the rows it loaded, so the history also holds rows that never
+passed through the change log (a table loaded by a snapshot may have no change log at all); a replay of the
+change log alone misses them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import datetime as dt
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,10 +25,11 @@ from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column
-from cdc_assets.lake.delta import HISTORY_SEQ_KEY, max_seq, read_query
+from cdc_assets.lake.delta import HISTORY_SEQ_KEY, SEED_SEQ_KEY, max_seq, read_query
 from cdc_assets.lake.history_rows import (
     VALID_FROM,
     VALID_FROM_SEQ,
+    VALID_TO,
     VALID_TO_SEQ,
     advance,
     history_schema,
@@ -56,15 +60,18 @@ def table_as_of(
     if (at_time is None) == (at_seq is None):
         raise ValueError("give exactly one of at_time and at_seq")
     log = lakehouse.open(CHANGES, ref)
+    history = lakehouse.open(HISTORY, ref)
     latest = load_progress(lakehouse.store, CHANGES_STAGE, str(ref)).shape
-    if log is None or latest is None:
+    kept = max_seq(history, HISTORY_SEQ_KEY)  # the seq the history has taken changes in up to
+    if history is None or kept is None:
+        history = None
+    if (log is None and history is None) or latest is None:
         raise CdcUserError(
             f"{ref} is not in the lakehouse at {lakehouse} (no change log): check the name (schema.table) and "
             "that `cdc-lakehouse sync` has captured it."
         )
-    bounds = read_query(log, "SELECT min(_cdc_seq) AS first, min(_cdc_commit_ts) AS first_ts FROM changes", "changes")
-    first, first_ts = bounds.column("first")[0].as_py(), bounds.column("first_ts")[0].as_py()
-    point = at_seq if at_seq is not None else _seq_at(log, _utc(at_time))
+    first, first_ts = _first(log, history)
+    point = at_seq if at_seq is not None else _seq_at(log, history, _utc(at_time))
     if point is None or first is None or point < first:
         asked = f"seq {at_seq}" if at_seq is not None else f"{_utc(at_time).isoformat()}"
         raise CdcUserError(
@@ -73,24 +80,66 @@ def table_as_of(
         )
     events = (
         schema_changes(read_query(log, "SELECT * FROM changes WHERE _cdc_ddl IS NOT NULL", "changes"))
-        if _has_ddl(log)
+        if log is not None and _has_ddl(log)
         else []
     )
     shape = shape_at(events, point, latest)
-    history = lakehouse.open(HISTORY, ref)
-    reaches = history is not None and (max_seq(history, HISTORY_SEQ_KEY) or -1) >= point
+    reaches = history is not None and kept is not None and kept >= point
     if from_history and not reaches:
         raise CdcUserError(f"{ref} has no history table reaching seq {point}: add it to CDC_HISTORY_TABLES and sync.")
-    if reaches and from_history is not False:
-        assert history is not None
-        where = f"{VALID_FROM_SEQ} <= {int(point)} AND ({VALID_TO_SEQ} IS NULL OR {VALID_TO_SEQ} > {int(point)})"
+    if history is not None and kept is not None and from_history is not False:
+        base = min(int(point), int(kept))
+        where = f"{VALID_FROM_SEQ} <= {base} AND ({VALID_TO_SEQ} IS NULL OR {VALID_TO_SEQ} > {base})"
         versions = read_query(history, f"SELECT * FROM history WHERE {where}", "history")
+        if point > kept and log is not None:  # the changes the history has not taken in yet, on top
+            changes = read_query(
+                log, f"SELECT * FROM changes WHERE _cdc_seq > {base} AND _cdc_seq <= {int(point)}", "changes"
+            )
+            columns = source_fields(changes.schema)
+            schema = history_schema(columns)
+            state = start(
+                _conformed(versions, schema).to_pylist(),
+                shape_at(events, base, latest),
+                history.transaction_version(SEED_SEQ_KEY),
+            )
+            versions = version_rows(advance(state, columns, changes).current(), schema)
     else:
+        if log is None:
+            raise CdcUserError(f"{ref} has no change log to replay: read it from its history (from_history=None).")
         changes = read_query(log, f"SELECT * FROM changes WHERE _cdc_seq <= {int(point)}", "changes")
         columns = source_fields(changes.schema)
         state = advance(start([], shape_at(events, None, latest)), columns, changes)
         versions = version_rows(state.current(), history_schema(columns))
     return _as_table(versions, shape)
+
+
+def _first(log: Any, history: Any) -> tuple[int | None, dt.datetime | None]:
+    """The first point the lakehouse knows the table at: its first change, or its history's first version."""
+    found = []
+    if log is not None:
+        sql = "SELECT min(_cdc_seq) AS first, min(_cdc_commit_ts) AS first_ts FROM changes"
+        found.append(read_query(log, sql, "changes"))
+    if history is not None:
+        sql = f"SELECT min({VALID_FROM_SEQ}) AS first, min({VALID_FROM}) AS first_ts FROM history"
+        found.append(read_query(history, sql, "history"))
+    bounds = [(b.column("first")[0].as_py(), b.column("first_ts")[0].as_py()) for b in found]
+    bounds = [b for b in bounds if b[0] is not None]
+    return min(bounds, key=lambda b: b[0]) if bounds else (None, None)
+
+
+def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """History rows with `schema`'s source columns at its types (a column new to them NULL), then their own
+    validity columns."""
+    arrays, fields = [], []
+    for f in schema:
+        if f.name in rows.column_names:
+            arrays.append(
+                cast_column(rows.column(f.name), f.type) if not f.name.startswith("_cdc_") else rows.column(f.name)
+            )
+        else:
+            arrays.append(pa.nulls(rows.num_rows, f.type))
+        fields.append(pa.field(f.name, arrays[-1].type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def _has_ddl(log: object) -> bool:
@@ -102,11 +151,21 @@ def _utc(moment: dt.datetime | None) -> dt.datetime:
     return moment.replace(tzinfo=dt.UTC) if moment.tzinfo is None else moment.astimezone(dt.UTC)
 
 
-def _seq_at(log: object, moment: dt.datetime) -> int | None:
-    """The last change committed at or before `moment`."""
+def _seq_at(log: Any, history: Any, moment: dt.datetime) -> int | None:
+    """The last change committed at or before `moment`: in the change log, or (a snapshot's seed, a table with
+    no change log) where the history's versions begin or end."""
     stamp = moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    sql = f"SELECT max(_cdc_seq) AS s FROM changes WHERE _cdc_commit_ts <= arrow_cast('{stamp}', 'Timestamp(Microsecond, Some(\"UTC\"))')"
-    return read_query(log, sql, "changes").column(0)[0].as_py()  # type: ignore[arg-type]
+    at = f"arrow_cast('{stamp}', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+    found = []
+    if log is not None:
+        sql = f"SELECT max(_cdc_seq) AS s FROM changes WHERE _cdc_commit_ts <= {at}"
+        found.append(read_query(log, sql, "changes").column(0)[0].as_py())
+    if history is not None:
+        for seq, ts in ((VALID_FROM_SEQ, VALID_FROM), (VALID_TO_SEQ, VALID_TO)):
+            sql = f"SELECT max({seq}) AS s FROM history WHERE {ts} <= {at}"
+            found.append(read_query(history, sql, "history").column(0)[0].as_py())
+    found = [f for f in found if f is not None]
+    return max(found) if found else None
 
 
 def _as_table(versions: pa.Table, shape: TableShape) -> pa.Table:

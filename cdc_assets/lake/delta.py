@@ -19,6 +19,7 @@ from cdc_assets.core.errors import CdcUserError
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
 APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-state table has taken changes in
+SEED_SEQ_KEY = "cdc_seed_seq"  # the `_cdc_seq` of the snapshot that last seeded a history table (stages.history)
 HISTORY_SEQ_KEY = "cdc_history_seq"  # the `_cdc_seq` up to which a history table has taken changes in
 COMMIT_TOKEN_KEY = "cdc_commit"  # commit metadata: a token naming one CDC commit (see seq_landed)
 LANDED_LOOKBACK = 20  # commits looked at for a landed commit: a lost answer is retried at once
@@ -60,7 +61,9 @@ def compact_small_files(table: DeltaTable, target_bytes: int, failpoint: str | N
         return False
     if failpoint is not None:
         failpoints.hit(failpoint)
-    table.optimize.compact(target_size=target_bytes, commit_properties=CommitProperties(custom_metadata={COMPACTION_KEY: "true"}))
+    table.optimize.compact(
+        target_size=target_bytes, commit_properties=CommitProperties(custom_metadata={COMPACTION_KEY: "true"})
+    )
     return True
 
 
@@ -113,18 +116,20 @@ def open_table(uri: str, storage_options: dict[str, str] | None) -> DeltaTable |
         return None
 
 
-def seq_commit(key: str, seq: int, exact: bool = False) -> CommitProperties:
+def seq_commit(key: str, seq: int, exact: bool = False, also: dict[str, int] | None = None) -> CommitProperties:
     """Commit properties that record `seq` under `key` in a way no later commit can hide: as commit metadata
     (for people reading the history) and as a Delta app transaction (`txn` action), which the table's state
     keeps whatever commits follow (OPTIMIZE, property changes, checkpoints, log clean-up). The app transaction
     also fences writers: a commit carrying it fails ("Concurrent transaction") when another commit with the
     same app id landed after the version this writer read, so a writer whose lock expired mid-write cannot
     add what the run that took over has added. `exact`: the commit takes the version after the one read, or
-    fails (no rebase onto commits made since: see lake.files.commit_files)."""
+    fails (no rebase onto commits made since: see lake.files.commit_files). `also`: more app transactions the
+    commit records (e.g. the seq a history was seeded at)."""
     _last_commit.token = uuid.uuid4().hex  # names this commit, so a retry that meets it knows it (`seq_landed`)
     return CommitProperties(
-        custom_metadata={key: str(seq), COMMIT_TOKEN_KEY: _last_commit.token},
-        app_transactions=[Transaction(key, int(seq))],
+        custom_metadata={key: str(seq), COMMIT_TOKEN_KEY: _last_commit.token}
+        | {k: str(v) for k, v in (also or {}).items()},
+        app_transactions=[Transaction(key, int(seq))] + [Transaction(k, int(v)) for k, v in (also or {}).items()],
         max_commit_retries=0 if exact else None,
     )
 
@@ -194,5 +199,3 @@ def max_seq(table: DeltaTable | None, metadata_key: str = MAX_SEQ_KEY) -> int | 
         value = pc.max(actions.column("max._cdc_seq")).as_py()
         return None if value is None else int(value)
     return None
-
-

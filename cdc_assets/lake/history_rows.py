@@ -9,6 +9,13 @@ old key of a key-changing update, a TRUNCATE, a DROP TABLE) has `_cdc_deleted = 
 every open version and opens it again with the row's values as the ALTER left them (an added column's default,
 a renamed column's values under the new name, converted types), so an as-of read after it sees what the
 source held. `_cdc_key` (the row's primary key as a JSON array) and `_cdc_valid_from_seq` identify a version.
+
+A snapshot seeds a history (stages.history.seed_history): every loaded row a version open from the snapshot's
+seq S. A snapshot on Spark reads its rows after S (see stages/snapshot_on_spark), so a seeded row may already
+hold a change made after S. `advance` fixes each seeded version (still open, opened at the seed's seq) at its
+key's first change after S, whose before-image is the row as it was at S: an update or delete sets the
+version's values to that image; an insert (or a key-changing update into the key) shows the key was not there
+at S, so the seeded version is dropped (`is_dropped`: closed where it opened, deleted from the table).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class Versions:
     open: dict[str, list[dict[str, Any]]]
     key: tuple[str, ...]
     keyless: bool  # the key is the whole row (no primary key): identical rows are copies of one key
+    seed: int | None = None  # the seq a snapshot seeded the history at: its versions are fixed at their first change
     closed: list[dict[str, Any]] = field(default_factory=list)
     opened: list[dict[str, Any]] = field(default_factory=list)
 
@@ -78,13 +86,18 @@ def key_text(row: dict[str, Any], key: Sequence[str]) -> str:
     return json.dumps([row.get(k) for k in key], default=str, ensure_ascii=False)
 
 
-def start(open_versions: list[dict[str, Any]], shape: TableShape) -> Versions:
+def start(open_versions: list[dict[str, Any]], shape: TableShape, seed: int | None = None) -> Versions:
     """The state before a pass: the versions open now (read from the history table), by key, under the table
-    shape in force then."""
+    shape in force then; `seed`: the seq a snapshot seeded the history at (its table's SEED_SEQ_KEY)."""
     by_key: dict[str, list[dict[str, Any]]] = {}
     for v in sorted(open_versions, key=lambda v: v[VALID_FROM_SEQ]):
         by_key.setdefault(v[KEY], []).append(v)
-    return Versions(by_key, key_columns(shape), not shape.primary_key)
+    return Versions(by_key, key_columns(shape), not shape.primary_key, seed)
+
+
+def is_dropped(version: dict[str, Any]) -> bool:
+    """A seeded version found not to have existed (closed at the seq it opened at): deleted from the table."""
+    return version[VALID_TO_SEQ] is not None and version[VALID_TO_SEQ] == version[VALID_FROM_SEQ]
 
 
 def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> Versions:
@@ -112,6 +125,26 @@ def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> 
         state.open.clear()
         return were
 
+    def seeded(key: str) -> dict[str, Any] | None:
+        """The key's version the seed opened and no change has touched since, if any."""
+        versions = state.open.get(key) if state.seed is not None else None
+        if versions and versions[0][VALID_FROM_SEQ] == state.seed and id(versions[0]) in given:
+            return versions[0]
+        return None
+
+    def fix(key: str, image: dict[str, Any]) -> None:  # the key's first change after the seed: its row then
+        version = seeded(key)
+        if version is not None:
+            version.update({n: image.get(n) for n in names})
+
+    def drop(key: str) -> None:  # the key was written anew: the seeded version (read after S) never was
+        version = seeded(key)
+        if version is not None:
+            close(version, version[VALID_FROM_SEQ], version[VALID_FROM], True)
+            state.open[key].pop(0)
+            if not state.open[key]:
+                del state.open[key]
+
     def open_version(values: dict[str, Any], seq: int, ts: dt.datetime) -> None:
         version = {n: values.get(n) for n in names}
         version.update(
@@ -126,13 +159,18 @@ def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> 
     for row in rows:
         op, seq, ts = row["_cdc_op"], row["_cdc_seq"], row["_cdc_commit_ts"]
         if op == "insert":
+            drop(key_text(row, state.key))
             open_version(row, seq, ts)
         elif op == "update":
             before = row["_cdc_before"] or {}
             old, new = key_text(before, state.key), key_text(row, state.key)
+            fix(old, before)
+            if new != old:
+                drop(new)
             close_key(old, seq, ts, old != new)
             open_version(row, seq, ts)
         elif op == "delete":
+            fix(key_text(row, state.key), row)
             close_key(key_text(row, state.key), seq, ts, True)
         elif op in ("truncate", "drop"):
             close_all(seq, ts, True)

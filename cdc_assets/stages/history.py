@@ -9,6 +9,9 @@ table's progress has not moved, so it is applied again) takes the same changes i
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -16,24 +19,32 @@ import pyarrow.compute as pc
 from deltalake import write_deltalake
 
 from cdc_assets.core import failpoints
+from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.change_rows import DDL_COLUMN, cast_column
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column
 from cdc_assets.lake.current_rows import CURRENT_FILE_BYTES
 from cdc_assets.lake.delta import (
     HISTORY_SEQ_KEY,
+    SEED_SEQ_KEY,
     compact_small_files,
     fenced,
     max_seq,
     plain_type,
     read_query,
+    read_query_chunks,
     seq_commit,
     seq_landed,
     table_configuration,
 )
 from cdc_assets.lake.history_rows import (
+    DELETED,
     IS_CURRENT,
     KEY,
+    VALID_FROM,
     VALID_FROM_SEQ,
+    VALID_TO,
+    VALID_TO_SEQ,
     Versions,
     advance,
     history_schema,
@@ -43,15 +54,16 @@ from cdc_assets.lake.history_rows import (
     start,
     version_rows,
 )
-from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, HISTORY
+from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, HISTORY
 from cdc_assets.lake.state import load_progress
 from cdc_assets.lake.store import Lakehouse
 
 CHANGES_PER_COMMIT = 200_000  # changes taken into a history at once (as current state's merges): bounds memory
 
 
-def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None) -> str:
-    """Take the table's changes past its history's seq into its history table; returns what was done."""
+def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None, through: int | None = None) -> str:
+    """Take the table's changes past its history's seq (up to `through`, when given) into its history table;
+    returns what was done."""
     changes_log = lakehouse.open(CHANGES, table)
     latest = load_progress(lakehouse.store, CHANGES_STAGE, str(table)).shape
     if changes_log is None or latest is None:
@@ -59,9 +71,11 @@ def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None) 
     history = lakehouse.open(HISTORY, table)
     done = max_seq(history, HISTORY_SEQ_KEY)
     log_max = max_seq(changes_log)
-    if log_max is None or (done is not None and log_max <= done):
+    if log_max is None or (done is not None and min(log_max, through if through is not None else log_max) <= done):
         return "up to date"
-    after = "" if done is None else f" AND _cdc_seq > {int(done)}"
+    after = ("" if done is None else f" AND _cdc_seq > {int(done)}") + (
+        "" if through is None else f" AND _cdc_seq <= {int(through)}"
+    )
     seqs = read_query(changes_log, f"SELECT _cdc_seq FROM changes WHERE true{after} ORDER BY _cdc_seq", "changes")
     if not seqs.num_rows:
         return "up to date"
@@ -86,9 +100,10 @@ def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None) 
         columns = source_fields(changes.schema)
         schema = history_schema(columns)
         if state is None:
-            state = start(_open_versions(history, schema) if history is not None else [], shape)
+            seed = history.transaction_version(SEED_SEQ_KEY) if history is not None else None
+            state = start(_open_versions(history, schema) if history is not None else [], shape, seed)
         else:  # the versions the last part left open are in the table now: closing one updates it there
-            state = Versions(state.open, state.key, state.keyless)
+            state = Versions(state.open, state.key, state.keyless, state.seed)
         state = advance(state, columns, changes)
         rows = version_rows(state.closed + state.opened, schema)
         opened, closed = opened + len(state.opened), closed + len(state.closed)
@@ -115,18 +130,28 @@ def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def _commit(lakehouse: Lakehouse, table: TableRef, history: Any, rows: pa.Table, new_seq: int) -> None:
-    """One Delta commit: versions closed (updated in place) and opened (inserted), recording `new_seq`."""
+def _commit(
+    lakehouse: Lakehouse,
+    table: TableRef,
+    history: Any,
+    rows: pa.Table,
+    new_seq: int,
+    key: str = HISTORY_SEQ_KEY,
+    also: dict[str, int] | None = None,
+) -> None:
+    """One Delta commit: versions closed (updated in place), opened (inserted) and dropped (`is_dropped`:
+    deleted), recording `new_seq` under `key` (and the app transactions `also`)."""
     where = lakehouse.table_key(HISTORY, table)
-    commit = seq_commit(HISTORY_SEQ_KEY, new_seq)
+    commit = seq_commit(key, new_seq, also=also)
     # a commit whose answer was lost but that landed is not an error (see lake.delta.fenced)
-    landed = seq_landed(lakehouse.table_uri(HISTORY, table), lakehouse.storage_options(), HISTORY_SEQ_KEY, new_seq)
+    landed = seq_landed(lakehouse.table_uri(HISTORY, table), lakehouse.storage_options(), key, new_seq)
     rows = rows.sort_by([(KEY, "ascending"), (VALID_FROM_SEQ, "ascending")])
+    dropped = pc.fill_null(pc.equal(rows.column(VALID_TO_SEQ), rows.column(VALID_FROM_SEQ)), False)
     if history is None:
         with fenced(where, landed):
             write_deltalake(
                 lakehouse.table_uri(HISTORY, table),
-                rows,
+                rows.filter(pc.invert(dropped)),
                 mode="append",
                 storage_options=lakehouse.storage_options(),
                 configuration=table_configuration(rows.schema),
@@ -143,7 +168,7 @@ def _commit(lakehouse: Lakehouse, table: TableRef, history: Any, rows: pa.Table,
         with fenced(where, landed):
             write_deltalake(
                 history,
-                pa.concat_tables([kept, rows]),
+                pa.concat_tables([kept, rows.filter(pc.invert(dropped))]),
                 mode="overwrite",
                 schema_mode="overwrite",
                 commit_properties=commit,
@@ -158,5 +183,164 @@ def _commit(lakehouse: Lakehouse, table: TableRef, history: Any, rows: pa.Table,
             merge_schema=True,
             streamed_exec=False,
             commit_properties=commit,
-        ).when_matched_update_all().when_not_matched_insert_all().execute()
+        ).when_matched_delete(
+            f"s.{VALID_TO_SEQ} = s.{VALID_FROM_SEQ}"
+        ).when_matched_update_all().when_not_matched_insert_all(
+            f"s.{VALID_TO_SEQ} IS NULL OR s.{VALID_TO_SEQ} <> s.{VALID_FROM_SEQ}"
+        ).execute()
     compact_small_files(history, CURRENT_FILE_BYTES)
+
+
+SEED_ROWS_PER_COMMIT = 200_000  # loaded rows compared with the open versions, and committed, at once
+SEED_PART_KEY = "cdc_history_seed_part"  # app transaction of a seed's commits before its last one
+
+
+def seed_history(
+    lakehouse: Lakehouse, shape: TableShape, seq: int, taken_at: dt.datetime, log: Any | None = None
+) -> str:
+    """A snapshot's rows, just loaded into the table's current state at `seq` (taken at `taken_at`), as its
+    history's versions at that seq: a version opens for each row new or changed, the open version of a changed
+    row closes, and the open version of a key the snapshot no longer has closes as deleted. The change log's
+    versions up to `seq` are taken in first (`keep_history(through=seq)`), so a history turned on before keeps
+    its past. The rows are read back from current state SEED_ROWS_PER_COMMIT at a time, each part a commit; the
+    last one records `seq` as the history's seq (HISTORY_SEQ_KEY) and as its seed (SEED_SEQ_KEY), so a seed
+    stopped part-way is done again from what it committed (each row's version is then found unchanged), and a
+    seed done is not done twice. Returns what was done."""
+    table = shape.table
+    if table not in lakehouse.history:
+        return "not kept"
+    if not shape.primary_key:
+        if log is not None:
+            log.warning(
+                f"{table} has no primary key: its history is not kept (CDC_HISTORY_TABLES covers keyed tables)."
+            )
+        return "not kept: no primary key"
+    keep_history(lakehouse, table, log, through=seq)
+    history = lakehouse.open(HISTORY, table)
+    done = max_seq(history, HISTORY_SEQ_KEY)
+    if history is not None and done == seq and history.transaction_version(SEED_SEQ_KEY) == seq:
+        return "seeded already"
+    if done is not None and done > seq:
+        if log is not None:
+            log.warning(
+                f"{table}: its history already holds changes after the snapshot's seq {seq} (a sync ran while the "
+                f"snapshot read it): the history is not seeded from the snapshot, it goes on from its change log."
+            )
+        return "not seeded: the history is past the snapshot"
+    current = lakehouse.open(CURRENT, table)
+    if current is None:
+        return "no current state"
+    schema = history_schema(_seed_columns(lakehouse, table, shape, history))
+    sources = [f.name for f in schema if not f.name.startswith("_cdc_")]
+    source_schema = pa.schema([schema.field(name) for name in sources])
+    empty = schema.empty_table()
+    opened = (
+        _conformed(read_query(history, f"SELECT * FROM history WHERE {IS_CURRENT}", "history"), schema)
+        if history is not None
+        else empty
+    )
+    open_keys = opened.column(KEY).combine_chunks()
+    seen: list[pa.Array] = []
+    held: pa.Table | None = None  # a part's versions, committed once the next part shows it was not the last
+    new = changed = 0
+    for part in _parts(current):
+        rows = _conformed(part, source_schema)
+        keys = _key_texts(rows, shape.primary_key)
+        seen.append(keys)
+        at = pc.index_in(keys, value_set=open_keys)
+        matched = pc.is_valid(at)
+        before = opened.take(at)  # NULL rows where no version is open
+        same = matched
+        for name in sources:
+            same = pc.and_(same, _same(rows.column(name), before.column(name)))
+        differs = pc.invert(same)
+        fresh = _with_validity(rows.filter(differs).append_column(KEY, keys.filter(differs)), seq, taken_at)
+        ends = before.filter(pc.and_(matched, pc.invert(same)))
+        ends = ends.filter(pc.not_equal(ends.column(VALID_FROM_SEQ), seq))  # one opened at this seq is replaced
+        new, changed = new + fresh.num_rows, changed + ends.num_rows
+        if held is not None and held.num_rows:
+            _commit_seed(lakehouse, table, held, seq, last=False)
+        held = pa.concat_tables([_closed(ends, seq, taken_at, False), fresh.select(schema.names).cast(schema)])
+    everywhere = pa.concat_arrays(seen) if seen else pa.array([], pa.string())
+    gone = opened.filter(pc.invert(pc.is_in(open_keys, value_set=everywhere)))
+    final = pa.concat_tables([held if held is not None else empty, _closed(gone, seq, taken_at, True)])
+    _commit_seed(lakehouse, table, final, seq, last=True)
+    return f"seeded at seq {seq}: {new} versions opened, {changed} changed and {gone.num_rows} deleted closed"
+
+
+def _parts(current: Any) -> Iterator[pa.Table]:
+    """The current state's rows, SEED_ROWS_PER_COMMIT at a time."""
+    for chunk in read_query_chunks(current, "SELECT * FROM current", "current", SEED_ROWS_PER_COMMIT):
+        for offset in range(0, chunk.num_rows, SEED_ROWS_PER_COMMIT):
+            yield chunk.slice(offset, SEED_ROWS_PER_COMMIT)
+
+
+def _commit_seed(lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int, last: bool) -> None:
+    failpoints.hit("history.before_seed_commit")
+    history = lakehouse.open(HISTORY, table)
+    if last:
+        _commit(lakehouse, table, history, rows, seq, also={SEED_SEQ_KEY: seq})
+    else:
+        _commit(lakehouse, table, history, rows, seq, key=SEED_PART_KEY)
+
+
+def _seed_columns(lakehouse: Lakehouse, table: TableRef, shape: TableShape, history: Any) -> list[pa.Field]:
+    """The seeded history's source columns: the change log's (every column the table had, at its types), then
+    any other the history has, then the snapshot's columns neither knows."""
+    columns: list[pa.Field] = []
+    changes_log = lakehouse.open(CHANGES, table)
+    for known in (changes_log, history):
+        if known is not None:
+            names = {f.name for f in columns}
+            columns += [f for f in source_fields(pa.schema(known.schema().to_arrow())) if f.name not in names]
+    names = {f.name for f in columns}
+    columns += [f.with_nullable(True) for f in arrow_schema(list(shape.columns)) if f.name not in names]
+    return [pa.field(f.name, plain_type(f.type)) for f in columns]
+
+
+def _key_texts(rows: pa.Table, key: tuple[str, ...]) -> pa.Array:
+    """`_cdc_key` of each row, exactly as history_rows.key_text writes it."""
+    if len(key) == 1 and pa.types.is_integer(rows.schema.field(key[0]).type):  # the common case, in Arrow
+        return pc.binary_join_element_wise("[", pc.cast(rows.column(key[0]), pa.string()), "]", "").combine_chunks()
+    values = zip(*(rows.column(k).to_pylist() for k in key), strict=True)
+    return pa.array([json.dumps(list(v), default=str, ensure_ascii=False) for v in values], pa.string())
+
+
+def _same(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Row by row: equal values, NULL equal to NULL."""
+    both_null = pc.and_(pc.is_null(a), pc.is_null(b))
+    try:
+        equal = pc.equal(a, b)
+    except pa.ArrowNotImplementedError:  # a type with no kernel: compared as Python values
+        equal = pa.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist(), strict=True)])
+    return pc.or_(both_null, pc.fill_null(equal, False))
+
+
+def _with_validity(rows: pa.Table, seq: int, taken_at: dt.datetime) -> pa.Table:
+    """Loaded rows as versions open from the snapshot."""
+    n = rows.num_rows
+    for name, values in (
+        (VALID_FROM, pa.array([taken_at] * n, COMMIT_TS_TYPE)),
+        (VALID_TO, pa.nulls(n, COMMIT_TS_TYPE)),
+        (VALID_FROM_SEQ, pa.array([seq] * n, SEQ_TYPE)),
+        (VALID_TO_SEQ, pa.nulls(n, SEQ_TYPE)),
+        (IS_CURRENT, pa.array([True] * n)),
+        (DELETED, pa.array([False] * n)),
+    ):
+        rows = rows.drop_columns([name]) if name in rows.column_names else rows
+        rows = rows.append_column(name, values)
+    return rows
+
+
+def _closed(versions: pa.Table, seq: int, taken_at: dt.datetime, deleted: bool) -> pa.Table:
+    """Open versions closed by the snapshot at `seq` (one opened at `seq` itself is thereby dropped)."""
+    n = versions.num_rows
+    updates = {
+        VALID_TO: pa.array([taken_at] * n, versions.schema.field(VALID_TO).type),
+        VALID_TO_SEQ: pa.array([seq] * n, versions.schema.field(VALID_TO_SEQ).type),
+        IS_CURRENT: pa.array([False] * n),
+        DELETED: pa.array([deleted] * n),
+    }
+    for name, values in updates.items():
+        versions = versions.set_column(versions.schema.get_field_index(name), name, values)
+    return versions

@@ -4,6 +4,7 @@ progress in both stages, and capture's registry and shapes, so changes after the
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ from cdc_assets.lake.state import (
     save_schemas,
 )
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.history import seed_history
 
 
 @dataclass
@@ -34,13 +36,21 @@ class SnapshotReport:
     seconds: float = 0.0
 
 
-def record_loaded(lakehouse: Lakehouse, shape: TableShape, seq: int) -> None:
-    """Progress after a table's current state was loaded at `seq` (the caller holds both stages' locks): the
-    change-log stage knows its shape, the current-state stage that a snapshot loaded it."""
+def record_loaded(
+    lakehouse: Lakehouse, shape: TableShape, seq: int, taken_at: dt.datetime, log: Any | None = None
+) -> None:
+    """Progress after a table's current state was loaded at `seq` (the snapshot began reading at `taken_at`;
+    the caller holds both stages' locks): the change-log stage knows its shape, the table's history (when
+    CDC_HISTORY_TABLES selects it) is seeded with the loaded rows, then the current-state stage learns that a
+    snapshot loaded it. A crash before that last step leaves the snapshot unrecorded: run again, it loads and
+    seeds again, and the seed finds the versions it committed already (stages.history.seed_history)."""
     store, table = lakehouse.store, str(shape.table)
     progress = load_progress(store, CHANGES_STAGE, table)
     if progress.shape is None:  # no change log yet: the current state needs the columns and key
         save_progress(store, CHANGES_STAGE, table, TableProgress(progress.batch, shape))
+    outcome = seed_history(lakehouse, shape, seq, taken_at, log)
+    if log is not None and outcome != "not kept":
+        log.info(f"{table}: history {outcome}")
     applied = load_progress(store, CURRENT_STAGE, table)
     save_progress(store, CURRENT_STAGE, table, TableProgress(applied.batch, None, None, present=True, snapshot_seq=seq))
 

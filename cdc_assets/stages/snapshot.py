@@ -157,7 +157,7 @@ def _take_snapshot(
         for shape, rows in loaded.values():
             _load_current(lakehouse, shape, rows, seq, taken_at)
             failpoints.hit("snapshot.overwritten")
-            record_loaded(lakehouse, shape, seq)
+            record_loaded(lakehouse, shape, seq, taken_at, log)
     spool.remove()
     register_loaded(lakehouse, [shape for shape, _ in loaded.values()], seq, owner, log)
     report.position, report.seq = str(position), seq

@@ -311,7 +311,7 @@ def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:
             current_configuration(schema),
             overwrite=existing is not None,
         )
-        record_loaded(lakehouse, record.shape, record.seq)
+        record_loaded(lakehouse, record.shape, record.seq, record.taken_at, run.log)
     record.committed = True
     save_record(lakehouse.store, record)
     run.info(f"{table}: {record.rows:,} rows committed at seq {record.seq}")
