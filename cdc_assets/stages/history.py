@@ -260,10 +260,10 @@ def seed_history(
         new, changed = new + fresh.num_rows, changed + ends.num_rows
         if held is not None and held.num_rows:
             _commit_seed(lakehouse, table, held, seq, last=False)
-        held = pa.concat_tables([_closed(ends, seq, taken_at, False), fresh.select(schema.names).cast(schema)])
+        held = pa.concat_tables([_shaped(_closed(ends, seq, taken_at, False), schema), _shaped(fresh, schema)])
     everywhere = pa.concat_arrays(seen) if seen else pa.array([], pa.string())
     gone = opened.filter(pc.invert(pc.is_in(open_keys, value_set=everywhere)))
-    final = pa.concat_tables([held if held is not None else empty, _closed(gone, seq, taken_at, True)])
+    final = pa.concat_tables([held if held is not None else empty, _shaped(_closed(gone, seq, taken_at, True), schema)])
     _commit_seed(lakehouse, table, final, seq, last=True)
     return f"seeded at seq {seq}: {new} versions opened, {changed} changed and {gone.num_rows} deleted closed"
 
@@ -330,6 +330,10 @@ def _with_validity(rows: pa.Table, seq: int, taken_at: dt.datetime) -> pa.Table:
         rows = rows.drop_columns([name]) if name in rows.column_names else rows
         rows = rows.append_column(name, values)
     return rows
+
+
+def _shaped(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    return rows.select(schema.names).cast(schema)
 
 
 def _closed(versions: pa.Table, seq: int, taken_at: dt.datetime, deleted: bool) -> pa.Table:
