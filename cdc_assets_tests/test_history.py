@@ -279,6 +279,7 @@ def test_a_seed_stopped_part_way_is_done_once(cdc: CdcEnv, monkeypatch: pytest.M
     current = cdc.lakehouse.open(CURRENT, TableRef(db, "s"))
     [stopped] = set(read_query(current, "SELECT DISTINCT _cdc_seq FROM current", "current").column(0).to_pylist())
     assert len(_history(cdc, "s")) == 4  # two parts committed
+    cdc.execute("UPDATE s SET v = 50 WHERE id = 5")  # a row of a part not committed yet
     seeded = _snapshot(cdc, "s")
     cdc.execute("UPDATE s SET v = 10 WHERE id = 1")
     assert cdc.sync() == 0
@@ -290,4 +291,4 @@ def test_a_seed_stopped_part_way_is_done_once(cdc: CdcEnv, monkeypatch: pytest.M
     first = {r[0]: r[2] for r in got if r[2] != update}
     assert sorted(first.values()).count(stopped) == 4 and sorted(first.values()).count(seeded) == 3  # by part
     assert (1, 1, first[1], update, False) in got and (1, 10, update, None, False) in got
-    assert (7, 70, first[7], None, False) in got
+    assert (7, 70, first[7], None, False) in got and (5, 50, seeded, None, False) in got
