@@ -43,6 +43,7 @@ WALKED_ELSEWHERE = {
     "sinks.window_acknowledged": "test_sinks.py (the CLI killed there)",
     "verify.in_snapshot": "test_consistency.py (DDL in flight during a verify)",
     "history.before_commit": "test_history.py (the CLI killed there; history needs CDC_HISTORY_TABLES)",
+    "history.before_seed_commit": "test_history.py::test_a_seed_stopped_part_way_is_done_once (the CLI killed there)",
 }
 
 BATCH_ROWS = 40  # small raw batches: a capture writes several, so it can be stopped between two
