@@ -21,7 +21,8 @@ import pytest
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.resources import initialized_resources
-from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake.delta import SEED_SEQ_KEY, read_query
+from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
 from cdc_assets.stages.snapshot_records import TableSnapshot, decode_key, encode_key, snapshots_in_progress
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 from cdc_assets_tests.test_cli import _run
@@ -84,6 +85,7 @@ def writing(cdc: CdcEnv) -> Iterator[list[int]]:
 def spark_snapshots(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> CdcEnv:
     monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "0")  # every run on Spark, whatever its size
     monkeypatch.setenv("CDC_SNAPSHOT_CHUNK_ROWS", "250")
+    monkeypatch.setenv("CDC_HISTORY_TABLES", f"{cdc.database}.ints,{cdc.database}.texts")  # seeded by the snapshots
     return cdc
 
 
@@ -109,6 +111,47 @@ def test_a_snapshot_on_spark_reads_chunks_while_the_source_writes(spark_snapshot
     assert snapshots_in_progress(cdc.lakehouse.store) == []  # nothing left to resume
     assert cdc.sync() == 0
     _assert_equal(cdc, 3)
+    _assert_history_follows_the_log(cdc)
+
+
+def _assert_history_follows_the_log(cdc: CdcEnv) -> None:
+    """The history `ints` was seeded with (CDC_HISTORY_TABLES, see `spark_snapshots`) and kept since: the rows were
+    read after the snapshot's seq S while the source wrote, so each seeded version must hold its row as it was at
+    S (the before-image of the key's first change after S), a key inserted after S has no seeded version, every
+    later version is a change of the log, and the open versions are the source's rows."""
+    table = TableRef(cdc.database, "ints")
+    history = cdc.lakehouse.open(HISTORY, table)
+    assert history is not None
+    seed = history.transaction_version(SEED_SEQ_KEY)
+    versions = read_query(history, "SELECT * FROM history", "history").to_pylist()
+    log = cdc.lakehouse.open(CHANGES, table)
+    changes = read_query(log, f"SELECT * FROM changes WHERE _cdc_seq > {seed} ORDER BY _cdc_seq", "changes").to_pylist()
+    first: dict[int, dict] = {}  # each key's first change after S, as it concerns the key
+    for c in changes:
+        before = (c["_cdc_before"] or {}).get("id") if c["_cdc_op"] == "update" else None
+        if before is not None:
+            first.setdefault(before, {"op": "update", "image": c["_cdc_before"]})
+        if c["_cdc_op"] == "delete":
+            first.setdefault(c["id"], {"op": "delete", "image": c})
+        elif c["id"] != before:  # an insert, or an update moving a row into this key
+            first.setdefault(c["id"], {"op": "insert"})
+    seeded = [v for v in versions if v["_cdc_valid_from_seq"] == seed]
+    assert len(seeded) > ROWS / 2
+    fixed = 0
+    for v in seeded:
+        change = first.get(v["id"])
+        assert change is None or change["op"] != "insert", v  # a key written after S had no row at S
+        if change is not None:
+            assert (v["n"], v["note"]) == (change["image"]["n"], change["image"]["note"]), v
+            fixed += 1
+    assert fixed > 10
+    seqs = {c["_cdc_seq"] for c in changes}
+    assert all(v["_cdc_valid_from_seq"] in seqs for v in versions if v["_cdc_valid_from_seq"] != seed)
+    assert len({(v["_cdc_key"], v["_cdc_valid_from_seq"]) for v in versions}) == len(versions)
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, n, note FROM ints ORDER BY id")
+        source = [tuple(r) for r in cur.fetchall()]
+    assert sorted((v["id"], v["n"], v["note"]) for v in versions if v["_cdc_is_current"]) == source
 
 
 def killed_mid_snapshot(env: dict[str, str], log_path: Path) -> list[TableSnapshot]:
