@@ -1,10 +1,17 @@
 """The current-state apply run of workload (a) with SCD2 history off and on (CDC_HISTORY_TABLES).
 
     .venv/bin/python -m benchmarks.history [--runs 3] [--tables 200] [--rows-per-table 1000] [--oltp 50000]
+    .venv/bin/python -m benchmarks.history --seed-rows 1000000 [--runs 3]
 
 Workload (a) is captured once and taken into the change logs once per run, in a fresh lakehouse; then the
 apply run (`stages.current.apply_pending` on Arrow, as `sync` runs it for this workload) is timed in a process of
 its own, once with no history and once with every table's history kept. Figures are medians of `--runs`.
+
+`--seed-rows N` measures instead what a snapshot adds when CDC_HISTORY_TABLES selects its table
+(`stages.history.seed_history`), with no source: a current-state table of N rows (5 columns: BIGINT key, INT,
+DECIMAL(12,2), VARCHAR, DATETIME) is written in a process of its own, then seeded into an empty history in
+another (time, and peak RSS above the process's RSS before the seed), then the table is rewritten with 1% of its
+rows changed and 1% gone and seeded again, as a re-snapshot would (the join against N open versions).
 """
 
 from __future__ import annotations
@@ -47,13 +54,87 @@ APPLY = (
 )
 
 
+SEED_SETUP = (
+    "import datetime as dt, os, resource, time\n"
+    "import pyarrow as pa, pyarrow.compute as pc\n"
+    "from decimal import Decimal\n"
+    "from deltalake import write_deltalake\n"
+    "from cdc_assets.core.mysql_types import ColumnSpec\n"
+    "from cdc_assets.core.names import TableRef\n"
+    "from cdc_assets.core.settings import TableSelection\n"
+    "from cdc_assets.core.shapes import TableShape\n"
+    "from cdc_assets.lake.current_rows import current_configuration, current_schema\n"
+    "from cdc_assets.lake.layout import CURRENT\n"
+    "from cdc_assets.lake.store import Lakehouse\n"
+    "from cdc_assets.stages.history import seed_history\n"
+    "ref = TableRef('bench', 'orders')\n"
+    "shape = TableShape(ref, (ColumnSpec('id', 'bigint'), ColumnSpec('customer', 'int'),\n"
+    "    ColumnSpec('amount', 'decimal', precision=12, scale=2), ColumnSpec('status', 'varchar'),\n"
+    "    ColumnSpec('created', 'datetime')), ('id',))\n"
+    "lakehouse = Lakehouse(os.environ['OUT_DIR'], history=TableSelection(('bench.*',)))\n"
+)
+SEED_WRITE = SEED_SETUP + (
+    "n, seq, changed = {rows}, {seq}, {changed}\n"
+    "ids = pa.array(range(n), pa.int64())\n"
+    "if changed:\n"
+    "    ids = ids.filter(pc.not_equal(pc.bit_wise_and(ids, 127), 1))  # ~1% of the rows gone\n"
+    "m, keys = len(ids), ids.to_pylist()\n"
+    "bump = pc.cast(pc.equal(pc.bit_wise_and(ids, 127), 2), pa.int64()) if changed else pa.array([0] * m, pa.int64())\n"
+    "rows = pa.table({{\n"
+    "    'id': ids, 'customer': pc.cast(pc.add(pc.bit_wise_and(ids, 4095), pc.cast(bump, pa.int64())), pa.int32()),\n"
+    "    'amount': pa.array([Decimal(i % 100000) / 100 for i in keys], pa.decimal128(12, 2)),\n"
+    "    'status': pa.array([('shipped', 'paid', 'new', 'returned')[i % 4] for i in keys]),\n"
+    "    'created': pa.array([dt.datetime(2026, 1, 1) + dt.timedelta(seconds=i) for i in keys], pa.timestamp('us')),\n"
+    "    '_cdc_seq': pa.array([seq] * m, pa.int64()),\n"
+    "    '_cdc_commit_ts': pa.array([dt.datetime(2026, 11, 25, tzinfo=dt.UTC)] * m, pa.timestamp('us', 'UTC')),\n"
+    "}}).cast(current_schema(shape))\n"
+    "write_deltalake(lakehouse.table_uri(CURRENT, ref), rows, mode='overwrite',\n"
+    "    configuration=current_configuration(rows.schema))\n"
+    "out = {{'rows': m}}\n"
+)
+SEED_RUN = SEED_SETUP + (
+    "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+    "began = time.monotonic()\n"
+    "outcome = seed_history(lakehouse, shape, {seq}, dt.datetime.now(dt.UTC))\n"
+    "out = {{'seconds': time.monotonic() - began, 'before_mb': before, 'outcome': outcome}}\n"
+)
+
+
+def _measure_seed(rows: int, runs: int) -> None:
+    env = dict(os.environ)
+    figures: dict[str, list[tuple[float, float]]] = {"first": [], "again": []}
+    for i in range(runs):
+        lakehouse = tempfile.mkdtemp(prefix="cdc-bench-seed-")
+        run_env = {**env, "OUT_DIR": lakehouse}
+        try:
+            for name, seq, changed in (("first", 1000, False), ("again", 2000, True)):
+                child(SEED_WRITE.format(rows=rows, seq=seq, changed=changed), run_env)
+                result = child(SEED_RUN.format(seq=seq), run_env)
+                grew = result["peak_mb"] - result["before_mb"]
+                figures[name].append((result["seconds"], grew))
+                print(f"  run {i + 1} {name}: {result['seconds']:.2f} s, peak +{grew:.0f} MB: {result['outcome']}", flush=True)
+        finally:
+            shutil.rmtree(lakehouse, ignore_errors=True)
+    print(f"\nmedians of {runs} runs, a {rows:,}-row table")
+    print("| seed | seconds | peak RSS added, MB |")
+    print("|---|---|---|")
+    for name, label in (("first", "first snapshot, empty history"), ("again", "re-snapshot, 1% changed, 1% gone")):
+        seconds = statistics.median(s for s, _ in figures[name])
+        grew = statistics.median(g for _, g in figures[name])
+        print(f"| {label} | {seconds:.2f} | {grew:.0f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--tables", type=int, default=200)
     parser.add_argument("--rows-per-table", type=int, default=1_000)
     parser.add_argument("--oltp", type=int, default=50_000)
+    parser.add_argument("--seed-rows", type=int, default=0, help="measure a snapshot's history seed of this many rows")
     args = parser.parse_args()
+    if args.seed_rows:
+        _measure_seed(args.seed_rows, args.runs)
+        return
 
     server = fresh_server()
     try:
