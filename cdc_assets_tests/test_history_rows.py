@@ -10,7 +10,7 @@ import pyarrow as pa
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.history_rows import advance, start
+from cdc_assets.lake.history_rows import advance, is_dropped, start
 
 T = TableRef("s", "t")
 COLUMNS = [pa.field("id", pa.int32()), pa.field("v", pa.string())]
@@ -79,3 +79,37 @@ def test_keyless_copies_close_oldest_first() -> None:
     state = advance(start([], _shape(())), COLUMNS, changes)
     assert [(v["id"], v["_cdc_valid_from_seq"]) for v in state.current()] == [(1, 2)]
     assert _versions(state) == [(1, "x", 1, 3, True), (1, "x", 2, None, False)]
+
+
+def test_seeded_versions_are_fixed_at_their_first_change() -> None:
+    """A Spark snapshot at seq 0 read its rows later: 1 after its update, 3 after its insert, 50 after 5 moved
+    there. Each seeded version ends up as the row was at seq 0, and those that did not exist then are dropped."""
+    taken = dt.datetime(2025, 12, 31, tzinfo=dt.UTC)
+
+    def seeded(i: int, v: str) -> dict:
+        validity = {"_cdc_valid_from": taken, "_cdc_valid_to": None, "_cdc_valid_from_seq": 0, "_cdc_valid_to_seq": None}
+        return {"id": i, "v": v, "_cdc_key": f"[{i}]", "_cdc_is_current": True, "_cdc_deleted": False} | validity
+
+    changes = _changes(
+        ("update", 1, "a-later", {"id": 1, "v": "a"}),
+        ("delete", 2, "b", {"id": 2, "v": "b"}),
+        ("insert", 3, "c-new", None),
+        ("update", 50, "e", {"id": 5, "v": "e"}),
+        ("update", 4, "d2", {"id": 4, "v": "d"}),
+    )
+    rows = [seeded(1, "a-later"), seeded(2, "b"), seeded(3, "c-new"), seeded(4, "d"), seeded(50, "e")]
+    state = advance(start(rows, _shape(("id",)), seed=0), COLUMNS, changes)
+    dropped = sorted(v["id"] for v in state.closed if is_dropped(v))
+    assert dropped == [3, 50]
+    kept = [v for v in state.closed + state.opened + state.current() if not is_dropped(v)]
+    assert _versions(type(state)({}, (), False, closed=kept)) == [
+        (1, "a", 0, 1, False),  # the row at seq 0, not as the snapshot read it
+        (1, "a-later", 1, None, False),
+        (2, "b", 0, 2, True),
+        (3, "c-new", 3, None, False),
+        (4, "d", 0, 5, False),
+        (4, "d2", 5, None, False),
+        (50, "e", 4, None, False),
+    ]
+    unseeded = advance(start([seeded(1, "a-later")], _shape(("id",))), COLUMNS, changes.slice(0, 1))
+    assert _versions(unseeded) == [(1, "a-later", 0, 1, False), (1, "a-later", 1, None, False)]  # no seed: as read
