@@ -138,6 +138,7 @@ def _commit(
     new_seq: int,
     key: str = HISTORY_SEQ_KEY,
     also: dict[str, int] | None = None,
+    append: bool = False,
 ) -> None:
     """One Delta commit: versions closed (updated in place), opened (inserted) and dropped (`is_dropped`:
     deleted), recording `new_seq` under `key` (and the app transactions `also`)."""
@@ -173,6 +174,10 @@ def _commit(
                 schema_mode="overwrite",
                 commit_properties=commit,
             )
+        return
+    if append:  # only versions new to the table
+        with fenced(where, landed):
+            write_deltalake(history, rows, mode="append", schema_mode="merge", commit_properties=commit)
         return
     with fenced(where, landed):
         history.merge(
@@ -241,7 +246,8 @@ def seed_history(
     )
     open_keys = opened.column(KEY).combine_chunks()
     seen: list[pa.Array] = []
-    held: pa.Table | None = None  # a part's versions, committed once the next part shows it was not the last
+    held: list[pa.Table] = []  # versions not committed yet: a commit once SEED_ROWS_PER_COMMIT are held
+    collide = False  # whether one of them replaces a version in the table (else they are appended)
     new = changed = 0
     for part in _parts(current):
         rows = _conformed(part, source_schema)
@@ -256,15 +262,17 @@ def seed_history(
         differs = pc.invert(same)
         fresh = _with_validity(rows.filter(differs).append_column(KEY, keys.filter(differs)), seq, taken_at)
         ends = before.filter(pc.and_(matched, pc.invert(same)))
+        collide = collide or ends.num_rows > 0
         ends = ends.filter(pc.not_equal(ends.column(VALID_FROM_SEQ), seq))  # one opened at this seq is replaced
         new, changed = new + fresh.num_rows, changed + ends.num_rows
-        if held is not None and held.num_rows:
-            _commit_seed(lakehouse, table, held, seq, last=False)
-        held = pa.concat_tables([_shaped(_closed(ends, seq, taken_at, False), schema), _shaped(fresh, schema)])
+        held += [_shaped(_closed(ends, seq, taken_at, False), schema), _shaped(fresh, schema)]
+        if sum(t.num_rows for t in held) >= SEED_ROWS_PER_COMMIT:
+            _commit_seed(lakehouse, table, pa.concat_tables(held), seq, last=False, append=not collide)
+            held, collide = [], False
     everywhere = pa.concat_arrays(seen) if seen else pa.array([], pa.string())
     gone = opened.filter(pc.invert(pc.is_in(open_keys, value_set=everywhere)))
-    final = pa.concat_tables([held if held is not None else empty, _shaped(_closed(gone, seq, taken_at, True), schema)])
-    _commit_seed(lakehouse, table, final, seq, last=True)
+    final = pa.concat_tables([empty, *held, _shaped(_closed(gone, seq, taken_at, True), schema)])
+    _commit_seed(lakehouse, table, final, seq, last=True, append=not collide and not gone.num_rows)
     return f"seeded at seq {seq}: {new} versions opened, {changed} changed and {gone.num_rows} deleted closed"
 
 
@@ -275,13 +283,15 @@ def _parts(current: Any) -> Iterator[pa.Table]:
             yield chunk.slice(offset, SEED_ROWS_PER_COMMIT)
 
 
-def _commit_seed(lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int, last: bool) -> None:
+def _commit_seed(lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int, last: bool, append: bool) -> None:
+    """A seed's commit: the last records `seq` as the history's seq and seed; `append` when no row replaces or
+    closes a version in the table (a first seed's new versions: no MERGE, which would read the table)."""
     failpoints.hit("history.before_seed_commit")
     history = lakehouse.open(HISTORY, table)
     if last:
-        _commit(lakehouse, table, history, rows, seq, also={SEED_SEQ_KEY: seq})
+        _commit(lakehouse, table, history, rows, seq, also={SEED_SEQ_KEY: seq}, append=append)
     else:
-        _commit(lakehouse, table, history, rows, seq, key=SEED_PART_KEY)
+        _commit(lakehouse, table, history, rows, seq, key=SEED_PART_KEY, append=append)
 
 
 def _seed_columns(lakehouse: Lakehouse, table: TableRef, shape: TableShape, history: Any) -> list[pa.Field]:
