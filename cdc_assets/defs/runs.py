@@ -144,6 +144,7 @@ def run_job(
     tags: dict[str, str] | None = None,
     partition_key: str | None = None,
     check_source: bool = True,
+    run_id: str | None = None,
 ) -> RunOutcome:
     """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix.
     `check_source=False` for runs that never read the source (a sink publishes from the lakehouse alone)."""
@@ -166,6 +167,7 @@ def run_job(
             raise_on_error=False,
             tags={"cdc/trigger": "cli", **(tags or {})},
             partition_key=partition_key,
+            run_id=run_id,
         )
     failures = []
     for event in result.all_events:
@@ -192,11 +194,12 @@ def run_job(
     return RunOutcome(result.success and not failed_checks, metadata, failed_checks + failures, time.monotonic() - began)
 
 
-def run_sync(verbose: bool = False) -> RunOutcome:
+def run_sync(verbose: bool = False, run_id: str | None = None) -> RunOutcome:
     """One run of the `sync` job (capture, then the touched tables' change logs and current state, with the checks
-    of all three), then a publish run per configured sink."""
+    of all three), then a publish run per configured sink. `run_id`: the sync run's id, chosen before a capture
+    was forked for it (cdc_assets.defs.forked_capture)."""
     refuse_beside_continuous(initialized_resources().lakehouse.get())
-    outcome = run_job(SYNC_JOB, verbose)
+    outcome = run_job(SYNC_JOB, verbose, run_id=run_id)
     if configured_sinks():
         outcome = outcome + run_publish(None, verbose)
     return outcome
