@@ -33,7 +33,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
+## The project's own modules byte-compiled: an editable install leaves them to be compiled at each import, and
+## machines that set PYTHONDONTWRITEBYTECODE=1 would pay that in every `cdc-lakehouse` process (~0.2 s); compileall
+## rewrites only what changed since. The instance step also builds the cache of empty Dagster databases.
 install: system-deps $(STAMP)
+	@$(BIN)/python -m compileall -q -j 0 cdc_assets spark_resources >/dev/null
 	@$(BIN)/python -m cdc_assets.defs.instance >/dev/null
 
 ## `make demo SINKS=1` also publishes every change to a local RabbitMQ and a local Kinesis and reads them back.

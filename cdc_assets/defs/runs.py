@@ -19,7 +19,7 @@ from cdc_assets.core.errors import CdcUserError, unreachable_message, unreachabl
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
 from cdc_assets.defs.freshness import freshness_windows
-from cdc_assets.defs.instance import ensure_dagster_home
+from cdc_assets.defs.instance import ensure_dagster_home, is_new, remember_new_home
 from cdc_assets.defs.keys import (
     CHANGES_ASSET,
     CONTINUOUS_JOB,
@@ -48,13 +48,16 @@ _instances: dict[str, DagsterInstance] = {}
 
 def instance() -> DagsterInstance:
     """The persistent Dagster instance of DAGSTER_HOME, opened once per process and kept open."""
-    home = str(ensure_dagster_home())
-    if home not in _instances:
+    home = ensure_dagster_home()  # a new home gets the cached empty databases
+    if str(home) not in _instances:
         from cdc_assets.defs.event_log import share_alembic_scripts  # sqlalchemy and alembic: only with an instance
 
         share_alembic_scripts()  # before the run storage opens
-        _instances[home] = DagsterInstance.get()
-    return _instances[home]
+        new = is_new(home)  # no cache to seed it from: Dagster creates its databases, kept then as the cache
+        _instances[str(home)] = DagsterInstance.get()
+        if new and not is_new(home):
+            remember_new_home(_instances[str(home)], home)
+    return _instances[str(home)]
 
 
 def connections_kept_open(dagster: DagsterInstance) -> AbstractContextManager[Any]:
