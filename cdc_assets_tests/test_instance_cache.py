@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cdc_assets.defs import empty_home
 from cdc_assets.defs import instance as home_setup
 from cdc_assets.defs.keys import RAW_ASSET
 from cdc_assets_tests.conftest import CdcEnv
@@ -29,7 +30,7 @@ def _shape(path: Path) -> dict:
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.setattr(home_setup, "_cache", [])
+    monkeypatch.setattr(empty_home, "_cache", [])
     return tmp_path / "xdg"
 
 
@@ -78,7 +79,7 @@ def test_an_unwritable_cache_leaves_homes_as_dagster_creates_them(
     blocked = tmp_path / "not-a-directory"
     blocked.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))
-    monkeypatch.setattr(home_setup, "_cache", [])
+    monkeypatch.setattr(empty_home, "_cache", [])
     cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
     dagster = _open(tmp_path / "home", monkeypatch)
     assert not home_setup.cache_complete()

@@ -60,6 +60,8 @@ from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, StaticPool
 
+from cdc_assets.defs.empty_home import RUN_DATABASE, cache_complete, cache_dir, place
+
 OPEN_DATABASES = 8  # connections kept open per storage: the index and the most recently used runs' databases
 
 _scripts: dict[tuple[str | None, str | None], ScriptDirectory] = {}
@@ -104,8 +106,6 @@ def _seed_run_database(path: Path) -> None:
     set-up then finds its tables and revision in place."""
     if path.exists() or path.stem == INDEX_SHARD_NAME:
         return
-    from cdc_assets.defs.instance import RUN_DATABASE, cache_complete, cache_dir, place
-
     if cache_complete():
         place(cache_dir() / RUN_DATABASE, path)
 
