@@ -40,7 +40,7 @@ from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.locks import run_owner
-from cdc_assets.lake.raw_batches import read_manifest
+from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes import missing_change_logs, process_new_batches
@@ -72,7 +72,11 @@ def with_batches_taken_over(instance: Any, house: Lakehouse, report: CaptureRepo
     runs = set(report.taken_over.values())
     unrecorded = {run for run in runs if not recorded_raw_batches(instance, run)}
     own = {b.name for b in report.batches}
-    taken = [read_manifest(house.store, name) for name, run in report.taken_over.items() if run in unrecorded and name not in own]
+    taken = [
+        read_manifest(house.store, name)
+        for name, run in report.taken_over.items()
+        if run in unrecorded and name not in own and batch_exists(house.store, name)  # one removed by hand: gone
+    ]
     return dataclasses.replace(report, batches=sorted([*taken, *report.batches], key=lambda b: b.name))
 
 
