@@ -3,6 +3,11 @@ sync (20k row changes over 25 tables, from an empty lakehouse) beside the tutori
 binlog.
 
     .venv/bin/python -m benchmarks.fixed_costs [--runs 5] [--tables 25] [--rows-per-table 400] [--oltp 10000]
+        [--compare-with CHECKOUT]
+
+`--compare-with CHECKOUT` also times the small sync and the no-op sync of another checkout of the project (its
+`cdc_assets` put first on PYTHONPATH, the same interpreter and packages), alternated with this one's in the same
+invocation, so both see the same machine load.
 
 Every figure is the median of `--runs` runs, each a process of its own timed by a parent of its own (wall time,
 interpreter start-up included, as a user sees it), except the baseline's loop, which the baseline times itself
@@ -39,6 +44,7 @@ def main() -> None:
     parser.add_argument("--tables", type=int, default=25)
     parser.add_argument("--rows-per-table", type=int, default=400)
     parser.add_argument("--oltp", type=int, default=10_000)
+    parser.add_argument("--compare-with", metavar="CHECKOUT", help="another checkout whose syncs are timed alternately")
     args = parser.parse_args()
 
     server = fresh_server()
@@ -56,7 +62,16 @@ def main() -> None:
         "CDC_SERVER_ID": str(READER_SERVER_ID),
         "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
     }
-    runs: dict[str, list[float]] = {"baseline": [], "baseline_process": [], "sync": [], "noop": [], "import": []}
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
+    other_env = None
+    if args.compare_with:
+        other = os.path.abspath(args.compare_with)
+        other_env = {**env, "PYTHONPATH": os.pathsep.join([other, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    runs: dict[str, list[float]] = {
+        "baseline": [], "baseline_process": [], "sync": [], "noop": [], "import": [], "other_sync": [], "other_noop": []
+    }
+    other_sync_env: dict[str, str] = {}
     for i in range(args.runs):
         out = tempfile.mkdtemp(prefix="cdc-bench-fixed-baseline-")
         began = time.monotonic()
@@ -70,10 +85,20 @@ def main() -> None:
         }
         sync = _sync(sync_env)
         runs["sync"].append(sync["seconds"])
+        compared = ""
+        if other_env is not None:
+            other_sync_env = {
+                **other_env,
+                "CDC_LAKEHOUSE": tempfile.mkdtemp(prefix="cdc-bench-fixed-lake-"),
+                "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-fixed-dh-"),
+            }
+            other_sync = _sync(other_sync_env)
+            runs["other_sync"].append(other_sync["seconds"])
+            compared = f"; {args.compare_with}'s sync {other_sync['seconds']:.2f} s"
         print(
             f"  run {i + 1}: baseline capture {baseline['rows']} rows in {baseline['seconds']:.2f} s "
             f"({runs['baseline_process'][-1]:.2f} s its whole process); "
-            f"sync {sync['seconds']:.2f} s ({sync['printed']})",
+            f"sync {sync['seconds']:.2f} s ({sync['printed']}){compared}",
             flush=True,
         )
     for i in range(args.runs):
@@ -81,9 +106,14 @@ def main() -> None:
         imported = timed(env, sys.executable, "-c", "import dagster")
         runs["noop"].append(noop["seconds"])
         runs["import"].append(imported["seconds"])
+        compared = ""
+        if other_env is not None:
+            other_noop = _sync(other_sync_env)
+            runs["other_noop"].append(other_noop["seconds"])
+            compared = f"; {args.compare_with}'s no-op sync {other_noop['seconds']:.2f} s"
         print(
             f"  run {i + 1}: no-op sync {noop['seconds']:.2f} s ({noop['printed']}); "
-            f"python -c 'import dagster' {imported['seconds']:.2f} s",
+            f"python -c 'import dagster' {imported['seconds']:.2f} s{compared}",
             flush=True,
         )
 
@@ -105,6 +135,16 @@ def main() -> None:
             median("sync"),
         ),
     ]
+    if other_env is not None:
+        rows += [
+            (f"{args.compare_with}: a sync with nothing to do (s)", "python -c 'import dagster'", median("import"), median("other_noop")),
+            (
+                f"{args.compare_with}: the small sync (s)",
+                "tutorial baseline capture (its loop, timed inside its process)",
+                median("baseline"),
+                median("other_sync"),
+            ),
+        ]
     print()
     print("| figure | reference | reference (s) | cdc-lakehouse (s) | ratio |")
     print("|---|---|---|---|---|")

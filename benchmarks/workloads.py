@@ -7,6 +7,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cdc_assets.local_source import server as local_server
 
@@ -59,19 +60,37 @@ def mixed_tables(
                 )
                 cur.execute(f"INSERT INTO {SCHEMA}.t{t:03d} VALUES {values}")
         live = {t: list(range(rows_per_table)) for t in range(tables)}
-        next_id = rows_per_table
-        for _ in range(oltp_transactions):
-            t = rng.randrange(tables)
-            table = f"{SCHEMA}.t{t:03d}"
-            roll = rng.random()
-            if roll < 0.4 and live[t]:
-                row = rng.choice(live[t])
-                cur.execute(f"UPDATE {table} SET qty = qty + 1, amount = amount * 1.01, updated = NOW(6) WHERE id = {row}")
-            elif roll < 0.7 or not live[t]:
-                cur.execute(f"INSERT INTO {table} VALUES ({next_id}, 'oltp', 1.00, 1, NOW(6), NULL)")
-                live[t].append(next_id)
-                next_id += 1
-            else:
-                row = live[t].pop(rng.randrange(len(live[t])))
-                cur.execute(f"DELETE FROM {table} WHERE id = {row}")
+        _oltp(cur, live, rows_per_table, rng, oltp_transactions)
     return WorkloadSummary(tables, tables * rows_per_table, oltp_transactions)
+
+
+def more_oltp(server: local_server.LocalServer, tables: int, transactions: int, seed: int = 7) -> None:
+    """Another round of workload (a)'s single-row transactions on the tables `mixed_tables` made, as they are
+    now: what a later, incremental apply takes in."""
+    rng = random.Random(seed)
+    with server.admin_connection() as conn, conn.cursor() as cur:
+        live: dict[int, list[int]] = {}
+        for t in range(tables):
+            cur.execute(f"SELECT id FROM {SCHEMA}.t{t:03d} ORDER BY id")
+            live[t] = [row[0] for row in cur.fetchall()]
+        next_id = max((max(ids) for ids in live.values() if ids), default=0) + 1
+        _oltp(cur, live, next_id, rng, transactions)
+
+
+def _oltp(cur: Any, live: dict[int, list[int]], next_id: int, rng: random.Random, transactions: int) -> None:
+    """Single-row autocommit transactions at random over the tables: 40% updates, 30% inserts, 30% deletes."""
+    tables = len(live)
+    for _ in range(transactions):
+        t = rng.randrange(tables)
+        table = f"{SCHEMA}.t{t:03d}"
+        roll = rng.random()
+        if roll < 0.4 and live[t]:
+            row = rng.choice(live[t])
+            cur.execute(f"UPDATE {table} SET qty = qty + 1, amount = amount * 1.01, updated = NOW(6) WHERE id = {row}")
+        elif roll < 0.7 or not live[t]:
+            cur.execute(f"INSERT INTO {table} VALUES ({next_id}, 'oltp', 1.00, 1, NOW(6), NULL)")
+            live[t].append(next_id)
+            next_id += 1
+        else:
+            row = live[t].pop(rng.randrange(len(live[t])))
+            cur.execute(f"DELETE FROM {table} WHERE id = {row}")

@@ -12,25 +12,22 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE
-from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SINK_KEY_PREFIX
-from cdc_assets.defs.runs import (
-    STOPPED,
-    RunOutcome,
-    collect_status,
-    run_continuous,
-    run_export,
-    run_publish,
-    run_snapshot,
-    run_sync,
-    run_verify,
-    stop_continuous,
-)
+from cdc_assets.defs import forked_capture
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
-from cdc_assets.verification.consistency import ConsistentComparison
+
+if TYPE_CHECKING:
+    from cdc_assets.defs.runs import RunOutcome
+    from cdc_assets.verification.consistency import ConsistentComparison
+
+# Dagster and the definitions are imported by each command when it runs (`_runs()`), not with this module: a sync
+# from the command line forks its capture before (cdc_assets.defs.forked_capture).
 
 _IMPORTED = time.time()  # when /proc cannot say when the process started
 
@@ -138,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     # From the command line (no argv given), the time a command prints is the process's whole wall time.
     _began = process_started() if argv is None else time.time()
     args = _parser().parse_args(argv)
+    args.from_command_line = argv is None
     _apply_overrides(args)
     try:
         return COMMANDS[args.command](args)
@@ -156,7 +154,15 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _runs() -> ModuleType:
+    from cdc_assets.defs import runs
+
+    return runs
+
+
 def _print_sync(outcome: RunOutcome, seconds: float | None = None) -> None:
+    from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
+
     raw = outcome.of(RAW_ASSET)
     changes = outcome.of(CHANGES_ASSET)
     current = outcome.of(CURRENT_ASSET)
@@ -180,6 +186,8 @@ def _print_sync(outcome: RunOutcome, seconds: float | None = None) -> None:
 
 
 def _print_sinks(outcome: RunOutcome) -> None:
+    from cdc_assets.defs.keys import SINK_KEY_PREFIX
+
     for name, values in sorted(outcome.metadata.items()):
         if not name.startswith(f"{SINK_KEY_PREFIX}/"):
             continue
@@ -200,13 +208,16 @@ def _exit_code(outcome: RunOutcome) -> int:
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
-    outcome = run_sync(args.verbose)
+    run_id = str(uuid.uuid4())
+    if args.from_command_line:  # a process of its own: its capture starts now, in a child, beside Dagster's import
+        forked_capture.start(run_id)
+    outcome = _runs().run_sync(args.verbose, run_id)
     _print_sync(outcome, wall_seconds())
     return _exit_code(outcome)
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    outcome = run_publish(args.publish_sinks or None, args.verbose)
+    outcome = _runs().run_publish(args.publish_sinks or None, args.verbose)
     _print_sinks(outcome)
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
@@ -216,7 +227,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    outcome = run_snapshot(args.snapshot_tables)
+    from cdc_assets.defs.keys import CURRENT_ASSET
+
+    outcome = _runs().run_snapshot(args.snapshot_tables)
     current = outcome.of(CURRENT_ASSET)
     for table, rows in sorted((current.get("per_table") or {}).items()):
         print(f"{table}: {rows} rows loaded")
@@ -230,7 +243,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    diffs = run_verify(args.verify_tables or None)
+    diffs = _runs().run_verify(args.verify_tables or None)
     if not diffs:
         print("no tables to verify yet: run `cdc-lakehouse sync` first")
         return EXIT_OK
@@ -239,14 +252,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     bad = [d for d in diffs if not d.ok]
     print(f"{len(diffs) - len(bad)} of {len(diffs)} tables match the source")
     if bad:
-        behind = collect_status().lag_bytes
+        behind = _runs().collect_status().lag_bytes
         if behind:
             print(f"note: the lakehouse is {behind} bytes of binlog behind the source; run `cdc-lakehouse sync` first")
     return EXIT_FAILED if bad else EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    rows = run_export(args.export_table, args.as_of, args.to)
+    rows = _runs().run_export(args.export_table, args.as_of, args.to)
     print(f"{args.export_table} as of {args.as_of}: {rows} rows written to {args.to}")
     return EXIT_OK
 
@@ -257,23 +270,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     # SIGTERM as Ctrl-C (Dagster does the same while the run goes): the follower ends its cycle, then the run stops
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
     print("continuous mode: following the binlog; stop it with Ctrl-C, `cdc-lakehouse stop` or the UI", flush=True)
-    outcome = run_continuous(args.poll_seconds, args.verbose)
+    outcome = _runs().run_continuous(args.poll_seconds, args.verbose)
     for problem in outcome.failures:
         print(f"failed: {problem}")
     if not outcome.stopped:
         print(f"continuous mode FAILED after {outcome.seconds:.1f}s (run {outcome.run_id[:8]})")
         return EXIT_FAILED
-    print(f"{STOPPED} after {outcome.seconds:.1f}s (run {outcome.run_id[:8]}); the next start goes on from the checkpoint")
+    print(f"{_runs().STOPPED} after {outcome.seconds:.1f}s (run {outcome.run_id[:8]}); the next start goes on from the checkpoint")
     return EXIT_OK
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    print(stop_continuous())
+    print(_runs().stop_continuous())
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    status = collect_status()
+    status = _runs().collect_status()
     if args.json:
         print(json.dumps(status.to_json(), indent=1))
         return EXIT_OK
@@ -324,6 +337,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _print_progress(outcome: RunOutcome) -> None:
+    from cdc_assets.defs.keys import CURRENT_ASSET, RAW_ASSET
+
     raw = outcome.of(RAW_ASSET)
     current = outcome.of(CURRENT_ASSET)
     print(

@@ -89,7 +89,7 @@ ALLOWED = {
     "cdc_assets.definitions": {"cdc_assets.defs"},
     "cdc_assets.cli": {"cdc_assets.defs", "cdc_assets.core", "cdc_assets.lake.layout", "cdc_assets.verification"},
 }
-DAGSTER = ("dagster", "dagster_aws", "dagster_pyspark")
+DAGSTER = ("dagster", "dagster_pyspark")
 MAY_IMPORT_DAGSTER = ("cdc_assets.defs", "cdc_assets.definitions", "spark_resources.resources")
 
 

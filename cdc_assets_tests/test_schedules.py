@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from dagster import DagsterRunStatus, RunRequest, build_schedule_context
+from dagster import DagsterInstance, DagsterRunStatus, RunRequest, build_schedule_context
 from dagster._core.definitions.schedule_definition import ScheduleExecutionData
 from dagster._core.test_utils import create_run_for_test
 
@@ -152,11 +152,29 @@ def test_binlog_sensor_captures_when_the_binlog_grew_and_never_beside_another_ca
     assert main(["sync"]) == 0
     quiet = tick()
     assert not quiet.run_requests and "nothing new to capture" in quiet.skip_message
+    # an instance that never recorded a capture (a new DAGSTER_HOME on a caught-up lakehouse): one is requested,
+    # so the quiet tables get confirmed current instead of going stale
+    with build_sensor_context(instance=DagsterInstance.ephemeral(), resources=resources) as context:
+        assert sensor.evaluate_tick(context).run_requests
     cdc.execute("INSERT INTO t VALUES (2)")
     with lakehouse_lock(cdc.lakehouse, CAPTURE_LOCK, "capture", "a capture run"):
         busy = tick()
     assert not busy.run_requests and "a capture run" in busy.skip_message
     assert tick().run_requests
+
+
+def test_a_quiet_binlog_is_still_captured_every_quarter_of_the_freshness_window(monkeypatch) -> None:
+    from cdc_assets.defs.freshness import confirm_every_seconds
+    from cdc_assets.defs.sensors import capture_due
+
+    monkeypatch.setenv("CDC_FRESHNESS_WARN_MINUTES", "8")
+    monkeypatch.setenv("CDC_FRESHNESS_FAIL_MINUTES", "16")
+    every = confirm_every_seconds()
+    assert every == 120
+    assert capture_due(0, 1000.0, 1000.0 + every - 1, every) is None  # quiet, captured recently: skip
+    assert "quiet tables" in (capture_due(0, 1000.0, 1000.0 + every, every) or "")  # quiet for a quarter window
+    assert capture_due(0, None, 1000.0, every)  # never captured
+    assert "bytes past the checkpoint" in (capture_due(10, 1000.0, 1000.5, every) or "")  # the binlog grew
 
 
 def test_full_equality_schedule_runs_hourly_by_default_and_is_configurable(monkeypatch) -> None:

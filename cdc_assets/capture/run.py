@@ -13,6 +13,7 @@ import pymysql
 
 from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
+from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.spool import remove_orphaned_spools
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
@@ -41,6 +42,8 @@ class CaptureReport:
     """What one capture did: for materialization metadata and the CLI."""
 
     batches: list[BatchManifest] = field(default_factory=list)
+    # batches earlier runs captured and never recorded, taken over from their journals (capture/journal.py)
+    taken_over: dict[str, str] = field(default_factory=dict)  # batch name -> the run that captured it
     start: BinlogPosition | None = None
     end: BinlogPosition | None = None
     target: BinlogPosition | None = None
@@ -81,13 +84,17 @@ def capture(
     until: BinlogPosition | None = None,
     owner: str = "cdc-lakehouse",
     tidy: bool = True,
+    journal: CaptureJournal | None = None,
 ) -> CaptureReport:
     """Write raw batches from the checkpoint to the binlog end as of now (or to `until`, a transaction
     boundary such as a snapshot's position), advancing the checkpoint.
 
     Holds the lakehouse's capture lock throughout: two captures never run at once, whoever starts
     them, because both would write batches from the same checkpoint. `tidy=False` skips the look for what a
-    killed capture left behind (the continuous mode looks once at its start, not every cycle).
+    killed capture left behind (the continuous mode looks once at its start, not every cycle). With a `journal`,
+    each batch is listed in it before the checkpoint passes it, and the journals of recorders that are gone are
+    taken over first (their batches in `report.taken_over`): for a run that records its batches after the capture,
+    maybe in another process (capture/journal.py).
     """
     began = time.monotonic()
     url = settings.url
@@ -99,7 +106,7 @@ def capture(
         with lakehouse.faults_are_user_errors(), lakehouse_lock(
             lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log
         ) as lease:
-            run = _Capture(settings, options, server, lakehouse, lease, log, tidy)
+            run = _Capture(settings, options, server, lakehouse, lease, log, tidy, journal)
             _, report = run.to(conn, until)
     except pymysql.err.MySQLError as exc:  # from the replication stream, e.g. a purged binlog
         raise source.describe_error(exc, url) from exc
@@ -148,6 +155,7 @@ class _Capture:
     lease: Lease
     log: Any | None
     tidy: bool = True
+    journal: CaptureJournal | None = None
 
     def to(self, conn: pymysql.Connection, until: BinlogPosition | None) -> tuple[Checkpoint, CaptureReport]:
         """Batches from the checkpoint to `until` (default: the binlog end now)."""
@@ -173,6 +181,11 @@ class _Capture:
         epoch = checkpoint.position.epoch if checkpoint else 0
         target = (until or source.binlog_end(conn)).in_epoch(epoch)  # the server's position, in capture's epoch
         report = CaptureReport(start=start, target=target)
+        if self.journal is not None:
+            taken = self.journal.open(lakehouse.store, checkpoint.last_batch if checkpoint else None)
+            report.taken_over = {name: self.journal.batches[name] for name in taken}
+            if taken and log is not None:
+                log.info(f"{len(taken)} raw batches captured by runs that ended before recording them: recorded here")
         checkpoint = checkpoint or Checkpoint(start, server_id=self.server.server_id)
         registry = load_registry(lakehouse.store)
         schemas = load_schemas(lakehouse.store, checkpoint)
@@ -222,6 +235,8 @@ class _Capture:
                 manifest = write_batch(store, batch)
                 adopted = False
                 failpoints.hit("capture.manifest_written")
+            if self.journal is not None:  # listed before the checkpoint passes it: a recorder that dies leaves it here
+                self.journal.add(store, manifest.name)
             # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
             # can miss a table whose changes are captured.
             if register_batch(registry, manifest.name, manifest.tables()):

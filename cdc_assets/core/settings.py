@@ -211,3 +211,12 @@ class SourceSettings:
     max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
     max_batches: int | None = None  # stop a capture after this many batches (None: to the binlog end)
     snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS  # a Spark snapshot reads a table in key ranges this long
+
+
+def lock_wait_seconds() -> float:
+    return env_number("CDC_LOCK_WAIT_SECONDS", DEFAULT_LOCK_WAIT_SECONDS, lambda v: v >= 0, "a number of seconds")
+
+
+def lock_ttl_seconds() -> float:
+    """CDC_LOCK_TTL_SECONDS: at least 3 s, as the lease is renewed every third of it."""
+    return env_number("CDC_LOCK_TTL_SECONDS", DEFAULT_LOCK_TTL_SECONDS, lambda v: v >= 3, "a number of seconds of at least 3")

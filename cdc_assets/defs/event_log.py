@@ -34,6 +34,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from alembic.config import Config
@@ -50,7 +51,7 @@ from dagster._core.events import (
 from dagster._core.events.log import EventLogEntry
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.storage.event_log.schema import AssetCheckExecutionsTable
-from dagster._core.storage.event_log.sqlite.sqlite_event_log import SqliteEventLogStorage
+from dagster._core.storage.event_log.sqlite.sqlite_event_log import INDEX_SHARD_NAME, SqliteEventLogStorage
 from dagster._core.storage.sqlalchemy_compat import db_result
 from dagster._core.storage.sqlite import SQLITE_BUSY_TIMEOUT_SECONDS
 from dagster._serdes import ConfigurableClassData, serialize_value
@@ -58,6 +59,8 @@ from sqlalchemy import create_engine
 from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, StaticPool
+
+from cdc_assets.defs.empty_home import RUN_DATABASE, cache_complete, cache_dir, place
 
 OPEN_DATABASES = 8  # connections kept open per storage: the index and the most recently used runs' databases
 
@@ -98,6 +101,25 @@ def _no_sync_per_commit(dbapi_connection: Any, _record: Any) -> None:
 CHECK_EVALUATION = DagsterEventType.ASSET_CHECK_EVALUATION
 
 
+def _seed_run_database(path: Path) -> None:
+    """A new run's database as a copy of the cached empty one (defs/instance.py), when there is one: Dagster's
+    set-up then finds its tables and revision in place."""
+    if path.exists() or path.stem == INDEX_SHARD_NAME:
+        return
+    if cache_complete():
+        place(cache_dir() / RUN_DATABASE, path)
+
+
+def empty_run_database(dagster: Any, path: Path) -> Path:
+    """An empty run database at `path`, as Dagster's SQLite event log creates one (for the cache)."""
+    engine = create_engine(f"sqlite:///{path}", poolclass=NullPool)
+    try:
+        SqliteEventLogStorage._initdb(dagster.event_log_storage, engine)
+    finally:
+        engine.dispose()
+    return path
+
+
 def log_batch(context: Any, events: Sequence[AssetMaterialization | AssetObservation | AssetCheckEvaluation]) -> None:
     """Log a step's asset events and check evaluations as one batch (as `context.log_event` each, in the run's
     events too): with DAGSTER_EVENT_BATCH_SIZE set, the instance hands them to the storage together."""
@@ -135,6 +157,7 @@ class BatchingSqliteEventLogStorage(SqliteEventLogStorage):
         engine = self._engines.pop(shard, None)
         if engine is None:
             if shard not in self._initialized_dbs:  # Dagster's set-up, on connections of its own
+                _seed_run_database(Path(self.path_for_shard(shard)))
                 first = create_engine(
                     self.conn_string_for_shard(shard),
                     poolclass=NullPool,

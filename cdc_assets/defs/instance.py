@@ -3,11 +3,25 @@
 The run queue lets one capture, one apply and one sync run go at a time (tag `cdc/stage`; a `sync` run launched
 from the UI queues too), and one publish run per sink (tag `cdc/sink`): the lakehouse locks would keep them apart
 anyway, but queued runs wait without holding a run slot or timing out on a lock.
+
+A new DAGSTER_HOME starts from copies of empty databases Dagster built once (`seed_home`): creating runs.db,
+schedules.db and the event log's index.db with their tables, indexes and data migrations took ~0.5 s of a first
+`sync` on a small machine, and a run's own event database its tables. The empty databases are kept in
+`$XDG_CACHE_HOME/cdc-lakehouse/` (default `~/.cache`), under a name with the Dagster, SQLAlchemy and alembic
+versions that built them; `make install` builds them, and so does the first instance opened on an empty home
+without them (a consistent copy of what Dagster just created, before anything is written). The cache is written
+to a temporary directory and renamed into place, never overwritten; where it cannot be written, homes are created
+as Dagster creates them. This module imports nothing of Dagster unless it builds the cache.
 """
 
 import json
 import os
+import shutil
+import sqlite3
+import tempfile
 from pathlib import Path
+
+from cdc_assets.defs.empty_home import DATABASES, RUN_DATABASE, cache_complete, cache_dir, place
 
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
 LEGACY_YAML = "telemetry:\n  enabled: false\n"  # what earlier versions wrote
@@ -59,7 +73,8 @@ def enable_event_batches() -> None:
 
 
 def ensure_dagster_home() -> Path:
-    """DAGSTER_HOME (default .local/dagster_home) with our dagster.yaml, unless the user wrote their own."""
+    """DAGSTER_HOME (default .local/dagster_home) with our dagster.yaml, unless the user wrote their own; a new one
+    gets the cached empty databases (`seed_home`)."""
     home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_DAGSTER_HOME).resolve()
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
@@ -68,10 +83,94 @@ def ensure_dagster_home() -> Path:
     wanted = instance_yaml(home)
     if ours and existing != wanted:
         config.write_text(wanted)
+    if ours:
+        seed_home(home)
     os.environ["DAGSTER_HOME"] = str(home)
     enable_event_batches()
     return home
 
 
+def is_new(home: Path) -> bool:
+    return not any((home / path).exists() for path in DATABASES)
+
+
+def seed_home(home: Path) -> bool:
+    """Copies of the cached empty databases in a new home; False when the home has databases or there is no cache."""
+    if not is_new(home) or not cache_complete():
+        return False
+    cache = cache_dir()
+    return all([place(cache / name, home / path) for path, name in DATABASES.items()])
+
+
+def copy_database(source: Path, target: Path) -> None:
+    """A consistent copy of a SQLite database (its WAL included), in WAL mode as Dagster keeps its databases."""
+    with sqlite3.connect(source) as src, sqlite3.connect(target) as dst:
+        src.backup(dst)
+        dst.execute("PRAGMA journal_mode=WAL")
+    src.close()
+    dst.close()
+
+
+def save_cache(databases: dict[str, Path]) -> bool:
+    """Keep these just-created empty databases (cache name -> file) as the cache, unless it is there already;
+    written whole under a temporary name and renamed into place. False when it could not be written."""
+    cache = cache_dir()
+    if cache_complete():
+        return True
+    staging = None
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{cache.name}.", dir=cache.parent))
+        for name, path in databases.items():
+            if not path.is_file():  # not created yet: no cache from this home
+                return False
+            copy_database(path, staging / name)
+            with sqlite3.connect(staging / name) as copied:
+                if not copied.execute("SELECT version_num FROM alembic_version").fetchall():
+                    return False
+            copied.close()
+        os.rename(staging, cache)  # fails when another process put a cache there first: its stays
+        staging = None
+        return True
+    except (OSError, sqlite3.Error):
+        return False
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def remember_new_home(dagster: object, home: Path) -> None:
+    """After Dagster created the databases of a new home itself (no cache yet): keep them, still empty, as the cache."""
+    if cache_complete():
+        return
+    from cdc_assets.defs.event_log import empty_run_database
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = empty_run_database(dagster, Path(tmp) / RUN_DATABASE)
+        save_cache({**{name: home / path for path, name in DATABASES.items()}, RUN_DATABASE: run})
+
+
+def build_cache() -> Path:
+    """The cache of empty databases, built by Dagster in a home of its own (`make install` runs this)."""
+    if cache_complete():
+        return cache_dir()
+    from dagster import DagsterInstance
+
+    from cdc_assets.defs.event_log import share_alembic_scripts
+
+    share_alembic_scripts()
+    with tempfile.TemporaryDirectory() as tmp:
+        home = Path(tmp)
+        (home / "dagster.yaml").write_text(instance_yaml(home))
+        dagster = DagsterInstance.from_config(str(home))
+        try:
+            dagster.get_runs(limit=1)
+            remember_new_home(dagster, home)
+        finally:
+            dagster.dispose()
+    return cache_dir()
+
+
 if __name__ == "__main__":
     print(ensure_dagster_home())
+    build_cache()

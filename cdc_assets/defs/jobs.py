@@ -37,9 +37,9 @@ from cdc_assets.defs.keys import (
     SNAPSHOT_JOB,
     STAGE_TAG,
 )
-from cdc_assets.defs.partitions import run_owner
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.table_checks import equality_verdicts
+from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables
 from cdc_assets.stages.snapshot import take_snapshot
 from cdc_assets.verification.changed_keys import compare_every_row

@@ -36,6 +36,3 @@ def touched_ranges(ordered_keys: list[str], touched: set[str]) -> list[tuple[str
     return ranges
 
 
-def run_owner(run_id: str) -> str:
-    """How a lock names the Dagster run holding it."""
-    return f"dagster run {run_id[:8]}"

@@ -30,6 +30,8 @@ from cdc_assets.core.settings import (
     TableFilter,
     TableSelection,
     env_number,
+    lock_ttl_seconds,
+    lock_wait_seconds,
     s3_retries_from_env,
 )
 from cdc_assets.lake.store import Lakehouse, S3Access, s3_client
@@ -208,15 +210,6 @@ def _env_value(name: str, default: Any, kind: str = "str", resolved: bool = Fals
         return int(value)
     except ValueError:
         raise CdcUserError(f"{name}={value!r} is not a whole number: set it to one, or unset it.") from None
-
-
-def lock_wait_seconds() -> float:
-    return env_number("CDC_LOCK_WAIT_SECONDS", DEFAULT_LOCK_WAIT_SECONDS, lambda v: v >= 0, "a number of seconds")
-
-
-def lock_ttl_seconds() -> float:
-    """CDC_LOCK_TTL_SECONDS: at least 3 s, as the lease is renewed every third of it."""
-    return env_number("CDC_LOCK_TTL_SECONDS", DEFAULT_LOCK_TTL_SECONDS, lambda v: v >= 3, "a number of seconds of at least 3")
 
 
 def snapshot_chunk_rows() -> int:

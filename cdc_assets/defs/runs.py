@@ -19,7 +19,7 @@ from cdc_assets.core.errors import CdcUserError, unreachable_message, unreachabl
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
 from cdc_assets.defs.freshness import freshness_windows
-from cdc_assets.defs.instance import ensure_dagster_home
+from cdc_assets.defs.instance import ensure_dagster_home, is_new, remember_new_home
 from cdc_assets.defs.keys import (
     CHANGES_ASSET,
     CONTINUOUS_JOB,
@@ -48,13 +48,16 @@ _instances: dict[str, DagsterInstance] = {}
 
 def instance() -> DagsterInstance:
     """The persistent Dagster instance of DAGSTER_HOME, opened once per process and kept open."""
-    home = str(ensure_dagster_home())
-    if home not in _instances:
+    home = ensure_dagster_home()  # a new home gets the cached empty databases
+    if str(home) not in _instances:
         from cdc_assets.defs.event_log import share_alembic_scripts  # sqlalchemy and alembic: only with an instance
 
         share_alembic_scripts()  # before the run storage opens
-        _instances[home] = DagsterInstance.get()
-    return _instances[home]
+        new = is_new(home)  # no cache to seed it from: Dagster creates its databases, kept then as the cache
+        _instances[str(home)] = DagsterInstance.get()
+        if new and not is_new(home):
+            remember_new_home(_instances[str(home)], home)
+    return _instances[str(home)]
 
 
 def connections_kept_open(dagster: DagsterInstance) -> AbstractContextManager[Any]:
@@ -144,6 +147,7 @@ def run_job(
     tags: dict[str, str] | None = None,
     partition_key: str | None = None,
     check_source: bool = True,
+    run_id: str | None = None,
 ) -> RunOutcome:
     """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix.
     `check_source=False` for runs that never read the source (a sink publishes from the lakehouse alone)."""
@@ -166,6 +170,7 @@ def run_job(
             raise_on_error=False,
             tags={"cdc/trigger": "cli", **(tags or {})},
             partition_key=partition_key,
+            run_id=run_id,
         )
     failures = []
     for event in result.all_events:
@@ -192,11 +197,12 @@ def run_job(
     return RunOutcome(result.success and not failed_checks, metadata, failed_checks + failures, time.monotonic() - began)
 
 
-def run_sync(verbose: bool = False) -> RunOutcome:
+def run_sync(verbose: bool = False, run_id: str | None = None) -> RunOutcome:
     """One run of the `sync` job (capture, then the touched tables' change logs and current state, with the checks
-    of all three), then a publish run per configured sink."""
+    of all three), then a publish run per configured sink. `run_id`: the sync run's id, chosen before a capture
+    was forked for it (cdc_assets.defs.forked_capture)."""
     refuse_beside_continuous(initialized_resources().lakehouse.get())
-    outcome = run_job(SYNC_JOB, verbose)
+    outcome = run_job(SYNC_JOB, verbose, run_id=run_id)
     if configured_sinks():
         outcome = outcome + run_publish(None, verbose)
     return outcome

@@ -16,7 +16,7 @@ from dagster import (
 )
 
 from cdc_assets.capture.run import capture_lag
-from cdc_assets.defs.freshness import lag_thresholds
+from cdc_assets.defs.freshness import confirm_every_seconds, lag_thresholds
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
@@ -147,9 +147,26 @@ def _left_behind(store: ObjectStore, registry: dict, cursor: str | None, touched
     return {t for t in behind if t not in touched and str(registry[t]["last_batch"]) <= cursor}
 
 
+def capture_due(lag_bytes: int, last_capture: float | None, now: float, confirm_every: float) -> str | None:
+    """Why the binlog sensor requests a capture now, or None: the binlog grew, or the source has been quiet
+    for `confirm_every` seconds since the last capture (or none is recorded) and the quiet tables are due to be
+    confirmed current."""
+    if lag_bytes:
+        return f"the binlog is {lag_bytes} bytes past the checkpoint"
+    if last_capture is None:
+        return "no capture recorded yet: one confirms the quiet tables current"
+    if now - last_capture >= confirm_every:
+        return f"nothing new in the binlog for {now - last_capture:.0f}s: a capture confirms the quiet tables current"
+    return None
+
+
 def build_binlog_sensor() -> SensorDefinition:
     """Capture whenever the binlog has grown past the checkpoint, looking every CDC_CAPTURE_INTERVAL_SECONDS
-    (switched off when that is unset: capture then runs on the capture schedule's cron)."""
+    (switched off when that is unset: capture then runs on the capture schedule's cron).
+
+    A quiet source still gets a capture every quarter of the freshness warn window: the cron would have run
+    one, and only a capture confirms the quiet tables up to date, so without it their freshness would warn
+    although nothing is behind."""
     interval = capture_interval()
 
     @sensor(
@@ -159,8 +176,9 @@ def build_binlog_sensor() -> SensorDefinition:
         default_status=DefaultSensorStatus.RUNNING if interval is not None else DefaultSensorStatus.STOPPED,
         description=(
             "Continuous capture: every CDC_CAPTURE_INTERVAL_SECONDS, requests a capture run when the source's binlog "
-            "has grown past the checkpoint. Skips while a capture holds the lakehouse's capture lock or waits to start. "
-            "Running when CDC_CAPTURE_INTERVAL_SECONDS is set (the capture schedule is then off)."
+            "has grown past the checkpoint, and, on a quiet source, every quarter of the freshness warn window so the "
+            "quiet tables are confirmed current. Skips while a capture holds the lakehouse's capture lock or waits "
+            "to start. Running when CDC_CAPTURE_INTERVAL_SECONDS is set (the capture schedule is then off)."
         ),
     )
     def binlog_sensor(
@@ -170,9 +188,13 @@ def build_binlog_sensor() -> SensorDefinition:
         busy = capture_in_progress(context.instance, house)
         if busy:
             return SkipReason(busy)
-        lag = capture_lag(binlog.settings(), house, time.time())
-        if not lag.lag_bytes:
+        now = time.time()
+        lag = capture_lag(binlog.settings(), house, now)
+        last = context.instance.get_latest_materialization_event(RAW_ASSET)
+        reason = capture_due(lag.lag_bytes, last.timestamp if last else None, now, confirm_every_seconds())
+        if reason is None:
             return SkipReason(f"The binlog ends at {lag.binlog_end}: nothing new to capture.")
+        context.log.info(reason)
         return RunRequest()
 
     return binlog_sensor

@@ -13,11 +13,13 @@ fail, as in the asset jobs), written in three batches of events (`event_log.log_
 sensors keep their asset jobs.
 """
 
+import dataclasses
 from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
     AssetMaterialization,
+    DagsterEventType,
     Failure,
     OpExecutionContext,
     in_process_executor,
@@ -25,16 +27,20 @@ from dagster import (
     op,
 )
 
-from cdc_assets.capture.run import capture
+from cdc_assets.capture.journal import CaptureJournal
+from cdc_assets.capture.run import CaptureReport, capture
+from cdc_assets.defs import forked_capture
 from cdc_assets.defs.assets.changes import changes_metadata
 from cdc_assets.defs.assets.current import current_events
 from cdc_assets.defs.assets.raw import capture_events
 from cdc_assets.defs.checks import contiguity, equality, lag, schema_match, seq_uniqueness
 from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, STAGE_TAG, SYNC_JOB
-from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, run_owner, with_new_tables
+from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.layout import CURRENT_STAGE
+from cdc_assets.lake.locks import run_owner
+from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes import missing_change_logs, process_new_batches
@@ -50,6 +56,28 @@ def pending_tables(house: Lakehouse, ordered: list[str]) -> list[str]:
     pending |= set(missing_current_tables(house, sorted(set(ordered) - pending)))
     pending |= set(missing_change_logs(house, sorted(set(ordered) - pending)))
     return [t for t in ordered if t in pending]
+
+
+def recorded_raw_batches(instance: Any, run_id: str) -> bool:
+    """Whether run `run_id` logged its raw batches' materialization (a run that died right after it)."""
+    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
+    return any(r.event_log_entry.dagster_event.asset_key == RAW_ASSET for r in records)
+
+
+def with_batches_taken_over(instance: Any, house: Lakehouse, report: CaptureReport) -> CaptureReport:
+    """The report with the batches its capture took over from runs that ended before recording them (see
+    capture/journal.py) put in binlog order among its own, but those their run did record after all."""
+    if not report.taken_over:
+        return report
+    runs = set(report.taken_over.values())
+    unrecorded = {run for run in runs if not recorded_raw_batches(instance, run)}
+    own = {b.name for b in report.batches}
+    taken = [
+        read_manifest(house.store, name)
+        for name, run in report.taken_over.items()
+        if run in unrecorded and name not in own and batch_exists(house.store, name)  # one removed by hand: gone
+    ]
+    return dataclasses.replace(report, batches=sorted([*taken, *report.batches], key=lambda b: b.name))
 
 
 def _evaluation(asset: Any, name: str, fields: dict[str, Any]) -> AssetCheckEvaluation:
@@ -76,10 +104,16 @@ def sync_lakehouse(
     context: OpExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource, transforms: TransformsResource
 ) -> None:
     house, settings, owner = lakehouse.get(), binlog.settings(), run_owner(context.run_id)
-    report = capture(settings, house, log=context.log, owner=owner)
+    forked = forked_capture.take(context.run_id)  # the command line's capture, begun before Dagster was imported
+    report = forked.result(context.log) if forked is not None else None
+    journal = CaptureJournal(context.run_id)
+    if report is None:
+        report = capture(settings, house, log=context.log, owner=owner, journal=journal)
+    report = with_batches_taken_over(context.instance, house, report)
     metadata, confirmed = capture_events(context.instance, house, report, binlog.max_batch_rows, context.log)
     contiguous = _evaluation(RAW_ASSET, "raw_batches_contiguous", contiguity(house, report.batches[0].name if report.batches else None))
     log_batch(context, [AssetMaterialization(RAW_ASSET, metadata=metadata), *confirmed, contiguous])
+    journal.close(house.store)  # recorded: the journal of this run's batches goes
     if not contiguous.passed:
         raise _blocked(contiguous)
 

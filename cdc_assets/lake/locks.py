@@ -103,6 +103,11 @@ class LockHolder:
             return None
 
 
+def run_owner(run_id: str) -> str:
+    """How a lock names the Dagster run holding it."""
+    return f"dagster run {run_id[:8]}"
+
+
 def _unknown_holder(since: float) -> LockHolder:
     return LockHolder(owner=UNKNOWN, host="unknown", pid=0, acquired_at=since)
 

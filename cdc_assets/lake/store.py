@@ -133,7 +133,7 @@ class LocalStore:
 
 
 class S3Store:
-    """Objects in a bucket under a prefix, through a boto3 S3 client (dagster-aws's S3Resource)."""
+    """Objects in a bucket under a prefix, through a boto3 client (the S3Resource of defs/resources.py)."""
 
     def __init__(self, client: Any, bucket: str, prefix: str) -> None:
         self.client = client

@@ -114,9 +114,17 @@ class ConsistentComparison:
             return f"{self.table}: not compared at {self.position}: {self.not_compared}"
         if self.ok and self.dropped_seq is not None and not self.source_rows and not self.lakehouse_rows:
             return f"{self.table}: dropped from the source (_cdc_seq {self.dropped_seq}) and from the lakehouse, at {self.position}"
+        if self.ok and self.scope == CHANGED_KEYS and not self.changed_keys:
+            return f"{self.table}: no key changed since it was last found equal, and the row counts agree ({self.source_rows} in the source) at {self.position}"
         if self.ok:
             tail = f"; {left_out}" if left_out else ""
-            matched = f"{self.compared_rows} rows match at {self.position} (checksum {self.source_checksum})"
+            if self.scope == CHANGED_KEYS:
+                matched = (
+                    f"the rows of the {self.changed_keys} keys changed since it was last found equal match "
+                    f"({self.compared_rows} rows; {self.source_rows} in the source) at {self.position}"
+                )
+            else:
+                matched = f"{self.compared_rows} rows match at {self.position} (checksum {self.source_checksum})"
             return f"{self.table}: {matched}{tail}"
         text = self.diff.describe()
         if self.counts_differ and self.diff.ok:

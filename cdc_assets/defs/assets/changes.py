@@ -4,8 +4,9 @@ from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, as
 
 from cdc_assets.defs.assets.metadata import per_table_metadata
 from cdc_assets.defs.keys import CHANGES_ASSET, RAW_ASSET
-from cdc_assets.defs.partitions import run_owner, tables_partitions
+from cdc_assets.defs.partitions import tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.lake.locks import run_owner
 from cdc_assets.stages.change_plan import ChangesReport
 from cdc_assets.stages.changes import process_new_batches
 from spark_resources.resources import TransformsResource

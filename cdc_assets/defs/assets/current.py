@@ -6,8 +6,9 @@ from cdc_assets.defs.assets.metadata import applied_figures, per_table_metadata
 from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET
-from cdc_assets.defs.partitions import run_owner, tables_partitions
+from cdc_assets.defs.partitions import tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.current import apply_pending
 from cdc_assets.stages.steps import CurrentReport

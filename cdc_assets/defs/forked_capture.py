@@ -1,0 +1,194 @@
+"""A `cdc-lakehouse sync`'s capture, started in a child process before Dagster is imported.
+
+Importing Dagster and opening the instance take a small sync about as long as its capture (benchmarks/README.md,
+"Fixed costs"), on one core while the other waits. So the command line's `sync` forks before it imports Dagster:
+the child captures while the parent imports Dagster, opens the instance and starts the run, and the run's op
+(`cdc_assets.defs.sync`) then takes the child's report and records the batches as the raw asset's
+materialization, as if it had captured them itself. This module imports nothing of Dagster.
+
+What keeps it as safe as a capture inside the run:
+- The run's id is chosen before the fork and given to the run (`execute_in_process(run_id=…)`), so the capture
+  lock names the sync run that holds it, as when the op captures: a scheduled capture, another sync or the
+  continuous mode waits for it or refuses, as before.
+- The child dies with its parent (Linux's parent-death signal, SIGKILL) and checks its parent is still there
+  after setting it: a killed `sync` leaves no capture behind that would hold the lock.
+- The capture lists each batch in the run's journal before the checkpoint passes it (capture/journal.py), naming
+  the parent as the process that records it: if the parent dies before recording them, the next sync's capture
+  takes them over and records them, once.
+- A child that fails, or is killed, leaves what any killed capture leaves (the checkpoint at the last complete
+  batch); the op then captures in the run itself, from the checkpoint, which says what the user can fix as a
+  capture in a run always did. A child that ended at a failpoint ends the parent there too, as the single
+  process it stands for would have.
+
+Only a local lakehouse on Linux is captured this way; on S3 (its client and lease heartbeat are built by the
+resources) and where `CDC_SYNC_FORK=0`, the op captures as before.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+FORK_ENV = "CDC_SYNC_FORK"
+PR_SET_PDEATHSIG = 1
+_started: dict[str, ForkedCapture] = {}
+
+
+def _owner(run_id: str) -> str:
+    from cdc_assets.lake.locks import run_owner
+
+    return run_owner(run_id)
+
+
+@dataclass
+class ForkedCapture:
+    """A capture running in a child for the run `run_id`."""
+
+    run_id: str
+    pid: int
+    read_fd: int
+
+    def result(self, log: Any) -> Any | None:
+        """Wait for the child: its CaptureReport (its progress messages replayed to `log`), or None when it did not
+        finish (the op then captures itself). Raises CdcUserError with the child's sentence for what a user can fix."""
+        from cdc_assets.core import failpoints
+        from cdc_assets.core.errors import CdcUserError
+
+        chunks = []
+        with os.fdopen(self.read_fd, "rb") as pipe:
+            while chunk := pipe.read(1 << 16):
+                chunks.append(chunk)
+        _, status = os.waitpid(self.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code == failpoints.EXIT_CODE:
+            os._exit(failpoints.EXIT_CODE)  # the sync stood for one process: it ends where its capture ended
+        try:
+            kind, value, messages = pickle.loads(b"".join(chunks))
+        except Exception:  # killed before it said anything: the op captures from the checkpoint
+            log.warning(f"the capture begun before the run ended without a report (exit code {code}): capturing here")
+            return None
+        for message in messages:
+            log.info(message)
+        if kind == "report":
+            return value
+        if kind == "user_error":
+            raise CdcUserError(value)
+        log.warning(f"the capture begun before the run failed ({value}): capturing here")
+        return None
+
+
+class _Messages:
+    """A logger for the child: its messages go back to the run's log with the report."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def info(self, message: str) -> None:
+        self.messages.append(message)
+
+    debug = warning = info
+
+
+def wanted() -> bool:
+    location = os.environ.get("CDC_LAKEHOUSE") or ""
+    return (
+        os.environ.get(FORK_ENV, "1") != "0"
+        and sys.platform.startswith("linux")
+        and hasattr(os, "fork")
+        and not location.startswith("s3://")
+    )
+
+
+def start(run_id: str) -> ForkedCapture | None:
+    """Fork a child that captures for the run `run_id`; None when this sync captures in its run instead."""
+    if not wanted():
+        return None
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # the child
+        os.close(read_fd)
+        code = 1
+        try:
+            code = _child(run_id, parent, write_fd)
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    forked = ForkedCapture(run_id, pid, read_fd)
+    _started[run_id] = forked
+    return forked
+
+
+def take(run_id: str) -> ForkedCapture | None:
+    """The capture forked for this run, if any (once: a retried op captures itself)."""
+    return _started.pop(run_id, None)
+
+
+def _die_with(parent: int) -> bool:
+    """SIGKILL this process when its parent dies; False when the parent is already gone."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return os.getppid() == parent
+
+
+def _child(run_id: str, parent: int, write_fd: int) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C reaches the whole group: the child just ends
+    if not _die_with(parent):
+        os.close(write_fd)
+        return 1
+    messages = _Messages()
+    try:
+        from cdc_assets.capture.journal import CaptureJournal, Recorder
+        from cdc_assets.capture.run import capture
+        from cdc_assets.core.errors import CdcUserError
+        from cdc_assets.core.settings import (
+            DEFAULT_LAKEHOUSE,
+            DEFAULT_MAX_BATCH_ROWS,
+            DEFAULT_SERVER_ID,
+            SourceSettings,
+            TableFilter,
+            TableSelection,
+            lock_ttl_seconds,
+            lock_wait_seconds,
+        )
+        from cdc_assets.lake.store import Lakehouse
+        from cdc_assets.source.server import resolve_mysql_url
+
+        env = os.environ
+        try:
+            settings = SourceSettings(
+                url=resolve_mysql_url(env.get("CDC_MYSQL_URL") or None),
+                server_id=int(env.get("CDC_SERVER_ID") or DEFAULT_SERVER_ID),
+                table_filter=TableFilter.parse(env.get("CDC_TABLES") or None, env.get("CDC_EXCLUDE_TABLES") or None),
+                max_batch_rows=int(env.get("CDC_MAX_BATCH_ROWS") or DEFAULT_MAX_BATCH_ROWS),
+            )
+            house = Lakehouse(
+                env.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE,
+                None,
+                lock_wait_seconds(),
+                lock_ttl_seconds(),
+                TableSelection.parse(env.get("CDC_HISTORY_TABLES") or None, "CDC_HISTORY_TABLES"),
+                TableSelection.parse(env.get("CDC_SOFT_DELETES") or None, "CDC_SOFT_DELETES"),
+            )
+            journal = CaptureJournal(run_id, Recorder.of(parent))  # the parent records the batches
+            report = capture(settings, house, log=messages, owner=_owner(run_id), journal=journal)
+            said: tuple[str, Any, list[str]] = ("report", report, messages.messages)
+        except CdcUserError as exc:
+            said = ("user_error", str(exc), messages.messages)
+        except Exception as exc:
+            said = ("failed", f"{type(exc).__name__}: {exc}", messages.messages)
+        with os.fdopen(write_fd, "wb") as pipe:
+            pipe.write(pickle.dumps(said))
+        return 0
+    except BaseException:
+        return 1
