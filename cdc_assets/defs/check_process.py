@@ -195,4 +195,6 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    _serve()
+    from cdc_assets.defs import check_process  # the module by its name: what is pickled names its classes so
+
+    check_process._serve()
