@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from dagster import DagsterEventType, DefaultSensorStatus, RunRequest, SkipReason, build_sensor_context
@@ -33,12 +34,13 @@ from cdc_assets_tests.test_restart import _write_transactions
 STOPPED = "continuous mode stopped"
 
 
-def _start(env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _start(env: dict[str, str] | None = None, stderr_to: Path | None = None) -> subprocess.Popen[str]:
+    """`cdc-lakehouse run`; its log to `stderr_to` when it logs more than a pipe holds unread (a failing check)."""
     return subprocess.Popen(
         [sys.executable, "-m", "cdc_assets.cli", "run", "--poll-seconds", "0.2"],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr_to is None else stderr_to.open("w"),
         text=True,
     )
 
@@ -200,13 +202,13 @@ def _equal_rows_exist(cdc: CdcEnv) -> bool:
     return bool(list((cdc.lakehouse_dir / "current").rglob("*.parquet")))
 
 
-def test_a_current_state_written_behind_its_back_is_followed_and_named_by_the_check(cdc: CdcEnv) -> None:
+def test_a_current_state_written_behind_its_back_is_followed_and_named_by_the_check(cdc: CdcEnv, tmp_path: Path) -> None:
     """The follower keeps its Delta tables open between cycles: a commit of another writer is read, not written
     over, and a table made again is opened afresh. The check, in its own process, names the key that differs."""
     cdc.execute("CREATE TABLE acct (id INT PRIMARY KEY, owner VARCHAR(40), balance INT)")
     _write_transactions(cdc, transactions=20, rows_each=5)
     earlier = {r.run_id for r in _continuous_runs()}
-    process = _start({"CDC_CHECK_INTERVAL_SECONDS": "1"})
+    process = _start({"CDC_CHECK_INTERVAL_SECONDS": "1"}, stderr_to=tmp_path / "run.log")
     table = f"{cdc.database}.acct"
     uri = cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "acct"))
     try:
@@ -225,11 +227,11 @@ def test_a_current_state_written_behind_its_back_is_followed_and_named_by_the_ch
         assert tampered == [{"id": 7, "owner": "tampered"}]  # kept, not written over by a stale table
         stopped = run_cli("stop", timeout=120)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-        out, err = process.communicate(timeout=60)
+        out, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 0 and STOPPED in out, out + err
+    assert process.returncode == 0 and STOPPED in out, out + (tmp_path / "run.log").read_text()[-3000:]
     diffs = cdc.verify()
     assert [d.diff.different for d in diffs] == [[(7,)]]  # the rows the follower applied after that commit are there
     own = [c for c in _check_evaluations(earlier, table_asset_key(table)) if not c.passed]
