@@ -122,6 +122,7 @@ class _Checks:
     confirm_every: float = field(default_factory=confirm_every_seconds)
     last_confirmed: float | None = None
     caught_up: str | None = None  # set by the follower's thread when idle (a plain assignment)
+    recorded: Lakehouse | None = None  # the lakehouse the cycles' events read table metadata from (the op's thread)
 
     def confirm_due(self, now: float) -> bool:
         """Whether to look for quiet tables to confirm now (at most every `confirm_every` / 2 seconds)."""
@@ -164,6 +165,9 @@ def follow_binlog(
     house = lakehouse.get()
     settings = binlog.settings()
     checks = _Checks(check_interval(), full_check_interval(), checks_for(settings, house))
+    # The op thread's own copy, its tables kept open like the follower's (each copy is used by one thread and its
+    # pool): the tables whose metadata each cycle records are read from the commits since, not opened afresh.
+    checks.recorded = house.with_tables_kept_open()
     events: queue.Queue[Cycle | BaseException | None] = queue.Queue()
     stop = threading.Event()
     main = threading.main_thread()
@@ -214,7 +218,7 @@ def follow_binlog(
         while not events.empty():
             item = events.get()
             if isinstance(item, Cycle):
-                yield from _cycle_events(context, house, item, checks)
+                yield from _cycle_events(context, checks.recorded or house, item, checks)
             elif isinstance(item, BaseException):
                 failure = item
         if checks.runner.pending is not None and failure is None:
@@ -255,7 +259,7 @@ def _watch(
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield from _cycle_events(context, house, item, checks)
+            yield from _cycle_events(context, checks.recorded or house, item, checks)
         now = time.monotonic()
         if now - looked >= RUN_STATUS_EVERY_SECONDS:
             looked = now

@@ -407,10 +407,15 @@ class Lakehouse:
         lakehouse the copy opens tables afresh, as `self` does (no cheap way to see that a table was made again).
         The DeltaTable a caller holds moves to the newest version when the same table is opened again through the
         copy: the follower holds the pipeline's locks, so only a writer that ignores them commits in between."""
+        yield self.with_tables_kept_open()
+
+    def with_tables_kept_open(self) -> Lakehouse:
+        """The copy `keeping_tables_open` yields, for a caller that keeps it as long as it lives (the continuous
+        op's thread, recording each cycle's table metadata). One thread (and its pool) per copy."""
         kept = copy.copy(self)
         if not self.is_s3:
             kept._kept = _KeptTables(self.storage_options())
-        yield kept
+        return kept
 
     def file_access(self) -> FileAccess:
         """How a Spark task reaches this lakehouse's files (picklable; holds the S3 credentials)."""
