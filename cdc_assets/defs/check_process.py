@@ -4,7 +4,7 @@ Comparing a table row for row hashes every row in Python and Arrow: for a 10M-ro
 that, in the follower's process, holds the GIL against the follower's thread, so every table's capture and apply
 waits behind it. The continuous mode hands each comparison (`compare_changed` or `compare_every_row`, the very
 functions the batch runs call) to one child process instead, started once (a fresh interpreter running this module,
-`python -m cdc_assets.defs.check_process`, at a lower CPU priority, deaf to the run's signals: the op ends it) and kept for the next check. The child reads
+`python -m cdc_assets.defs.check_process`, deaf to the run's signals: the op ends it) and kept for the next check. The child reads
 the source and the Delta tables itself and sends back the comparisons (verdicts, row counts, the keys that differ);
 the op turns them into the same asset check evaluations as before. Requests and answers are pickled over the
 child's stdin and stdout; its own output goes to stderr.
@@ -30,8 +30,6 @@ from cdc_assets.core.settings import SourceSettings
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.changed_keys import compare_changed, compare_every_row
 from cdc_assets.verification.consistency import ConsistentComparison
-
-CHILD_NICENESS = 10  # the follower's cycles come first on a busy machine; a check may take longer
 
 
 def compare(kind: str, settings: SourceSettings, lakehouse: Lakehouse, tables: list[str]) -> list[ConsistentComparison]:
@@ -173,8 +171,8 @@ def _serve() -> None:
     channel = os.dup(1)
     os.dup2(2, 1)  # anything printed goes to stderr, never into the answers
     sys.stdout = sys.stderr
-    with contextlib.suppress(OSError):
-        os.nice(CHILD_NICENESS)
+    # Not niced: niced to 10, on a machine at load 10, a test's stop (which waits for the check in progress) waited
+    # past two minutes, most likely for a starved check of a 150-row table.
     # A terminal's Ctrl-C or a signal to the run's process group is for the run: the parent decides when the child
     # ends (its input closes between checks; killed when a check is abandoned).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
