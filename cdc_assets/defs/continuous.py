@@ -67,7 +67,7 @@ RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is bein
 # A run that started longer ago than the time it may wait for the locks of a batch run in progress (the
 # lakehouse's lock wait) plus this, and still holds no lock, is taken for dead (killed with its process).
 STARTUP_GRACE_SECONDS = 60.0
-STOP_CHECK_WAIT_SECONDS = 120.0  # how long a stop waits for the check in progress before abandoning it
+STOP_CHECK_WAIT_SECONDS = 20.0  # how long a stop waits for the check in progress before abandoning it (killing its child)
 ALIVE_STATUSES = [*WAITING_STATUSES, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
