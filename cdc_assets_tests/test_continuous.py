@@ -35,7 +35,7 @@ STOPPED = "continuous mode stopped"
 
 
 def _start(env: dict[str, str] | None = None, stderr_to: Path | None = None) -> subprocess.Popen[str]:
-    """`cdc-lakehouse run`; its log to `stderr_to` when it logs more than a pipe holds unread (a failing check)."""
+    """`cdc-lakehouse run`; its stderr to `stderr_to` (a file to read after a failure) instead of a pipe."""
     return subprocess.Popen(
         [sys.executable, "-m", "cdc_assets.cli", "run", "--poll-seconds", "0.2"],
         env={**os.environ, **(env or {})},
