@@ -171,8 +171,8 @@ def _serve() -> None:
     channel = os.dup(1)
     os.dup2(2, 1)  # anything printed goes to stderr, never into the answers
     sys.stdout = sys.stderr
-    # Not niced: niced to 10, on a machine at load 10, a test's stop (which waits for the check in progress) waited
-    # past two minutes, most likely for a starved check of a 150-row table.
+    # Not niced: on a busy machine a niced check can starve, which delays the check's cadence and a stop (it waits
+    # for the check in progress); the child uses one core at most, the follower's GIL-bound thread the other.
     # A terminal's Ctrl-C or a signal to the run's process group is for the run: the parent decides when the child
     # ends (its input closes between checks; killed when a check is abandoned).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
