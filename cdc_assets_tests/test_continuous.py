@@ -11,16 +11,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from dagster import DagsterEventType, DefaultSensorStatus, RunRequest, SkipReason, build_sensor_context
+from deltalake import DeltaTable
 
+from cdc_assets.core.names import TableRef
 from cdc_assets.defs.continuous import build_continuous_sensor
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, table_asset_key
 from cdc_assets.defs.queue import capture_in_progress
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.runs import instance
 from cdc_assets.defs.sensors import raw_batch_sensor
+from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv, run_cli
@@ -30,12 +34,13 @@ from cdc_assets_tests.test_restart import _write_transactions
 STOPPED = "continuous mode stopped"
 
 
-def _start(env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def _start(env: dict[str, str] | None = None, stderr_to: Path | None = None) -> subprocess.Popen[str]:
+    """`cdc-lakehouse run`; its stderr to `stderr_to` (a file to read after a failure) instead of a pipe."""
     return subprocess.Popen(
         [sys.executable, "-m", "cdc_assets.cli", "run", "--poll-seconds", "0.2"],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE if stderr_to is None else stderr_to.open("w"),
         text=True,
     )
 
@@ -195,3 +200,59 @@ def test_killed_then_restarted_under_a_writer_ends_exactly_once(cdc: CdcEnv) -> 
 
 def _equal_rows_exist(cdc: CdcEnv) -> bool:
     return bool(list((cdc.lakehouse_dir / "current").rglob("*.parquet")))
+
+
+def test_a_current_state_written_behind_its_back_is_followed_and_named_by_the_check(cdc: CdcEnv, tmp_path: Path) -> None:
+    """The follower keeps its Delta tables open between cycles: a commit of another writer is read, not written
+    over, and a table made again is opened afresh. The check, in its own process, names the key that differs."""
+    cdc.execute("CREATE TABLE acct (id INT PRIMARY KEY, owner VARCHAR(40), balance INT)")
+    _write_transactions(cdc, transactions=20, rows_each=5)
+    earlier = {r.run_id for r in _continuous_runs()}
+    process = _start({"CDC_CHECK_INTERVAL_SECONDS": "1"}, stderr_to=tmp_path / "run.log")
+    table = f"{cdc.database}.acct"
+    uri = cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "acct"))
+    try:
+        _wait_for("the catch-up", lambda: _equal(cdc, 1), process)
+        # another writer's commit between two cycles: the row of key 7 changed behind the pipeline's back
+        DeltaTable(uri).update(predicate="id = 7", updates={"owner": "'tampered'"})
+        _write_transactions(cdc, transactions=10, rows_each=5, start=20)  # the follower applies onto that commit
+        _wait_for("the new writes", lambda: _current_row_count(cdc) == _source_row_count(cdc), process, timeout_s=30)
+
+        def named() -> bool:
+            failed = [c for c in _check_evaluations(earlier) if not c.passed]
+            return any("1 different: 7" in (c.description or "") for c in failed)
+
+        _wait_for("the check to name key 7", named, process, timeout_s=60)
+        tampered = [r for r in DeltaTable(uri).to_pyarrow_table(columns=["id", "owner"]).to_pylist() if r["id"] == 7]
+        assert tampered == [{"id": 7, "owner": "tampered"}]  # kept, not written over by a stale table
+        # SIGTERM, not `cdc-lakehouse stop`: that waits for every continuous run of the instance to finish, and the
+        # run the test before killed stays STARTED in this session's instance
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0 and STOPPED in out, out + (tmp_path / "run.log").read_text()[-3000:]
+    diffs = cdc.verify()
+    assert [d.diff.different for d in diffs] == [[(7,)]]  # the rows the follower applied after that commit are there
+    own = [c for c in _check_evaluations(earlier, table_asset_key(table)) if not c.passed]
+    assert own and "1 different: 7" in own[-1].description
+
+
+def _check_evaluations(earlier: set[str], asset_key=CURRENT_ASSET) -> list:
+    return [
+        e.event_specific_data
+        for run in _continuous_runs(but=earlier)
+        for e in _events(run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)
+        if e.event_specific_data.asset_key == asset_key and e.event_specific_data.check_name == "current_matches_source"
+    ]
+
+
+def _current_row_count(cdc: CdcEnv) -> int:
+    return DeltaTable(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "acct"))).to_pyarrow_table(columns=["id"]).num_rows
+
+
+def _source_row_count(cdc: CdcEnv) -> int:
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM acct")
+        return int(cur.fetchone()[0])

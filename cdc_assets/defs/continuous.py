@@ -4,7 +4,10 @@ materialize, runs the equality check on a cadence, and stops between two cycles 
 the UI, `cdc-lakehouse stop`, Ctrl-C or SIGTERM). A sensor starts it, and starts it again when it died.
 
 The follower runs in a thread of the op; the op's own thread turns what it did into Dagster events (a generator
-yields only in the thread that runs it), watches the run's status for a termination and runs the checks.
+yields only in the thread that runs it), watches the run's status for a termination and runs the checks. The
+checks' equality comparisons run in a child process (defs/check_process.py; in process for an S3 lakehouse): the
+row-for-row comparison of a large table would otherwise hold the GIL for tens of seconds against the follower.
+One check at a time; a stop waits for the one in progress (up to STOP_CHECK_WAIT_SECONDS) and records it.
 """
 
 import os
@@ -37,10 +40,10 @@ from dagster import (
 )
 from pydantic import Field
 
-from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import env_number
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
+from cdc_assets.defs.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
 from cdc_assets.defs.checks import current_matches_source, current_schema_matches_source, lag, schema_match, table_lag
 from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import confirm_every_seconds
@@ -52,7 +55,6 @@ from cdc_assets.defs.table_checks import equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
-from cdc_assets.verification.changed_keys import compare_changed, compare_every_row
 from cdc_assets.verification.consistency import ConsistentComparison
 from spark_resources.resources import TransformsResource
 
@@ -65,6 +67,7 @@ RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is bein
 # A run that started longer ago than the time it may wait for the locks of a batch run in progress (the
 # lakehouse's lock wait) plus this, and still holds no lock, is taken for dead (killed with its process).
 STARTUP_GRACE_SECONDS = 60.0
+STOP_CHECK_WAIT_SECONDS = 20.0  # how long a stop waits for the check in progress before abandoning it (killing its child)
 ALIVE_STATUSES = [*WAITING_STATUSES, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
 
 
@@ -112,12 +115,14 @@ class _Checks:
 
     every: float
     full_every: float
+    runner: ChildChecks | InProcessChecks
     touched: set[str] = field(default_factory=set)
     last: float = field(default_factory=time.monotonic)
     last_full: float = field(default_factory=time.monotonic)
     confirm_every: float = field(default_factory=confirm_every_seconds)
     last_confirmed: float | None = None
     caught_up: str | None = None  # set by the follower's thread when idle (a plain assignment)
+    recorded: Lakehouse | None = None  # the lakehouse the cycles' events read table metadata from (the op's thread)
 
     def confirm_due(self, now: float) -> bool:
         """Whether to look for quiet tables to confirm now (at most every `confirm_every` / 2 seconds)."""
@@ -159,7 +164,10 @@ def follow_binlog(
 ) -> Iterator[Any]:
     house = lakehouse.get()
     settings = binlog.settings()
-    checks = _Checks(check_interval(), full_check_interval())
+    checks = _Checks(check_interval(), full_check_interval(), checks_for(settings, house))
+    # The op thread's own copy, its tables kept open like the follower's (each copy is used by one thread and its
+    # pool): the tables whose metadata each cycle records are read from the commits since, not opened afresh.
+    checks.recorded = house.with_tables_kept_open()
     events: queue.Queue[Cycle | BaseException | None] = queue.Queue()
     stop = threading.Event()
     main = threading.main_thread()
@@ -198,17 +206,29 @@ def follow_binlog(
         yield from _watch(context, house, settings, events, stop, checks)
     except (DagsterExecutionInterruptedError, KeyboardInterrupt):
         interrupted = True
+    except BaseException:  # a failure, or the generator closed: no check is waited for
+        checks.runner.close()
+        raise
     finally:  # also when the generator is closed: the cycle in progress finishes before the step ends
         stop.set()
         follower.join()
-    # what the last cycle did, then the stop
+    # what the last cycle did, the check in progress, then the stop
     failure: BaseException | None = None
-    while not events.empty():
-        item = events.get()
-        if isinstance(item, Cycle):
-            yield from _cycle_events(context, house, item, checks)
-        elif isinstance(item, BaseException):
-            failure = item
+    try:
+        while not events.empty():
+            item = events.get()
+            if isinstance(item, Cycle):
+                yield from _cycle_events(context, checks.recorded or house, item, checks)
+            elif isinstance(item, BaseException):
+                failure = item
+        if checks.runner.pending is not None and failure is None:
+            answered = checks.runner.result(timeout=STOP_CHECK_WAIT_SECONDS)
+            if answered is not None:
+                yield from _check_answered(context, house, settings, *answered)
+            else:
+                context.log.warning(f"continuous mode: the {checks.runner.pending.kind} check in progress was abandoned at the stop")
+    finally:
+        checks.runner.close()
     if failure is not None:
         raise failure
     run_record = context.instance.get_run_by_id(context.run_id)
@@ -239,7 +259,7 @@ def _watch(
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield from _cycle_events(context, house, item, checks)
+            yield from _cycle_events(context, checks.recorded or house, item, checks)
         now = time.monotonic()
         if now - looked >= RUN_STATUS_EVERY_SECONDS:
             looked = now
@@ -248,9 +268,15 @@ def _watch(
                 context.log.info("continuous mode: termination requested; stopping after the cycle in progress")
                 stop.set()
                 return
-        due = checks.due(now)
+        answered = checks.runner.result()
+        if answered is not None:
+            yield from _check_answered(context, house, settings, *answered)
+        due = checks.due(now) if checks.runner.pending is None else None  # one check at a time: the next waits
         if due is not None:
-            yield from _checks_due(context, house, settings, *due)
+            _submit_check(house, checks, *due)
+            answered = checks.runner.result()  # at once when it ran in process
+            if answered is not None:
+                yield from _check_answered(context, house, settings, *answered)
         caught_up, checks.caught_up = checks.caught_up, None
         if caught_up is not None and checks.confirm_due(now):  # the source is quiet: its tables are up to date
             log_batch(context, confirmations(context.instance, house, caught_up, checks.confirm_every, time.time()))
@@ -315,26 +341,43 @@ def _table_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
     return events
 
 
-def _checks_due(context: OpExecutionContext, house: Lakehouse, settings: Any, kind: str, tables: list[str]) -> Iterator[AssetCheckEvaluation]:
-    """The batch runs' three current-state checks over the same tables: equality, then the tables' schemas and
-    every table's lag (cheap: the source's columns, and each table's progress), each also on the tables' own assets."""
-    yield _equality(context, house, settings, kind, tables)
-    names = known_tables(house.store, tables or None)
+def _submit_check(house: Lakehouse, checks: _Checks, kind: str, tables: list[str]) -> None:
+    """Hand the equality comparison of a due check to the check process (defs/check_process.py); its answer is
+    turned into the check evaluations when it comes (`_check_answered`)."""
+    checks.runner.submit(Request(kind, known_tables(house.store, tables or None)))
+
+
+def _check_answered(context: OpExecutionContext, house: Lakehouse, settings: Any, request: Request, answer: Answer) -> Iterator[AssetCheckEvaluation]:
+    """The batch runs' three current-state checks over the same tables: equality (the check process's answer), then
+    the tables' schemas and every table's lag (cheap: the source's columns, and each table's progress), each also
+    on the tables' own assets."""
+    if isinstance(answer.error, CheckProcessDied):  # killed, out of memory: a failed check, and the next one starts a new child
+        context.log.error(f"continuous mode, {request.kind} check: {answer.error}")
+        yield AssetCheckEvaluation(
+            asset_key=CURRENT_ASSET,
+            check_name=CHECK_NAME,
+            passed=False,
+            severity=AssetCheckSeverity.ERROR,
+            description=str(answer.error),
+            metadata={"scope": request.kind, "tables": len(request.tables)},
+        )
+        return
+    if answer.error is not None:
+        raise answer.error
+    yield _equality(context, request.kind, answer.comparisons or [])
+    names = request.tables
     for check_name, (fields, verdicts) in (
         (SCHEMA_CHECK_NAME, schema_match(settings, house, names)),
         (LAG_CHECK_NAME, lag(settings, house, names)),
     ):
         log_batch(context, verdicts)  # each table's own asset
-        fields["metadata"]["scope"] = kind
+        fields["metadata"]["scope"] = request.kind
         yield AssetCheckEvaluation(asset_key=CURRENT_ASSET, check_name=check_name, **fields)
 
 
-def _equality(context: OpExecutionContext, house: Lakehouse, settings: Any, kind: str, tables: list[str]) -> AssetCheckEvaluation:
+def _equality(context: OpExecutionContext, kind: str, comparisons: list[ConsistentComparison]) -> AssetCheckEvaluation:
     """current_matches_source over the tables changed since the last check (only their keys changed since each
     was last found equal, as after a batch apply), or every row of every table."""
-    names = known_tables(house.store, tables or None)
-    compare = compare_changed if kind == "changed" else compare_every_row
-    comparisons = compare(settings, house, [TableRef.parse(t) for t in names])
     failing = [c.describe() for c in comparisons if not c.ok]
     for text in failing:
         context.log.error(text)

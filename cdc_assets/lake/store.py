@@ -6,12 +6,14 @@ made visible atomically (rename locally, a single PUT on S3), so a reader never 
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import tempfile
+import threading
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -291,6 +293,49 @@ def s3_client(
     )
 
 
+class _KeptTables:
+    """Delta tables kept open by uri (a local lakehouse's): see Lakehouse.keeping_tables_open."""
+
+    def __init__(self, storage_options: dict[str, str] | None) -> None:
+        self.storage_options = storage_options
+        self.tables: dict[str, tuple[DeltaTable, tuple[int, int] | None]] = {}
+        self.locks: dict[str, threading.Lock] = {}  # one per table: tables open in parallel, one table at a time
+        self.mutex = threading.Lock()
+
+    @staticmethod
+    def _identity(uri: str) -> tuple[int, int] | None:
+        """The table's first commit file (inode, mtime): another one means the table was made again."""
+        try:
+            stat = os.stat(Path(uri) / DELTA_LOG / f"{0:020d}.json")
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_mtime_ns
+
+    def forget(self, uri: str) -> None:
+        with self.mutex:
+            self.tables.pop(uri, None)
+
+    def open(self, uri: str) -> DeltaTable | None:
+        with self.mutex:
+            lock = self.locks.setdefault(uri, threading.Lock())
+        with lock:
+            kept = self.tables.get(uri)
+            if kept is not None:
+                table, identity = kept
+                try:
+                    if self._identity(uri) == identity:
+                        table.update_incremental()
+                        return table
+                except Exception:  # noqa: BLE001 (the log changed under it: opened afresh below)
+                    pass
+                self.tables.pop(uri, None)
+            identity = self._identity(uri)
+            table = open_table(uri, self.storage_options)
+            if table is not None:
+                self.tables[uri] = (table, identity)
+            return table
+
+
 class Lakehouse:
     """Where everything lives; `location` is a local directory or `s3://bucket/prefix`."""
 
@@ -346,7 +391,31 @@ class Lakehouse:
 
     def open(self, layer: str, table: TableRef) -> DeltaTable | None:
         """A table of a Delta layer at its newest version, or None when it does not exist."""
-        return open_table(self.table_uri(layer, table), self.storage_options())
+        uri = self.table_uri(layer, table)
+        kept = getattr(self, "_kept", None)
+        return open_table(uri, self.storage_options()) if kept is None else kept.open(uri)
+
+    @contextmanager
+    def keeping_tables_open(self) -> Iterator[Lakehouse]:
+        """A copy of this lakehouse whose `open` keeps each Delta table open for the block and brings it to the
+        newest version with `update_incremental` (only the commits since), instead of reading its log again each
+        time: the continuous mode's follower (stages/follow.py) opens the same tables every cycle. A table made
+        again since (its first commit's file is not the one seen: dropped, re-created by someone else) or whose
+        log cannot be followed is opened afresh. Other writers' commits are read like the pipeline's own.
+
+        Only this copy keeps tables open (another thread's opens through `self` are unaffected); for an S3
+        lakehouse the copy opens tables afresh, as `self` does (no cheap way to see that a table was made again).
+        The DeltaTable a caller holds moves to the newest version when the same table is opened again through the
+        copy: the follower holds the pipeline's locks, so only a writer that ignores them commits in between."""
+        yield self.with_tables_kept_open()
+
+    def with_tables_kept_open(self) -> Lakehouse:
+        """The copy `keeping_tables_open` yields, for a caller that keeps it as long as it lives (the continuous
+        op's thread, recording each cycle's table metadata). One thread (and its pool) per copy."""
+        kept = copy.copy(self)
+        if not self.is_s3:
+            kept._kept = _KeptTables(self.storage_options())
+        return kept
 
     def file_access(self) -> FileAccess:
         """How a Spark task reaches this lakehouse's files (picklable; holds the S3 credentials)."""
@@ -360,6 +429,9 @@ class Lakehouse:
 
     def delete_table(self, layer: str, table: TableRef) -> None:
         """Remove one table's Delta table (its log first), never anything beside it."""
+        kept = getattr(self, "_kept", None)
+        if kept is not None:
+            kept.forget(self.table_uri(layer, table))
         self.store.delete_table(self.table_key(layer, table))
 
     def storage_options(self) -> dict[str, str] | None:

@@ -7,6 +7,8 @@ above its `_cdc_seq` watermark, each current-state table only changes above its 
 capture, change-log and current-state locks for its whole life (the locks are re-entrant per thread and owner, so the stage
 functions take them again for free): no scheduled capture, sensor run or `sync` runs beside it, and none of them
 has to start a run to find that out. A stop is honoured only between cycles, so what was started is finished.
+The follower keeps the Delta tables it opens open between cycles (Lakehouse.keeping_tables_open: each open reads
+only the commits since, and a table made again is opened afresh).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ def follow(
             log.info(f"removed {removed} spool directories and partial uploads left by a capture that was stopped")
         watcher = _BinlogWatcher(settings)
         held.callback(watcher.close)
+        # the same Delta tables every cycle: kept open and brought up to date, not opened afresh each time
+        lakehouse = held.enter_context(lakehouse.keeping_tables_open())
         number = 0
         while not should_stop():
             began = time.monotonic()
