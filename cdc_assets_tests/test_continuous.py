@@ -14,7 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from dagster import DagsterEventType, DefaultSensorStatus, RunRequest, SkipReason, build_sensor_context
+from dagster import (
+    DagsterEventType,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    SkipReason,
+    build_sensor_context,
+)
 from deltalake import DeltaTable
 
 from cdc_assets.core.names import TableRef
@@ -174,12 +181,16 @@ def test_killed_then_restarted_under_a_writer_ends_exactly_once(cdc: CdcEnv) -> 
         writer.join()
     try:
         _wait_for("the catch-up after the restart", lambda: _equal(cdc, 1), second)
-        second.send_signal(signal.SIGTERM)
+        # the killed run's record still says STARTED: `stop` ends it too, rather than wait for it for ever
+        stopped = run_cli("stop", timeout=120)
+        assert stopped.returncode == 0 and STOPPED in stopped.stdout, stopped.stdout + stopped.stderr
         out, err = second.communicate(timeout=60)
     finally:
         if second.poll() is None:
             second.kill()
     assert second.returncode == 0 and STOPPED in out, out + err
+    killed_run, second_run = _continuous_runs(but=earlier)
+    assert killed_run.status == DagsterRunStatus.CANCELED and second_run.is_finished
     assert batch_chain_breaks(cdc.lakehouse) == []
     assert duplicate_seqs(cdc.lakehouse) == {}
     assert _all_change_seqs(cdc) == _raw_seqs(cdc)
@@ -225,9 +236,7 @@ def test_a_current_state_written_behind_its_back_is_followed_and_named_by_the_ch
         _wait_for("the check to name key 7", named, process, timeout_s=60)
         tampered = [r for r in DeltaTable(uri).to_pyarrow_table(columns=["id", "owner"]).to_pylist() if r["id"] == 7]
         assert tampered == [{"id": 7, "owner": "tampered"}]  # kept, not written over by a stale table
-        # SIGTERM, not `cdc-lakehouse stop`: that waits for every continuous run of the instance to finish, and the
-        # run the test before killed stays STARTED in this session's instance
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGTERM)  # as a service manager stops it
         out, _ = process.communicate(timeout=120)
     finally:
         if process.poll() is None:

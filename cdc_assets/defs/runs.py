@@ -38,7 +38,7 @@ from cdc_assets.lake.state import known_tables
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
-from cdc_assets.stages.follow import continuous_holder, refuse_beside_continuous
+from cdc_assets.stages.follow import continuous_holder, continuous_owner, refuse_beside_continuous
 from cdc_assets.stages.snapshot_records import snapshots_in_progress
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
 from cdc_assets.verification.lag import table_lags
@@ -299,6 +299,9 @@ def _interrupted(error: Any) -> bool:
     return False
 
 
+LEFT_STARTED = (DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING)
+
+
 def stop_continuous(wait_seconds: float = STOP_WAIT_SECONDS) -> str:
     """Stop the continuous mode after its cycle in progress, and wait until it has: its runs are terminated (as
     from the UI; a run the CLI started in the foreground is also sent SIGTERM when it runs on this host)."""
@@ -320,9 +323,20 @@ def stop_continuous(wait_seconds: float = STOP_WAIT_SECONDS) -> str:
     if holder is not None and holder.host == socket.gethostname() and holder.pid > 0 and not runs:
         os.kill(holder.pid, signal.SIGTERM)  # a continuous mode whose run this instance does not know
     deadline = time.monotonic() + wait_seconds
-    while continuous_holder(lakehouse) is not None or any(
-        (r := dagster.get_run_by_id(run.run_id)) is not None and not r.is_finished for run in runs
-    ):
+    held_by = {run.run_id for run in runs if holder is not None and holder.owner == continuous_owner(run.run_id)}
+    while True:
+        holding = continuous_holder(lakehouse) is not None
+        unfinished = [r for run in runs if (r := dagster.get_run_by_id(run.run_id)) is not None and not r.is_finished]
+        if not holding:
+            # The lock is free: a run that never held it and is still STARTED died without a word (SIGKILL, a lost
+            # host) beside the one that did; nothing but this will ever end it. (The holder's own run is left to
+            # record its own end.)
+            dead = [r for r in unfinished if r.run_id not in held_by and r.status in LEFT_STARTED]
+            for run in dead:
+                dagster.report_run_canceled(run, message="Its process is gone (it holds no lock).")
+            unfinished = [r for r in unfinished if r not in dead]
+        if not holding and not unfinished:
+            break
         if time.monotonic() > deadline:
             raise CdcUserError(
                 f"The continuous mode did not stop within {wait_seconds:g} s (a long cycle is still finishing): run "
