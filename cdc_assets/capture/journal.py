@@ -106,6 +106,8 @@ class CaptureJournal:
         (the checkpoint's last batch; a later one is read again by this capture). Returns the batches taken over."""
         now = time.time()
         taken, merged = [], []
+        # a journal is rewritten at every batch: a capture killed mid-write leaves its temporary file behind
+        store.remove_partial_writes(UNRECORDED)
         for key in store.list_keys(f"{UNRECORDED}/"):
             if not key.endswith(".json"):
                 continue
