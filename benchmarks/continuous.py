@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from benchmarks.large_table import make_table
-from benchmarks.steady_load import SCHEMA, BigTable, MemorySampler, Probe, _prepare, _wait_for, _write
+from benchmarks.steady_load import SCHEMA, BigTable, MemorySampler, Probe, _prepare, _wait_for, _write, pipeline_env
 from benchmarks.workloads import CLI, fresh_server
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.local_source import server as local_server
@@ -62,15 +62,7 @@ def main() -> None:
     server = fresh_server(work / "mariadb")  # a server of its own: other benchmarks' servers are left alone
     _prepare(server)
     lakehouse = Lakehouse(str(work / "lakehouse"))
-    env = {
-        **os.environ,
-        "CDC_MYSQL_URL": server.reader_url(),
-        "CDC_TABLES": f"{SCHEMA}.*",
-        "CDC_SERVER_ID": str(READER_SERVER_ID),
-        "CDC_LAKEHOUSE": str(work / "lakehouse"),
-        "DAGSTER_HOME": str(work / "dagster_home"),
-        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
-    }
+    env = pipeline_env(server, work, READER_SERVER_ID)
     if big is not None:
         began = time.monotonic()
         make_table(server, big.name, big.rows, schema=SCHEMA)

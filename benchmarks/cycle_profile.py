@@ -39,7 +39,7 @@ import pyarrow as pa
 import cdc_assets.stages.current_state as current_state
 import cdc_assets.stages.follow as follow_module
 from benchmarks.large_table import make_table
-from benchmarks.steady_load import SCHEMA, BigTable, _prepare, _write
+from benchmarks.steady_load import SCHEMA, BigTable, _prepare, _write, pipeline_env
 from benchmarks.workloads import CLI, fresh_server
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter
@@ -199,15 +199,7 @@ def main() -> None:
     server = fresh_server(work / "mariadb")
     _prepare(server)
     big = BigTable(BIG_TABLE, args.big_table_rows)
-    env = {
-        **os.environ,
-        "CDC_MYSQL_URL": server.reader_url(),
-        "CDC_TABLES": f"{SCHEMA}.*",
-        "CDC_SERVER_ID": str(READER_SERVER_ID),
-        "CDC_LAKEHOUSE": str(work / "lakehouse"),
-        "DAGSTER_HOME": str(work / "dagster_home"),
-        "CDC_SPARK_MASTER": "local[2]",
-    }
+    env = pipeline_env(server, work, READER_SERVER_ID, spark_master="local[2]")
     try:
         make_table(server, big.name, big.rows, schema=SCHEMA)
         subprocess.run([CLI, "snapshot", f"{SCHEMA}.{big.name}"], env=env, check=True, capture_output=True, timeout=3600)

@@ -43,6 +43,22 @@ READER_SERVER_ID = 4244
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pipeline_env(
+    server: local_server.LocalServer, work: Path, server_id: int = READER_SERVER_ID, spark_master: str | None = None
+) -> dict[str, str]:
+    """The environment of a pipeline over this workload's tables: the source (read as replica `server_id`), a
+    lakehouse and a Dagster home under `work`, Spark on `spark_master` (by default CDC_SPARK_MASTER, else local[2])."""
+    return {
+        **os.environ,
+        "CDC_MYSQL_URL": server.reader_url(),
+        "CDC_TABLES": f"{SCHEMA}.*",
+        "CDC_SERVER_ID": str(server_id),
+        "CDC_LAKEHOUSE": str(work / "lakehouse"),
+        "DAGSTER_HOME": str(work / "dagster_home"),
+        "CDC_SPARK_MASTER": spark_master or os.environ.get("CDC_SPARK_MASTER", "local[2]"),
+    }
+
+
 def _prepare(server: local_server.LocalServer) -> None:
     with server.admin_connection() as conn, conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {SCHEMA}")
@@ -201,14 +217,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cdc-bench-c-"))
     lakehouse = Lakehouse(str(work / "lakehouse"))
     env = {
-        **os.environ,
-        "CDC_MYSQL_URL": server.reader_url(),
-        "CDC_TABLES": f"{SCHEMA}.*",
-        "CDC_SERVER_ID": str(READER_SERVER_ID),
-        "CDC_LAKEHOUSE": str(work / "lakehouse"),
-        "DAGSTER_HOME": str(work / "dagster_home"),
+        **pipeline_env(server, work),
         "CDC_CAPTURE_INTERVAL_SECONDS": os.environ.get("CDC_CAPTURE_INTERVAL_SECONDS", "2"),
-        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
         "DAGSTER_EVENT_BATCH_SIZE": "1000",
     }
     subprocess.run([CLI, "sync"], env=env, check=True, capture_output=True, timeout=600)
