@@ -243,17 +243,31 @@ def _busy(cdc: CdcEnv, stop: threading.Event, writes: list[int]) -> None:
             writes[0] = i
 
 
+def _wait_for_writes(writes: list[int], at_least: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while writes[0] < at_least:
+        assert time.monotonic() < deadline, f"the writer made {writes[0]} writes in {timeout:.0f} s, not {at_least}"
+        time.sleep(0.01)
+
+
 def test_no_false_difference_while_the_source_writes(cdc: CdcEnv, spark, in_buckets: bool) -> None:
     table = _table_t(cdc, spark)
     stop, writes = threading.Event(), [0]
     writer = threading.Thread(target=_busy, args=(cdc, stop, writes))
     writer.start()
+    comparisons: list[ConsistentComparison] = []
     try:
-        comparisons = [_compare(cdc, table) for _ in range(3)]
+        for _ in range(3):
+            # Writes after the checkpoint before each comparison (keys in flight), and more while it is inside its
+            # snapshot (after its position: to be left out). Waited for, not hoped for: on a slow machine three
+            # comparisons could once all run before the writer's first statement.
+            _wait_for_writes(writes, writes[0] + 2)
+            with failpoints.arm("verify.in_snapshot", lambda: _wait_for_writes(writes, writes[0] + 2)):
+                comparisons.append(_compare(cdc, table))
     finally:
         stop.set()
         writer.join()
-    assert writes[0] > 0 and any(c.in_flight_keys for c in comparisons)  # the writes overlapped the comparisons
+    assert all(c.in_flight_keys for c in comparisons), [c.describe() for c in comparisons]
     assert all(c.ok for c in comparisons), [c.describe() for c in comparisons if not c.ok]
     assert all(c.source_checksum == c.lakehouse_checksum for c in comparisons)
 
