@@ -91,3 +91,51 @@ def test_table_selection_selects_nothing_by_default_and_names_a_bad_glob() -> No
     assert "shop.items" not in chosen and "other.orders" not in chosen
     with pytest.raises(CdcUserError, match="CDC_SOFT_DELETES has no schema"):
         TableSelection.parse("orders", "CDC_SOFT_DELETES")
+
+
+def test_the_forked_capture_reads_the_same_settings_as_the_resources(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """`sync` forks its capture before Dagster is imported, so the child reads the environment without the
+    resources: through the same variables (SOURCE_ENV, LAKEHOUSE_ENV) and the same parsing, field for field."""
+    from cdc_assets.core.settings import LAKEHOUSE_ENV, SOURCE_ENV
+    from cdc_assets.defs.resources import BinlogResource, LakehouseResource, initialized_resources
+    from cdc_assets.lake.store import local_lakehouse_from_env
+    from cdc_assets.source.server import source_settings_from_env
+
+    # Every resource field is one of the shared variables, or no variable at all (a run's own, or S3's).
+    assert set(BinlogResource.model_fields) == set(SOURCE_ENV) | {"max_batches", "snapshot_chunk_rows"}
+    shared = set(LAKEHOUSE_ENV) | {"lock_wait_seconds", "lock_ttl_seconds"}
+    assert set(LakehouseResource.model_fields) == shared | {"s3", "s3_max_attempts", "s3_timeout_seconds"}
+
+    for name, value in {
+        "CDC_MYSQL_URL": "mysql://reader:s3cret@db.example:3307",
+        "CDC_SERVER_ID": "77",
+        "CDC_TABLES": "shop.*",
+        "CDC_EXCLUDE_TABLES": "shop.tmp_*",
+        "CDC_MAX_BATCH_ROWS": "1234",
+        "CDC_SNAPSHOT_CHUNK_ROWS": "5000",
+        "CDC_LAKEHOUSE": str(tmp_path / "lake"),
+        "CDC_LOCK_WAIT_SECONDS": "9",
+        "CDC_LOCK_TTL_SECONDS": "11",
+        "CDC_HISTORY_TABLES": "shop.orders",
+        "CDC_SOFT_DELETES": "shop.customers",
+    }.items():
+        monkeypatch.setenv(name, value)
+    resources = initialized_resources()
+    forked = source_settings_from_env()
+    assert forked == resources.binlog.settings()
+    assert (forked.server_id, forked.max_batch_rows, forked.snapshot_chunk_rows) == (77, 1234, 5000)
+    assert forked.table_filter.matches("shop", "orders") and not forked.table_filter.matches("shop", "tmp_1")
+    house, theirs = local_lakehouse_from_env(), resources.lakehouse.get()
+    described = lambda h: (h.location, h.lock_wait_seconds, h.lock_ttl_seconds, h.history, h.soft_deletes)  # noqa: E731
+    assert described(house) == described(theirs) == (
+        str(tmp_path / "lake"), 9.0, 11.0, TableSelection(("shop.orders",)), TableSelection(("shop.customers",))
+    )
+
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "many")  # both refuse a bad number with the same sentence
+    with pytest.raises(CdcUserError, match="CDC_MAX_BATCH_ROWS='many' is not a whole number") as forked_error:
+        source_settings_from_env()
+    with pytest.raises(CdcUserError) as resource_error:
+        initialized_resources()
+    assert str(forked_error.value) == str(resource_error.value)

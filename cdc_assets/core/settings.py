@@ -213,6 +213,68 @@ class SourceSettings:
     snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS  # a Spark snapshot reads a table in key ranges this long
 
 
+@dataclass(frozen=True)
+class EnvSetting:
+    """A resource field's environment variable, its default when unset, and whether it is a whole number."""
+
+    variable: str
+    default: object = None
+    whole_number: bool = False
+
+    def value(self) -> object:
+        """The variable's value (a whole number checked), else the default."""
+        text = os.environ.get(self.variable)
+        if not text:
+            return self.default
+        if not self.whole_number:
+            return text
+        try:
+            return int(text)
+        except ValueError:
+            raise CdcUserError(f"{self.variable}={text!r} is not a whole number: set it to one, or unset it.") from None
+
+
+# The one list of the variables the source's and the lakehouse's settings come from, by the name of the
+# resource field each fills (BinlogResource, LakehouseResource). Dagster's resources take them as EnvVars; the
+# capture a `sync` forks before Dagster is imported reads their values here. A setting added to a resource and
+# not here fails test_settings.
+SOURCE_ENV = {
+    "mysql_url": EnvSetting("CDC_MYSQL_URL"),
+    "server_id": EnvSetting("CDC_SERVER_ID", DEFAULT_SERVER_ID, whole_number=True),
+    "tables": EnvSetting("CDC_TABLES"),
+    "exclude_tables": EnvSetting("CDC_EXCLUDE_TABLES"),
+    "max_batch_rows": EnvSetting("CDC_MAX_BATCH_ROWS", DEFAULT_MAX_BATCH_ROWS, whole_number=True),
+}
+LAKEHOUSE_ENV = {
+    "location": EnvSetting("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE),
+    "history_tables": EnvSetting("CDC_HISTORY_TABLES"),
+    "soft_deletes": EnvSetting("CDC_SOFT_DELETES"),
+}
+
+
+def source_values_from_env() -> dict[str, object]:
+    """The source's settings as the environment gives them, by BinlogResource field (`max_batches` is no
+    variable: it is a run's own)."""
+    return {name: setting.value() for name, setting in SOURCE_ENV.items()} | {
+        "snapshot_chunk_rows": snapshot_chunk_rows()
+    }
+
+
+def lakehouse_values_from_env() -> dict[str, object]:
+    """A local lakehouse's settings as the environment gives them, by LakehouseResource field (the S3 ones are
+    S3Resource's and the retries')."""
+    return {name: setting.value() for name, setting in LAKEHOUSE_ENV.items()} | {
+        "lock_wait_seconds": lock_wait_seconds(),
+        "lock_ttl_seconds": lock_ttl_seconds(),
+    }
+
+
+def snapshot_chunk_rows() -> int:
+    """CDC_SNAPSHOT_CHUNK_ROWS: a positive whole number (read here, not as an EnvVar, to check it first)."""
+    valid = lambda v: v >= 1 and v == int(v)  # noqa: E731
+    return int(env_number("CDC_SNAPSHOT_CHUNK_ROWS", DEFAULT_SNAPSHOT_CHUNK_ROWS, valid, "a positive whole number"))
+
+
 def lock_wait_seconds() -> float:
     return env_number("CDC_LOCK_WAIT_SECONDS", DEFAULT_LOCK_WAIT_SECONDS, lambda v: v >= 0, "a number of seconds")
 

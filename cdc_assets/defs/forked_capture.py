@@ -151,35 +151,14 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
         from cdc_assets.capture.journal import CaptureJournal, Recorder
         from cdc_assets.capture.run import capture
         from cdc_assets.core.errors import CdcUserError
-        from cdc_assets.core.settings import (
-            DEFAULT_LAKEHOUSE,
-            DEFAULT_MAX_BATCH_ROWS,
-            DEFAULT_SERVER_ID,
-            SourceSettings,
-            TableFilter,
-            TableSelection,
-            lock_ttl_seconds,
-            lock_wait_seconds,
-        )
-        from cdc_assets.lake.store import Lakehouse
-        from cdc_assets.source.server import resolve_mysql_url
+        from cdc_assets.lake.store import local_lakehouse_from_env
+        from cdc_assets.source.server import source_settings_from_env
 
-        env = os.environ
         try:
-            settings = SourceSettings(
-                url=resolve_mysql_url(env.get("CDC_MYSQL_URL") or None),
-                server_id=int(env.get("CDC_SERVER_ID") or DEFAULT_SERVER_ID),
-                table_filter=TableFilter.parse(env.get("CDC_TABLES") or None, env.get("CDC_EXCLUDE_TABLES") or None),
-                max_batch_rows=int(env.get("CDC_MAX_BATCH_ROWS") or DEFAULT_MAX_BATCH_ROWS),
-            )
-            house = Lakehouse(
-                env.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE,
-                None,
-                lock_wait_seconds(),
-                lock_ttl_seconds(),
-                TableSelection.parse(env.get("CDC_HISTORY_TABLES") or None, "CDC_HISTORY_TABLES"),
-                TableSelection.parse(env.get("CDC_SOFT_DELETES") or None, "CDC_SOFT_DELETES"),
-            )
+            # The same variables and parsing as the resources' (core.settings.SOURCE_ENV, LAKEHOUSE_ENV), read
+            # here because this process does not import Dagster.
+            settings = source_settings_from_env()
+            house = local_lakehouse_from_env()
             journal = CaptureJournal(run_id, Recorder.of(parent))  # the parent records the batches
             report = capture(settings, house, log=messages, owner=_owner(run_id), journal=journal)
             said: tuple[str, Any, list[str]] = ("report", report, messages.messages)

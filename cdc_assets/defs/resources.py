@@ -25,18 +25,20 @@ from cdc_assets.core.settings import (
     DEFAULT_S3_TIMEOUT_SECONDS,
     DEFAULT_SERVER_ID,
     DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    LAKEHOUSE_ENV,
+    SOURCE_ENV,
+    EnvSetting,
     S3Retries,
     SourceSettings,
-    TableFilter,
-    TableSelection,
     env_number,
     lock_ttl_seconds,
     lock_wait_seconds,
     s3_retries_from_env,
+    snapshot_chunk_rows,
 )
-from cdc_assets.lake.store import Lakehouse, S3Access, s3_client
+from cdc_assets.lake.store import Lakehouse, S3Access, lakehouse_of, s3_client
 from cdc_assets.sinks.settings import SinkSettings, sink_settings
-from cdc_assets.source.server import resolve_mysql_url
+from cdc_assets.source.server import source_settings
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
 from spark_resources.resources import LazySparkResource, TransformsResource
 from spark_resources.session import DEFAULT_SPARK_MASTER, spark_config
@@ -63,14 +65,10 @@ class BinlogResource(ConfigurableResource):
 
     def settings(self) -> SourceSettings:
         """The source as plain settings; a bad URL or table pattern raises CdcUserError with the fix."""
-        return SourceSettings(
-            url=resolve_mysql_url(self.mysql_url),
-            server_id=self.server_id,
-            table_filter=TableFilter.parse(self.tables, self.exclude_tables),
-            max_batch_rows=self.max_batch_rows,
-            max_batches=self.max_batches,
-            snapshot_chunk_rows=self.snapshot_chunk_rows,
-        )
+        return source_settings(
+            self.mysql_url, self.server_id, self.tables, self.exclude_tables, self.max_batch_rows,
+            self.max_batches, self.snapshot_chunk_rows,
+        )  # fmt: skip
 
 
 class S3Resource(ConfigurableResource):
@@ -148,14 +146,10 @@ class LakehouseResource(ConfigurableResource):
             }
             client = s3_client(retries, **connection)
             access = S3Access.of(client, retries=retries, **connection)
-        return Lakehouse(
-            self.location,
+        return lakehouse_of(
+            self.location, self.lock_wait_seconds, self.lock_ttl_seconds, self.history_tables, self.soft_deletes,
             access,
-            self.lock_wait_seconds,
-            self.lock_ttl_seconds,
-            TableSelection.parse(self.history_tables, "CDC_HISTORY_TABLES"),
-            TableSelection.parse(self.soft_deletes, "CDC_SOFT_DELETES"),
-        )
+        )  # fmt: skip
 
 
 class SinksResource(ConfigurableResource):
@@ -196,26 +190,15 @@ class SinksResource(ConfigurableResource):
         return sink_settings(sink, self.environment())
 
 
-def _env_value(name: str, default: Any, kind: str = "str", resolved: bool = False) -> Any:
-    """`EnvVar(name)` when the variable is set (so the value stays out of run config), else the default; with
-    `resolved`, the variable's value itself (for resources used outside runs, never put in run config)."""
-    value = os.environ.get(name)
-    if not value:
-        return default
-    if not resolved:
-        return EnvVar.int(name) if kind == "int" else EnvVar(name)
-    if kind != "int":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise CdcUserError(f"{name}={value!r} is not a whole number: set it to one, or unset it.") from None
-
-
-def snapshot_chunk_rows() -> int:
-    """CDC_SNAPSHOT_CHUNK_ROWS: a positive whole number (read here, not as an EnvVar, to check it first)."""
-    valid = lambda v: v >= 1 and v == int(v)  # noqa: E731
-    return int(env_number("CDC_SNAPSHOT_CHUNK_ROWS", DEFAULT_SNAPSHOT_CHUNK_ROWS, valid, "a positive whole number"))
+def _env_value(setting: EnvSetting, resolved: bool = False) -> Any:
+    """`EnvVar` of the setting's variable when it is set (so the value stays out of run config), else the
+    default; with `resolved`, the variable's value itself (for resources used outside runs, never put in run
+    config)."""
+    if not os.environ.get(setting.variable):
+        return setting.default
+    if resolved:
+        return setting.value()
+    return EnvVar.int(setting.variable) if setting.whole_number else EnvVar(setting.variable)
 
 
 def spark_settings() -> dict[str, str]:
@@ -268,8 +251,8 @@ def resources_from_env(resolved: bool = False) -> Resources:
     """Every resource configured from the environment (CONTRACT §2), each declared once. `resolved`: with the
     variables' values in place of EnvVars, ready for use outside a run (see `initialized_resources`)."""
 
-    def _env(name: str, default: Any, kind: str = "str") -> Any:
-        return _env_value(name, default, kind, resolved)
+    def _env(name: str, default: Any) -> Any:
+        return _env_value(EnvSetting(name, default), resolved)
 
     region = "AWS_REGION" if os.environ.get("AWS_REGION") else "AWS_DEFAULT_REGION"
     retries = s3_retries_from_env()
@@ -285,19 +268,13 @@ def resources_from_env(resolved: bool = False) -> Resources:
     pyspark = LazySparkResource(spark_config=spark_config(master, spark_settings()))
     return Resources(
         binlog=BinlogResource(
-            mysql_url=_env("CDC_MYSQL_URL", None),
-            server_id=_env("CDC_SERVER_ID", DEFAULT_SERVER_ID, "int"),
-            tables=_env("CDC_TABLES", None),
-            exclude_tables=_env("CDC_EXCLUDE_TABLES", None),
-            max_batch_rows=_env("CDC_MAX_BATCH_ROWS", DEFAULT_MAX_BATCH_ROWS, "int"),
+            **{name: _env_value(setting, resolved) for name, setting in SOURCE_ENV.items()},
             snapshot_chunk_rows=snapshot_chunk_rows(),
         ),
         lakehouse=LakehouseResource(
-            location=_env("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE),
+            **{name: _env_value(setting, resolved) for name, setting in LAKEHOUSE_ENV.items()},
             lock_wait_seconds=lock_wait_seconds(),
             lock_ttl_seconds=lock_ttl_seconds(),
-            history_tables=_env("CDC_HISTORY_TABLES", None),
-            soft_deletes=_env("CDC_SOFT_DELETES", None),
             s3_max_attempts=retries.max_attempts,
             s3_timeout_seconds=retries.timeout_seconds,
             s3=s3,
@@ -311,7 +288,7 @@ def resources_from_env(resolved: bool = False) -> Resources:
 
 def sinks_from_env(region_variable: str, resolved: bool = False) -> SinksResource:
     def _env(name: str, default: Any) -> Any:
-        return _env_value(name, default, "str", resolved)
+        return _env_value(EnvSetting(name, default), resolved)
 
     return SinksResource(
         rabbitmq_url=_env("CDC_RABBITMQ_URL", None),

@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError, storage_faults_are_user_errors, unreachable_message, unreachable_reason
 from cdc_assets.core.names import TableRef, name_of_segment
-from cdc_assets.core.settings import S3Retries, TableSelection
+from cdc_assets.core.settings import S3Retries, TableSelection, lakehouse_values_from_env
 from cdc_assets.lake.delta import open_table
 from cdc_assets.lake.files import FileAccess
 from cdc_assets.lake.layout import DELTA_LOG, STATE
@@ -476,3 +476,27 @@ class Lakehouse:
                 f"Cannot write to the lakehouse at {self} ({reason}): fix its permissions or point "
                 "CDC_LAKEHOUSE at a writable directory or bucket."
             ) from exc
+
+
+def lakehouse_of(
+    location: str,
+    lock_wait_seconds: float,
+    lock_ttl_seconds: float,
+    history_tables: str | None,
+    soft_deletes: str | None,
+    s3: S3Access | None = None,
+) -> Lakehouse:
+    """The lakehouse from its settings' texts (LakehouseResource's fields): the one place they are parsed."""
+    return Lakehouse(
+        location,
+        s3,
+        lock_wait_seconds,
+        lock_ttl_seconds,
+        TableSelection.parse(history_tables, "CDC_HISTORY_TABLES"),
+        TableSelection.parse(soft_deletes, "CDC_SOFT_DELETES"),
+    )
+
+
+def local_lakehouse_from_env() -> Lakehouse:
+    """A local lakehouse as the environment sets it, without Dagster (the capture a `sync` forks)."""
+    return lakehouse_of(**lakehouse_values_from_env())  # type: ignore[arg-type]

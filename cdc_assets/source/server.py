@@ -20,7 +20,13 @@ import pymysql.cursors
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
-from cdc_assets.core.settings import MySQLUrl, TableFilter
+from cdc_assets.core.settings import (
+    DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    MySQLUrl,
+    SourceSettings,
+    TableFilter,
+    source_values_from_env,
+)
 from cdc_assets.local_source import server as local_server
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +86,32 @@ def resolve_mysql_url(configured: str | None) -> MySQLUrl:
             "local demo server with `make local-source-start`."
         )
     return MySQLUrl.parse(local.reader_url())
+
+
+def source_settings(
+    mysql_url: str | None,
+    server_id: int,
+    tables: str | None,
+    exclude_tables: str | None,
+    max_batch_rows: int,
+    max_batches: int | None = None,
+    snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS,
+) -> SourceSettings:
+    """The source's settings from their texts (BinlogResource's fields): the one place they are parsed; a bad
+    URL or table pattern raises CdcUserError with the fix."""
+    return SourceSettings(
+        url=resolve_mysql_url(mysql_url),
+        server_id=server_id,
+        table_filter=TableFilter.parse(tables, exclude_tables),
+        max_batch_rows=max_batch_rows,
+        max_batches=max_batches,
+        snapshot_chunk_rows=snapshot_chunk_rows,
+    )
+
+
+def source_settings_from_env() -> SourceSettings:
+    """The source's settings as the environment sets them, without Dagster (the capture a `sync` forks)."""
+    return source_settings(**source_values_from_env())  # type: ignore[arg-type]
 
 
 def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:
