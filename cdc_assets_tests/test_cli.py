@@ -373,8 +373,9 @@ def test_commands_print_no_noise_and_sync_prints_its_wall_time(cdc: CdcEnv) -> N
         measured = time.monotonic() - began
         assert done.returncode == 0 and done.stderr == "", done.stderr
         printed = float(re.search(r"^sync succeeded in ([\d.]+)s$", done.stdout, re.MULTILINE).group(1))
-        # measured also holds the interpreter's exit (slow on a busy machine); the run's own time was a fraction
-        assert 0.7 * measured <= printed <= measured + 0.05, (printed, measured)
+        # printed to 0.1 s; measured also holds the process's spawn and what follows the print (the exit, which no
+        # longer tears the interpreter's modules down: that was ~0.4 s), and this process's wake-up on a busy machine
+        assert measured - 0.3 <= printed <= measured + 0.05, (printed, measured)
         assert ("2 rows inserted" in done.stdout) == changes
     for command in ("status", "verify"):
         done = run_cli(command)
