@@ -3,7 +3,7 @@ the tables pending, and the Dagster-free halves of their checks, while the paren
 starting the run (cdc_assets.defs.forked_capture). This module imports nothing of Dagster.
 
 Each step is the very function the run's op would call, with the same tables, the same locks and the run as their
-owner; the child sends the op each step's report as soon as the step is done (kinds `tables`, `changes`, `current`, `checks`), and the op records
+owner; the child sends the op each step's report as soon as the step is done (kinds `tables`, `changes`, `current` with each table's facts for its own asset, `checks`), and the op records
 them as if it had run the step (cdc_assets.defs.sync). A step the child did not report, because it was killed,
 failed, or left it to the run, the op does itself: each stage resumes from the lakehouse's own progress (change-log
 watermarks, applied seqs), so a child killed in a stage leaves what a sync killed there leaves.
@@ -23,11 +23,13 @@ from typing import Any
 from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.settings import SourceSettings, spark_min_rows
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.lake.table_facts import table_facts
 from cdc_assets.stages.changes import missing_change_logs, process_new_batches
 from cdc_assets.stages.current import apply_pending
 from cdc_assets.stages.current_state import missing_current_tables
@@ -98,7 +100,8 @@ def run_stages(settings: SourceSettings, house: Lakehouse, report: CaptureReport
         if duplicates:
             return  # the run's blocking check fails: no current state
         current = apply_pending(house, transforms, tables=tables, log=log, owner=owner)
-        send("current", current)
+        names = sorted(current.tables)  # what the run reads for each table's own asset, read here
+        send("current", (current, dict(zip(names, for_each_table(names, lambda t: table_facts(house, t)), strict=True))))
         checked = known_tables(house.store, tables)
         comparisons = compare_changed(settings, house, [TableRef.parse(t) for t in checked])
         send("checks", (comparisons, schema_differences(settings, house, checked), lags_now(settings, house)))

@@ -152,10 +152,13 @@ def sync_lakehouse(
     if not unique.passed:
         raise _blocked(unique)
 
-    current = from_child("current")
-    if current is None:
+    reported = from_child("current")
+    if reported is None:
         current = apply_pending(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
-    metadata, own = current_events(house, current)
+        facts = None
+    else:
+        current, facts = reported
+    metadata, own = current_events(house, current, facts)
     checked = known_tables(house.store, tables)
     found = from_child("checks")
     if found is None:
