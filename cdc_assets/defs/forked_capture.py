@@ -114,8 +114,8 @@ class ForkedCapture:
         return None
 
     def reported(self, kind: str, log: Any) -> Any | None:
-        """Wait for the child's report of step `kind` (forked_stages.StagesDone's), or None when it will not come:
-        the op does that step and what follows itself."""
+        """Wait for the child's report of step `kind` (tables, changes, current, checks: forked_stages), or None when
+        it will not come: the op does that step and what follows itself."""
         while kind not in self.steps and (message := self._next(log)) is not None:
             said, value = message
             if said in ("left", "failed", "user_error"):
