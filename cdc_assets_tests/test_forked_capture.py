@@ -324,6 +324,7 @@ def test_a_sync_whose_child_did_the_stages_records_what_a_sync_that_did_them_rec
         "changes.appended_before_progress=kill",  # every append made, no progress saved
         "current.table_merged=kill@2",  # the child dies between two tables' merges
         "current.merged_before_progress=kill",  # every merge made, no progress saved
+        "verify.in_snapshot=kill",  # current state done and reported, the checks' comparisons not
     ],
 )
 def test_a_child_killed_in_a_stage_leaves_the_rest_to_its_run(cdc: CdcEnv, own_home, monkeypatch, point: str) -> None:
