@@ -11,6 +11,10 @@ with the metadata a range run gives every partition, each table's own `current/<
 an evaluation of each asset check and each touched table's own verdicts (the blocking checks stop the run when they
 fail, as in the asset jobs), written in three batches of events (`event_log.log_batch`). The schedule and the
 sensors keep their asset jobs.
+
+From the command line, a child forked before Dagster's import has usually done the capture, the stages and the checks'
+comparisons by the time the op asks (defs/forked_capture.py, defs/forked_stages.py): the op then records the child's
+reports in the same events, and calls the functions itself only for the steps the child did not report.
 """
 
 import dataclasses
@@ -121,7 +125,9 @@ def sync_lakehouse(
             raise CdcUserError(child.user_error)
         return done
 
-    pending = from_child("tables")  # what the child is bringing up to date: not quiet tables to confirm
+    # what the child is bringing up to date: not quiet tables to confirm (a sentence it ended with is said below,
+    # where the op's own call says it: the capture is recorded first)
+    pending = child.reported("tables", context.log) if child is not None else None
     metadata, confirmed = capture_events(
         context.instance, house, report, binlog.max_batch_rows, context.log, busy=pending or ()
     )
