@@ -16,7 +16,7 @@ import pytest
 from cdc_assets.capture.journal import UNRECORDED
 from cdc_assets.core import failpoints
 from cdc_assets.defs.keys import RAW_ASSET, SYNC_JOB
-from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
+from cdc_assets.lake.layout import CAPTURE_LOCK, CHANGES_LOCK, RAW
 from cdc_assets.lake.locks import read_holder, run_owner
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv
@@ -171,3 +171,211 @@ def test_a_run_that_recorded_its_batches_and_died_before_its_journal_went_is_not
     assert cdc.sync() == 0
     _assert_exactly_once(cdc)
     _assert_each_batch_recorded_once(cdc)
+
+
+# The child goes on, once its capture is durable, with the change logs, current state and the checks' comparisons
+# (cdc_assets/defs/forked_stages.py); the run records its reports. The tests below hold it to a sync that ran them.
+
+TABLES = ("acct", "ledger", "items")
+
+
+def _create_tables(cdc: CdcEnv) -> None:
+    cdc.execute(
+        "CREATE TABLE acct (id INT PRIMARY KEY, owner VARCHAR(40), balance INT)",
+        "CREATE TABLE ledger (a INT, note VARCHAR(10))",  # no primary key: copies are counted, a merge is not idempotent
+        "CREATE TABLE items (id INT, what VARCHAR(10), qty INT, PRIMARY KEY (id, what))",
+    )
+
+
+def _write_tables(cdc: CdcEnv, transactions: int, start: int = 0) -> None:
+    _write_transactions(cdc, transactions=transactions, rows_each=4, start=start)
+    with cdc.admin() as conn, conn.cursor() as cur:
+        for t in range(start, start + transactions):
+            cur.execute("INSERT INTO ledger VALUES (%s, %s)", (t % 7, f"n{t % 3}"))
+            cur.execute(
+                "INSERT INTO items VALUES (%s, %s, 1) ON DUPLICATE KEY UPDATE qty = qty + 1", (t % 50, f"w{t % 4}")
+            )
+            if t % 9 == 0:
+                cur.execute("DELETE FROM ledger WHERE a = %s LIMIT 1", (t % 7,))
+        conn.commit()
+
+
+def _assert_equal_and_exactly_once(cdc: CdcEnv) -> None:
+    from cdc_assets_tests.exactly_once import check_exactly_once
+
+    results = cdc.verify()
+    assert {str(r.table).split(".", 1)[1] for r in results} == set(TABLES)
+    assert [r.describe() for r in results if not r.ok] == []
+    assert all(r.source_rows == r.lakehouse_rows for r in results)
+    found = check_exactly_once(cdc.lakehouse)
+    assert found.ok, found.describe()
+    assert found.changes > 0
+
+
+def _stage_holder(cdc: CdcEnv, lock: str, process: subprocess.Popen, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        holder = read_holder(cdc.lakehouse, lock)
+        if holder is not None:
+            return holder
+        assert process.poll() is None, "the sync finished before its stage could be seen"
+        time.sleep(0.01)
+    raise AssertionError(f"no stage took {lock}")
+
+
+# metadata that differs between any two syncs of the same binlog: times, and the lakehouse's own directory
+_VARYING = ("seconds", "duration", "timestamp", "lag", "location")
+
+
+def _run_records(home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[tuple]]:
+    """The one sync run of Dagster home `home`, and what it recorded: every materialization and check evaluation,
+    in order, with their metadata but for what no two syncs share."""
+    from dagster import DagsterEventType
+
+    from cdc_assets.defs.runs import instance
+
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    dagster = instance()
+    (run,) = dagster.get_runs()
+    kinds = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION}
+    records = []
+    for entry in dagster.all_logs(run.run_id, of_type=kinds):
+        data = entry.dagster_event.event_specific_data
+        if entry.dagster_event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
+            event = data.materialization
+            head: tuple = ("materialization", event.asset_key.to_user_string(), event.partition)
+        else:
+            event = data
+            head = ("check", event.asset_key.to_user_string(), event.check_name, event.passed, str(event.severity))
+        metadata = {
+            k: getattr(v, "value", v) for k, v in sorted(event.metadata.items()) if not any(w in k for w in _VARYING)
+        }
+        records.append((*head, _without_varying(metadata)))
+    return run.run_id, records
+
+
+def _without_varying(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: _without_varying(v) for k, v in value.items() if not any(w in str(k) for w in _VARYING)}
+    if isinstance(value, list):
+        return [_without_varying(v) for v in value]
+    return value
+
+
+def _run_messages() -> list[str]:
+    """What the one sync run of the test's Dagster home logged."""
+    from cdc_assets.defs.runs import instance
+
+    (run,) = instance().get_runs()
+    return [e.user_message or "" for e in instance().all_logs(run.run_id)]
+
+
+def _differences(left: list[tuple], right: list[tuple]) -> list[tuple]:
+    """(event, metadata key, left value, right value) of each metadata value that differs between two runs' records."""
+    found = []
+    for a, b in zip(left, right, strict=True):
+        for key in sorted(set(a[-1]) | set(b[-1])):
+            if a[-1].get(key) != b[-1].get(key):
+                found.append((a[:-1], key, a[-1].get(key), b[-1].get(key)))
+    return found
+
+
+def test_a_sync_whose_child_did_the_stages_records_what_a_sync_that_did_them_records(
+    cdc: CdcEnv, tmp_path: Path, monkeypatch
+) -> None:
+    _create_tables(cdc)
+    _write_tables(cdc, transactions=300)
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "500")
+    forked_home, own_home = tmp_path / "forked_home", tmp_path / "own_home"
+    forked_home.mkdir()
+    own_home.mkdir()
+
+    # a slow change-log stage, so its lock can be read while it is held
+    process = _sync_process(
+        {"DAGSTER_HOME": str(forked_home), failpoints.CHILD_ENV: "changes.table_appended=sleep:0.3"}
+    )
+    holder = _stage_holder(cdc, CHANGES_LOCK, process)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, out + err
+    assert holder.pid != process.pid  # the child appended to the change logs, the command's own process did not
+    _assert_equal_and_exactly_once(cdc)
+    forked_run, forked = _run_records(forked_home, monkeypatch)
+    assert holder.owner == run_owner(forked_run)  # under the lock of the run that recorded it
+
+    # the same binlog into a second lakehouse by a sync that runs every stage in its op
+    done = _sync_process(
+        {"DAGSTER_HOME": str(own_home), "CDC_LAKEHOUSE": str(tmp_path / "own_lakehouse"), "CDC_SYNC_FORK": "0"}
+    )
+    out, err = done.communicate(timeout=300)
+    assert done.returncode == 0, out + err
+    _, own = _run_records(own_home, monkeypatch)
+
+    assert [r[:-1] for r in forked] == [r[:-1] for r in own]  # the same events, in the same order
+    assert _differences(forked, own) == []  # with the same metadata
+    kinds = {r[1] for r in forked if r[0] == "materialization"}
+    assert {"table_changes", "current_tables"} <= kinds
+    assert all(r[3] for r in forked if r[0] == "check")
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "changes.table_appended=kill@2",  # the child dies between two tables' appends
+        "changes.appended_before_progress=kill",  # every append made, no progress saved
+        "current.table_merged=kill@2",  # the child dies between two tables' merges
+        "current.merged_before_progress=kill",  # every merge made, no progress saved
+        "verify.in_snapshot=kill",  # current state done and reported, the checks' comparisons not
+    ],
+)
+def test_a_child_killed_in_a_stage_leaves_the_rest_to_its_run(cdc: CdcEnv, own_home, monkeypatch, point: str) -> None:
+    _create_tables(cdc)
+    _write_tables(cdc, transactions=200)
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "300")
+    process = _sync_process({failpoints.CHILD_ENV: point})
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, out + err  # the run did what the child left
+    assert "sync succeeded" in out
+    said = _run_messages()
+    assert any("ended with exit code -9" in m for m in said), said  # the child was killed there
+    _assert_equal_and_exactly_once(cdc)
+    _assert_each_batch_recorded_once(cdc)
+    _, records = _run_records(own_home, monkeypatch)
+    for layer in ("table_changes", "current_tables"):  # every table's partition of both layers, once
+        partitions = [r[2] for r in records if r[0] == "materialization" and r[1] == layer]
+        assert sorted(partitions) == sorted(f"{cdc.database}.{t}" for t in TABLES), layer
+
+    _write_tables(cdc, transactions=20, start=200)
+    assert cdc.sync() == 0
+    _assert_equal_and_exactly_once(cdc)
+    _assert_each_batch_recorded_once(cdc)
+
+
+@pytest.mark.parametrize("point", ["changes.table_appended=exit@2", "current.table_merged=exit@2"])
+def test_a_child_ended_in_a_stage_ends_its_sync_and_the_next_sync_completes(
+    cdc: CdcEnv, own_home, monkeypatch, point: str
+) -> None:
+    _create_tables(cdc)
+    _write_tables(cdc, transactions=200)
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "300")
+    process = _sync_process({failpoints.CHILD_ENV: point})
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == failpoints.EXIT_CODE, out + err  # the command ended where its child ended
+
+    _write_tables(cdc, transactions=20, start=200)
+    assert cdc.sync() == 0
+    _assert_equal_and_exactly_once(cdc)
+    _assert_each_batch_recorded_once(cdc)
+
+
+def test_a_sync_the_run_would_send_to_spark_leaves_the_stages_to_the_run(cdc: CdcEnv, own_home, monkeypatch) -> None:
+    _create_tables(cdc)
+    _write_tables(cdc, transactions=50)
+    monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "1")  # every stage run takes Spark
+    # the child would stop at its first append: it must not get there
+    process = _sync_process({failpoints.CHILD_ENV: "changes.before_commit=exit"})
+    out, err = process.communicate(timeout=600)
+    assert process.returncode == 0, out + err
+    _assert_equal_and_exactly_once(cdc)
+    said = _run_messages()
+    assert any("take Spark" in m for m in said), said  # the child left them
+    assert any("on spark" in m for m in said), said  # and the run took them on Spark

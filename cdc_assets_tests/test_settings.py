@@ -139,3 +139,46 @@ def test_the_forked_capture_reads_the_same_settings_as_the_resources(
     with pytest.raises(CdcUserError) as resource_error:
         initialized_resources()
     assert str(forked_error.value) == str(resource_error.value)
+
+
+@pytest.mark.parametrize(
+    ("master", "min_rows"),
+    [("local[2]", None), ("local[2]", "5000"), ("spark://127.0.0.1:7077", None), ("sc://127.0.0.1:15002", "10")],
+)
+def test_the_forked_stages_choose_the_engine_the_run_would(
+    monkeypatch: pytest.MonkeyPatch, master: str, min_rows: str | None
+) -> None:
+    """A sync's forked child takes the stages only where the run would take them on Arrow: its threshold is the
+    run's, read without Dagster; at or above it the child leaves the stage to the run."""
+    from cdc_assets.defs.forked_stages import LeftToRun, arrow_only, run_min_rows
+    from cdc_assets.defs.resources import initialized_resources
+
+    monkeypatch.setenv("CDC_SPARK_MASTER", master)
+    if min_rows is None:
+        monkeypatch.delenv("CDC_SPARK_MIN_ROWS", raising=False)
+    else:
+        monkeypatch.setenv("CDC_SPARK_MIN_ROWS", min_rows)
+    threshold = initialized_resources().transforms.min_rows
+    assert run_min_rows() == threshold
+    for changes in (0, threshold - 1, threshold, threshold + 1):
+        if changes < 0:
+            continue
+        run_engine = initialized_resources().transforms.for_changes(changes).engine
+        if run_engine == "arrow":
+            assert arrow_only(run_min_rows())(changes).engine == "arrow"
+        else:
+            with pytest.raises(LeftToRun):
+                arrow_only(run_min_rows())(changes)
+
+
+def test_the_forked_child_imports_no_dagster() -> None:
+    """Its point is to work while the parent imports Dagster: importing it there would double that work."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, cdc_assets.defs.forked_capture, cdc_assets.defs.forked_stages; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'dagster_pyspark', 'pyspark')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -4,12 +4,17 @@ Off, a failpoint costs one dict lookup. On, it does what it was armed with:
 
 - `exit`: end the process at once (`os._exit`), as a SIGKILL or a power cut would: nothing is flushed, no
   `finally` runs;
+- `kill`: SIGKILL the process itself: unlike `exit`, which a `sync`'s forked child passes on to its parent (the
+  two stand for one command), a child killed goes unseen by the parent but for its missing reports, and the parent's
+  run does what the child left;
 - `ioerror` / `enospc`: raise an OSError (EIO / ENOSPC) there, as a failing or full disk would;
 - `sleep:S`: wait S seconds (a slow step, so another process can act meanwhile);
 - in-process tests may also arm a callable, run right there (say, a second writer's whole commit).
 
 `CDC_FAILPOINTS="name=action,name=action@N"` arms them for a process (so tests arm a `cdc-lakehouse` child);
 `@N` fires on the Nth time the point is reached (default the first). `arm()` arms one in this process.
+`CDC_CHILD_FAILPOINTS` arms more, the same way, in a `sync`'s forked child only (cdc_assets/defs/forked_capture.py),
+so a test can kill the child at a point its parent then passes too.
 Every name is listed in FAILPOINTS, each documented in docs/architecture.md with why recovery is correct.
 """
 
@@ -17,12 +22,14 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 ENV = "CDC_FAILPOINTS"
+CHILD_ENV = "CDC_CHILD_FAILPOINTS"  # armed in a sync's forked child only
 EXIT_CODE = 77  # what a process ended at a failpoint exits with
 
 FAILPOINTS = frozenset(
@@ -91,6 +98,11 @@ def _parse(text: str) -> dict[str, _Armed]:
 _armed.update(_parse(os.environ.get(ENV, "")))
 
 
+def arm_from(variable: str) -> None:
+    """Arm, in this process, the failpoints the environment variable `variable` names (e.g. CHILD_ENV in a child)."""
+    _armed.update(_parse(os.environ.get(variable, "")))
+
+
 def is_armed(name: str) -> bool:
     return name in _armed
 
@@ -110,6 +122,8 @@ def hit(name: str) -> None:
         action()
     elif action == "exit":
         os._exit(EXIT_CODE)
+    elif action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     elif action == "ioerror":
         raise OSError(errno.EIO, f"Input/output error (failpoint {name})")
     elif action == "enospc":

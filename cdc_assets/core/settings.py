@@ -282,3 +282,11 @@ def lock_wait_seconds() -> float:
 def lock_ttl_seconds() -> float:
     """CDC_LOCK_TTL_SECONDS: at least 3 s, as the lease is renewed every third of it."""
     return env_number("CDC_LOCK_TTL_SECONDS", DEFAULT_LOCK_TTL_SECONDS, lambda v: v >= 3, "a number of seconds of at least 3")
+
+
+def spark_min_rows(master: str, local_default: int) -> int:
+    """CDC_SPARK_MIN_ROWS: runs with at least this many changes go to Spark. By default `local_default` on a local
+    master (a Spark job's fixed cost exceeds smaller runs' work), 0 on a cluster or a Spark Connect server: every run
+    there is Spark's, as a user who points the pipeline at a cluster expects."""
+    default = 0 if master.startswith(("spark://", "sc://")) else local_default
+    return int(env_number("CDC_SPARK_MIN_ROWS", default, lambda v: v >= 0 and v == int(v), "a whole number"))

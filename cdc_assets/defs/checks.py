@@ -4,7 +4,6 @@ current-state layer compare all the run's tables at once and also record each ta
 (`defs/table_checks.py`), in one batch of events. Each check's outcome is built by a plain function (`contiguity`,
 `seq_uniqueness`, `equality`, `schema_match`, `lag`), which the `sync` job's one step (`defs/sync.py`) calls too."""
 
-import time
 from typing import Any
 
 from dagster import (
@@ -16,7 +15,6 @@ from dagster import (
     asset_check,
 )
 
-from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.defs.event_log import log_batch
@@ -30,7 +28,7 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.consistency import ConsistentComparison
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
-from cdc_assets.verification.lag import table_lags
+from cdc_assets.verification.lag import lags_now
 from cdc_assets.verification.schema_match import schema_differences
 
 MAX_DETAILS = 50
@@ -92,7 +90,11 @@ def change_log_seq_unique(context: AssetCheckExecutionContext, lakehouse: Lakeho
 
 def seq_uniqueness(house: Lakehouse, tables: list[str]) -> dict[str, Any]:
     """change_log_seq_unique's outcome over `tables`."""
-    duplicates = duplicate_seqs(house, tables)
+    return uniqueness_of(duplicate_seqs(house, tables), tables)
+
+
+def uniqueness_of(duplicates: dict[str, int], tables: list[str]) -> dict[str, Any]:
+    """change_log_seq_unique's outcome from the duplicates found in `tables` (here, or by a sync's forked child)."""
     return {
         "passed": not duplicates,
         "severity": AssetCheckSeverity.ERROR,
@@ -161,7 +163,13 @@ def equality(
 ) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
     """current_matches_source's outcome over `tables` (the keys changed since each was last found equal), and each
     table's verdict for its own asset."""
-    comparisons = compare_changed(settings, house, [TableRef.parse(t) for t in tables])
+    return equality_of(compare_changed(settings, house, [TableRef.parse(t) for t in tables]), tables, log)
+
+
+def equality_of(
+    comparisons: list[ConsistentComparison], tables: list[str], log: Any
+) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
+    """current_matches_source's outcome from the comparisons of `tables` (made here, or by a sync's forked child)."""
     failing = log_comparisons(log, comparisons)
     return {
         "passed": not failing,
@@ -197,7 +205,12 @@ def schema_match(
     settings: SourceSettings, house: Lakehouse, tables: list[str]
 ) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
     """current_schema_matches_source's outcome over `tables`, and each table's verdict for its own asset."""
-    problems = schema_differences(settings, house, tables)
+    return schema_match_of(schema_differences(settings, house, tables), tables)
+
+
+def schema_match_of(problems: dict[str, str], tables: list[str]) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
+    """current_schema_matches_source's outcome from the differences found in `tables` (here, or by a sync's
+    forked child)."""
     return {
         "passed": not problems,
         "severity": AssetCheckSeverity.ERROR,
@@ -227,9 +240,12 @@ def lag(
 ) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
     """table_lag's outcome: every table's lag against the thresholds; and the verdicts for the own assets of
     `tables` (the run's) and of each table behind."""
+    return lag_of(lags_now(settings, house), tables)
+
+
+def lag_of(lags: dict[str, float], tables: list[str]) -> tuple[dict[str, Any], list[AssetCheckEvaluation]]:
+    """table_lag's outcome from every table's lag (measured here, or by a sync's forked child)."""
     warn, fail = lag_thresholds()
-    now = time.time()
-    lags = table_lags(house, capture_lag(settings, house, now).seconds, now)
     verdicts = [v.evaluation() for v in lag_verdicts(lags, tables, warn, fail)]
     failing = {t: s for t, s in lags.items() if s >= fail}
     warning = {t: s for t, s in lags.items() if warn <= s < fail}

@@ -1,4 +1,4 @@
-"""A `cdc-lakehouse sync`'s capture, started in a child process before Dagster is imported.
+"""A `cdc-lakehouse sync`'s capture (and then its stages), started in a child process before Dagster is imported.
 
 Importing Dagster and opening the instance take a small sync about as long as its capture (benchmarks/README.md,
 "Fixed costs"), on one core while the other waits. So the command line's `sync` forks before it imports Dagster:
@@ -20,6 +20,11 @@ What keeps it as safe as a capture inside the run:
   capture in a run always did. A child that ended at a failpoint ends the parent there too, as the single
   process it stands for would have.
 
+Once its capture is durable, the child goes on with the change logs, current state and the checks' comparisons of
+the tables pending (cdc_assets.defs.forked_stages), sending each step's report as it is done; the op records them
+instead of running those steps (`ForkedCapture.reported`), and does itself any step the child did not report.
+`CDC_SYNC_FORK=capture` keeps the child to the capture.
+
 Only a local lakehouse on Linux is captured this way; on S3 (its client and lease heartbeat are built by the
 resources) and where `CDC_SYNC_FORK=0`, the op captures as before.
 """
@@ -28,9 +33,12 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import signal
 import sys
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 FORK_ENV = "CDC_SYNC_FORK"
@@ -46,39 +54,84 @@ def _owner(run_id: str) -> str:
 
 @dataclass
 class ForkedCapture:
-    """A capture running in a child for the run `run_id`."""
+    """A capture running in a child for the run `run_id`, and the stages it goes on with (forked_stages)."""
 
     run_id: str
     pid: int
     read_fd: int
+    steps: dict[str, Any] = field(default_factory=dict)  # what the child reported after its capture, by kind
+    user_error: str | None = None  # the sentence a stage of the child ended with (the run ends with it there)
+    _pipe: Any = None
+    _over: bool = False
 
-    def result(self, log: Any) -> Any | None:
-        """Wait for the child: its CaptureReport (its progress messages replayed to `log`), or None when it did not
-        finish (the op then captures itself). Raises CdcUserError with the child's sentence for what a user can fix."""
-        from cdc_assets.core import failpoints
-        from cdc_assets.core.errors import CdcUserError
-
-        chunks = []
-        with os.fdopen(self.read_fd, "rb") as pipe:
-            while chunk := pipe.read(1 << 16):
-                chunks.append(chunk)
-        _, status = os.waitpid(self.pid, 0)
-        code = os.waitstatus_to_exitcode(status)
-        if code == failpoints.EXIT_CODE:
-            os._exit(failpoints.EXIT_CODE)  # the sync stood for one process: it ends where its capture ended
+    def _next(self, log: Any) -> tuple[str, Any] | None:
+        """The child's next message (its log lines replayed to `log`), or None once it has said all it will."""
+        if self._over:
+            return None
+        if self._pipe is None:
+            self._pipe = os.fdopen(self.read_fd, "rb")
         try:
-            kind, value, messages = pickle.loads(b"".join(chunks))
-        except Exception:  # killed before it said anything: the op captures from the checkpoint
-            log.warning(f"the capture begun before the run ended without a report (exit code {code}): capturing here")
+            kind, value, messages = pickle.load(self._pipe)
+        except Exception:  # ended (EOF), or killed in the middle of a message
+            self._end(log)
             return None
         for message in messages:
             log.info(message)
+        return kind, value
+
+    def _end(self, log: Any) -> None:
+        """Wait for the child; one that ended at a failpoint ends this process there too."""
+        from cdc_assets.core import failpoints
+
+        self._over = True
+        if self._pipe is not None:
+            self._pipe.close()
+        else:
+            os.close(self.read_fd)
+        _, status = os.waitpid(self.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        if code == failpoints.EXIT_CODE:
+            os._exit(failpoints.EXIT_CODE)  # the sync stood for one process: it ends where its child ended
+        if code != 0:
+            log.warning(f"the process begun before the run ended with exit code {code}: the run does what it left")
+
+    def result(self, log: Any) -> Any | None:
+        """Wait for the child's capture: its CaptureReport, or None when it did not finish (the op then captures
+        itself). Raises CdcUserError with the child's sentence for what a user can fix."""
+        from cdc_assets.core.errors import CdcUserError
+
+        message = self._next(log)
+        if message is None:  # killed before it said anything: the op captures from the checkpoint
+            log.warning("the capture begun before the run ended without a report: capturing here")
+            return None
+        kind, value = message
         if kind == "report":
             return value
+        self._end(log)
         if kind == "user_error":
             raise CdcUserError(value)
         log.warning(f"the capture begun before the run failed ({value}): capturing here")
         return None
+
+    def reported(self, kind: str, log: Any) -> Any | None:
+        """Wait for the child's report of step `kind` (tables, changes, current, checks: forked_stages), or None when
+        it will not come: the op does that step and what follows itself."""
+        while kind not in self.steps and (message := self._next(log)) is not None:
+            said, value = message
+            if said in ("left", "failed", "user_error"):
+                if said == "user_error":
+                    self.user_error = value
+                else:
+                    log.info(f"the process begun before the run left the rest to the run: {value}")
+                self._end(log)
+            else:
+                self.steps[said] = value
+        return self.steps.get(kind)
+
+    def wait(self, log: Any) -> None:
+        """Let the child finish (it has nothing more the op needs)."""
+        while self._next(log) is not None:
+            pass
 
 
 class _Messages:
@@ -90,7 +143,42 @@ class _Messages:
     def info(self, message: str) -> None:
         self.messages.append(message)
 
-    debug = warning = info
+    debug = warning = error = info
+
+
+class _Sender:
+    """Sends the child's messages to the op, each with the log lines said since the last, from a thread of its own:
+    the op reads the capture's report only once Dagster is imported, and a stage must not wait for that on a full
+    pipe."""
+
+    def __init__(self, write_fd: int, messages: _Messages) -> None:
+        self.pipe = os.fdopen(write_fd, "wb")
+        self.messages = messages
+        self.queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._write, daemon=True)
+
+    def _write(self) -> None:
+        while (body := self.queue.get()) is not None:
+            self.pipe.write(body)
+            self.pipe.flush()
+
+    def __enter__(self) -> Callable[[str, Any], None]:
+        self.thread.start()
+        return self.send
+
+    def send(self, kind: str, value: Any) -> None:
+        said, self.messages.messages = self.messages.messages, []
+        self.queue.put(pickle.dumps((kind, value, said)))
+
+    def __exit__(self, *exc: object) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        self.pipe.close()
+
+
+def stages_wanted() -> bool:
+    """Whether the child goes on with the stages after its capture (CDC_SYNC_FORK=capture: the capture only)."""
+    return os.environ.get(FORK_ENV, "1") != "capture"
 
 
 def wanted() -> bool:
@@ -148,12 +236,16 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
         return 1
     messages = _Messages()
     try:
+        from cdc_assets.core import failpoints
+
+        failpoints.arm_from(failpoints.CHILD_ENV)
         from cdc_assets.capture.journal import CaptureJournal, Recorder
         from cdc_assets.capture.run import capture
         from cdc_assets.core.errors import CdcUserError
         from cdc_assets.lake.store import local_lakehouse_from_env
         from cdc_assets.source.server import source_settings_from_env
 
+        said: tuple[str, Any]
         try:
             # The same variables and parsing as the resources' (core.settings.SOURCE_ENV, LAKEHOUSE_ENV), read
             # here because this process does not import Dagster.
@@ -161,13 +253,17 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
             house = local_lakehouse_from_env()
             journal = CaptureJournal(run_id, Recorder.of(parent))  # the parent records the batches
             report = capture(settings, house, log=messages, owner=_owner(run_id), journal=journal)
-            said: tuple[str, Any, list[str]] = ("report", report, messages.messages)
+            said = ("report", report)
         except CdcUserError as exc:
-            said = ("user_error", str(exc), messages.messages)
+            said = ("user_error", str(exc))
         except Exception as exc:
-            said = ("failed", f"{type(exc).__name__}: {exc}", messages.messages)
-        with os.fdopen(write_fd, "wb") as pipe:
-            pipe.write(pickle.dumps(said))
+            said = ("failed", f"{type(exc).__name__}: {exc}")
+        with _Sender(write_fd, messages) as send:
+            send(*said)
+            if said[0] == "report" and stages_wanted():
+                from cdc_assets.defs.forked_stages import run_stages
+
+                run_stages(settings, house, report, _owner(run_id), messages, send)
         return 0
     except BaseException:
         return 1

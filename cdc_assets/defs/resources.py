@@ -30,11 +30,11 @@ from cdc_assets.core.settings import (
     EnvSetting,
     S3Retries,
     SourceSettings,
-    env_number,
     lock_ttl_seconds,
     lock_wait_seconds,
     s3_retries_from_env,
     snapshot_chunk_rows,
+    spark_min_rows,
 )
 from cdc_assets.lake.store import Lakehouse, S3Access, lakehouse_of, s3_client
 from cdc_assets.sinks.settings import SinkSettings, sink_settings
@@ -217,14 +217,6 @@ def spark_settings() -> dict[str, str]:
     return {k: str(v) for k, v in settings.items()}
 
 
-def spark_min_rows(master: str) -> int:
-    """CDC_SPARK_MIN_ROWS: runs with at least this many changes go to Spark. By default 1M on a local master
-    (a Spark job's fixed cost exceeds smaller runs' work), 0 on a cluster or a Spark Connect server: every run
-    there is Spark's, as a user who points the pipeline at a cluster expects."""
-    default = 0 if master.startswith(("spark://", "sc://")) else DEFAULT_SPARK_MIN_ROWS
-    return int(env_number("CDC_SPARK_MIN_ROWS", default, lambda v: v >= 0 and v == int(v), "a whole number"))
-
-
 @dataclass(frozen=True)
 class Resources:
     """The code location's resources, by key (the names assets and checks ask for)."""
@@ -281,7 +273,7 @@ def resources_from_env(resolved: bool = False) -> Resources:
         ),
         s3=s3,
         pyspark=pyspark,
-        transforms=TransformsResource(pyspark=pyspark, min_rows=spark_min_rows(master)),
+        transforms=TransformsResource(pyspark=pyspark, min_rows=spark_min_rows(master, DEFAULT_SPARK_MIN_ROWS)),
         sinks=sinks_from_env(region, resolved),
     )
 

@@ -11,6 +11,10 @@ with the metadata a range run gives every partition, each table's own `current/<
 an evaluation of each asset check and each touched table's own verdicts (the blocking checks stop the run when they
 fail, as in the asset jobs), written in three batches of events (`event_log.log_batch`). The schedule and the
 sensors keep their asset jobs.
+
+From the command line, a child forked before Dagster's import has usually done the capture, the stages and the checks'
+comparisons by the time the op asks (defs/forked_capture.py, defs/forked_stages.py): the op then records the child's
+reports in the same events, and calls the functions itself only for the steps the child did not report.
 """
 
 import dataclasses
@@ -29,33 +33,34 @@ from dagster import (
 
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.run import CaptureReport, capture
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs import forked_capture
 from cdc_assets.defs.assets.changes import changes_metadata
 from cdc_assets.defs.assets.current import current_events
 from cdc_assets.defs.assets.raw import capture_events
-from cdc_assets.defs.checks import contiguity, equality, lag, schema_match, seq_uniqueness
+from cdc_assets.defs.checks import (
+    contiguity,
+    equality,
+    equality_of,
+    lag,
+    lag_of,
+    schema_match,
+    schema_match_of,
+    seq_uniqueness,
+    uniqueness_of,
+)
 from cdc_assets.defs.event_log import log_batch
+from cdc_assets.defs.forked_stages import pending_tables
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, STAGE_TAG, SYNC_JOB
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
-from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
-from cdc_assets.lake.state import known_tables, tables_behind
+from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.changes import missing_change_logs, process_new_batches
+from cdc_assets.stages.changes import process_new_batches
 from cdc_assets.stages.current import apply_pending
-from cdc_assets.stages.current_state import missing_current_tables
 from spark_resources.resources import TransformsResource
-
-
-def pending_tables(house: Lakehouse, ordered: list[str]) -> list[str]:
-    """The tables with changes captured and not yet in current state, and those whose change log or current state
-    was removed by hand, in partition order."""
-    pending = set(tables_behind(house.store, CURRENT_STAGE))
-    pending |= set(missing_current_tables(house, sorted(set(ordered) - pending)))
-    pending |= set(missing_change_logs(house, sorted(set(ordered) - pending)))
-    return [t for t in ordered if t in pending]
 
 
 def recorded_raw_batches(instance: Any, run_id: str) -> bool:
@@ -106,11 +111,26 @@ def sync_lakehouse(
     house, settings, owner = lakehouse.get(), binlog.settings(), run_owner(context.run_id)
     forked = forked_capture.take(context.run_id)  # the command line's capture, begun before Dagster was imported
     report = forked.result(context.log) if forked is not None else None
+    child = forked if report is not None else None  # it goes on with the stages (forked_stages), reported here
     journal = CaptureJournal(context.run_id)
     if report is None:
         report = capture(settings, house, log=context.log, owner=owner, journal=journal)
     report = with_batches_taken_over(context.instance, house, report)
-    metadata, confirmed = capture_events(context.instance, house, report, binlog.max_batch_rows, context.log)
+
+    def from_child(step: str) -> Any | None:
+        """The child's report of `step`, or None: then the op does the step (raising the child's sentence there
+        when the child's stage ended with one, as the op's own call would)."""
+        done = child.reported(step, context.log) if child is not None else None
+        if done is None and child is not None and child.user_error is not None:
+            raise CdcUserError(child.user_error)
+        return done
+
+    # what the child is bringing up to date: not quiet tables to confirm (a sentence it ended with is said below,
+    # where the op's own call says it: the capture is recorded first)
+    pending = child.reported("tables", context.log) if child is not None else None
+    metadata, confirmed = capture_events(
+        context.instance, house, report, binlog.max_batch_rows, context.log, busy=pending or ()
+    )
     contiguous = _evaluation(RAW_ASSET, "raw_batches_contiguous", contiguity(house, report.batches[0].name if report.batches else None))
     log_batch(context, [AssetMaterialization(RAW_ASSET, metadata=metadata), *confirmed, contiguous])
     journal.close(house.store)  # recorded: the journal of this run's batches goes
@@ -121,23 +141,41 @@ def sync_lakehouse(
     ordered, new = with_new_tables(list(instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME)), known_tables(house.store))
     if new:
         instance.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
-    tables = pending_tables(house, ordered)
+    tables = pending_tables(house, ordered) if pending is None else [t for t in ordered if t in set(pending)]
     if not tables:
         return
 
-    changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
+    reported = from_child("changes")
+    if reported is None:
+        changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
+        unique_fields = seq_uniqueness(house, known_tables(house.store, tables))
+    else:
+        changes, duplicates = reported
+        unique_fields = uniqueness_of(duplicates, known_tables(house.store, tables))
     metadata = changes_metadata(changes, tables)
-    unique = _evaluation(CHANGES_ASSET, "change_log_seq_unique", seq_uniqueness(house, known_tables(house.store, tables)))
+    unique = _evaluation(CHANGES_ASSET, "change_log_seq_unique", unique_fields)
     log_batch(context, [*(AssetMaterialization(CHANGES_ASSET, partition=t, metadata=metadata) for t in tables), unique])
     if not unique.passed:
         raise _blocked(unique)
 
-    current = apply_pending(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
-    metadata, own = current_events(house, current)
+    reported = from_child("current")
+    if reported is None:
+        current = apply_pending(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
+        facts = None
+    else:
+        current, facts = reported
+    metadata, own = current_events(house, current, facts)
     checked = known_tables(house.store, tables)
-    equal, equal_verdicts = equality(settings, house, checked, context.log)
-    schema, schema_verdicts = schema_match(settings, house, checked)
-    lagging, lag_verdicts = lag(settings, house, checked)
+    found = from_child("checks")
+    if found is None:
+        equal, equal_verdicts = equality(settings, house, checked, context.log)
+        schema, schema_verdicts = schema_match(settings, house, checked)
+        lagging, lag_verdicts = lag(settings, house, checked)
+    else:
+        comparisons, problems, lags = found
+        equal, equal_verdicts = equality_of(comparisons, checked, context.log)
+        schema, schema_verdicts = schema_match_of(problems, checked)
+        lagging, lag_verdicts = lag_of(lags, checked)
     log_batch(
         context,
         [
@@ -151,6 +189,8 @@ def sync_lakehouse(
             *lag_verdicts,
         ],
     )
+    if child is not None:
+        child.wait(context.log)
 
 
 @job(name=SYNC_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "sync"}, description=sync_lakehouse.description)

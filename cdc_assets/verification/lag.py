@@ -1,9 +1,19 @@
 """How far behind the source each current-state table is, in seconds (capture's own lag: capture/run.py)."""
 
+import time
+
+from cdc_assets.capture.run import capture_lag
+from cdc_assets.core.settings import SourceSettings
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import BatchManifest, list_batches, read_manifest
 from cdc_assets.lake.state import load_registry, tables_behind
 from cdc_assets.lake.store import Lakehouse, ObjectStore
+
+
+def lags_now(settings: SourceSettings, lakehouse: Lakehouse) -> dict[str, float]:
+    """Every table's lag now: what the table_lag check judges (in a run, or in a sync's forked child)."""
+    now = time.time()
+    return table_lags(lakehouse, capture_lag(settings, lakehouse, now).seconds, now)
 
 
 def table_lags(lakehouse: Lakehouse, capture_lag_seconds: float, now: float) -> dict[str, float]:

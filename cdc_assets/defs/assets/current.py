@@ -10,6 +10,7 @@ from cdc_assets.defs.partitions import tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.lake.table_facts import TableFacts
 from cdc_assets.stages.current import apply_pending
 from cdc_assets.stages.steps import CurrentReport
 from spark_resources.resources import TransformsResource
@@ -46,12 +47,12 @@ def current_tables(
 
 
 def current_events(
-    house: Lakehouse, report: CurrentReport
+    house: Lakehouse, report: CurrentReport, facts: dict[str, TableFacts] | None = None
 ) -> tuple[dict[str, object], dict[str, AssetMaterialization]]:
     """A current-state run's metadata (the asset's, and each partition's of a `sync` run), and each run table's
-    materialization of its own asset, current/<schema>/<table>."""
+    materialization of its own asset, current/<schema>/<table> (`facts`: its tables' facts, read already)."""
     figures = applied_figures(report.tables, report.applied)
-    own = table_materializations(house, figures)
+    own = table_materializations(house, figures, facts)
     per_table = {}
     for name, event in own.items():
         per_table[name] = {

@@ -1,6 +1,7 @@
 """Capture: the raw binlog batch asset."""
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 from dagster import AssetExecutionContext, AssetMaterialization, MaterializeResult, asset
@@ -38,15 +39,21 @@ def raw_binlog_batches(
 
 
 def capture_events(
-    instance: Any, house: Lakehouse, report: CaptureReport, max_batch_rows: int | None, log: Any
+    instance: Any,
+    house: Lakehouse,
+    report: CaptureReport,
+    max_batch_rows: int | None,
+    log: Any,
+    busy: Collection[str] = (),
 ) -> tuple[dict[str, object], list[Any]]:
-    """A capture's metadata (the asset's, and a `sync` run's), and the confirmations of the quiet tables."""
+    """A capture's metadata (the asset's, and a `sync` run's), and the confirmations of the quiet tables. `busy`:
+    tables a sync's forked child is bringing up to date meanwhile (they are the run's, not quiet ones)."""
     log.info(
         f"captured {len(report.batches)} batches, {report.rows} row changes of {len(report.tables)} tables "
         f"up to {report.end} in {report.seconds:.1f}s"
     )
     try:
-        confirmed = confirmations(instance, house, str(report.end), confirm_every_seconds(), time.time())
+        confirmed = confirmations(instance, house, str(report.end), confirm_every_seconds(), time.time(), set(busy))
     except CdcUserError as exc:  # a corrupt progress file: the apply runs say so; the capture itself succeeded
         log.warning(f"no table confirmed up to date: {exc}")
         confirmed = []

@@ -27,10 +27,10 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.defs.keys import CHANGES_ASSET, table_asset_key
 from cdc_assets.defs.table_checks import EQUALITY_CHECK, LAG_CHECK, SCHEMA_CHECK
-from cdc_assets.lake.delta import row_count
 from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
 from cdc_assets.lake.state import known_tables, load_progress, load_registry, needs_work
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.lake.table_facts import Column, TableFacts, delta_columns, table_facts
 
 CURRENT_TABLE_GROUP = "current"
 META_PREFIX = "_cdc_"
@@ -117,40 +117,43 @@ def table_specs(house: Lakehouse) -> list[AssetSpec]:
 
 def column_schema(schema: Any) -> TableSchema:
     """A Delta schema as Dagster's column schema: each column's Delta type, nullability, and which are ours."""
-    columns = []
-    for field in schema.fields:
-        kind = getattr(field.type, "type", None) or field.type.to_json()
-        columns.append(
+    return columns_schema(delta_columns(schema))
+
+
+def columns_schema(columns: tuple[Column, ...]) -> TableSchema:
+    """A table's columns (name, Delta type, nullable) as Dagster's column schema."""
+    return TableSchema(
+        columns=[
             TableColumn(
-                name=field.name,
-                type=str(kind),
-                description="pipeline metadata" if field.name.startswith(META_PREFIX) else None,
-                constraints=TableColumnConstraints(nullable=bool(field.nullable)),
+                name=name,
+                type=kind,
+                description="pipeline metadata" if name.startswith(META_PREFIX) else None,
+                constraints=TableColumnConstraints(nullable=nullable),
             )
-        )
-    return TableSchema(columns=columns)
+            for name, kind, nullable in columns
+        ]
+    )
 
 
-def table_metadata(house: Lakehouse, table: str) -> dict[str, Any]:
+def table_metadata(house: Lakehouse, table: str, facts: TableFacts | None = None) -> dict[str, Any]:
     """Dagster's standard table metadata of a current-state table as it is now (its Delta log only, no data read):
-    column schema, row count, table name, and where it lives."""
+    column schema, row count, table name, and where it lives. `facts`: read already (by a sync's forked child)."""
     location = house.table_uri(CURRENT, TableRef.parse(table))
     metadata: dict[str, Any] = {
         "dagster/table_name": table_name(table),
         "source_table": table,
         "delta_location": MetadataValue.path(location),
     }
-    dt = house.open(CURRENT, TableRef.parse(table))
-    if dt is None:
-        progress = load_progress(house.store, CURRENT_STAGE, table)
+    facts = facts if facts is not None else table_facts(house, table)
+    if facts.columns is None:
         metadata["dagster/row_count"] = 0
-        metadata["dropped"] = progress.dropped_seq is not None
-        if progress.dropped_seq is not None:
-            metadata["dropped_seq"] = progress.dropped_seq
+        metadata["dropped"] = facts.dropped_seq is not None
+        if facts.dropped_seq is not None:
+            metadata["dropped_seq"] = facts.dropped_seq
         return metadata
-    metadata["dagster/column_schema"] = column_schema(dt.schema())
-    metadata["dagster/row_count"] = row_count(dt)
-    metadata["delta_version"] = dt.version()
+    metadata["dagster/column_schema"] = columns_schema(facts.columns)
+    metadata["dagster/row_count"] = facts.rows
+    metadata["delta_version"] = facts.version
     metadata["dropped"] = False
     return metadata
 
@@ -163,10 +166,14 @@ def data_version(metadata: dict[str, Any]) -> str:
     return f"delta:{metadata.get('delta_version', 'none')}"
 
 
-def table_materializations(house: Lakehouse, figures: dict[str, dict[str, Any]]) -> dict[str, AssetMaterialization]:
-    """A materialization of each table's own asset, by table: its table metadata beside the run's figures for it."""
+def table_materializations(
+    house: Lakehouse, figures: dict[str, dict[str, Any]], facts: dict[str, TableFacts] | None = None
+) -> dict[str, AssetMaterialization]:
+    """A materialization of each table's own asset, by table: its table metadata beside the run's figures for it.
+    `facts`: the tables' facts read already (by a sync's forked child)."""
     names = sorted(figures)
-    metadata = for_each_table(names, lambda t: table_metadata(house, t))
+    known = facts or {}
+    metadata = for_each_table(names, lambda t: table_metadata(house, t, known.get(t)))
     return {
         name: AssetMaterialization(
             table_asset_key(name),
