@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from benchmarks.run import BASELINE, child, timed
-from benchmarks.workloads import CLI, SCHEMA, fresh_server, mixed_tables
+from benchmarks.workloads import CLI, fresh_server, generated, source_env, workload_options
 
 READER_SERVER_ID = 4246
 
@@ -40,28 +40,13 @@ def _sync(env: dict[str, str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--tables", type=int, default=25)
-    parser.add_argument("--rows-per-table", type=int, default=400)
-    parser.add_argument("--oltp", type=int, default=10_000)
+    workload_options(parser, runs=5, tables=25, rows_per_table=400, oltp=10_000)
     parser.add_argument("--compare-with", metavar="CHECKOUT", help="another checkout whose syncs are timed alternately")
     args = parser.parse_args()
 
     server = fresh_server()
-    began = time.monotonic()
-    workload = mixed_tables(server, args.tables, args.rows_per_table, args.oltp)
-    print(
-        f"small sync: {workload.row_changes} row changes over {workload.tables} tables, generated in "
-        f"{time.monotonic() - began:.0f} s",
-        flush=True,
-    )
-    env = {
-        **os.environ,
-        "CDC_MYSQL_URL": server.reader_url(),
-        "CDC_TABLES": f"{SCHEMA}.*",
-        "CDC_SERVER_ID": str(READER_SERVER_ID),
-        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
-    }
+    workload = generated(server, args, "small sync")
+    env = source_env(server, READER_SERVER_ID)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])
     other_env = None

@@ -27,7 +27,7 @@ import tempfile
 import time
 
 from benchmarks.run import READER_SERVER_ID, child
-from benchmarks.workloads import BENCH_DIR, SCHEMA, fresh_server, mixed_tables, more_oltp
+from benchmarks.workloads import BENCH_DIR, SCHEMA, fresh_server, generated, more_oltp, workload_options
 from cdc_assets.local_source import server as local_server
 
 PREPARE = (
@@ -129,10 +129,7 @@ def _measure_seed(rows: int, runs: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--tables", type=int, default=200)
-    parser.add_argument("--rows-per-table", type=int, default=1_000)
-    parser.add_argument("--oltp", type=int, default=50_000)
+    workload_options(parser)
     parser.add_argument("--seed-rows", type=int, default=0, help="measure a snapshot's history seed of this many rows")
     parser.add_argument("--more-oltp", type=int, default=10_000, help="transactions the incremental apply takes in")
     args = parser.parse_args()
@@ -148,8 +145,7 @@ def main() -> None:
 
 
 def _measure(args: argparse.Namespace, server: local_server.LocalServer) -> None:
-    workload = mixed_tables(server, args.tables, args.rows_per_table, args.oltp)
-    print(f"workload (a): {workload.row_changes} row changes across {workload.tables} tables", flush=True)
+    workload = generated(server, args)
     env = {**os.environ, "CDC_MYSQL_URL": server.reader_url()}
     lakehouses = {
         (i, h): tempfile.mkdtemp(prefix="cdc-bench-history-") for i in range(args.runs) for h in (False, True)

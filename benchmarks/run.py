@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from benchmarks.workloads import CLI, SCHEMA, fresh_server, mixed_tables
+from benchmarks.workloads import CLI, SCHEMA, fresh_server, generated, source_env, workload_options
 
 READER_SERVER_ID = 4242
 
@@ -93,28 +91,12 @@ def _end_to_end(env: dict[str, str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--tables", type=int, default=200)
-    parser.add_argument("--rows-per-table", type=int, default=1_000)
-    parser.add_argument("--oltp", type=int, default=50_000)
+    workload_options(parser)
     args = parser.parse_args()
 
     server = fresh_server()
-    began = time.monotonic()
-    workload = mixed_tables(server, args.tables, args.rows_per_table, args.oltp)
-    print(
-        f"workload (a): {workload.row_changes} row changes ({workload.bulk_rows} bulk-inserted, "
-        f"{workload.oltp_transactions} single-row transactions) across {workload.tables} tables, "
-        f"generated in {time.monotonic() - began:.0f} s",
-        flush=True,
-    )
-    base_env = {
-        **os.environ,
-        "CDC_MYSQL_URL": server.reader_url(),
-        "CDC_TABLES": f"{SCHEMA}.*",
-        "CDC_SERVER_ID": str(READER_SERVER_ID),
-        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
-    }
+    workload = generated(server, args)
+    base_env = source_env(server, READER_SERVER_ID)
     runs: dict[str, list[dict]] = {"baseline": [], "capture": [], "end_to_end": []}
     for i in range(args.runs):
         for name, code in (("baseline", BASELINE), ("capture", CAPTURE)):

@@ -21,13 +21,12 @@ import re
 import shutil
 import statistics
 import tempfile
-import time
 
 import boto3
 import pika
 
 from benchmarks.run import CAPTURE, child, timed
-from benchmarks.workloads import BENCH_DIR, CLI, SCHEMA, fresh_server, mixed_tables
+from benchmarks.workloads import BENCH_DIR, CLI, SCHEMA, fresh_server, generated, source_env, workload_options
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.local_brokers import kinesis as local_kinesis
 from cdc_assets.local_brokers import rabbitmq as local_rabbitmq
@@ -77,26 +76,17 @@ def _publish(env: dict[str, str], sink: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--tables", type=int, default=200)
-    parser.add_argument("--rows-per-table", type=int, default=1_000)
-    parser.add_argument("--oltp", type=int, default=50_000)
+    workload_options(parser)
     args = parser.parse_args()
 
     server = fresh_server()
-    began = time.monotonic()
-    workload = mixed_tables(server, args.tables, args.rows_per_table, args.oltp)
-    print(f"workload (a): {workload.row_changes} row changes over {workload.tables} tables, generated in {time.monotonic() - began:.0f} s", flush=True)
+    workload = generated(server, args)
     brokers = BENCH_DIR / "brokers"
     local_rabbitmq.remove(brokers / "rabbitmq")
     rabbit = local_rabbitmq.start(brokers / "rabbitmq")
     kinesis = local_kinesis.start(brokers / "kinesis")
     base_env = {
-        **os.environ,
-        "CDC_MYSQL_URL": server.reader_url(),
-        "CDC_TABLES": f"{SCHEMA}.*",
-        "CDC_SERVER_ID": str(READER_SERVER_ID),
-        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
+        **source_env(server, READER_SERVER_ID),
         "AWS_REGION": REGION,
         "AWS_ACCESS_KEY_ID": "bench",
         "AWS_SECRET_ACCESS_KEY": "bench",

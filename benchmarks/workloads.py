@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import random
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,41 @@ class WorkloadSummary:
     @property
     def row_changes(self) -> int:
         return self.bulk_rows + self.oltp_transactions
+
+
+def workload_options(
+    parser: argparse.ArgumentParser, runs: int = 3, tables: int = 200, rows_per_table: int = 1_000, oltp: int = 50_000
+) -> None:
+    """Workload (a)'s size as options, the same in every benchmark that generates it (smaller by default in some)."""
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--tables", type=int, default=tables)
+    parser.add_argument("--rows-per-table", type=int, default=rows_per_table)
+    parser.add_argument("--oltp", type=int, default=oltp)
+
+
+def generated(server: local_server.LocalServer, args: argparse.Namespace, name: str = "workload (a)") -> WorkloadSummary:
+    """Workload (a) of the options' size written to the server, and said so."""
+    began = time.monotonic()
+    workload = mixed_tables(server, args.tables, args.rows_per_table, args.oltp)
+    print(
+        f"{name}: {workload.row_changes} row changes ({workload.bulk_rows} bulk-inserted, "
+        f"{workload.oltp_transactions} single-row transactions) across {workload.tables} tables, "
+        f"generated in {time.monotonic() - began:.0f} s",
+        flush=True,
+    )
+    return workload
+
+
+def source_env(server: local_server.LocalServer, server_id: int) -> dict[str, str]:
+    """The environment of a pipeline reading the benchmark's schema as replica `server_id` (each benchmark its
+    own id), on the Spark master given, local[2] by default."""
+    return {
+        **os.environ,
+        "CDC_MYSQL_URL": server.reader_url(),
+        "CDC_TABLES": f"{SCHEMA}.*",
+        "CDC_SERVER_ID": str(server_id),
+        "CDC_SPARK_MASTER": os.environ.get("CDC_SPARK_MASTER", "local[2]"),
+    }
 
 
 def fresh_server(base: Path = BENCH_DIR) -> local_server.LocalServer:
