@@ -30,8 +30,13 @@ from benchmarks.workloads import CLI, fresh_server, generated, source_env, workl
 READER_SERVER_ID = 4246
 
 
-def _sync(env: dict[str, str]) -> dict:
-    done = timed(env, CLI, "sync")
+# `cdc-lakehouse` as another checkout's own console script would start it (its `run`, or `main` before there was one):
+# the installed script names this checkout's entry point, which another checkout may not have.
+OTHER_CLI = "import sys\nfrom cdc_assets import cli\nsys.exit(getattr(cli, 'run', cli.main)())"
+
+
+def _sync(env: dict[str, str], other: bool = False) -> dict:
+    done = timed(env, sys.executable, "-c", OTHER_CLI, "sync") if other else timed(env, CLI, "sync")
     if done["code"] != 0:
         raise SystemExit(f"sync failed:\n{done['out']}{done['err']}")
     printed = [line for line in done["out"].splitlines() if line.startswith("sync succeeded in ")]
@@ -77,7 +82,7 @@ def main() -> None:
                 "CDC_LAKEHOUSE": tempfile.mkdtemp(prefix="cdc-bench-fixed-lake-"),
                 "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-fixed-dh-"),
             }
-            other_sync = _sync(other_sync_env)
+            other_sync = _sync(other_sync_env, other=True)
             runs["other_sync"].append(other_sync["seconds"])
             compared = f"; {args.compare_with}'s sync {other_sync['seconds']:.2f} s"
         print(
@@ -93,7 +98,7 @@ def main() -> None:
         runs["import"].append(imported["seconds"])
         compared = ""
         if other_env is not None:
-            other_noop = _sync(other_sync_env)
+            other_noop = _sync(other_sync_env, other=True)
             runs["other_noop"].append(other_noop["seconds"])
             compared = f"; {args.compare_with}'s no-op sync {other_noop['seconds']:.2f} s"
         print(
