@@ -379,3 +379,23 @@ def test_a_sync_the_run_would_send_to_spark_leaves_the_stages_to_the_run(cdc: Cd
     said = _run_messages()
     assert any("take Spark" in m for m in said), said  # the child left them
     assert any("on spark" in m for m in said), said  # and the run took them on Spark
+
+
+def test_a_fork_kept_to_the_capture_leaves_the_stages_to_the_run(cdc: CdcEnv, own_home, monkeypatch) -> None:
+    """CDC_SYNC_FORK=capture: the child captures and stops there; the run's own process appends to the change logs.
+    A failpoint that would end the command in the child's change-log stage is never reached."""
+    _create_tables(cdc)
+    _write_tables(cdc, transactions=50)
+    process = _sync_process(
+        {
+            "CDC_SYNC_FORK": "capture",
+            failpoints.ENV: "changes.table_appended=sleep:0.3",  # a slow change-log stage, to see who holds its lock
+            failpoints.CHILD_ENV: "changes.table_appended=exit",
+        }
+    )
+    holder = _stage_holder(cdc, CHANGES_LOCK, process)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, out + err
+    assert holder.pid == process.pid  # the command's own process took the change logs
+    _assert_equal_and_exactly_once(cdc)
+    _assert_each_batch_recorded_once(cdc)
