@@ -40,7 +40,7 @@ import cdc_assets.stages.current_state as current_state
 import cdc_assets.stages.follow as follow_module
 from benchmarks.large_table import make_table
 from benchmarks.steady_load import SCHEMA, BigTable, _prepare, _write, pipeline_env
-from benchmarks.workloads import CLI, fresh_server
+from benchmarks.workloads import CLI, fresh_server, remove_work
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter
 from cdc_assets.defs.check_process import ChildChecks, Request
@@ -214,6 +214,7 @@ def main() -> None:
     finally:
         local_server.stop(work / "mariadb")
     print(f"\n{sum(c.ok for c in equal)} of {len(equal)} tables equal to the source at the end")
+    remove_work(work, None if all(c.ok for c in equal) else "a table differs from the source")
     print(
         f"{args.rate:,} changes/s for {args.seconds:.0f} s per phase, a {big.rows:,}-row table among those written; "
         f"an equality check of every row every {args.check_every:.0f} s"

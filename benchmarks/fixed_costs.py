@@ -25,7 +25,7 @@ import tempfile
 import time
 
 from benchmarks.run import BASELINE, child, timed
-from benchmarks.workloads import CLI, fresh_server, generated, source_env, workload_options
+from benchmarks.workloads import CLI, fresh_server, generated, remove_work, source_env, workload_options
 
 READER_SERVER_ID = 4246
 
@@ -58,20 +58,21 @@ def main() -> None:
     if args.compare_with:
         other = os.path.abspath(args.compare_with)
         other_env = {**env, "PYTHONPATH": os.pathsep.join([other, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    work = tempfile.mkdtemp(prefix="cdc-bench-fixed-")  # every sync's lakehouse and Dagster home, removed at the end
     runs: dict[str, list[float]] = {
         "baseline": [], "baseline_process": [], "sync": [], "noop": [], "import": [], "other_sync": [], "other_noop": []
     }
     other_sync_env: dict[str, str] = {}
     for i in range(args.runs):
-        out = tempfile.mkdtemp(prefix="cdc-bench-fixed-baseline-")
+        out = tempfile.mkdtemp(prefix="cdc-bench-fixed-baseline-", dir=work)
         began = time.monotonic()
         baseline = child(BASELINE.format(server_id=READER_SERVER_ID), {**env, "OUT_DIR": out})
         runs["baseline_process"].append(time.monotonic() - began)  # its process as a whole, as the sync is timed
         runs["baseline"].append(baseline["seconds"])
         sync_env = {
             **env,
-            "CDC_LAKEHOUSE": tempfile.mkdtemp(prefix="cdc-bench-fixed-lake-"),
-            "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-fixed-dh-"),
+            "CDC_LAKEHOUSE": tempfile.mkdtemp(prefix="cdc-bench-fixed-lake-", dir=work),
+            "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-fixed-dh-", dir=work),
         }
         sync = _sync(sync_env)
         runs["sync"].append(sync["seconds"])
@@ -79,8 +80,8 @@ def main() -> None:
         if other_env is not None:
             other_sync_env = {
                 **other_env,
-                "CDC_LAKEHOUSE": tempfile.mkdtemp(prefix="cdc-bench-fixed-lake-"),
-                "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-fixed-dh-"),
+                "CDC_LAKEHOUSE": tempfile.mkdtemp(prefix="cdc-bench-fixed-lake-", dir=work),
+                "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-fixed-dh-", dir=work),
             }
             other_sync = _sync(other_sync_env, other=True)
             runs["other_sync"].append(other_sync["seconds"])
@@ -140,6 +141,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for figure, reference, base, ours in rows:
         print(f"| {figure} | {reference} | {base:.2f} | {ours:.2f} | {ours / base:.2f} |")
+    remove_work(work)
 
 
 if __name__ == "__main__":

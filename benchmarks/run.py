@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.workloads import CLI, SCHEMA, fresh_server, generated, source_env, workload_options
+from benchmarks.workloads import CLI, SCHEMA, fresh_server, generated, remove_work, source_env, workload_options
 
 READER_SERVER_ID = 4242
 
@@ -97,15 +97,16 @@ def main() -> None:
     server = fresh_server()
     workload = generated(server, args)
     base_env = source_env(server, READER_SERVER_ID)
+    work = tempfile.mkdtemp(prefix="cdc-bench-a-")  # every run's lakehouse and Dagster home, removed at the end
     runs: dict[str, list[dict]] = {"baseline": [], "capture": [], "end_to_end": []}
     for i in range(args.runs):
         for name, code in (("baseline", BASELINE), ("capture", CAPTURE)):
-            out = tempfile.mkdtemp(prefix=f"cdc-bench-{name}-")
+            out = tempfile.mkdtemp(prefix=f"cdc-bench-{name}-", dir=work)
             result = child(code.format(server_id=READER_SERVER_ID, schema=SCHEMA), {**base_env, "OUT_DIR": out})
             runs[name].append(result)
             print(f"  run {i + 1} {name:10s} {result['rows']} rows in {result['seconds']:.1f} s, peak {result['peak_mb']:.0f} MB", flush=True)
-        lakehouse = tempfile.mkdtemp(prefix="cdc-bench-e2e-")
-        result = _end_to_end({**base_env, "CDC_LAKEHOUSE": lakehouse, "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-dh-")})
+        lakehouse = tempfile.mkdtemp(prefix="cdc-bench-e2e-", dir=work)
+        result = _end_to_end({**base_env, "CDC_LAKEHOUSE": lakehouse, "DAGSTER_HOME": tempfile.mkdtemp(prefix="cdc-bench-dh-", dir=work)})
         runs["end_to_end"].append(result)
         print(
             f"  run {i + 1} end to end: sync {result['seconds']:.1f} s (peak {result['peak_mb']:.0f} MB), "
@@ -161,6 +162,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    remove_work(work)
 
 
 if __name__ == "__main__":

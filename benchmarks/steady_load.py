@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.workloads import CLI, fresh_server
+from benchmarks.workloads import CLI, fresh_server, remove_work
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CURRENT
@@ -287,6 +287,7 @@ def main() -> None:
     print(f"| commit to current state, p95 (s) | {statistics.median(r['p95'] for r in results):.1f} | ≤ 30 |")
     print(f"| commit to current state, max (s) | {statistics.median(r['max'] for r in results):.1f} | |")
     print(f"| pipeline peak memory, all processes (MB) | {memory.peak_mb:,.0f} | ≤ 2,000 |")
+    remove_work(work, "verify found differences" if verified.returncode != 0 else None)
     if verified.returncode != 0:
         raise SystemExit("verify found differences after the steady load")
 

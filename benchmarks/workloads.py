@@ -65,6 +65,15 @@ def source_env(server: local_server.LocalServer, server_id: int) -> dict[str, st
     }
 
 
+def remove_work(work: Path | str, kept_for: str | None = None) -> None:
+    """A benchmark's work folder (lakehouses, Dagster homes, a 10M-row table's files: gigabytes) removed at its
+    end; kept, and named, when the run failed (`kept_for` says why), for its logs."""
+    if kept_for:
+        print(f"{kept_for}: its work folder is kept for its logs: {work}", flush=True)
+        return
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def fresh_server(base: Path = BENCH_DIR) -> local_server.LocalServer:
     """A dedicated MariaDB whose binlog holds only what the benchmark writes next."""
     local_server.stop(base)
