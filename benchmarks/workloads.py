@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
 import shutil
@@ -75,10 +76,13 @@ def remove_work(work: Path | str, kept_for: str | None = None) -> None:
 
 
 def fresh_server(base: Path = BENCH_DIR) -> local_server.LocalServer:
-    """A dedicated MariaDB whose binlog holds only what the benchmark writes next."""
+    """A dedicated MariaDB whose binlog holds only what the benchmark writes next; stopped when the benchmark's
+    process ends, however it ends (a stopped server stays stopped)."""
     local_server.stop(base)
     shutil.rmtree(base, ignore_errors=True)
-    return local_server.start(base)
+    server = local_server.start(base)
+    atexit.register(local_server.stop, base)
+    return server
 
 
 def mixed_tables(
