@@ -399,3 +399,36 @@ def test_a_fork_kept_to_the_capture_leaves_the_stages_to_the_run(cdc: CdcEnv, ow
     assert holder.pid == process.pid  # the command's own process took the change logs
     _assert_equal_and_exactly_once(cdc)
     _assert_each_batch_recorded_once(cdc)
+
+
+def test_a_duplicate_seq_the_child_finds_blocks_current_state_as_the_run_would(cdc: CdcEnv, own_home, monkeypatch) -> None:
+    """A change log holding a seq twice (written by hand here): the child stops after the change logs, and the run
+    fails `change_log_seq_unique`, naming it, with current state left where it was, as a sync that ran the
+    stages in its op does."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from cdc_assets.core.names import TableRef
+    from cdc_assets.lake.layout import CHANGES
+    from cdc_assets.stages.current_state import read_current
+
+    _create_tables(cdc)
+    _write_tables(cdc, transactions=20)
+    assert cdc.sync() == 0
+    acct = TableRef(cdc.database, "acct")
+    log = DeltaTable(cdc.lakehouse.table_uri(CHANGES, acct))
+    write_deltalake(log.table_uri, log.to_pyarrow_table().slice(0, 1), mode="append")  # one change twice
+    before = read_current(cdc.lakehouse, acct).num_rows
+
+    cdc.execute("INSERT INTO acct (id, owner, balance) VALUES (999999, 'late', 1)")
+    process = _sync_process({failpoints.CHILD_ENV: "changes.table_appended=sleep:0.5"})  # to see who appends
+    holder = _stage_holder(cdc, CHANGES_LOCK, process)
+    out, err = process.communicate(timeout=300)
+    assert holder.pid != process.pid  # the child took the change logs, and found the duplicate
+    assert process.returncode == 1, out + err
+    assert "change_log_seq_unique" in out + err
+    from cdc_assets.defs.runs import instance
+
+    last = instance().get_runs(limit=1)[0]
+    said = [e.user_message or "" for e in instance().all_logs(last.run_id)]
+    assert not any("ended with exit code" in m for m in said), said  # the child stopped there itself
+    assert read_current(cdc.lakehouse, acct).num_rows == before  # the late row was not applied
