@@ -141,7 +141,11 @@ def sync_lakehouse(
     ordered, new = with_new_tables(list(instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME)), known_tables(house.store))
     if new:
         instance.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
-    tables = pending_tables(house, ordered) if pending is None else [t for t in ordered if t in set(pending)]
+    if pending is None:
+        tables = pending_tables(house, ordered)
+    else:  # the child's, in partition order
+        reported_tables = set(pending)
+        tables = [t for t in ordered if t in reported_tables]
     if not tables:
         return
 
