@@ -7,6 +7,13 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export DAGSTER_HOME ?= $(CURDIR)/.local/dagster_home
 SPARK_CONNECT_PORT ?= 15002
+## The demo's, `make dev`'s and `make workload`'s source: `mariadb` (default) or `mysql` (Oracle MySQL, unpacked from
+## Debian's packages under .local/mysql-dist). A MySQL demo keeps its own lakehouse unless CDC_LAKEHOUSE says otherwise.
+SOURCE ?= mariadb
+export CDC_DEMO_SOURCE := $(SOURCE)
+ifeq ($(SOURCE),mysql)
+export CDC_LAKEHOUSE ?= lakehouse-mysql
+endif
 
 .PHONY: demo test dev bench chaos workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
 
@@ -36,9 +43,13 @@ $(STAMP): pyproject.toml constraints.txt
 ## The project's own modules byte-compiled: an editable install leaves them to be compiled at each import, and
 ## machines that set PYTHONDONTWRITEBYTECODE=1 would pay that in every `cdc-lakehouse` process (~0.2 s); compileall
 ## rewrites only what changed since. The instance step also builds the cache of empty Dagster databases.
+## Oracle MySQL (the tests' second source, and `make demo SOURCE=mysql`): Debian 12 has only MariaDB, so its unstable
+## suite's mysql-server-core and libraries are unpacked under .local/mysql-dist with a private apt configuration
+## (nothing of the system changes; about 50 MB, once). See cdc_assets/local_source/mysql_dist.py.
 install: system-deps $(STAMP)
 	@$(BIN)/python -m compileall -q -j 0 cdc_assets spark_resources >/dev/null
 	@$(BIN)/python -m cdc_assets.defs.instance >/dev/null
+	@$(BIN)/python -m cdc_assets.local_source install-mysql
 
 ## `make demo SINKS=1` also publishes every change to a local RabbitMQ and a local Kinesis and reads them back.
 demo: install
@@ -97,11 +108,12 @@ local-source-start: install
 local-source-stop: install
 	$(BIN)/python -m cdc_assets.local_source stop
 
-clean: local-source-stop
+clean: install
+	-$(BIN)/python -m cdc_assets.local_source stop-all
 	-$(BIN)/python -m spark_resources.connect_server stop --port $(SPARK_CONNECT_PORT)
 	-$(BIN)/python -m spark_resources.cluster stop
 	-$(BIN)/python -m cdc_assets.local_brokers stop
-	rm -rf .local lakehouse
+	rm -rf .local lakehouse lakehouse-mysql
 
 ## Random kills (not a test; about 15 s a round): `sync` SIGKILLed at random moments KILLS times (default 50) under a
 ## live workload with DDL and TRUNCATE, each followed by a recovery, verify and the exactly-once oracle; prints a table.

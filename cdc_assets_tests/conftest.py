@@ -1,7 +1,8 @@
-"""Shared real parts: one MariaDB (the project's own script) and one SparkSession per test session.
+"""Shared real parts: one MariaDB and one Oracle MySQL (the project's own scripts) and one SparkSession per session.
 
 Each test gets its own database, its own lakehouse directory and a table filter for its database,
-so tests share the server's binlog without seeing each other's tables.
+so tests share the server's binlog without seeing each other's tables. A test reaches its server through the
+`source` fixture: MariaDB, or each flavour in turn where the test (or its module) is marked `both_sources`.
 """
 
 from __future__ import annotations
@@ -28,9 +29,30 @@ from cdc_assets.local_source import server as local_server
 @pytest.fixture(scope="session")
 def mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_server.LocalServer]:
     base = tmp_path_factory.mktemp("mariadb")
-    started = local_server.start(base)
+    started = local_server.start(base, flavour=local_server.MARIADB)
     yield started
     local_server.stop(base)
+
+
+@pytest.fixture(scope="session")
+def mysql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_server.LocalServer]:
+    """Oracle MySQL from Debian's packages (`make install` unpacks it under .local/mysql-dist)."""
+    base = tmp_path_factory.mktemp("mysql")
+    started = local_server.start(base, flavour=local_server.MYSQL)
+    yield started
+    local_server.stop(base)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked `both_sources` runs once against each flavour (ids `[mariadb]`, `[mysql]`)."""
+    if "source" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_sources"):
+        metafunc.parametrize("source", local_server.FLAVOURS, indirect=True)
+
+
+@pytest.fixture
+def source(request: pytest.FixtureRequest) -> local_server.LocalServer:
+    """The test's source server: the session's MariaDB, or the flavour `both_sources` parametrized."""
+    return request.getfixturevalue(getattr(request, "param", local_server.MARIADB))
 
 
 @pytest.fixture(scope="session")
@@ -113,18 +135,18 @@ def _database_name(node_name: str) -> str:
 
 @pytest.fixture
 def cdc(
-    mariadb: local_server.LocalServer,
+    source: local_server.LocalServer,
     spark: object,
     tmp_path: Path,
     request: pytest.FixtureRequest,
     monkeypatch: pytest.MonkeyPatch,
 ) -> CdcEnv:
     database = _database_name(request.node.name)
-    with mariadb.admin_connection() as conn, conn.cursor() as cur:
+    with source.admin_connection() as conn, conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
         cur.execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
-    env = CdcEnv(mariadb, database, tmp_path / "lakehouse")
-    monkeypatch.setenv("CDC_MYSQL_URL", mariadb.reader_url())
+    env = CdcEnv(source, database, tmp_path / "lakehouse")
+    monkeypatch.setenv("CDC_MYSQL_URL", source.reader_url())
     monkeypatch.setenv("CDC_LAKEHOUSE", str(env.lakehouse_dir))
     monkeypatch.setenv("CDC_TABLES", f"{database}.*")
     monkeypatch.setenv("CDC_SPARK_MASTER", "local[2]")

@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from dagster import AssetCheckKey, DagsterEventType
 
 from cdc_assets.core.names import TableRef
@@ -17,6 +18,8 @@ from cdc_assets.verification.changed_keys import compare_changed, compare_every_
 from cdc_assets.verification.consistency import ConsistentComparison
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_consistency import _binlog, _busy, _table_t, _up_to_date
+
+pytestmark = pytest.mark.both_sources
 
 
 def _last_equality_check(table: str) -> tuple[bool, str, dict[str, Any]]:

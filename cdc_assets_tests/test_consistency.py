@@ -37,6 +37,8 @@ from cdc_assets.verification.consistency import (
 )
 from cdc_assets_tests.conftest import CdcEnv, on_spark
 
+pytestmark = pytest.mark.both_sources
+
 ROWS = 10
 
 

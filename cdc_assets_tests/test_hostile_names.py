@@ -17,6 +17,8 @@ from cdc_assets.defs.runs import run_sync
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets_tests.conftest import CdcEnv, use_s3
 
+pytestmark = pytest.mark.both_sources
+
 HOSTILE_TABLES = [
     "..",
     "x/..",

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import open_table
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
+
+pytestmark = pytest.mark.both_sources
 
 
 def _rows(cdc: CdcEnv) -> Counter:

@@ -9,6 +9,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import open_table, read_query
@@ -19,6 +20,8 @@ from cdc_assets.local_source import Workload, load_sample_schema
 from cdc_assets.stages.current_state import read_current
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv
+
+pytestmark = pytest.mark.both_sources
 
 # Row changes only: CREATE TABLE and other schema changes have change-log rows of their own (test_schema_changes).
 ROW_CHANGES = "_cdc_op IN ('insert', 'update', 'delete')"

@@ -12,6 +12,7 @@ import sys
 import time
 
 import boto3
+import pytest
 
 from cdc_assets.core import failpoints
 from cdc_assets.lake.layout import CHANGES, RAW, STATE
@@ -19,6 +20,8 @@ from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv, use_s3
 from cdc_assets_tests.test_pipeline import _all_change_seqs, _assert_all_equal, _raw_seqs
+
+pytestmark = pytest.mark.both_sources
 
 
 def _write_transactions(cdc: CdcEnv, transactions: int, rows_each: int, start: int = 0) -> None:

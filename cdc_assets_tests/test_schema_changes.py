@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import open_table, read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
+
+pytestmark = pytest.mark.both_sources
 
 
 def _current(cdc: CdcEnv, table: str) -> list[dict]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.defs.runs import instance
@@ -11,6 +13,8 @@ from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_cli import _assert_user_error, _run
+
+pytestmark = pytest.mark.both_sources
 
 
 def test_snapshot_brings_in_a_table_whose_history_the_pipeline_never_saw(cdc: CdcEnv, monkeypatch, capsys) -> None:

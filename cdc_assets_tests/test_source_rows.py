@@ -10,6 +10,8 @@ from cdc_assets.source import server as source
 from cdc_assets.source.rows import query_chunks, query_columns
 from cdc_assets_tests.conftest import CdcEnv
 
+pytestmark = pytest.mark.both_sources
+
 # Values around each length encoding: 1 byte up to 250, 2 bytes up to 65,535, 3 bytes beyond.
 LENGTHS = [0, 1, 250, 251, 252, 65_535, 65_536, 70_000]
 LONG_ROW = 17 * 1024 * 1024  # past one packet's 16 MB: the row comes in two packets

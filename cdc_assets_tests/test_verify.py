@@ -1,9 +1,12 @@
 """verify's comparison, without a server."""
 
 import pyarrow as pa
+import pytest
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.verification.compare import compare_tables
+
+pytestmark = pytest.mark.both_sources
 
 T = TableRef("s", "t")
 

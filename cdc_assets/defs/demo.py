@@ -23,7 +23,6 @@ from cdc_assets.sinks.checkpoint import checkpoint_key
 from cdc_assets.sinks.consume import Received, read_queue, read_stream
 from cdc_assets.sinks.delivery import DeliveryReport, check_delivery, expected_messages
 from cdc_assets.sinks.settings import SINK_NAMES, sink_settings
-from cdc_assets.source.server import LOCAL_SOURCE_DIR
 from cdc_assets.verification.consistency import ConsistentComparison
 
 DEMO_TRANSACTIONS_PER_SECOND = 40
@@ -104,8 +103,9 @@ def read_back(found: destinations.DemoDestinations) -> tuple[dict[str, DeliveryR
 
 
 def start_demo_source(seed: int) -> server.LocalServer:
-    """The local MariaDB with the sample schema and its first rows; CDC_MYSQL_URL points at it."""
-    local = server.start(Path.cwd() / LOCAL_SOURCE_DIR)
+    """The local MariaDB (or MySQL: CDC_DEMO_SOURCE) with the sample schema and its first rows; CDC_MYSQL_URL
+    points at it."""
+    local = server.start(Path.cwd() / server.demo_source_dir(), flavour=server.demo_flavour())
     os.environ["CDC_MYSQL_URL"] = local.reader_url()
     with local.admin_connection(autocommit=False) as conn:
         load_sample_schema(conn)

@@ -1,4 +1,6 @@
-"""`python -m cdc_assets.local_source start|stop|status|workload N|live`: manage the demo source."""
+"""`python -m cdc_assets.local_source start|stop|status|workload N|live|install-mysql`: manage the demo source.
+
+The flavour is CDC_DEMO_SOURCE's (`mariadb`, the default, or `mysql`), under `.local/<flavour>`."""
 
 from __future__ import annotations
 
@@ -6,15 +8,17 @@ import argparse
 import sys
 import threading
 
-from cdc_assets.local_source import server
+from cdc_assets.local_source import mysql_dist, server
 from cdc_assets.local_source.workload import Workload, load_sample_schema
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m cdc_assets.local_source", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("start", help="start (or reuse) the dedicated MariaDB under .local/mariadb")
+    sub.add_parser("start", help="start (or reuse) the dedicated server under .local/<flavour>")
     sub.add_parser("stop", help="stop it")
+    sub.add_parser("stop-all", help="stop the dedicated servers of both flavours")
+    sub.add_parser("install-mysql", help="unpack Oracle MySQL from Debian's packages under .local/mysql-dist")
     sub.add_parser("status", help="say whether it runs, and on which port")
     work = sub.add_parser("workload", help="load the sample schema and run N transactions")
     work.add_argument("transactions", type=int, nargs="?", default=500)
@@ -24,17 +28,24 @@ def main(argv: list[str] | None = None) -> int:
     live.add_argument("--tps", type=float, default=40.0, help="transactions per second, about")
     live.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    base, flavour = server.demo_source_dir(), server.demo_flavour()
 
-    if args.command == "start":
-        local = server.start()
-        print(f"local MariaDB with ROW binlog on 127.0.0.1:{local.port} (data in {local.base_dir})")
+    if args.command == "install-mysql":
+        prefix = mysql_dist.install()
+        print(f"Oracle MySQL {mysql_dist.version(prefix)} under {prefix}")
+    elif args.command == "start":
+        local = server.start(base, flavour=flavour)
+        print(f"local {flavour} with ROW binlog on 127.0.0.1:{local.port} (data in {local.base_dir})")
     elif args.command == "stop":
-        print("stopped" if server.stop() else "not running")
+        print("stopped" if server.stop(base) else "not running")
+    elif args.command == "stop-all":
+        for each in server.FLAVOURS:
+            print(f"{each}: {'stopped' if server.stop(base.parent / each) else 'not running'}")
     elif args.command == "status":
-        local = server.running()
-        print(f"running on 127.0.0.1:{local.port}" if local else "not running")
+        local = server.running(base)
+        print(f"{flavour} running on 127.0.0.1:{local.port}" if local else f"{flavour} not running")
     elif args.command == "workload":
-        local = server.start()
+        local = server.start(base, flavour=flavour)
         with local.admin_connection(autocommit=False) as conn:
             load_sample_schema(conn)
             workload = Workload(conn, seed=args.seed)
@@ -42,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             stats = workload.run(args.transactions)
         print(f"ran {stats.total} transactions: {dict(stats.transactions)}")
     elif args.command == "live":
-        local = server.start()
+        local = server.start(base, flavour=flavour)
         stop = threading.Event()
         if args.seconds is not None:
             threading.Timer(args.seconds, stop.set).start()

@@ -1,7 +1,8 @@
-"""A dedicated MariaDB with a ROW binlog, for the demo, `make dev` and the tests.
+"""A dedicated MariaDB or Oracle MySQL with a ROW binlog, for the demo, `make dev` and the tests.
 
-It never touches a MariaDB the machine may already run: it gets its own data directory,
-socket and a free port on 127.0.0.1. Starting is idempotent: a running instance is reused.
+It never touches a server the machine may already run: it gets its own data directory, socket and a free port on
+127.0.0.1. Starting is idempotent: a running instance is reused. MariaDB comes from Debian's package; MySQL from the
+project's own unpacked copy (`mysql_dist`). The CDC reader gets exactly the grants RDS and Aurora give a CDC user.
 """
 
 from __future__ import annotations
@@ -17,20 +18,32 @@ from pathlib import Path
 
 import pymysql
 
+from cdc_assets.local_source import mysql_dist
 from cdc_assets.local_source.processes import free_port, pid_alive, port_is_free, terminate
 
 READER_USER = "cdc_reader"
+MARIADB = "mariadb"
+MYSQL = "mysql"
+FLAVOURS = (MARIADB, MYSQL)
 DEFAULT_BASE_DIR = Path(".local") / "mariadb"
+DEMO_SOURCE_ENV = "CDC_DEMO_SOURCE"  # which flavour the demo, `make dev` and `make workload` run (`make ... SOURCE=`)
+# The reader's grants on each flavour: what RDS and Aurora give a CDC user (MariaDB names the monitor privilege
+# BINLOG MONITOR), and nothing that takes a global read lock (no RELOAD, no SUPER).
+READER_GRANTS = {
+    MARIADB: "REPLICATION SLAVE, BINLOG MONITOR, SELECT",
+    MYSQL: "REPLICATION SLAVE, REPLICATION CLIENT, SELECT",
+}
 # The server id of the source; the reader uses a different one (see settings.DEFAULT_SERVER_ID).
 SOURCE_SERVER_ID = 1
 
 
 @dataclass(frozen=True)
 class LocalServer:
-    """Where a running local MariaDB can be reached."""
+    """Where a running local server can be reached, and which flavour it is."""
 
     base_dir: Path
     port: int
+    flavour: str = MARIADB
 
     @property
     def socket_path(self) -> Path:
@@ -57,6 +70,18 @@ class LocalServer:
         )
 
 
+def demo_flavour() -> str:
+    flavour = os.environ.get(DEMO_SOURCE_ENV, "").strip().lower() or MARIADB
+    if flavour not in FLAVOURS:
+        raise ValueError(f"{DEMO_SOURCE_ENV}={flavour} is not a source the demo runs: use mariadb or mysql.")
+    return flavour
+
+
+def demo_source_dir() -> Path:
+    """Where the demo's server lives, relative to the checkout: `.local/mariadb` or `.local/mysql`."""
+    return Path(".local") / demo_flavour()
+
+
 def _find_binary(name: str) -> str:
     found = shutil.which(name) or (f"/usr/sbin/{name}" if Path(f"/usr/sbin/{name}").exists() else None)
     if not found:
@@ -72,46 +97,96 @@ def _answers(server: LocalServer) -> bool:
     return True
 
 
+def _flavour_of(base_dir: Path) -> str:
+    flavour_file = base_dir / "flavour"
+    return flavour_file.read_text().strip() if flavour_file.exists() else MARIADB
+
+
+def _initialise(flavour: str, data_dir: Path, as_root: list[str]) -> None:
+    """A new data directory: root on the socket with an empty password, no test database."""
+    if flavour == MARIADB:
+        command = [
+            _find_binary("mariadb-install-db"), "--no-defaults", *as_root, f"--datadir={data_dir}",
+            "--auth-root-authentication-method=normal", "--skip-test-db",
+        ]  # fmt: skip
+    else:
+        command = [*mysql_dist.mysqld_command(), *as_root, "--initialize-insecure", f"--datadir={data_dir}"]
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _server_command(flavour: str, server: LocalServer, data_dir: Path, server_id: int, binlog: bool) -> list[str]:
+    base_dir = server.base_dir
+    common = [
+        f"--datadir={data_dir}",
+        f"--port={server.port}",
+        "--bind-address=127.0.0.1",
+        f"--socket={server.socket_path}",
+        f"--pid-file={base_dir / 'mysqld.pid'}",
+        f"--log-error={base_dir / 'mysqld.err'}",
+        f"--server-id={server_id}",
+        "--character-set-server=utf8mb4",
+        "--collation-server=utf8mb4_unicode_ci",
+        "--innodb-buffer-pool-size=128M",
+        "--skip-name-resolve",
+    ]
+    row_binlog = [
+        f"--log-bin={data_dir / 'binlog' / 'mysql-bin'}",
+        "--binlog-format=ROW",
+        "--binlog-row-image=FULL",
+        "--binlog-row-metadata=FULL",
+    ]
+    as_root = ["--user=root"] if os.geteuid() == 0 else []
+    if flavour == MARIADB:
+        # A replica's binlog holds what it replicates too: a failover target.
+        return [_find_binary("mariadbd"), "--no-defaults", *as_root, *common,
+                *([*row_binlog, "--log-slave-updates"] if binlog else [])]  # fmt: skip
+    return [
+        *mysql_dist.mysqld_command(), *as_root, *common,
+        "--secure-file-priv=",  # the default names /var/lib/mysql-files, which does not exist: the server aborts
+        "--mysqlx=OFF",
+        "--performance-schema=OFF",  # ~400 MB less on a 2-core test machine; nothing here reads it
+        *([*row_binlog, "--gtid-mode=ON", "--enforce-gtid-consistency=ON", "--log-replica-updates"]
+          if binlog else ["--skip-log-bin"]),  # MySQL logs a binlog unless told not to
+    ]  # fmt: skip
+
+
 def start(
     base_dir: Path = DEFAULT_BASE_DIR,
     port: int | None = None,
-    timeout_s: float = 30.0,
+    timeout_s: float = 60.0,
     binlog: bool = True,
     server_id: int = SOURCE_SERVER_ID,
+    flavour: str | None = None,
 ) -> LocalServer:
     """Start (or reuse) the dedicated server under `base_dir` and make sure the reader user exists.
 
+    `flavour` is `mariadb` or `mysql`; None keeps the one the directory already holds (MariaDB for a new one).
     `binlog=False` starts it without a binary log, as a server not set up for CDC (for the preflight tests).
     """
     base_dir = Path(base_dir).resolve()
     data_dir = base_dir / "data"
     port_file = base_dir / "port"
     pid_file = base_dir / "mysqld.pid"
+    if flavour is not None and flavour not in FLAVOURS:
+        raise ValueError(f"unknown server flavour {flavour!r}: use one of {', '.join(FLAVOURS)}")
+    if (data_dir / "mysql").exists() and flavour is not None and _flavour_of(base_dir) != flavour:
+        raise RuntimeError(
+            f"{base_dir} holds a {_flavour_of(base_dir)} server, not {flavour}: stop it and remove the folder first."
+        )
+    flavour = flavour or _flavour_of(base_dir)
 
     if pid_alive(pid_file) and port_file.exists():
-        server = LocalServer(base_dir, int(port_file.read_text()))
+        server = LocalServer(base_dir, int(port_file.read_text()), flavour)
         if _answers(server):
             return server
 
     base_dir.mkdir(parents=True, exist_ok=True)
-    as_root = ["--user=root"] if os.geteuid() == 0 else []
     if not (data_dir / "mysql").exists():
         shutil.rmtree(data_dir, ignore_errors=True)
-        subprocess.run(
-            [
-                _find_binary("mariadb-install-db"),
-                "--no-defaults",
-                *as_root,
-                f"--datadir={data_dir}",
-                "--auth-root-authentication-method=normal",
-                "--skip-test-db",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        _initialise(flavour, data_dir, ["--user=root"] if os.geteuid() == 0 else [])
         (base_dir / "reader.password").unlink(missing_ok=True)
         (base_dir / "instance_id").unlink(missing_ok=True)
+        (base_dir / "flavour").write_text(flavour + "\n")
     instance_file = base_dir / "instance_id"
     if not instance_file.exists():  # names this data directory's binlog history (see the demo's guard)
         instance_file.write_text(uuid.uuid4().hex + "\n")
@@ -121,37 +196,11 @@ def start(
         previous = int(port_file.read_text()) if port_file.exists() else None
         port = previous if previous and port_is_free(previous) else free_port()
     port_file.write_text(str(port))
-    server = LocalServer(base_dir, port)
+    server = LocalServer(base_dir, port, flavour)
 
     log = open(base_dir / "mysqld.log", "ab")  # noqa: SIM115 - handed to the server process
-    subprocess.Popen(
-        [
-            _find_binary("mariadbd"),
-            "--no-defaults",
-            *as_root,
-            f"--datadir={data_dir}",
-            f"--port={port}",
-            "--bind-address=127.0.0.1",
-            f"--socket={server.socket_path}",
-            f"--pid-file={pid_file}",
-            f"--log-error={base_dir / 'mysqld.err'}",
-            f"--server-id={server_id}",
-            *(
-                [
-                    f"--log-bin={data_dir / 'binlog' / 'mysql-bin'}",
-                    "--binlog-format=ROW",
-                    "--binlog-row-image=FULL",
-                    "--binlog-row-metadata=FULL",
-                    "--log-slave-updates",  # a replica's binlog holds what it replicates too: a failover target
-                ]
-                if binlog
-                else []
-            ),
-            "--character-set-server=utf8mb4",
-            "--collation-server=utf8mb4_unicode_ci",
-            "--innodb-buffer-pool-size=128M",
-            "--skip-name-resolve",
-        ],
+    process = subprocess.Popen(
+        _server_command(flavour, server, data_dir, server_id, binlog),
         stdout=log,
         stderr=log,
         stdin=subprocess.DEVNULL,
@@ -159,9 +208,9 @@ def start(
     )
     deadline = time.monotonic() + timeout_s
     while not _answers(server):
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or process.poll() is not None:
             raise RuntimeError(
-                f"The local MariaDB did not answer within {timeout_s:.0f}s: see {base_dir / 'mysqld.err'}."
+                f"The local {flavour} server did not answer within {timeout_s:.0f}s: see {base_dir / 'mysqld.err'}."
             )
         time.sleep(0.2)
     _ensure_reader(server)
@@ -178,37 +227,50 @@ def _ensure_reader(server: LocalServer) -> None:
         cur.execute("SET SESSION sql_log_bin = 0")
         cur.execute(f"CREATE USER IF NOT EXISTS '{READER_USER}'@'127.0.0.1' IDENTIFIED BY %s", (password,))
         cur.execute(f"ALTER USER '{READER_USER}'@'127.0.0.1' IDENTIFIED BY %s", (password,))
-        cur.execute(f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT ON *.* TO '{READER_USER}'@'127.0.0.1'")
+        cur.execute(f"GRANT {READER_GRANTS[server.flavour]} ON *.* TO '{READER_USER}'@'127.0.0.1'")
     fd = os.open(server.reader_password_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")
 
 
-def start_replica(primary: LocalServer, base_dir: Path, server_id: int = 2, timeout_s: float = 30.0) -> LocalServer:
-    """A second dedicated server under `base_dir`, on a free port, replicating `primary` by GTID from its first
-    transaction (`MASTER_USE_GTID=slave_pos`), with a binlog of its own that holds the same GTIDs at its own files
-    and offsets: what a failover points capture at. It replicates as the primary's CDC reader (REPLICATION SLAVE)."""
-    replica = start(base_dir, timeout_s=timeout_s, server_id=server_id)
+def start_replica(primary: LocalServer, base_dir: Path, server_id: int = 2, timeout_s: float = 60.0) -> LocalServer:
+    """A second dedicated server of the primary's flavour under `base_dir`, on a free port, replicating `primary` by
+    GTID from its first transaction (MariaDB: `MASTER_USE_GTID=slave_pos`; MySQL: `SOURCE_AUTO_POSITION=1`), with a
+    binlog of its own that holds the same GTIDs at its own files and offsets: what a failover points capture at. It
+    replicates as the primary's CDC reader (REPLICATION SLAVE)."""
+    replica = start(base_dir, timeout_s=timeout_s, server_id=server_id, flavour=primary.flavour)
     password = primary.reader_password_file.read_text().strip()
     with replica.admin_connection() as conn, conn.cursor() as cur:
-        cur.execute("SHOW SLAVE STATUS")
-        if cur.fetchone() is None:
-            cur.execute(
-                "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
-                "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
-                (primary.port, READER_USER, password),
-            )
-        cur.execute("START SLAVE")
+        if primary.flavour == MARIADB:
+            cur.execute("SHOW SLAVE STATUS")
+            if cur.fetchone() is None:
+                cur.execute(
+                    "CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, MASTER_USER=%s, MASTER_PASSWORD=%s, "
+                    "MASTER_USE_GTID=slave_pos, MASTER_CONNECT_RETRY=1",
+                    (primary.port, READER_USER, password),
+                )
+            cur.execute("START SLAVE")
+        else:
+            cur.execute("SHOW REPLICA STATUS")
+            if cur.fetchone() is None:
+                cur.execute(
+                    "CHANGE REPLICATION SOURCE TO SOURCE_HOST='127.0.0.1', SOURCE_PORT=%s, SOURCE_USER=%s, "
+                    "SOURCE_PASSWORD=%s, SOURCE_AUTO_POSITION=1, GET_SOURCE_PUBLIC_KEY=1, SOURCE_CONNECT_RETRY=1",
+                    (primary.port, READER_USER, password),
+                )
+            cur.execute("START REPLICA")
     return replica
 
 
 def wait_caught_up(replica: LocalServer, primary: LocalServer, timeout_s: float = 30.0) -> str:
-    """Wait until `replica` has applied everything `primary` has binlogged now; returns that GTID position."""
+    """Wait until `replica` has applied everything `primary` has binlogged now; returns that GTID position (set)."""
+    mariadb = primary.flavour == MARIADB
     with primary.admin_connection() as conn, conn.cursor() as cur:
-        cur.execute("SELECT @@global.gtid_binlog_pos")
-        position = str(cur.fetchone()[0])
+        cur.execute("SELECT @@global.gtid_binlog_pos" if mariadb else "SELECT @@global.gtid_executed")
+        position = str(cur.fetchone()[0]).replace("\n", "")
+    wait = "SELECT MASTER_GTID_WAIT(%s, %s)" if mariadb else "SELECT WAIT_FOR_EXECUTED_GTID_SET(%s, %s)"
     with replica.admin_connection() as conn, conn.cursor() as cur:
-        cur.execute("SELECT MASTER_GTID_WAIT(%s, %s)", (position, timeout_s))
+        cur.execute(wait, (position, timeout_s))
         if cur.fetchone()[0] != 0:
             raise RuntimeError(f"The replica under {replica.base_dir} did not reach {position} in {timeout_s:.0f}s.")
     return position
@@ -220,7 +282,7 @@ def running(base_dir: Path = DEFAULT_BASE_DIR) -> LocalServer | None:
     port_file = base_dir / "port"
     if not port_file.exists() or not pid_alive(base_dir / "mysqld.pid"):
         return None
-    server = LocalServer(base_dir, int(port_file.read_text()))
+    server = LocalServer(base_dir, int(port_file.read_text()), _flavour_of(base_dir))
     return server if _answers(server) else None
 
 

@@ -30,7 +30,6 @@ from cdc_assets.core.settings import (
 from cdc_assets.local_source import server as local_server
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-LOCAL_SOURCE_DIR = Path(".local") / "mariadb"
 MIN_MARIADB = (10, 5)
 MIN_MYSQL = (5, 7)
 
@@ -68,11 +67,13 @@ def connect(url: MySQLUrl, connect_timeout: int = 10) -> pymysql.Connection:
 
 
 def local_source_dir() -> Path:
-    """The demo server's directory: under the working directory, else under the project checkout."""
+    """The demo server's directory (`.local/<flavour>`, CDC_DEMO_SOURCE): under the working directory, else under
+    the project checkout."""
+    relative = local_server.demo_source_dir()
     for base in (Path.cwd(), PROJECT_ROOT):
-        if (base / LOCAL_SOURCE_DIR / "port").exists():
-            return base / LOCAL_SOURCE_DIR
-    return PROJECT_ROOT / LOCAL_SOURCE_DIR
+        if (base / relative / "port").exists():
+            return base / relative
+    return PROJECT_ROOT / relative
 
 
 def resolve_mysql_url(configured: str | None) -> MySQLUrl:
