@@ -107,6 +107,11 @@ class CdcEnv:
     def admin(self) -> pymysql.Connection:
         return self.server.admin_connection(database=self.database)
 
+    def numbers(self, n: int) -> str:
+        """A table expression of the integers 1..n in a column `seq`, on either flavour (MariaDB's SEQUENCE engine
+        table `seq_1_to_n`; on MySQL a cross join of digits)."""
+        return numbers_sql(n, self.server.flavour)
+
     def execute(self, *statements: str, params: tuple | None = None) -> None:
         with self.admin() as conn, conn.cursor() as cur:
             for statement in statements:
@@ -125,6 +130,17 @@ class CdcEnv:
         from cdc_assets.defs.runs import run_verify
 
         return run_verify()
+
+
+def numbers_sql(n: int, flavour: str) -> str:
+    """See `CdcEnv.numbers`."""
+    if flavour == local_server.MARIADB:
+        return f"seq_1_to_{n}"
+    digits = "(" + " UNION ALL ".join(f"SELECT {d} AS d" for d in range(10)) + ")"
+    places = len(str(max(n - 1, 1)))
+    value = " + ".join(f"{10**i} * d{i}.d" for i in range(places))
+    joins = " CROSS JOIN ".join(f"{digits} AS d{i}" for i in range(places))
+    return f"(SELECT {value} + 1 AS seq FROM {joins} WHERE {value} < {n}) AS seq_1_to_{n}"
 
 
 def _database_name(node_name: str) -> str:

@@ -43,7 +43,7 @@ def test_the_check_after_an_apply_reads_the_changed_keys_and_the_full_check_the_
     table = f"{cdc.database}.t"
     cdc.execute(
         "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))",
-        "INSERT INTO t SELECT seq, CONCAT('v', seq) FROM seq_1_to_400",
+        "INSERT INTO t SELECT seq, CONCAT('v', seq) FROM " + cdc.numbers(400),
     )
     assert cdc.sync() == 0
     passed, _, first = _last_equality_check(table)

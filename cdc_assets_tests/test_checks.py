@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+import pytest
 from dagster import AssetCheckEvaluation
 from deltalake import DeltaTable, write_deltalake
 
@@ -20,6 +21,8 @@ from cdc_assets.defs.runs import run_sync
 from cdc_assets.lake.layout import CURRENT, RAW
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv
+
+pytestmark = pytest.mark.both_sources
 
 
 def _checks(job_name: str, partition_key: str | None = None) -> dict[str, AssetCheckEvaluation]:

@@ -1,10 +1,9 @@
 """Preflight refusals a real server cannot be talked into here: a server without a binary log (a second,
-dedicated MariaDB started without one) and versions too old to read (the version gate itself)."""
+dedicated server of each flavour started without one) and versions too old to read (the version gate itself)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -17,15 +16,24 @@ from cdc_assets_tests.test_cli import _assert_user_error, _nothing_written
 
 
 @pytest.fixture(scope="module")
-def server_without_binlog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_server.LocalServer]:
-    base: Path = tmp_path_factory.mktemp("mariadb_no_binlog")
-    started = local_server.start(base, binlog=False)
-    yield started
-    local_server.stop(base)
+def without_binlog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], local_server.LocalServer]]:
+    """A server of a flavour started without a binary log, started when first asked for."""
+    started: dict[str, local_server.LocalServer] = {}
+
+    def server(flavour: str) -> local_server.LocalServer:
+        if flavour not in started:
+            base = tmp_path_factory.mktemp(f"{flavour}_no_binlog")
+            started[flavour] = local_server.start(base, binlog=False, flavour=flavour)
+        return started[flavour]
+
+    yield server
+    for each in started.values():
+        local_server.stop(each.base_dir)
 
 
-def test_binlog_off(cdc: CdcEnv, server_without_binlog: local_server.LocalServer, monkeypatch, capsys) -> None:
-    monkeypatch.setenv("CDC_MYSQL_URL", server_without_binlog.reader_url())
+@pytest.mark.both_sources
+def test_binlog_off(cdc: CdcEnv, without_binlog: Callable[[str], local_server.LocalServer], monkeypatch, capsys) -> None:
+    monkeypatch.setenv("CDC_MYSQL_URL", without_binlog(cdc.server.flavour).reader_url())
     code = main(["sync"])
     _, err = capsys.readouterr()
     _assert_user_error(code, err, "Binary logging is off on the source (log_bin=OFF)", "--log-bin")

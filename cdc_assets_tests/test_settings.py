@@ -104,7 +104,7 @@ def test_the_forked_capture_reads_the_same_settings_as_the_resources(
     from cdc_assets.source.server import source_settings_from_env
 
     # Every resource field is one of the shared variables, or no variable at all (a run's own, or S3's).
-    assert set(BinlogResource.model_fields) == set(SOURCE_ENV) | {"max_batches", "snapshot_chunk_rows"}
+    assert set(BinlogResource.model_fields) == set(SOURCE_ENV) | {"max_batches", "snapshot_chunk_rows", "global_read_lock"}
     shared = set(LAKEHOUSE_ENV) | {"lock_wait_seconds", "lock_ttl_seconds"}
     assert set(LakehouseResource.model_fields) == shared | {"s3", "s3_max_attempts", "s3_timeout_seconds"}
 
@@ -115,6 +115,7 @@ def test_the_forked_capture_reads_the_same_settings_as_the_resources(
         "CDC_EXCLUDE_TABLES": "shop.tmp_*",
         "CDC_MAX_BATCH_ROWS": "1234",
         "CDC_SNAPSHOT_CHUNK_ROWS": "5000",
+        "CDC_GLOBAL_READ_LOCK": "on",
         "CDC_LAKEHOUSE": str(tmp_path / "lake"),
         "CDC_LOCK_WAIT_SECONDS": "9",
         "CDC_LOCK_TTL_SECONDS": "11",
@@ -126,6 +127,7 @@ def test_the_forked_capture_reads_the_same_settings_as_the_resources(
     forked = source_settings_from_env()
     assert forked == resources.binlog.settings()
     assert (forked.server_id, forked.max_batch_rows, forked.snapshot_chunk_rows) == (77, 1234, 5000)
+    assert forked.global_read_lock
     assert forked.table_filter.matches("shop", "orders") and not forked.table_filter.matches("shop", "tmp_1")
     house, theirs = local_lakehouse_from_env(), resources.lakehouse.get()
     described = lambda h: (h.location, h.lock_wait_seconds, h.lock_ttl_seconds, h.history, h.soft_deletes)  # noqa: E731

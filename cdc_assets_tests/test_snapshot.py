@@ -116,7 +116,7 @@ def test_snapshot_streams_a_table_in_key_order_a_chunk_at_a_time(cdc: CdcEnv, mo
     cdc.execute(
         "CREATE TABLE wide (id INT PRIMARY KEY, note VARCHAR(20), at DATETIME(6), amount DECIMAL(10,2))",
         "CREATE TABLE dup (v INT, w VARCHAR(5))",
-        "INSERT INTO wide SELECT seq, CONCAT('n', seq), NOW(6), seq / 4 FROM seq_1_to_50 ORDER BY seq DESC",
+        "INSERT INTO wide SELECT seq, CONCAT('n', seq), NOW(6), seq / 4 FROM " + cdc.numbers(50) + " ORDER BY seq DESC",
         "INSERT INTO dup VALUES (1, 'a'), (1, 'a'), (2, NULL), (1, 'a')",
     )
     code, out, _ = _run(["snapshot"], capsys)

@@ -63,11 +63,12 @@ def test_an_empty_result_is_one_empty_chunk(cdc: CdcEnv) -> None:
 
 
 def test_an_error_after_the_first_rows_is_raised(cdc: CdcEnv) -> None:
-    cdc.execute("CREATE TABLE n (id INT PRIMARY KEY)", "INSERT INTO n SELECT seq FROM seq_1_to_100000")
+    cdc.execute("CREATE TABLE n (id INT PRIMARY KEY)", "INSERT INTO n SELECT seq FROM " + cdc.numbers(100000))
     conn = source.connect(source.MySQLUrl.parse(cdc.server.reader_url()))
     try:  # the subquery returns two rows only for the last id: the server has sent the others by then
         db = cdc.database
-        sql = f"SELECT id, (SELECT seq FROM `{db}`.seq_1_to_2 WHERE seq < IF(n.id = 100000, 3, 2)) FROM `{db}`.n"
+        two = "(SELECT 1 AS seq UNION ALL SELECT 2) AS two"
+        sql = f"SELECT id, (SELECT seq FROM {two} WHERE seq < IF(n.id = 100000, 3, 2)) FROM `{db}`.n"
         seen = []
         with pytest.raises(pymysql.err.MySQLError) as raised:
             for chunk in query_chunks(conn, sql + " ORDER BY id", rows_per_chunk=1000):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from dagster import AssetCheckEvaluation, AssetCheckKey, AssetCheckSeverity
 from deltalake import DeltaTable
 
@@ -32,6 +33,7 @@ def test_due_for_confirmation() -> None:
     assert due_for_confirmation({"a": None, "b": 100.0, "c": 95.0}, now=110.0, every_seconds=15) == ["a", "c"]
 
 
+@pytest.mark.both_sources
 def test_a_table_that_differs_fails_the_equality_check_on_its_own_asset(cdc: CdcEnv) -> None:
     db = cdc.database
     cdc.execute(

@@ -25,8 +25,10 @@ from spark_resources.transforms import arrow_frame, spark_schema
 READ_ROWS = 100_000  # rows a task holds at once
 CHUNK_SCHEMA = pa.schema(list(FILE_ACTION_SCHEMA) + [pa.field("chunk", pa.int64(), nullable=False)])
 WHOLE_SCHEMA = pa.schema(
-    list(CHUNK_SCHEMA) + [pa.field("log_file", pa.string(), nullable=False), pa.field("log_pos", pa.int64(), nullable=False)]
-)
+    list(CHUNK_SCHEMA)
+    + [pa.field(f"{end}_{part}", pa.string() if part == "file" else pa.int64(), nullable=False)
+       for end in ("low", "high") for part in ("file", "pos")]
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,13 @@ def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: 
 
 
 def read_whole_tables(
-    spark: SparkSession, url: MySQLUrl, server: source.ServerInfo, access: FileAccess, tables: dict[int, ChunkRead]
-) -> dict[int, tuple[list[dict], BinlogPosition]]:
+    spark: SparkSession, url: MySQLUrl, server: source.ServerInfo, access: FileAccess, tables: dict[int, ChunkRead],
+    global_read_lock: bool = False,
+) -> dict[int, tuple[list[dict], source.SnapshotPoint]]:
     """Each table read whole by one task inside a consistent snapshot of its own, for keyless tables: their
     copies of a row are numbered over the whole table, and changes can only be replayed over them from exactly
-    the snapshot's binlog position. Returns each table's files and that position."""
+    the snapshot's binlog position. Returns each table's files and where its snapshot lies in the binlog (lock-free
+    on MySQL: between two watermarks, which the run process settles)."""
     if not tables:
         return {}
 
@@ -111,21 +115,27 @@ def read_whole_tables(
                 work = tables[chunk]
                 conn = source.connect(url)
                 try:
-                    with source.consistent_snapshot(conn, server) as position:
+                    settle = source.MYSQL_SETTLE_SECONDS
+                    with source.consistent_snapshot(conn, server, global_read_lock, settle) as point:
                         parts = list(read_source_chunks(conn, work.shape.table, list(work.shape.columns), READ_ROWS))
                 finally:
                     conn.close()
                 rows = with_snapshot_columns(pa.concat_tables(parts), work.shape, work.seq, work.taken_at)
-                where = {"chunk": chunk, "log_file": position.log_file, "log_pos": position.log_pos}
+                where = {"chunk": chunk, "low_file": point.low.log_file, "low_pos": point.low.log_pos,
+                         "high_file": point.high.log_file, "high_pos": point.high.log_pos}  # fmt: skip
                 actions = list(write_files(access, work.table_key, str(work.shape.table), [rows]))
                 none = {"table": str(work.shape.table), "path": "", "size": 0, "rows": 0, "stats": "", "modification_time": 0}
                 for action in actions or [none]:  # an empty table still reports its position
                     yield pa.RecordBatch.from_pylist([{**action, **where}], schema=WHOLE_SCHEMA)
 
-    found: dict[int, tuple[list[dict], BinlogPosition]] = {}
+    found: dict[int, tuple[list[dict], source.SnapshotPoint]] = {}
     for row in _one_task_each(spark, sorted(tables)).mapInArrow(read, spark_schema(WHOLE_SCHEMA)).collect():
         action = row.asDict()
-        files, _ = found.setdefault(action["chunk"], ([], BinlogPosition(action["log_file"], int(action["log_pos"]))))
+        point = source.SnapshotPoint(
+            BinlogPosition(action["low_file"], int(action["low_pos"])),
+            BinlogPosition(action["high_file"], int(action["high_pos"])),
+        )
+        files, _ = found.setdefault(action["chunk"], ([], point))
         if action["path"]:
             files.append(action)
     return found

@@ -211,6 +211,7 @@ class SourceSettings:
     max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS
     max_batches: int | None = None  # stop a capture after this many batches (None: to the binlog end)
     snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS  # a Spark snapshot reads a table in key ranges this long
+    global_read_lock: bool = False  # CDC_GLOBAL_READ_LOCK: consistent points on MySQL under FLUSH TABLES WITH READ LOCK
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,8 @@ def source_values_from_env() -> dict[str, object]:
     """The source's settings as the environment gives them, by BinlogResource field (`max_batches` is no
     variable: it is a run's own)."""
     return {name: setting.value() for name, setting in SOURCE_ENV.items()} | {
-        "snapshot_chunk_rows": snapshot_chunk_rows()
+        "snapshot_chunk_rows": snapshot_chunk_rows(),
+        "global_read_lock": global_read_lock(),
     }
 
 
@@ -273,6 +275,17 @@ def snapshot_chunk_rows() -> int:
     """CDC_SNAPSHOT_CHUNK_ROWS: a positive whole number (read here, not as an EnvVar, to check it first)."""
     valid = lambda v: v >= 1 and v == int(v)  # noqa: E731
     return int(env_number("CDC_SNAPSHOT_CHUNK_ROWS", DEFAULT_SNAPSHOT_CHUNK_ROWS, valid, "a positive whole number"))
+
+
+def global_read_lock() -> bool:
+    """CDC_GLOBAL_READ_LOCK: `on` takes consistent points on MySQL under a moment of FLUSH TABLES WITH READ LOCK
+    (needs RELOAD; RDS and Aurora refuse it); `off`, the default, takes them without a lock."""
+    text = (os.environ.get("CDC_GLOBAL_READ_LOCK") or "off").strip().lower()
+    if text in ("on", "true", "1", "yes"):
+        return True
+    if text in ("off", "false", "0", "no"):
+        return False
+    raise CdcUserError(f"CDC_GLOBAL_READ_LOCK={text!r} is not on or off: set it to on, or unset it.")
 
 
 def lock_wait_seconds() -> float:

@@ -30,6 +30,7 @@ from cdc_assets.core.settings import (
     EnvSetting,
     S3Retries,
     SourceSettings,
+    global_read_lock,
     lock_ttl_seconds,
     lock_wait_seconds,
     s3_retries_from_env,
@@ -62,12 +63,17 @@ class BinlogResource(ConfigurableResource):
         default=DEFAULT_SNAPSHOT_CHUNK_ROWS,
         description="A snapshot on Spark reads a table in primary-key ranges of about this many rows, one task each.",
     )
+    global_read_lock: bool = Field(
+        default=False,
+        description="Take consistent points on MySQL under FLUSH TABLES WITH READ LOCK (CDC_GLOBAL_READ_LOCK=on; "
+        "needs RELOAD). Off: no lock, as RDS and Aurora require.",
+    )
 
     def settings(self) -> SourceSettings:
         """The source as plain settings; a bad URL or table pattern raises CdcUserError with the fix."""
         return source_settings(
             self.mysql_url, self.server_id, self.tables, self.exclude_tables, self.max_batch_rows,
-            self.max_batches, self.snapshot_chunk_rows,
+            self.max_batches, self.snapshot_chunk_rows, self.global_read_lock,
         )  # fmt: skip
 
 
@@ -262,6 +268,7 @@ def resources_from_env(resolved: bool = False) -> Resources:
         binlog=BinlogResource(
             **{name: _env_value(setting, resolved) for name, setting in SOURCE_ENV.items()},
             snapshot_chunk_rows=snapshot_chunk_rows(),
+            global_read_lock=global_read_lock(),
         ),
         lakehouse=LakehouseResource(
             **{name: _env_value(setting, resolved) for name, setting in LAKEHOUSE_ENV.items()},

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import ssl
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ def source_settings(
     max_batch_rows: int,
     max_batches: int | None = None,
     snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    global_read_lock: bool = False,
 ) -> SourceSettings:
     """The source's settings from their texts (BinlogResource's fields): the one place they are parsed; a bad
     URL or table pattern raises CdcUserError with the fix."""
@@ -107,6 +109,7 @@ def source_settings(
         max_batch_rows=max_batch_rows,
         max_batches=max_batches,
         snapshot_chunk_rows=snapshot_chunk_rows,
+        global_read_lock=global_read_lock,
     )
 
 
@@ -347,12 +350,43 @@ def lag_bytes(conn: pymysql.Connection, position: BinlogPosition) -> int:
     return total
 
 
-@contextmanager
-def consistent_snapshot(conn: pymysql.Connection, server: ServerInfo) -> Iterator[BinlogPosition]:
-    """A read transaction whose view is exactly the binlog up to the yielded position.
+# How long a lock-free consistent point on MySQL lets the transactions binlogged before its low watermark finish
+# their engine commit before the read snapshot begins (see `consistent_snapshot`): MySQL writes a transaction to the
+# binlog, then commits it in InnoDB, microseconds later unless the server stalls in between.
+MYSQL_SETTLE_SECONDS = 1.0
 
-    MariaDB reports the binlog position of a consistent snapshot without any lock; MySQL needs a
-    moment of FLUSH TABLES WITH READ LOCK (the RELOAD privilege) to pair the two.
+
+@dataclass(frozen=True)
+class SnapshotPoint:
+    """Where a consistent read snapshot lies in the binlog: every transaction at or before `low` is visible in it,
+    none after `high`. MariaDB, and MySQL under a global read lock, give one exact position (`low == high`); a
+    lock-free snapshot on MySQL lies somewhere between its two watermarks."""
+
+    low: BinlogPosition
+    high: BinlogPosition
+
+    @property
+    def exact(self) -> bool:
+        return self.low == self.high
+
+    def __str__(self) -> str:
+        return str(self.high) if self.exact else f"{self.low}..{self.high}"
+
+
+@contextmanager
+def consistent_snapshot(
+    conn: pymysql.Connection, server: ServerInfo, global_read_lock: bool = False, settle_seconds: float = 0.0
+) -> Iterator[SnapshotPoint]:
+    """A read transaction, and where it lies in the binlog (`SnapshotPoint`), with no lock on the source.
+
+    MariaDB reports the binlog position of a consistent snapshot itself. MySQL does not: its binlog end is read
+    before (the low watermark) and after (the high one) the snapshot begins. A transaction after the high watermark
+    was written to the binlog after the snapshot began, and MySQL commits in the engine only after the binlog
+    write, so the snapshot cannot see it. One before the low watermark was in the binlog before the snapshot began;
+    its engine commit follows within microseconds, and `settle_seconds` (a snapshot's load, where it counts) waits
+    that out before the snapshot begins. No privilege beyond SELECT and REPLICATION CLIENT is needed, and no
+    writer waits. `global_read_lock` (CDC_GLOBAL_READ_LOCK=on, MySQL only) instead pairs the two with a moment of
+    FLUSH TABLES WITH READ LOCK, as before: exact, but it needs RELOAD and stalls every writer meanwhile.
     """
     with conn.cursor() as cur:
         cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
@@ -362,22 +396,30 @@ def consistent_snapshot(conn: pymysql.Connection, server: ServerInfo) -> Iterato
                 cur.execute("SHOW STATUS WHERE Variable_name IN ('binlog_snapshot_file', 'binlog_snapshot_position')")
                 status = {name.lower(): value for name, value in cur.fetchall()}
                 position = BinlogPosition(status["binlog_snapshot_file"], int(status["binlog_snapshot_position"]))
-            else:
+                point = SnapshotPoint(position, position)
+            elif global_read_lock:
                 cur.execute("FLUSH TABLES WITH READ LOCK")
                 try:
                     position = binlog_end(conn)
                     cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
                 finally:
                     cur.execute("UNLOCK TABLES")
+                point = SnapshotPoint(position, position)
+            else:
+                low = binlog_end(conn)
+                if settle_seconds:
+                    time.sleep(settle_seconds)
+                cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+                point = SnapshotPoint(low, binlog_end(conn))
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] in (1227, 1044):
                 raise CdcUserError(
-                    "The source user may not take a consistent snapshot: on MySQL GRANT RELOAD ON *.* to it "
-                    "(MariaDB needs no extra privilege)."
+                    "The source user may not take a global read lock (CDC_GLOBAL_READ_LOCK=on needs RELOAD on "
+                    "MySQL): GRANT RELOAD ON *.* to it, or unset CDC_GLOBAL_READ_LOCK to read without a lock."
                 ) from exc
             raise
         try:
-            yield position
+            yield point
         finally:
             cur.execute("ROLLBACK")
 

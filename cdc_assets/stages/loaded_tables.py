@@ -1,5 +1,6 @@
 """What a snapshot records once it has loaded tables, whatever engine read them: its report, the tables'
-progress in both stages, and capture's registry and shapes, so changes after the snapshot apply on top."""
+progress in both stages, and capture's registry and shapes, so changes after the snapshot apply on top; and how
+often either engine reads a keyless table again for an exact point."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_assets.capture.run import CaptureReport
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.layout import CAPTURE_LOCK, CHANGES_STAGE, CURRENT_STAGE
 from cdc_assets.lake.locks import lakehouse_lock
@@ -25,6 +28,19 @@ from cdc_assets.lake.state import (
 )
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.history import seed_history
+
+# Consistent points a snapshot takes for keyless tables before giving up on those that changed between the
+# watermarks of each (docs/architecture.md, "Consistent points without a lock").
+KEYLESS_POINT_TRIES = 5
+
+
+def keyless_kept_changing(tables: list[TableRef]) -> CdcUserError:
+    names = ", ".join(sorted(map(str, tables)))
+    return CdcUserError(
+        f"Keyless table(s) {names} changed while every one of {KEYLESS_POINT_TRIES} consistent points was taken, and a "
+        "table without a primary key can only be loaded at an exact point: run the snapshot when they change less, "
+        "give them a primary key, or set CDC_GLOBAL_READ_LOCK=on (MySQL, needs RELOAD)."
+    )
 
 
 @dataclass

@@ -1,10 +1,13 @@
 """Snapshots: a table's existing rows loaded into current state, consistently with the binlog position.
 
-The rows are read inside one consistent snapshot whose binlog position P is known, in primary-key order and a
-chunk at a time into a local Parquet spool (memory does not grow with the table). Capture then
-runs to exactly P, so the `_cdc_seq` of the last change at or before P is known: the snapshot rows
-get that seq and the table's applied watermark is set to it. Every change after P is newer and
-applies on top; every change up to P is already contained in the snapshot and is skipped.
+The rows are read inside one consistent snapshot, without a lock on the source, in primary-key order and a chunk
+at a time into a local Parquet spool (memory does not grow with the table). Every transaction up to the snapshot's
+low watermark P is in it (on MariaDB P is its exact position; see `source.consistent_snapshot`). Capture then runs
+to exactly P, so the `_cdc_seq` of the last change at or before P is known: the snapshot rows get that seq and the
+table's applied watermark is set to it. Every change after P applies on top. On MySQL some changes after P, up to
+the high watermark, may be in the snapshot already: applied again with their full row image they give the same
+row, so a keyed table is right either way. A keyless table's copies are counted, so it needs an exact point: it
+is loaded only when no change of it lies between the two watermarks, else read again at a new point.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE
@@ -37,6 +42,7 @@ from cdc_assets.lake.layout import (
     SNAPSHOT_LOCK,
 )
 from cdc_assets.lake.locks import lakehouse_lock
+from cdc_assets.lake.raw_batches import tables_changed
 from cdc_assets.lake.state import (
     load_checkpoint,
 )
@@ -44,7 +50,13 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_chunks, source_row_estimates, source_shapes
 from cdc_assets.stages.current_state import replace_current, replace_current_in_pieces
-from cdc_assets.stages.loaded_tables import SnapshotReport, record_loaded, register_loaded
+from cdc_assets.stages.loaded_tables import (
+    KEYLESS_POINT_TRIES,
+    SnapshotReport,
+    keyless_kept_changing,
+    record_loaded,
+    register_loaded,
+)
 from spark_resources.engine import TransformsFor
 
 SNAPSHOT_CHUNK_ROWS = 100_000  # rows read from the source and held in memory at once
@@ -105,62 +117,107 @@ def _rows_estimate(settings: SourceSettings, requested: list[str]) -> int:
         conn.close()
 
 
-def _take_snapshot(
-    settings: SourceSettings, lakehouse: Lakehouse, requested: list[str], log: Any | None, owner: str
-) -> SnapshotReport:
-    began = time.monotonic()
+@dataclass
+class _Read:
+    """The tables read at one consistent point into the spool, and that point."""
+
+    point: source.SnapshotPoint
+    taken_at: dt.datetime
+    loaded: dict[TableRef, tuple[TableShape, Path]] = field(default_factory=dict)
+
+
+def _read_tables(
+    settings: SourceSettings, lakehouse: Lakehouse, requested: list[str], spool: SpoolDirectory, report: SnapshotReport,
+    log: Any | None,
+) -> _Read:  # fmt: skip
     url = settings.url
     conn = source.connect(url)
-    report = SnapshotReport()
     try:
         server = source.preflight(conn, url, settings.server_id)
         lakehouse.check_writable()
         tables = _tables(conn, settings, requested)
-        loaded: dict[TableRef, tuple[TableShape, Path]] = {}
-        spool = SpoolDirectory()
-        with source.consistent_snapshot(conn, server) as position:
+        settle = source.MYSQL_SETTLE_SECONDS
+        with source.consistent_snapshot(conn, server, settings.global_read_lock, settle) as point:
             checkpoint = load_checkpoint(lakehouse.store)
             failover.require_same_server(checkpoint, server, "take the snapshot")
-            if checkpoint is not None and position < checkpoint.position:
+            if checkpoint is not None and point.low < checkpoint.position:
                 raise CdcUserError(
-                    f"A sync moved the checkpoint past the snapshot's position {position}: run the snapshot again "
+                    f"A sync moved the checkpoint past the snapshot's position {point.low}: run the snapshot again "
                     "when no sync is running."
                 )
-            taken_at = dt.datetime.now(dt.UTC)
+            read = _Read(point, dt.datetime.now(dt.UTC))
             shapes = source_shapes(conn, tables)
             for n, table in enumerate(tables):
                 shape = shapes[table]
                 if shape is None:
                     raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
-                loaded[table] = (shape, spool.path / f"{n}.parquet")
-                report.rows[str(table)] = _spool_rows(conn, shape, loaded[table][1])
+                read.loaded[table] = (shape, spool.path / f"{n}.parquet")
+                report.rows[str(table)] = _spool_rows(conn, shape, read.loaded[table][1])
                 if log is not None:
-                    log.info(f"{table}: {report.rows[str(table)]} rows read at {position}")
+                    log.info(f"{table}: {report.rows[str(table)]} rows read at {point}")
+            return read
     except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, a table dropped meanwhile
         raise source.describe_error(exc, url) from exc
     finally:
         conn.close()
 
-    report.capture = capture(settings, lakehouse, log=log, until=position, owner=owner)
+
+def _capture_to(
+    settings: SourceSettings, lakehouse: Lakehouse, position: BinlogPosition, report: SnapshotReport, log: Any, owner: str
+) -> int:
+    """Capture up to exactly `position` (its batches added to the report's); the seq of the last change at or
+    before it."""
+    captured = capture(settings, lakehouse, log=log, until=position, owner=owner)
+    if report.capture is None:
+        report.capture = captured
+    else:
+        report.capture.batches += captured.batches
+        report.capture.taken_over |= captured.taken_over
+        report.capture.end, report.capture.target = captured.end, captured.target
+        report.capture.seconds += captured.seconds
     checkpoint = load_checkpoint(lakehouse.store)
     if checkpoint is None or checkpoint.position != position:
         raise CdcUserError(
             f"Capture did not stop at the snapshot's position {position}: run the snapshot again when no sync is running."
         )
-    seq = checkpoint.next_seq - 1
+    return checkpoint.next_seq - 1
+
+
+def _take_snapshot(
+    settings: SourceSettings, lakehouse: Lakehouse, requested: list[str], log: Any | None, owner: str
+) -> SnapshotReport:
+    began = time.monotonic()
+    report = SnapshotReport()
+    for attempt in range(1, KEYLESS_POINT_TRIES + 1):
+        spool = SpoolDirectory()
+        read = _read_tables(settings, lakehouse, requested, spool, report, log)
+        seq = _capture_to(settings, lakehouse, read.point.low, report, log, owner)
+        keyless = {table for table, (shape, _) in read.loaded.items() if not shape.primary_key}
+        if read.point.exact or not keyless:
+            break
+        high_seq = _capture_to(settings, lakehouse, read.point.high, report, log, owner)
+        changed = tables_changed(lakehouse.store, seq, high_seq)
+        moving = {t for t in keyless if str(t) in changed}
+        if not moving:
+            break
+        spool.remove()
+        if attempt == KEYLESS_POINT_TRIES:
+            raise keyless_kept_changing(sorted(moving, key=str))
+        if log is not None:
+            log.info(f"{', '.join(sorted(map(str, moving)))} changed between the watermarks {read.point}: reading again")
     failpoints.hit("snapshot.captured")
     wait = lakehouse.lock_wait_seconds
     with (
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log),
         lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log),
     ):
-        for shape, rows in loaded.values():
-            _load_current(lakehouse, shape, rows, seq, taken_at)
+        for shape, rows in read.loaded.values():
+            _load_current(lakehouse, shape, rows, seq, read.taken_at)
             failpoints.hit("snapshot.overwritten")
-            record_loaded(lakehouse, shape, seq, taken_at, log)
+            record_loaded(lakehouse, shape, seq, read.taken_at, log)
     spool.remove()
-    register_loaded(lakehouse, [shape for shape, _ in loaded.values()], seq, owner, log)
-    report.position, report.seq = str(position), seq
+    register_loaded(lakehouse, [shape for shape, _ in read.loaded.values()], seq, owner, log)
+    report.position, report.seq = str(read.point.low), seq
     report.seconds = time.monotonic() - began
     return report
 

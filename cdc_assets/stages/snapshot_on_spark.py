@@ -4,7 +4,8 @@ of them and commits each table in one Delta commit.
 
 Consistency is the low-watermark method of DBLog and Flink CDC's incremental snapshot, with the watermark shared
 by a table's chunks. Before any chunk is read, the run process takes a binlog position L (the low watermark)
-such that every transaction up to L is visible to any read that starts later, and captures the binlog up to L,
+such that every transaction up to L is visible to any read that starts later (`source.consistent_snapshot`, no
+lock), and captures the binlog up to L,
 which gives S, the `_cdc_seq` of the last change at or before L. Each chunk is then read by one SELECT (one
 consistent read) at some moment after L, and its rows get `_cdc_seq` = S. The table's current state is committed
 with S as its applied seq, so the next sync applies every change after L on top of the rows, in seq order:
@@ -21,8 +22,9 @@ Chunking (rows per chunk: CDC_SNAPSHOT_CHUNK_ROWS): a single integer key is cut 
 between its least and greatest; any other key (text, dates, decimals, composite keys) by an index walk, each
 boundary the key that many entries after the one before (text keys compare in the column's collation on the
 server, as the ranges are read). A keyless table has nothing to cut by or to make a replay idempotent with: it
-is one chunk, read by one task inside a consistent snapshot of its own whose binlog position P is exact, and
-capture runs to exactly P, as the Arrow engine's snapshot does.
+is one chunk, read by one task inside a consistent snapshot of its own, and committed at the seq of that snapshot's
+low watermark only when no change of the table lies between its two watermarks (it is read again otherwise), as
+the Arrow engine's snapshot does.
 
 Resumable at chunk granularity: `_state/snapshots/<schema>/<table>.json` holds L, S and the chunk boundaries,
 written before any chunk is read; each task, once its chunk's files are complete, records the chunk under
@@ -54,12 +56,25 @@ from cdc_assets.lake.delta import APPLIED_SEQ_KEY
 from cdc_assets.lake.files import add_actions, commit_files
 from cdc_assets.lake.layout import CHANGES_LOCK, CURRENT, CURRENT_LOCK
 from cdc_assets.lake.locks import lakehouse_lock
-from cdc_assets.lake.raw_batches import list_batches, read_manifest, seq_floor_at
+from cdc_assets.lake.raw_batches import (
+    BatchManifest,
+    list_batches,
+    read_manifest,
+    seq_ceiling_at,
+    seq_floor_at,
+    tables_changed,
+)
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_boundaries, source_row_estimates, source_shapes
-from cdc_assets.stages.loaded_tables import SnapshotReport, record_loaded, register_loaded
+from cdc_assets.stages.loaded_tables import (
+    KEYLESS_POINT_TRIES,
+    SnapshotReport,
+    keyless_kept_changing,
+    record_loaded,
+    register_loaded,
+)
 from cdc_assets.stages.snapshot_records import (
     TableSnapshot,
     chunk_done_key,
@@ -74,17 +89,12 @@ from spark_resources.snapshots import ChunkRead, read_chunks, read_whole_tables,
 PROGRESS_EVERY_SECONDS = 5.0  # how often a snapshot logs its progress while its chunks are read
 
 
-def low_watermark(conn: pymysql.Connection, server: source.ServerInfo) -> BinlogPosition:
-    """A binlog position every transaction up to which is visible to any read that starts after this returns.
-
-    MariaDB gives the position of a consistent snapshot without any lock. MySQL offers no lock-free way: its
-    binlog end is taken, and a transaction whose binlog write is done but whose commit is not yet visible at that
-    instant (microseconds, between its binlog flush and its engine commit) could be missed by a chunk read at
-    once; chunks are read seconds later, after the capture up to the watermark."""
-    if server.flavor == "mariadb":
-        with source.consistent_snapshot(conn, server) as position:
-            return position
-    return source.binlog_end(conn)
+def low_watermark(conn: pymysql.Connection, server: source.ServerInfo, global_read_lock: bool) -> BinlogPosition:
+    """A binlog position every transaction up to which is visible to any read that starts after this returns: the
+    low watermark of a consistent point (`source.consistent_snapshot`, no lock; on MySQL it lets the transactions
+    binlogged before it finish their engine commit first)."""
+    with source.consistent_snapshot(conn, server, global_read_lock, source.MYSQL_SETTLE_SECONDS) as point:
+        return point.low
 
 
 def seq_at(
@@ -179,7 +189,7 @@ def _plan(run: _Run, tables: list[TableRef]) -> tuple[list[TableSnapshot], sourc
         fresh = {t: shape for t in tables if t not in found and (shape := shapes[t]) is not None}
         if not fresh:
             return [found[t] for t in tables], server
-        low = low_watermark(conn, server)
+        low = low_watermark(conn, server, settings.global_read_lock)
         taken_at = dt.datetime.now(dt.UTC)
         keyed = [t for t, shape in fresh.items() if shape.primary_key]
         estimates = source_row_estimates(conn, keyed)
@@ -250,31 +260,56 @@ def _progress(run: _Run, records: list[TableSnapshot]) -> None:
 
 
 def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnapshot]) -> None:
-    """Keyless tables, each read whole by one task at its own exact position, then given that position's seq."""
-    if not records:
-        return
+    """Keyless tables, each read whole by one task in a consistent snapshot of its own, then given the seq of the
+    snapshot's low watermark. Their copies are counted, so that seq must be exact: a table is committed only when
+    no change of it lies between that seq and its snapshot's high watermark (on MariaDB the two are one position;
+    on MySQL the snapshot lies between them), else read again, up to KEYLESS_POINT_TRIES times."""
     lakehouse = run.lakehouse
+    store = lakehouse.store
     access = lakehouse.file_access()
-    work = {
-        i: ChunkRead(lakehouse.table_key(CURRENT, r.table), r.shape, None, None, 0, r.taken_at)
-        for i, r in enumerate(records)
-    }
-    found = read_whole_tables(run.spark, run.settings.url, server, access, work)
-    for i in sorted(found, key=lambda i: found[i][1]):  # capture moves forward only: positions in order
-        record, (files, position) = records[i], found[i]
-        record.low = position
-        record.seq, _ = seq_at(run.settings, lakehouse, position, True, run.log, run.owner)
-        table_key = work[i].table_key
-        rewritten = rewrite_files(
-            run.spark, access, table_key, str(record.table), [[f["path"]] for f in files], functools.partial(with_seq, seq=record.seq)
-        )
-        record.done = {0: rewritten}
-        save_record(lakehouse.store, record)
-        _commit(run, record, rewritten)
-        fs = access.filesystem()
-        for f in files:  # the rows with no seq yet: never committed
-            fs.delete_file(access.path(f"{table_key}/{f['path']}"))
-        run.info(f"{record.table}: {record.rows:,} rows read whole at {position} (no primary key)")
+    fs = access.filesystem()
+    pending = list(records)
+    for _ in range(KEYLESS_POINT_TRIES):
+        work = {
+            i: ChunkRead(lakehouse.table_key(CURRENT, r.table), r.shape, None, None, 0, r.taken_at)
+            for i, r in enumerate(pending)
+        }
+        found = read_whole_tables(run.spark, run.settings.url, server, access, work, run.settings.global_read_lock)
+        highest = max(point.high for _, point in found.values())
+        seq_at(run.settings, lakehouse, highest, False, run.log, run.owner)  # every watermark's batches captured
+        names = list_batches(store)
+        epoch = load_checkpoint(store).position.epoch
+
+        def manifest_at(index: int, names: list[str] = names) -> BatchManifest:
+            return read_manifest(store, names[index])
+
+        moving = []
+        for i in sorted(found):
+            record, (files, point) = pending[i], found[i]
+            seq = seq_floor_at(names, manifest_at, point.low.in_epoch(epoch))
+            through = seq_ceiling_at(names, manifest_at, point.high.in_epoch(epoch))
+            if str(record.table) in tables_changed(store, seq, through):
+                moving.append(record)
+                for f in files:  # read at a point the table was changing: never committed
+                    fs.delete_file(access.path(f"{work[i].table_key}/{f['path']}"))
+                continue
+            record.low, record.seq = point.low, seq
+            table_key = work[i].table_key
+            rewritten = rewrite_files(
+                run.spark, access, table_key, str(record.table), [[f["path"]] for f in files],
+                functools.partial(with_seq, seq=record.seq),
+            )  # fmt: skip
+            record.done = {0: rewritten}
+            save_record(store, record)
+            _commit(run, record, rewritten)
+            for f in files:  # the rows with no seq yet: never committed
+                fs.delete_file(access.path(f"{table_key}/{f['path']}"))
+            run.info(f"{record.table}: {record.rows:,} rows read whole at {point} (no primary key)")
+        pending = moving
+        if not pending:
+            return
+        run.info(f"{', '.join(str(r.table) for r in pending)} changed between the watermarks of their snapshots: reading again")
+    raise keyless_kept_changing([r.table for r in pending])
 
 
 def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:

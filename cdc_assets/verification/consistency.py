@@ -10,6 +10,7 @@ order-independent checksum per side and the row-for-row comparison of `verify`.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ MAX_SERVER_ID = (1 << 32) - 1
 # (1412), a column or the table itself gone meanwhile (1054, 1146).
 DEFINITION_CHANGED_ERRORS = (1412, 1054, 1146)
 SEQ_NONE = 0  # "after seq 0": every captured change of a table without an applied seq is in flight
+RECOMPARE_AFTER_SECONDS = 0.5  # a lock-free point's differing tables are compared again after this (see compare_many)
 EVERY_ROW = "every row"
 CHANGED_KEYS = "changed keys"
 
@@ -565,7 +567,27 @@ def compare_many(
     settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef], narrow: Narrowing | None = None
 ) -> list[ConsistentComparison]:
     """Tables compared at one consistent point: one source snapshot, one pass over raw batches and the binlog.
-    `narrow` may limit a table's comparison to some keys and its row counts (see `Narrowing`)."""
+    `narrow` may limit a table's comparison to some keys and its row counts (see `Narrowing`).
+
+    A lock-free point on MySQL (`source.SnapshotPoint`) leaves one race: a transaction the lakehouse already holds
+    whose engine commit was not yet visible when the snapshot began (microseconds after its binlog write). It can
+    only make a table look different, never equal: the tables found different are compared once more, at a new
+    point, and that comparison is the result. A difference that is real is found again."""
+    results, exact = _compare_at_one_point(settings, lakehouse, tables, narrow)
+    differing = [i for i, r in enumerate(results) if not r.ok and not r.not_compared]
+    if exact or not differing:
+        return results
+    time.sleep(RECOMPARE_AFTER_SECONDS)
+    again, _ = _compare_at_one_point(settings, lakehouse, [results[i].table for i in differing], narrow)
+    for i, result in zip(differing, again, strict=True):
+        results[i] = result
+    return results
+
+
+def _compare_at_one_point(
+    settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef], narrow: Narrowing | None
+) -> tuple[list[ConsistentComparison], bool]:
+    """`compare_many`'s one comparison, and whether its point was exact."""
     url = settings.url
     conn = source.connect(url)
     try:
@@ -573,7 +595,9 @@ def compare_many(
         # information_schema is not part of the snapshot: the shapes read before it and again after the rows
         # were read prove the shape inside it, when they agree (a DDL in between makes them differ).
         shapes = source_shapes(conn, tables)
-        with source.consistent_snapshot(conn, server) as position:
+        with source.consistent_snapshot(conn, server, settings.global_read_lock) as point:
+            # Changes up to `low` are in the snapshot; those after it up to `high` may be or not: in flight.
+            position = point.high
             failpoints.hit("verify.in_snapshot")
             opened = for_each_table(tables, lambda table: _open_current(lakehouse, table))
             targets = [
@@ -596,8 +620,8 @@ def compare_many(
             manifests = _Manifests(lakehouse.store, list_batches(lakehouse.store))
             # A sync may have captured (and applied) past the snapshot: changes after it are in flight too.
             floor = (
-                manifests.seq_floor_at(position.in_epoch(checkpoint.position.epoch))
-                if checkpoint and position < checkpoint.position
+                manifests.seq_floor_at(point.low.in_epoch(checkpoint.position.epoch))
+                if checkpoint and point.low < checkpoint.position
                 else None
             )
             estimates = source_row_estimates(conn, tables)
@@ -621,7 +645,7 @@ def compare_many(
             return [
                 _unsettled(t, position) if settled[t.table] != shapes[t.table] and not t.missing else result
                 for t, result in zip(targets, results, strict=True)
-            ]
+            ], point.exact
     except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, or the binlog reader refused
         raise source.describe_error(exc, url) from exc
     finally:
