@@ -34,6 +34,7 @@ _IMPORTED = time.time()  # when /proc cannot say when the process started
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
+EXIT_NOT_COMPARED = 3  # verify: nothing differs, but a table could not be compared (it says why)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -249,15 +250,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not diffs:
         print("no tables to verify yet: run `cdc-lakehouse sync` first")
         return EXIT_OK
-    for diff in diffs:
-        print(("ok       " if diff.ok else "DIFFERS  ") + diff.describe())
-    bad = [d for d in diffs if not d.ok]
-    print(f"{len(diffs) - len(bad)} of {len(diffs)} tables match the source")
-    if bad:
+    code = _print_comparisons(diffs, "ok")
+    differ, unseen = sum(d.differs for d in diffs), sum(bool(d.not_compared) for d in diffs)
+    print(
+        f"{sum(d.ok for d in diffs)} of {len(diffs)} tables match the source"
+        + (f", {differ} differ" if differ else "")
+        + (f", {unseen} not compared" if unseen else "")
+    )
+    if code != EXIT_OK:
         behind = _runs().collect_status().lag_bytes
         if behind:
             print(f"note: the lakehouse is {behind} bytes of binlog behind the source; run `cdc-lakehouse sync` first")
-    return EXIT_FAILED if bad else EXIT_OK
+    return code
+
+
+def _print_comparisons(diffs: list[ConsistentComparison], ok_word: str) -> int:
+    """One line a table, led by its verdict; the exit code: 1 when one differs, else 3 when one could not be
+    compared (it never counts as equal), else 0."""
+    label = {"ok": ok_word, "differs": "DIFFERS", "not compared": "NOT COMPARED"}
+    for diff in diffs:
+        print(f"{label[diff.status]:13s}{diff.describe()}")
+    if any(d.differs for d in diffs):
+        return EXIT_FAILED
+    return EXIT_NOT_COMPARED if any(d.not_compared for d in diffs) else EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -325,9 +340,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _print_sync(result.last)
     if not result.last.success:
         return _exit_code(result.last)
-    for diff in result.comparisons:
-        print(("verified " if diff.ok else "DIFFERS  ") + diff.describe())
-    code = _demo_summary(result.comparisons, result.syncs, time.monotonic() - began)
+    code = _print_comparisons(result.comparisons, "verified")
+    _demo_summary(result.comparisons, result.syncs, time.monotonic() - began)
     for sink, delivery in result.deliveries.items():
         print(f"  {sink + ':':9s} read back: {delivery.describe()}")
     if result.sample is not None:
@@ -349,7 +363,7 @@ def _print_progress(outcome: RunOutcome) -> None:
     )
 
 
-def _demo_summary(diffs: list[ConsistentComparison], syncs: int, seconds: float) -> int:
+def _demo_summary(diffs: list[ConsistentComparison], syncs: int, seconds: float) -> None:
     from cdc_assets.defs import demo
 
     lakehouse = demo.lakehouse_location()
@@ -362,7 +376,6 @@ def _demo_summary(diffs: list[ConsistentComparison], syncs: int, seconds: float)
     print(f"  delta:    {lakehouse}/{CURRENT}/<schema>/<table> (current state)")
     print(f"            {lakehouse}/{CHANGES}/<schema>/<table> (change logs), raw batches in {lakehouse}/{RAW}/")
     print("  UI:       run `make dev`, then open http://127.0.0.1:3000 (assets, lineage and these runs)")
-    return EXIT_OK if all(d.ok for d in diffs) else EXIT_FAILED
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -181,7 +181,7 @@ def test_verify_reports_differing_keys(cdc: CdcEnv, capsys) -> None:
     assert cdc.sync() == 0
     code, out, _ = _run(["verify"], capsys)
     assert code == 0
-    assert f"ok       {cdc.database}.p: 3 rows match" in out
+    assert f"ok           {cdc.database}.p: 3 rows match" in out
 
     # Changes not in the lakehouse yet are left out on both sides, never reported as differences.
     cdc.execute(

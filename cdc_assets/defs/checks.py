@@ -21,7 +21,7 @@ from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
-from cdc_assets.defs.table_checks import equality_verdicts, lag_verdicts, schema_verdicts
+from cdc_assets.defs.table_checks import equality_severity, equality_verdicts, lag_verdicts, schema_verdicts
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
@@ -128,11 +128,16 @@ def comparison_figures(comparisons: list[ConsistentComparison]) -> dict[str, dic
 def log_comparisons(log: Any, comparisons: list[ConsistentComparison]) -> list[str]:
     """One error line per table that differs (its keys), one info line in all; the sentences of those that differ."""
     failing = [c.describe() for c in comparisons if not c.ok]
-    for text in failing:  # one line each for the tables that differ; every table's figures are in the metadata
-        log.error(text)
+    for c in comparisons:  # one line each for the tables that differ or were not compared; figures in the metadata
+        if c.differs:
+            log.error(c.describe())
+        elif c.not_compared:
+            log.warning(c.describe())
     left_out = sum(c.in_flight_keys for c in comparisons)
+    unseen = sum(1 for c in comparisons if c.not_compared)
     log.info(
         f"{len(comparisons) - len(failing)} of {len(comparisons)} tables equal to the source"
+        + (f", {unseen} not compared" if unseen else "")
         + (f" ({left_out} keys changed in flight left out)" if left_out else "")
     )
     return failing
@@ -173,7 +178,7 @@ def equality_of(
     failing = log_comparisons(log, comparisons)
     return {
         "passed": not failing,
-        "severity": AssetCheckSeverity.ERROR,
+        "severity": equality_severity(comparisons),
         "description": "; ".join(failing[:5]) if failing else f"{len(tables)} tables equal to the source",
         "metadata": {
             "tables": len(tables),

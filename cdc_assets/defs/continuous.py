@@ -44,14 +44,21 @@ from cdc_assets.core.settings import env_number
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
 from cdc_assets.defs.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
-from cdc_assets.defs.checks import current_matches_source, current_schema_matches_source, lag, schema_match, table_lag
+from cdc_assets.defs.checks import (
+    current_matches_source,
+    current_schema_matches_source,
+    lag,
+    log_comparisons,
+    schema_match,
+    table_lag,
+)
 from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import confirm_every_seconds
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.queue import WAITING_STATUSES
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
-from cdc_assets.defs.table_checks import equality_verdicts
+from cdc_assets.defs.table_checks import equality_severity, equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
@@ -378,16 +385,14 @@ def _check_answered(context: OpExecutionContext, house: Lakehouse, settings: Any
 def _equality(context: OpExecutionContext, kind: str, comparisons: list[ConsistentComparison]) -> AssetCheckEvaluation:
     """current_matches_source over the tables changed since the last check (only their keys changed since each
     was last found equal, as after a batch apply), or every row of every table."""
-    failing = [c.describe() for c in comparisons if not c.ok]
-    for text in failing:
-        context.log.error(text)
+    context.log.info(f"continuous mode, {kind} check:")
+    failing = log_comparisons(context.log, comparisons)
     log_batch(context, [v.evaluation() for v in equality_verdicts(comparisons)])  # each table's own asset
-    context.log.info(f"continuous mode, {kind} check: {len(comparisons) - len(failing)} of {len(comparisons)} tables equal to the source")
     return AssetCheckEvaluation(
         asset_key=CURRENT_ASSET,
         check_name=CHECK_NAME,
         passed=not failing,
-        severity=AssetCheckSeverity.ERROR,
+        severity=equality_severity(comparisons),
         description="; ".join(failing[:5]) if failing else f"{len(comparisons)} tables equal to the source ({kind})",
         metadata={
             "scope": kind,

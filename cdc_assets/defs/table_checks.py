@@ -90,8 +90,18 @@ class TableVerdict:
         )
 
 
+def _key_value(value: Any) -> Any:
+    """A key value as JSON metadata can hold it: DECIMAL, dates and times as their text, bytes as hex."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes):
+        return "0x" + value.hex()
+    return str(value)
+
+
 def _keys(keys: list[tuple]) -> list[Any]:
-    return [list(k) if len(k) != 1 else k[0] for k in keys[:MAX_KEYS]]
+    values = [[_key_value(v) for v in k] for k in keys[:MAX_KEYS]]
+    return [k if len(k) != 1 else k[0] for k in values]
 
 
 def equality_verdicts(comparisons: Iterable[ConsistentComparison]) -> list[TableVerdict]:
@@ -123,8 +133,16 @@ def equality_verdicts(comparisons: Iterable[ConsistentComparison]) -> list[Table
                     "different_keys": MetadataValue.json(_keys(diff.different)),
                 }
             )
-        verdicts.append(TableVerdict(str(c.table), EQUALITY_CHECK, c.ok, c.describe(), metadata=metadata))
+        verdicts.append(
+            TableVerdict(str(c.table), EQUALITY_CHECK, c.ok, c.describe(), equality_severity([c]), metadata=metadata)
+        )
     return verdicts
+
+
+def equality_severity(comparisons: Iterable[ConsistentComparison]) -> AssetCheckSeverity:
+    """A difference fails a check as an error; a table that could not be compared fails it as a warning: never
+    passed, since nothing showed it equal (it is compared again next time)."""
+    return AssetCheckSeverity.ERROR if any(c.differs for c in comparisons) else AssetCheckSeverity.WARN
 
 
 def schema_verdicts(tables: Iterable[str], problems: dict[str, str]) -> list[TableVerdict]:

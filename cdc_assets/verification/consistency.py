@@ -25,6 +25,7 @@ from deltalake import DeltaTable
 from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.core import failpoints
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import TABLE_WORKERS, for_each_table
@@ -42,7 +43,7 @@ from cdc_assets.lake.raw_batches import (
     read_rows,
     seq_floor_at,
 )
-from cdc_assets.lake.state import Checkpoint, load_checkpoint, load_progress
+from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_progress
 from cdc_assets.lake.store import Lakehouse, ObjectStore
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import (
@@ -107,8 +108,22 @@ class ConsistentComparison:
     dropped_seq: int | None = None  # the table was dropped from the source at this seq and its current state removed
 
     @property
-    def ok(self) -> bool:
+    def equal(self) -> bool:
+        """Nothing compared differs (true too when nothing could be compared: see `ok`)."""
         return self.diff.ok and self.source_checksum == self.lakehouse_checksum and not self.counts_differ
+
+    @property
+    def ok(self) -> bool:
+        """Compared, and equal: a table that could not be compared is never ok."""
+        return self.not_compared is None and self.equal
+
+    @property
+    def differs(self) -> bool:
+        return self.not_compared is None and not self.equal
+
+    @property
+    def status(self) -> str:
+        return "not compared" if self.not_compared else ("ok" if self.ok else "differs")
 
     def describe(self) -> str:
         left_out = f"{self.in_flight_keys} keys changed in flight left out" if self.in_flight_keys else ""
@@ -383,6 +398,18 @@ def _absence(lakehouse: Lakehouse, target: _Target) -> tuple[str | None, int | N
     return f"its current-state table {where} is missing from the lakehouse (removed by hand?): {fix}", None
 
 
+def _refuse_unknown(lakehouse: Lakehouse, targets: list[_Target]) -> None:
+    """A table asked for that neither the source nor the lakehouse has is a mistyped name, not an equal table."""
+    known = set(known_tables(lakehouse.store))
+    unknown = [t.table for t in targets if t.shape is None and t.current is None and str(t.table) not in known]
+    if unknown:
+        names = ", ".join(map(str, unknown))
+        raise CdcUserError(
+            f"No table {names} in the source or in the lakehouse: check the name (`cdc-lakehouse status` lists the "
+            "lakehouse's tables)."
+        )
+
+
 def _lake_rows(current: DeltaTable | None) -> int:
     """Live rows of a current-state table: from the log's statistics, or counted when soft deletes keep rows."""
     if current is None:
@@ -516,6 +543,21 @@ def _unsettled(target: _Target, position: BinlogPosition) -> ConsistentCompariso
     )
 
 
+def _nothing_compared(result: ConsistentComparison) -> ConsistentComparison:
+    """A comparison of every row that left every row out (each key changed in flight) compared nothing: it is
+    not compared, never "0 rows match". A lakehouse behind its source (a sync that failed, one not run yet) looks
+    like this."""
+    if (
+        result.not_compared is None and result.scope == EVERY_ROW and not result.compared_rows
+        and result.in_flight_keys and result.equal and (result.source_rows or result.lakehouse_rows)
+    ):  # fmt: skip
+        result.not_compared = (
+            f"every one of its rows changed after the lakehouse's applied seq ({result.in_flight_keys} keys in "
+            "flight): run `cdc-lakehouse sync`, then compare again"
+        )
+    return result
+
+
 def _compare_in_snapshot(
     conn: pymysql.Connection, position: BinlogPosition, target: _Target, lake: pa.Table | None
 ) -> ConsistentComparison:
@@ -604,6 +646,7 @@ def _compare_at_one_point(
                 _Target(table, shapes[table], applied, current)
                 for table, (current, applied) in zip(tables, opened, strict=True)
             ]
+            _refuse_unknown(lakehouse, targets)
             absent = [t for t in targets if t.current is None]
             for target, (reason, dropped) in zip(absent, for_each_table(absent, partial(_absence, lakehouse)), strict=True):
                 target.missing = reason
@@ -643,7 +686,7 @@ def _compare_at_one_point(
                 ]
             settled = source_shapes(conn, tables)
             return [
-                _unsettled(t, position) if settled[t.table] != shapes[t.table] and not t.missing else result
+                _nothing_compared(_unsettled(t, position) if settled[t.table] != shapes[t.table] and not t.missing else result)
                 for t, result in zip(targets, results, strict=True)
             ], point.exact
     except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, or the binlog reader refused
