@@ -4,9 +4,12 @@ of its values, as capture produced them before `cdc_assets.capture.binlog` (see 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from decimal import Decimal
 from typing import Any
 
 from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.json_binary import parse_json
 from pymysqlreplication.row_event import DeleteRowsEvent, RowsEvent, TableMapEvent, UpdateRowsEvent, WriteRowsEvent
 
 from cdc_assets.core.mysql_charsets import MYSQL_LATIN1
@@ -41,6 +44,39 @@ def _negative_time_fraction_fixed(value: dt.timedelta) -> dt.timedelta:
     return -dt.timedelta(microseconds=whole * 1_000_000 + (1_000_000 - fraction))
 
 
+def _plain_json(value: Any) -> Any:
+    """python-mysql-replication's decoding of a JSON document as plain JSON values (its keys and strings are bytes)."""
+    if isinstance(value, dict):
+        return {_plain_json(k): _plain_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_json(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode()
+    return value
+
+
+def pmr_json_value(document: bytes) -> Any:
+    """A MySQL binary JSON document as python-mysql-replication's `parse_json` decodes it, in plain JSON values;
+    raises where that decoder does (a TIME of 24 hours or more: ValueError)."""
+    return _plain_json(parse_json(document[0], document[1:]))
+
+
+def _pmr_json_text(value: Any) -> str:
+    """A JSON column's value as python-mysql-replication hands it over, as text: MariaDB's is text already; a
+    MySQL document is the decoded values written out (its opaque values its own way, not the server's)."""
+    if isinstance(value, str | bytes):
+        return value.decode() if isinstance(value, bytes) else value
+
+    def default(item: Any) -> Any:
+        if isinstance(item, Decimal):
+            return float(item)
+        if isinstance(item, dt.date | dt.datetime | dt.time):
+            return item.isoformat()
+        raise TypeError(f"not JSON serialisable: {type(item)}")
+
+    return json.dumps(_plain_json(value), default=default, ensure_ascii=False)
+
+
 def encode_binlog_value(col: ColumnSpec, value: Any, none_source: str | None = None) -> str | None:
     """Canonical text of a value as python-mysql-replication decodes it from a row image."""
     if value is None:
@@ -56,6 +92,8 @@ def encode_binlog_value(col: ColumnSpec, value: Any, none_source: str | None = N
     elif col.type == "binary" and col.length:
         value = value.encode("latin-1") if isinstance(value, str) else value
         value = value.ljust(col.length, b"\0")  # the row image stores BINARY(n) without its trailing zeros
+    if col.type == "json":
+        return _pmr_json_text(value)
     if col.type == "bit":
         return str(bit_to_long(int(value, 2) if isinstance(value, str) else int(value)))
     if col.type == "set":

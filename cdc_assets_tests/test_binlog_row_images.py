@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cdc_assets.capture.binlog import table_map as t
-from cdc_assets.capture.binlog.row_images import column_reader, decimal_size
+from cdc_assets.capture.binlog.packed import decimal_size
+from cdc_assets.capture.binlog.row_images import column_reader
 from cdc_assets.capture.binlog.table_map import ColumnLayout
 from cdc_assets.core.mysql_types import ColumnSpec
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import json
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any
@@ -126,31 +125,6 @@ def bit_to_long(value: int) -> int:
     return value - BIT64_WRAP if value >= BIT64_WRAP // 2 else value
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    if isinstance(value, Decimal):
-        return float(value)
-    if isinstance(value, dt.date | dt.datetime | dt.time):
-        return value.isoformat()
-    raise TypeError(f"not JSON serialisable: {type(value)}")
-
-
-def _json_keys(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {(k.decode() if isinstance(k, bytes) else k): _json_keys(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_keys(v) for v in value]
-    return value
-
-
-def json_text(value: Any) -> str:
-    """A JSON column's document as text: MariaDB's is text already, MySQL's binary JSON arrives decoded."""
-    if isinstance(value, str | bytes):
-        return value.decode() if isinstance(value, bytes) else value
-    return json.dumps(_json_keys(value), default=_json_default, ensure_ascii=False)
-
-
 def encode_python_value(col: ColumnSpec, value: Any) -> str:
     """Canonical text of a non-NULL value already in its natural Python type."""
     t = col.type
@@ -172,9 +146,7 @@ def encode_python_value(col: ColumnSpec, value: Any) -> str:
         if t == "geometry":  # MySQL stores a 4-byte SRID before the WKB; the lakehouse keeps plain WKB
             value = value[GEOMETRY_SRID_BYTES:]
         return base64.b64encode(value).decode("ascii")
-    if t == "json":
-        return json_text(value)
-    if isinstance(value, bytes):  # text in a charset the decoder did not know
+    if isinstance(value, bytes):  # text in a charset the decoder did not know (a JSON document is UTF-8)
         return value.decode("utf-8", "surrogateescape")
     return str(value)
 

@@ -209,7 +209,6 @@ def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) ->
         names = [
             "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
             "gtid_mode", "gtid_binlog_pos", "log_bin_compress", "binlog_transaction_compression",
-            "binlog_row_value_options",
         ]  # fmt: skip
         v = _variables(cur, names)
     if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
@@ -246,11 +245,6 @@ def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) ->
                 f"The source compresses its binlog ({variable}=ON), which the binlog reader cannot decode: "
                 f"turn it off in the server configuration ({fix})."
             )
-    if "PARTIAL_JSON" in v.get("binlog_row_value_options", "").upper():
-        raise CdcUserError(
-            "The source logs partial JSON updates (binlog_row_value_options=PARTIAL_JSON): set "
-            "binlog_row_value_options='' in the server configuration."
-        )
     source_id = int(v.get("server_id", "0"))
     if source_id == reader_server_id:
         raise CdcUserError(

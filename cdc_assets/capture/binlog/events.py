@@ -28,8 +28,9 @@ MARIADB_COMPRESSED = frozenset(range(165, 172))  # QUERY_COMPRESSED and the six 
 ROW_EVENTS: dict[int, str] = {
     WRITE_ROWS_V1: "insert", UPDATE_ROWS_V1: "update", DELETE_ROWS_V1: "delete",
     WRITE_ROWS_V2: "insert", UPDATE_ROWS_V2: "update", DELETE_ROWS_V2: "delete",
+    PARTIAL_UPDATE_ROWS: "update",  # binlog_row_value_options=PARTIAL_JSON: JSON after-images as diffs
 }  # fmt: skip
-ROWS_V2 = frozenset({WRITE_ROWS_V2, UPDATE_ROWS_V2, DELETE_ROWS_V2})
+ROWS_V2 = frozenset({WRITE_ROWS_V2, UPDATE_ROWS_V2, DELETE_ROWS_V2, PARTIAL_UPDATE_ROWS})
 
 LOG_EVENT_ARTIFICIAL = 0x20  # made up by the server for the replica (the rotate that opens a dump)
 MARIADB_GTID_STANDALONE = 0x01  # FL_STANDALONE: the group is one statement (DDL) with no COMMIT of its own
@@ -50,11 +51,6 @@ def refuse_unreadable(event_type: int) -> None:
         raise CdcUserError(
             "The source encrypts its binlog (encrypt_binlog=ON), which a replica reading it remotely cannot "
             "decode here: turn binlog encryption off for the binlogs the pipeline reads."
-        )
-    if event_type == PARTIAL_UPDATE_ROWS:
-        raise CdcUserError(
-            "The source logs partial JSON updates (binlog_row_value_options=PARTIAL_JSON): set "
-            "binlog_row_value_options='' in the server configuration."
         )
 
 

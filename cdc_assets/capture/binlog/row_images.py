@@ -14,17 +14,17 @@ import datetime as dt
 import struct
 from collections.abc import Callable
 
-from pymysqlreplication.json_binary import parse_json
-
 from cdc_assets.capture.binlog import table_map as t
-from cdc_assets.capture.binlog.events import ROW_EVENTS, ROWS_V2
+from cdc_assets.capture.binlog.events import PARTIAL_UPDATE_ROWS, ROW_EVENTS, ROWS_V2
+from cdc_assets.capture.binlog.json_binary import InvalidJson, apply_diffs, document, json_text, node_text
+from cdc_assets.capture.binlog.packed import decimal_reader, time_text
 from cdc_assets.capture.binlog.table_map import ColumnLayout, TableMap
-from cdc_assets.core.mysql_types import GEOMETRY_SRID_BYTES, TEXT_TYPES, ColumnSpec, bit_to_long, json_text
+from cdc_assets.core.mysql_types import GEOMETRY_SRID_BYTES, TEXT_TYPES, ColumnSpec, bit_to_long
 
 Image = list[str | None]
+PARTIAL_JSON_UPDATES = 1  # the after-image's value option of binlog_row_value_options=PARTIAL_JSON
 Reader = Callable[[bytes, int], tuple[str | None, int]]
 
-_DIGITS_TO_BYTES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)  # bytes of a decimal group of 0-9 digits
 _EPOCH = dt.datetime(1970, 1, 1)
 _TIMEF_INT_OFFSET = 0x800000
 _TIMEF_OFFSET = 0x800000000000
@@ -113,53 +113,12 @@ def _binary_reader(size: int, pad_to: int | None = None, skip: int = 0) -> Reade
 
 
 def _json_reader(size: int) -> Reader:
+    """MySQL's binary JSON, as the server prints it (MariaDB's JSON is a LONGTEXT and never comes here)."""
     raw = _length_prefixed(size)
 
     def read(buf: bytes, pos: int) -> tuple[str | None, int]:
         value, end = raw(buf, pos)
-        if not value:
-            return None, end
-        return json_text(parse_json(value[0], value[1:])), end
-
-    return read
-
-
-def decimal_size(precision: int, scale: int) -> int:
-    whole, rest = divmod(precision - scale, 9)
-    frac_whole, frac_rest = divmod(scale, 9)
-    return whole * 4 + _DIGITS_TO_BYTES[rest] + frac_whole * 4 + _DIGITS_TO_BYTES[frac_rest]
-
-
-def _decimal_reader(precision: int, scale: int) -> Reader:
-    """MySQL's binary DECIMAL: groups of 9 digits in 4 bytes big-endian, a shorter group first (integer part)
-    and last (fraction); the sign in the top bit, negative values stored with every bit inverted. The value
-    is read as one integer and its groups taken out with shifts."""
-    size = decimal_size(precision, scale)
-    int_groups, frac_groups, frac_rest = (precision - scale) // 9, scale // 9, scale % 9
-    rest_bits = 8 * _DIGITS_TO_BYTES[frac_rest]
-    int_shift = rest_bits + 32 * frac_groups
-    frac_shifts = [rest_bits + 32 * k for k in range(frac_groups - 1, -1, -1)]
-    int_shifts = [32 * k for k in range(int_groups - 1, -1, -1)]
-    sign_bit, every_bit, rest_mask = 1 << (8 * size - 1), (1 << (8 * size)) - 1, (1 << rest_bits) - 1
-    from_bytes = int.from_bytes
-
-    def read(buf: bytes, pos: int) -> tuple[str, int]:
-        raw = from_bytes(buf[pos : pos + size], "big") ^ sign_bit
-        negative = raw & sign_bit  # the stored sign bit was clear
-        if negative:
-            raw ^= every_bit
-        digits = raw >> int_shift
-        whole = digits >> (32 * int_groups)
-        for shift in int_shifts:
-            whole = whole * 1_000_000_000 + (digits >> shift & 0xFFFFFFFF)
-        text = f"-{whole}" if negative else str(whole)
-        if frac_shifts:
-            text += "." + "".join([f"{raw >> shift & 0xFFFFFFFF:09d}" for shift in frac_shifts])
-            if frac_rest:
-                text += f"{raw & rest_mask:0{frac_rest}d}"
-        elif frac_rest:
-            text += f".{raw & rest_mask:0{frac_rest}d}"
-        return text, pos + size
+        return json_text(value), end
 
     return read
 
@@ -237,12 +196,6 @@ def _timestamp2_reader(fsp: int) -> Reader:
         return _timestamp_text(seconds, micros(buf, pos + 4)), pos + 4 + frac_size
 
     return read
-
-
-def time_text(negative: bool, hms: int, us: int, fsp: int) -> str:
-    """TIME as MySQL prints it, from its packed parts (hour << 12 | minute << 6 | second)."""
-    text = f"{'-' if negative and (hms or us) else ''}{hms >> 12 & 0x3FF:02d}:{hms >> 6 & 0x3F:02d}:{hms & 0x3F:02d}"
-    return text + "." + f"{us:06d}"[:fsp] if fsp else text
 
 
 def _time2_reader(fsp: int) -> Reader:
@@ -333,7 +286,7 @@ def column_reader(column: ColumnSpec, layout: ColumnLayout) -> Reader:
         return _int24_reader(signed=not column.unsigned)
     if code == t.NEWDECIMAL:
         assert column.precision is not None and column.scale is not None
-        return _decimal_reader(column.precision, column.scale)
+        return decimal_reader(column.precision, column.scale)
     if code == t.FLOAT:
         return _float_reader("<f", 4)
     if code == t.DOUBLE:
@@ -443,6 +396,9 @@ class RowDecoder:
         pos += self._bitmap_bytes
         operation = ROW_EVENTS[event_type]
         end = len(body)
+        if event_type == PARTIAL_UPDATE_ROWS:
+            after_present = body[pos : pos + self._bitmap_bytes]
+            return self._partial_json_updates(body, pos + self._bitmap_bytes, present, after_present)
         images: list[Image | None] = []
         append = images.append
         if operation == "update":
@@ -462,6 +418,70 @@ class RowDecoder:
             append(image)
         nothing: list[Image | None] = [None] * len(images)
         return (nothing, images) if operation == "insert" else (images, nothing)
+
+    def _partial_json_updates(
+        self, body: bytes, pos: int, before_present: bytes, after_present: bytes
+    ) -> tuple[list[Image | None], list[Image | None]]:
+        """The rows of a PARTIAL_UPDATE_ROWS event (binlog_row_value_options=PARTIAL_JSON).
+
+        Each after-image starts with its value options; with PARTIAL_JSON_UPDATES set, a bitmap with one bit per
+        JSON column of the table (present or not) marks the columns whose value is a list of diffs against the
+        before-image's document instead of a document: those are applied to it here, so the after-image holds
+        the document the server now has (Rows_log_event::print_verbose_one_row reads the event the same way)."""
+        layouts = self.table.layouts
+        json_columns = [i for i, layout in enumerate(layouts) if layout.type == t.JSON]
+        json_bitmap_bytes = (len(json_columns) + 7) // 8
+        raw_json = {i: _length_prefixed(layouts[i].size) for i in json_columns}
+        before_columns = _present_columns(before_present, self.width)
+        after_columns = _present_columns(after_present, self.width)
+        before_nulls, after_nulls = (len(before_columns) + 7) // 8, (len(after_columns) + 7) // 8
+        befores: list[Image | None] = []
+        afters: list[Image | None] = []
+        end = len(body)
+        while pos < end:
+            before: Image = [None] * self.width
+            documents: dict[int, bytes] = {}
+            nulls = int.from_bytes(body[pos : pos + before_nulls], "little")
+            pos += before_nulls
+            for bit, i in enumerate(before_columns):
+                if nulls >> bit & 1:
+                    continue
+                if i in raw_json:
+                    documents[i], pos = raw_json[i](body, pos)
+                    before[i] = json_text(documents[i])
+                else:
+                    before[i], pos = self.readers[i](body, pos)
+            options, pos = _packed_int(body, pos)
+            partial: set[int] = set()
+            if options & PARTIAL_JSON_UPDATES:
+                marks = int.from_bytes(body[pos : pos + json_bitmap_bytes], "little")
+                pos += json_bitmap_bytes
+                partial = {column for k, column in enumerate(json_columns) if marks >> k & 1}
+            after: Image = [None] * self.width
+            nulls = int.from_bytes(body[pos : pos + after_nulls], "little")
+            pos += after_nulls
+            for bit, i in enumerate(after_columns):
+                if nulls >> bit & 1:
+                    continue
+                if i in partial:
+                    diffs, pos = raw_json[i](body, pos)
+                    after[i] = self._updated_document(i, documents.get(i), diffs)
+                else:
+                    after[i], pos = self.readers[i](body, pos)
+            befores.append(before)
+            afters.append(after)
+        return befores, afters
+
+    def _updated_document(self, column: int, before: bytes | None, diffs: bytes) -> str:
+        name = f"{self.table.table}.{self.table.columns[column].name}"
+        if before is None:
+            raise ValueError(
+                f"A partial JSON update of {name} has no document before it in the binlog (binlog_row_image must be FULL)."
+            )
+        try:
+            return node_text(apply_diffs(document(before), diffs))
+        except InvalidJson as error:
+            raise ValueError(f"The partial JSON update of {name} cannot be applied: {error}.") from error
 
     def _image_reader(self, present: bytes) -> Callable[[bytes, int], tuple[Image, int]]:
         every_column = (1 << self.width) - 1
@@ -485,6 +505,11 @@ class RowDecoder:
             return image, pos
 
         return read
+
+
+def _present_columns(bitmap: bytes, width: int) -> list[int]:
+    mask = int.from_bytes(bitmap, "little")
+    return [i for i in range(width) if mask >> i & 1]
 
 
 def _packed_int(buf: bytes, pos: int) -> tuple[int, int]:
