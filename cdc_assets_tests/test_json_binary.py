@@ -25,6 +25,7 @@ from cdc_assets.capture.binlog.json_binary import (
     document,
     double_text,
     json_text,
+    my_gcvt_text,
     node_text,
     parse_path,
 )
@@ -442,6 +443,18 @@ def _snapshot(conn: pymysql.Connection) -> dict[str, list[str | None]]:
 )  # fmt: skip
 def test_doubles_print_as_mysql_prints_them(value: float, text: str) -> None:
     assert double_text(value) == text
+    assert my_gcvt_text(value) == text
+
+
+def test_the_shortcut_for_doubles_is_mysqls_form() -> None:
+    """double_text takes Python's repr where it writes what my_gcvt writes: checked over random doubles there."""
+    rng = random.Random(5)
+    for _ in range(100_000):
+        value = rng.choice((1, -1)) * rng.uniform(1, 10) * 10.0 ** rng.randint(-4, 14)
+        if 1e-4 <= abs(value) < 1e15:
+            assert double_text(value) == my_gcvt_text(value), value
+    for value in (1e-4, -1e-4, 999999999999999.9, 0.0, -0.0, 0.1, 100.0, 2.5):
+        assert double_text(value) == my_gcvt_text(value), value
 
 
 def test_documents_built_by_hand() -> None:
