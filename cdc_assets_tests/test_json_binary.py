@@ -113,7 +113,7 @@ def _load_documents(server: LocalServer, schema: str, expressions: list[str]) ->
             start = binlog_end(conn)
             for first in range(0, len(expressions), 25):
                 values = ", ".join(f"({first + i}, {e})" for i, e in enumerate(expressions[first : first + 25]))
-                cur.execute(f"INSERT INTO docs VALUES {values}".replace("%", "%%"))
+                cur.execute(f"INSERT INTO docs VALUES {values}")
         server_text = {int(i): j for i, j in _server_texts(conn, "SELECT id, j FROM docs")}
     finally:
         conn.close()
