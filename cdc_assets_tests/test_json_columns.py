@@ -142,3 +142,18 @@ def test_partial_json_updates_are_applied(cdc: CdcEnv) -> None:
         cur.execute("UPDATE docs SET j = JSON_SET(j, '$.big', 'small again') WHERE id = 4")
     _synced(cdc)
     _assert_lakehouse_equals_source(cdc, "docs", "j, k")
+
+
+@on_mysql
+def test_a_source_set_to_log_partial_json_is_read(cdc: CdcEnv) -> None:
+    """binlog_row_value_options=PARTIAL_JSON in the server's configuration (the preflight refused it): sessions
+    log partial updates without asking, and `sync` takes them in."""
+    cdc.execute("CREATE TABLE docs (id INT PRIMARY KEY, j JSON)", "INSERT INTO docs VALUES (1, '{\"a\": [1, 2]}')")
+    cdc.execute("SET GLOBAL binlog_row_value_options = 'PARTIAL_JSON'")
+    try:
+        cdc.execute("UPDATE docs SET j = JSON_SET(j, '$.a[1]', 'two', '$.b', 3) WHERE id = 1")  # a new session
+        _synced(cdc)
+    finally:
+        cdc.execute("SET GLOBAL binlog_row_value_options = ''")
+    _assert_lakehouse_equals_source(cdc, "docs")
+    assert _lakehouse_documents(cdc, "docs", "j") == {1: ('{"a": [1, "two"], "b": 3}',)}
