@@ -1,11 +1,9 @@
 """JSON columns through `sync`: every current-state document equals the source's own text of it (CONTRACT §5:
 the document as the server prints it, MySQL's opaque values included, PARTIAL_JSON updates applied).
 
-The source side is read here with a SELECT through the text protocol, as the verification reads it. On MySQL
-`cdc.verify()` and the checks after an apply cannot take a consistent point yet (FLUSH TABLES WITH READ LOCK
-needs RELOAD, which the test reader lacks: the lead engineer's lock-free rewrite removes that), so there the
-tests compare the lakehouse with the source themselves and leave `sync`'s exit code, which those checks decide,
-to be asserted again on MySQL once that lands (`_synced`)."""
+Each sync must succeed (its checks compare current state with the source) and `verify` must find every table
+equal; the tests also read both sides themselves, the source through the text protocol as the verification
+does, so a document that differs is shown as it is."""
 
 from __future__ import annotations
 
@@ -36,17 +34,17 @@ def _lakehouse_documents(cdc: CdcEnv, table: str, columns: str) -> dict[int, tup
 
 
 def _synced(cdc: CdcEnv) -> None:
-    """One `sync`, which must succeed; on MySQL its checks fail for want of RELOAD until the lock-free
-    consistent point lands (see the module's docstring), so there only the lakehouse's contents are asserted."""
-    code = cdc.sync()
-    if cdc.server.flavour == local_server.MARIADB:
-        assert code == 0
+    """One `sync`, which must succeed: capture, apply and the checks that compare current state with the source."""
+    assert cdc.sync() == 0
 
 
 def _assert_lakehouse_equals_source(cdc: CdcEnv, table: str, columns: str = "j") -> None:
     source = _source_documents(cdc, table, columns)
     assert source, f"the source's {table} is empty: nothing would be compared"
     assert _lakehouse_documents(cdc, table, columns) == source
+    results = cdc.verify()
+    assert [r.describe() for r in results if not r.ok] == []
+    assert [str(r.table) for r in results] == [f"{cdc.database}.{table}"]
 
 
 @pytest.mark.both_sources
