@@ -473,11 +473,12 @@ class RowDecoder:
         return befores, afters
 
     def _updated_document(self, column: int, before: bytes | None, diffs: bytes) -> str:
+        """The document after a column's diffs. MySQL logs diffs only with the document they change in the
+        before-image (a session with binlog_row_image MINIMAL logs the whole document instead): without it
+        capture stops rather than guess."""
         name = f"{self.table.table}.{self.table.columns[column].name}"
         if before is None:
-            raise ValueError(
-                f"A partial JSON update of {name} has no document before it in the binlog (binlog_row_image must be FULL)."
-            )
+            raise ValueError(f"The binlog holds a partial JSON update of {name} without the document it changes.")
         try:
             return node_text(apply_diffs(document(before), diffs))
         except InvalidJson as error:
