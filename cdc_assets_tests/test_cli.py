@@ -26,6 +26,7 @@ from cdc_assets.lake.layout import CHANGES, CURRENT, RAW, STATE
 from cdc_assets.lake.raw_batches import DATA_FILE, list_batches
 from cdc_assets.lake.state import CHECKPOINT_KEY, Checkpoint, save_checkpoint
 from cdc_assets.local_source.server import free_port
+from cdc_assets.source.server import binlog_end
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
 
@@ -277,9 +278,8 @@ def test_a_corrupt_checkpoint(cdc: CdcEnv, capsys, content: str) -> None:
 
 
 def test_a_checkpoint_past_the_binlog_end_is_not_called_purged(cdc: CdcEnv, capsys) -> None:
-    with cdc.server.admin_connection() as conn, conn.cursor() as cur:
-        cur.execute("SHOW MASTER STATUS")
-        log_file, _ = cur.fetchone()[:2]
+    with cdc.server.admin_connection() as conn:
+        log_file = binlog_end(conn).log_file
     number = int(log_file.rsplit(".", 1)[1])
     for position in (BinlogPosition(log_file, 1 << 40), BinlogPosition(f"mysql-bin.{number + 5:06d}", 4)):
         save_checkpoint(cdc.lakehouse.store, Checkpoint(position))
