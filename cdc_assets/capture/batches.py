@@ -36,7 +36,7 @@ from cdc_assets.capture.binlog.events import (
 )
 from cdc_assets.capture.binlog.protocol import RawEvent, dump_events
 from cdc_assets.capture.binlog.row_images import RowDecoder
-from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map
+from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map, table_map_table
 from cdc_assets.capture.ddl import schema_changes
 from cdc_assets.capture.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
 from cdc_assets.core import failpoints
@@ -502,22 +502,26 @@ def capture_batches(
 @dataclass
 class _TableMaps:
     """Table maps by binlog table id, each parsed once per distinct definition (the same bytes arrive before
-    every transaction that touches the table); None for a table the filter leaves out."""
+    every transaction that touches the table); None for a table the filter leaves out, whose map is read no
+    further than its name."""
 
     mariadb: bool
     table_filter: TableFilter
     post_header_length: int = 8
-    by_id: dict[int, tuple[TableMap, RowDecoder | None]] = field(default_factory=dict)
-    _parsed: dict[bytes, tuple[TableMap, RowDecoder | None]] = field(default_factory=dict)
+    by_id: dict[int, tuple[TableMap, RowDecoder] | None] = field(default_factory=dict)
+    _parsed: dict[bytes, tuple[TableMap, RowDecoder] | None] = field(default_factory=dict)
 
-    def read(self, body: bytes) -> tuple[TableMap, RowDecoder | None]:
-        known = self._parsed.get(body)
-        if known is None:
-            table_map = parse_table_map(body, self.mariadb, self.post_header_length)
-            wanted = self.table_filter.matches(table_map.table.schema, table_map.table.table)
-            known = (table_map, RowDecoder(table_map) if wanted else None)
+    def read(self, body: bytes) -> tuple[TableMap, RowDecoder] | None:
+        if body in self._parsed:
+            known = self._parsed[body]
+        else:
+            known = None
+            table = table_map_table(body, self.post_header_length)[1]
+            if self.table_filter.matches(table.schema, table.table):
+                table_map = parse_table_map(body, self.mariadb, self.post_header_length)
+                known = (table_map, RowDecoder(table_map))
             self._parsed[body] = known
-        self.by_id[known[0].table_id] = known
+        self.by_id[int.from_bytes(body[:6], "little")] = known
         return known
 
 
@@ -575,20 +579,21 @@ def _read_events(
             break
         boundary = False
         if kind == TABLE_MAP:
-            table_map, decoder = maps.read(event.body)
-            if decoder is not None:
+            mapped = maps.read(event.body)
+            if mapped is not None:
+                table_map = mapped[0]
                 shapes[table_map.table_id] = table_map.shape
                 builder.version_of(table_map.shape)
             continue
         if kind in ROW_EVENTS:
             table_id = int.from_bytes(event.body[:6], "little")
-            known = maps.by_id.get(table_id)
-            if known is None:  # no table map read for it (the stream resumed inside a statement)
+            if table_id not in maps.by_id:  # no table map read for it (the stream resumed inside a statement)
                 continue
             builder.count_event()
-            table_map, decoder = known
-            if decoder is None:
+            known = maps.by_id[table_id]
+            if known is None:  # a table capture leaves out: its rows are not read
                 continue
+            decoder = known[1]
             befores, afters = decoder.rows(kind, event.body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
             builder.row_changes(shapes[table_id], ROW_EVENTS[kind], befores, afters)
             continue

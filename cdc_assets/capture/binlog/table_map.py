@@ -219,14 +219,26 @@ def python_codec(encoding: str | None) -> str | None:
     return name
 
 
-def parse_table_map(body: bytes, mariadb: bool, post_header_length: int = 8) -> TableMap:
-    """The table, its columns and key from a TableMapEvent's body."""
-    table_id = int.from_bytes(body[:6], "little")
-    reader = _Reader(body, post_header_length)
+def table_map_table(body: bytes, post_header_length: int = 8) -> tuple[int, TableRef]:
+    """The binlog table id and the table a TableMapEvent maps, read without its columns: the map of a table capture
+    leaves out is read no further, so nothing in it (a column type or metadata the reader does not know) can stop
+    capture."""
+    return int.from_bytes(body[:6], "little"), _table_name(_Reader(body, post_header_length))
+
+
+def _table_name(reader: _Reader) -> TableRef:
     schema = reader.take(reader.byte()).decode()
     reader.pos += 1
     name = reader.take(reader.byte()).decode()
     reader.pos += 1
+    return TableRef(schema, name)
+
+
+def parse_table_map(body: bytes, mariadb: bool, post_header_length: int = 8) -> TableMap:
+    """The table, its columns and key from a TableMapEvent's body."""
+    table_id = int.from_bytes(body[:6], "little")
+    reader = _Reader(body, post_header_length)
+    table = _table_name(reader)
     count = reader.packed_int()
     raw_types = list(reader.take(count))
     meta_end = reader.packed_int()
@@ -234,7 +246,6 @@ def parse_table_map(body: bytes, mariadb: bool, post_header_length: int = 8) -> 
     types, meta = _column_metadata(reader, raw_types)
     reader.pos = meta_end + (count + 7) // 8  # then nullability, which row images carry anyway
     optional = _optional_metadata(reader, len(body), types, mariadb)
-    table = TableRef(schema, name)
     if optional.names is None or len(optional.names) != count:
         raise CdcUserError(
             f"The binlog does not name the columns of {table} (binlog_row_metadata was not FULL when the event "
