@@ -19,6 +19,9 @@ def cell_bytes(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array
     """A column's values as bytes: text and binary as they are, everything else as Arrow prints it."""
     if pa.types.is_binary(values.type):
         return values
+    if pa.types.is_list(values.type):  # a VECTOR: its float32s' bytes, exact
+        dtype = values.type.value_type.to_pandas_dtype()
+        return pa.array([None if v is None else np.asarray(v, dtype).tobytes() for v in values.to_pylist()], pa.binary())
     return pc.cast(values if pa.types.is_string(values.type) else pc.cast(values, pa.string()), pa.binary())
 
 

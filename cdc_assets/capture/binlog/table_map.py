@@ -22,6 +22,7 @@ from cdc_assets.core.shapes import TableShape
 DECIMAL, TINY, SHORT, LONG, FLOAT, DOUBLE, NULL, TIMESTAMP, LONGLONG, INT24 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 DATE, TIME, DATETIME, YEAR, NEWDATE, VARCHAR, BIT = 10, 11, 12, 13, 14, 15, 16
 TIMESTAMP2, DATETIME2, TIME2 = 17, 18, 19
+VECTOR = 242  # MySQL 9: float32s, stored as a blob with a 4-byte length
 JSON, NEWDECIMAL, ENUM, SET = 245, 246, 247, 248
 TINY_BLOB, MEDIUM_BLOB, LONG_BLOB, BLOB, VAR_STRING, STRING, GEOMETRY = 249, 250, 251, 252, 253, 254, 255
 
@@ -32,11 +33,12 @@ KIND: dict[int, str] = {
     TIMESTAMP: "timestamp", TIMESTAMP2: "timestamp", TIME: "time", TIME2: "time", YEAR: "year",
     VARCHAR: "varchar", VAR_STRING: "varchar", STRING: "char", ENUM: "enum", SET: "set",
     TINY_BLOB: "text", MEDIUM_BLOB: "text", LONG_BLOB: "text", BLOB: "text", JSON: "json", GEOMETRY: "geometry",
+    VECTOR: "vector",
 }  # fmt: skip
 _BINARY_KIND = {"varchar": "varbinary", "char": "binary", "text": "blob"}
 _NUMERIC = frozenset({TINY, SHORT, INT24, LONG, LONGLONG, NEWDECIMAL, FLOAT, DOUBLE, YEAR})
 _CHARACTER = frozenset({STRING, VAR_STRING, VARCHAR, BLOB})  # and GEOMETRY on MariaDB
-_ONE_BYTE_META = frozenset({FLOAT, DOUBLE, TIMESTAMP2, DATETIME2, TIME2, BLOB, GEOMETRY, JSON})
+_ONE_BYTE_META = frozenset({FLOAT, DOUBLE, TIMESTAMP2, DATETIME2, TIME2, BLOB, GEOMETRY, JSON, VECTOR})
 
 # Optional metadata field types (MySQL's Table_map_log_event::Optional_metadata_field_type).
 SIGNEDNESS, DEFAULT_CHARSET, COLUMN_CHARSET, COLUMN_NAME = 1, 2, 3, 4
@@ -305,7 +307,7 @@ def _columns(
 def _layout(code: int, value: int, kind: str, encoding: str | None) -> ColumnLayout:
     if code in (VARCHAR, VAR_STRING, STRING):
         size = 2 if value > 255 else 1
-    elif code in (BLOB, GEOMETRY, JSON, ENUM, SET):
+    elif code in (BLOB, GEOMETRY, JSON, ENUM, SET, VECTOR):
         size = value
     elif code == BIT:
         size = ((value & 0xFF) * 8 + (value >> 8) + 7) // 8
