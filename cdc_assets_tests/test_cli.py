@@ -106,7 +106,6 @@ def test_missing_replication_privilege(cdc: CdcEnv, monkeypatch, capsys) -> None
         ("binlog_format", "STATEMENT", "binlog_format=ROW"),
         ("binlog_row_image", "MINIMAL", "binlog_row_image=FULL"),
         ("binlog_row_metadata", "MINIMAL", "binlog_row_metadata=FULL"),
-        ("log_bin_compress", "ON", "log_bin_compress=ON"),
     ],
 )
 def test_server_not_set_up_for_cdc(cdc: CdcEnv, capsys, variable: str, value: str, fragment: str) -> None:

@@ -15,6 +15,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_assets.capture.binlog.compression import (
+    MARIADB_COMPRESSED_ROWS,
+    MARIADB_QUERY_COMPRESSED,
+    MARIADB_UNCOMPRESSED_TYPE,
+    expand_payloads,
+    mariadb_decompressed,
+)
 from cdc_assets.capture.binlog.events import (
     FORMAT_DESCRIPTION,
     MARIADB_GTID,
@@ -494,7 +501,8 @@ def capture_batches(
     )
     conn = source.connect(url)
     try:
-        yield from _batches(dump_events(conn, options.server_id, start), builder, end, options, server)
+        events = expand_payloads(dump_events(conn, options.server_id, start))  # compressed transactions as if plain
+        yield from _batches(events, builder, end, options, server)
     finally:
         conn.close()
 
@@ -585,19 +593,26 @@ def _read_events(
                 shapes[table_map.table_id] = table_map.shape
                 builder.version_of(table_map.shape)
             continue
-        if kind in ROW_EVENTS:
+        if kind in ROW_EVENTS or kind in MARIADB_COMPRESSED_ROWS:
             table_id = int.from_bytes(event.body[:6], "little")
             if table_id not in maps.by_id:  # no table map read for it (the stream resumed inside a statement)
                 continue
             builder.count_event()
             known = maps.by_id[table_id]
-            if known is None:  # a table capture leaves out: its rows are not read
+            if known is None:  # a table capture leaves out: its rows are not read (nor decompressed)
                 continue
+            body = event.body
+            if kind in MARIADB_COMPRESSED_ROWS:
+                plain = MARIADB_UNCOMPRESSED_TYPE[kind]
+                kind, body = mariadb_decompressed(kind, body, _post_header(post_headers, plain, 8 if plain < 30 else 10))
             decoder = known[1]
-            befores, afters = decoder.rows(kind, event.body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
+            befores, afters = decoder.rows(kind, body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
             builder.row_changes(shapes[table_id], ROW_EVENTS[kind], befores, afters)
             continue
         builder.count_event()
+        if kind == MARIADB_QUERY_COMPRESSED:
+            kind, body = mariadb_decompressed(kind, event.body, _post_header(post_headers, QUERY, 13))
+            event = event._replace(type=kind, body=body)
         if kind == MARIADB_GTID or kind == MYSQL_GTID:
             if kind == MARIADB_GTID:
                 gtid, flags = mariadb_gtid(event.body, event.server_id)
@@ -643,7 +658,9 @@ def _read_events(
         yield builder.cut()
 
 
-_CAPTURED = frozenset({TABLE_MAP, XID, XA_PREPARE, QUERY, MARIADB_GTID, MYSQL_GTID, *ROW_EVENTS})
+_CAPTURED = frozenset(
+    {TABLE_MAP, XID, XA_PREPARE, QUERY, MARIADB_GTID, MYSQL_GTID, *ROW_EVENTS, *MARIADB_UNCOMPRESSED_TYPE}
+)
 
 
 def _post_header(lengths: bytes, event_type: int, default: int) -> int:

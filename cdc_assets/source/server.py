@@ -286,8 +286,7 @@ def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) ->
         flavor = supported_flavor(version)
         names = [
             "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
-            "gtid_mode", "gtid_binlog_pos", "log_bin_compress", "binlog_transaction_compression",
-            "binlog_row_value_options",
+            "gtid_mode", "gtid_binlog_pos", "binlog_row_value_options",
         ]  # fmt: skip
         v = _variables(cur, names)
     if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
@@ -315,15 +314,6 @@ def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) ->
             f"The source does not log column names (binlog_row_metadata={v['binlog_row_metadata']}): set "
             "binlog_row_metadata=FULL in the server configuration (SET GLOBAL binlog_row_metadata='FULL')."
         )
-    for variable, fix in (
-        ("log_bin_compress", "SET GLOBAL log_bin_compress=OFF"),
-        ("binlog_transaction_compression", "SET GLOBAL binlog_transaction_compression=OFF"),
-    ):
-        if v.get(variable, "OFF").upper() in ("ON", "1"):
-            raise CdcUserError(
-                f"The source compresses its binlog ({variable}=ON), which the binlog reader cannot decode: "
-                f"turn it off in the server configuration ({fix})."
-            )
     if "PARTIAL_JSON" in v.get("binlog_row_value_options", "").upper():
         raise CdcUserError(
             "The source logs partial JSON updates (binlog_row_value_options=PARTIAL_JSON): set "

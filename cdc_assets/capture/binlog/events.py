@@ -18,9 +18,12 @@ TABLE_MAP = 19
 WRITE_ROWS_V1, UPDATE_ROWS_V1, DELETE_ROWS_V1 = 23, 24, 25
 WRITE_ROWS_V2, UPDATE_ROWS_V2, DELETE_ROWS_V2 = 30, 31, 32
 MYSQL_GTID = 33
+MYSQL_ANONYMOUS_GTID = 34
+MYSQL_PREVIOUS_GTIDS = 35
 XA_PREPARE = 38
 PARTIAL_UPDATE_ROWS = 39
 TRANSACTION_PAYLOAD = 40
+MYSQL_GTID_TAGGED = 42
 MARIADB_GTID = 162
 MARIADB_START_ENCRYPTION = 164
 MARIADB_COMPRESSED = frozenset(range(165, 172))  # QUERY_COMPRESSED and the six compressed row events
@@ -40,12 +43,7 @@ _XA_PREPARE = struct.Struct("<BIII")  # one phase, format id, gtrid length, bqua
 
 
 def refuse_unreadable(event_type: int) -> None:
-    """Compressed and encrypted events cannot be decoded: one sentence with the fix (preflight catches most)."""
-    if event_type in MARIADB_COMPRESSED or event_type == TRANSACTION_PAYLOAD:
-        raise CdcUserError(
-            "The source's binlog holds compressed events, which the binlog reader cannot decode: turn binlog "
-            "compression off (log_bin_compress=OFF on MariaDB, binlog_transaction_compression=OFF on MySQL)."
-        )
+    """Encrypted events cannot be decoded: one sentence with the fix. (Compressed ones are: `compression`.)"""
     if event_type == MARIADB_START_ENCRYPTION:
         raise CdcUserError(
             "The source encrypts its binlog (encrypt_binlog=ON), which a replica reading it remotely cannot "
@@ -79,6 +77,12 @@ def query_text(body: bytes, post_header_length: int = _QUERY_POST_HEADER.size) -
     schema = body[start : start + schema_length].decode("utf-8", "replace")
     query = body[start + schema_length + 1 :].decode("utf-8", "backslashreplace")
     return schema, query
+
+
+def query_start(body: bytes, post_header_length: int = _QUERY_POST_HEADER.size) -> int:
+    """Where a query event's statement starts (after its status variables and default schema)."""
+    _, _, schema_length, _, status_length = _QUERY_POST_HEADER.unpack_from(body)
+    return post_header_length + status_length + schema_length + 1
 
 
 def mariadb_gtid(body: bytes, server_id: int) -> tuple[str, int]:
