@@ -20,15 +20,16 @@ from cdc_assets.stages.changes import process_new_batches
 from cdc_assets.stages.current import apply_pending
 from cdc_assets.stages.current_state import read_current
 from cdc_assets_tests.conftest import CdcEnv
-from spark_resources.engine import Transforms
+from spark_resources.engine import Transforms, TransformsFor
 
 
-def capture_and_apply(cdc: CdcEnv) -> CaptureReport:
-    """Capture from the checkpoint to the binlog end, then the change logs and current state (on Arrow), with the
-    settings the environment gives (CDC_MYSQL_URL, CDC_TABLES, CDC_EXCLUDE_TABLES, ...)."""
+def capture_and_apply(cdc: CdcEnv, transforms: TransformsFor | None = None) -> CaptureReport:
+    """Capture from the checkpoint to the binlog end, then the change logs and current state (on Arrow unless
+    `transforms` says otherwise), with the settings the environment gives (CDC_MYSQL_URL, CDC_TABLES, ...)."""
     report = capture(source.source_settings_from_env(), cdc.lakehouse)
-    process_new_batches(cdc.lakehouse, lambda changes: Transforms())
-    apply_pending(cdc.lakehouse, lambda changes: Transforms())
+    engine = transforms or (lambda changes: Transforms())
+    process_new_batches(cdc.lakehouse, engine)
+    apply_pending(cdc.lakehouse, engine)
     return report
 
 

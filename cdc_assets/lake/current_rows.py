@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core.arrow import hashable
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.core.names import TableRef
@@ -55,6 +56,7 @@ def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
     counts: dict[tuple, int] = {}
     ordinals = []
     for values in zip(*(rows.column(c).to_pylist() for c in columns), strict=True) if rows.num_rows else []:
+        values = hashable(values)  # a VECTOR's list as a tuple
         ordinals.append(counts.get(values, 0))
         counts[values] = ordinals[-1] + 1
     return pa.array(ordinals, DUP_TYPE)

@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core.arrow import list_bytes
+
 CHECKSUM_MODULUS = 1 << 64
 EMPTY_CHECKSUM = f"{0:016x}"
 HASH_SLICE_ROWS = 20_000  # rows hashed at once: bounds the temporaries (8 bytes per byte of text)
@@ -20,8 +22,7 @@ def cell_bytes(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array
     if pa.types.is_binary(values.type):
         return values
     if pa.types.is_list(values.type):  # a VECTOR: its float32s' bytes, exact
-        dtype = values.type.value_type.to_pandas_dtype()
-        return pa.array([None if v is None else np.asarray(v, dtype).tobytes() for v in values.to_pylist()], pa.binary())
+        return list_bytes(values)
     return pc.cast(values if pa.types.is_string(values.type) else pc.cast(values, pa.string()), pa.binary())
 
 
