@@ -14,6 +14,7 @@ import pytest
 from cdc_assets.capture.binlog.compression import mariadb_decompressed, payload_events
 from cdc_assets.capture.binlog.protocol import HEADER, HEADER_SIZE
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.source.server import has_transaction_compression
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.stage_runs import capture_and_apply, source_and_current
 
@@ -48,13 +49,14 @@ def test_an_excluded_tables_map_is_not_read_beyond_its_name(cdc: CdcEnv, monkeyp
 def _compressed_binlog(cdc: CdcEnv) -> Iterator[None]:
     """The server compresses what it binlogs meanwhile: MySQL every transaction (zstd payloads), MariaDB every query
     and row event (zlib; its threshold lowered so that small ones are compressed too)."""
-    mysql = cdc.server.flavour == "mysql"
-    settings = (
-        {"binlog_transaction_compression": ("ON", "OFF")}
-        if mysql
-        else {"log_bin_compress": ("ON", "OFF"), "log_bin_compress_min_len": ("10", "256")}
-    )
     with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SELECT VERSION()")
+        transactions = has_transaction_compression(cdc.server.flavour, str(cur.fetchone()[0]))
+        settings = (
+            {"binlog_transaction_compression": ("ON", "OFF")}
+            if transactions
+            else {"log_bin_compress": ("ON", "OFF"), "log_bin_compress_min_len": ("10", "256")}
+        )
         for name, (on, _) in settings.items():
             cur.execute(f"SET GLOBAL {name} = {on}")
         try:
