@@ -310,6 +310,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     tables, windows = status.tables, status.freshness_windows_minutes
     print(f"lakehouse:   {status.lakehouse}")
     print(f"checkpoint:  {status.checkpoint or 'none (next sync starts at the oldest binlog)'}")
+    if status.gtid:  # MySQL: the executed GTID set up to the checkpoint; MariaDB: the last GTID of each domain
+        print(f"GTIDs:       {status.gtid}")
     print(f"binlog end:  {status.binlog_end}")
     print(f"lag:         {status.lag_bytes} bytes, {status.lag_seconds} s")
     print(f"raw batches: {status.raw_batches} (last: {status.last_batch or '-'})")

@@ -1,9 +1,12 @@
 """The binlog reader against python-mysql-replication, on the same binlog of every column type: the same
-column specs, keys and canonical texts for every row image (before- and after-images, NULLs, edges)."""
+column specs, keys and canonical texts for every row image (before- and after-images, NULLs, edges), on MariaDB and
+on MySQL. MySQL's binary JSON values are left out of the comparison: python-mysql-replication decodes some of them
+wrongly, and the JSON reader has tests of its own."""
 
 from __future__ import annotations
 
 import pymysql
+import pytest
 
 from cdc_assets.capture.binlog import events
 from cdc_assets.capture.binlog.protocol import dump_events
@@ -12,6 +15,7 @@ from cdc_assets.capture.binlog.table_map import parse_table_map
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.local_source.server import LocalServer
+from cdc_assets.source.server import binlog_end
 from cdc_assets_tests.pmr_reference import reference_events
 from cdc_assets_tests.test_type_edges import EDGE_TABLE, ROWS
 
@@ -33,13 +37,10 @@ MORE_ROWS = [
 ]
 
 
-def _binlog_end(cur: pymysql.cursors.Cursor) -> BinlogPosition:
-    cur.execute("SHOW MASTER STATUS")
-    name, pos = cur.fetchone()[:2]
-    return BinlogPosition(name, int(pos))
+pytestmark = pytest.mark.both_sources
 
 
-def _decoded(url: MySQLUrl, start: BinlogPosition, end: BinlogPosition) -> list[tuple]:
+def _decoded(url: MySQLUrl, start: BinlogPosition, end: BinlogPosition, mariadb: bool) -> list[tuple]:
     found: list[tuple] = []
     decoders: dict[int, RowDecoder] = {}
     conn = pymysql.connect(**url.connection_settings())  # type: ignore[arg-type]
@@ -51,7 +52,7 @@ def _decoded(url: MySQLUrl, start: BinlogPosition, end: BinlogPosition) -> list[
             if log_file != end.log_file or event.log_pos > end.log_pos:
                 break
             if event.type == events.TABLE_MAP:
-                table_map = parse_table_map(event.body, mariadb=True)
+                table_map = parse_table_map(event.body, mariadb=mariadb)
                 decoders[table_map.table_id] = RowDecoder(table_map)
                 found.append(
                     ("map", table_map.table.schema, table_map.table.table, table_map.columns, table_map.shape.primary_key)
@@ -66,15 +67,31 @@ def _decoded(url: MySQLUrl, start: BinlogPosition, end: BinlogPosition) -> list[
     return found
 
 
-def test_every_type_decodes_as_python_mysql_replication_decodes_it(mariadb: LocalServer) -> None:
-    with mariadb.admin_connection() as conn, conn.cursor() as cur:
+def _without_binary_json(found: list[tuple]) -> list[tuple]:
+    """The events with MySQL's JSON values left out (a placeholder in their place), judged by each table map."""
+    json_columns: list[int] = []
+    out = []
+    for event in found:
+        if event[0] == "map":
+            json_columns = [i for i, column in enumerate(event[3]) if column.type == "json"]
+            out.append(event)
+            continue
+        op, before, after = event
+        out.append((op, *([v if i not in json_columns else "<json>" for i, v in enumerate(image)] if image else image
+                           for image in (before, after))))  # fmt: skip
+    return out
+
+
+def test_every_type_decodes_as_python_mysql_replication_decodes_it(source: LocalServer) -> None:
+    mariadb = source.flavour == "mariadb"
+    with source.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("DROP DATABASE IF EXISTS decoder_check")
         cur.execute("CREATE DATABASE decoder_check CHARACTER SET utf8mb4")
         cur.execute("USE decoder_check")
         cur.execute("FLUSH BINARY LOGS")  # one file for the whole check
         cur.execute("SET SESSION time_zone = '+05:30'")
         cur.execute("SET NAMES utf8mb4")
-        start = _binlog_end(cur)
+        start = binlog_end(conn)
         cur.execute(EDGE_TABLE)
         for row in ROWS:
             cur.execute(f"INSERT INTO edges VALUES {row}".replace("%", "%%"))
@@ -89,11 +106,13 @@ def test_every_type_decodes_as_python_mysql_replication_decodes_it(mariadb: Loca
         cur.execute("CREATE TABLE keyless (x INT, y VARCHAR(3))")
         cur.execute("INSERT INTO keyless VALUES (1, 'a'), (1, 'a'), (NULL, NULL)")
         cur.execute("DELETE FROM keyless WHERE x IS NULL")
-        end = _binlog_end(cur)
-    url = MySQLUrl.parse(mariadb.reader_url())
+        end = binlog_end(conn)
+    url = MySQLUrl.parse(source.reader_url())
 
-    ours = _decoded(url, start, end)
+    ours = _decoded(url, start, end, mariadb)
     theirs = reference_events(url, 4243, start, end)
+    if not mariadb:
+        ours, theirs = _without_binary_json(ours), _without_binary_json(theirs)
 
     assert [e[0] for e in ours].count("map") == 14  # one before each of the 14 row events
     assert len(ours) - 14 == 9 + 5 + 4  # row changes of edges, more_types and keyless

@@ -1,6 +1,7 @@
 """Batch assembly: transactions, `_cdc_seq` numbering and batch cuts, without a server."""
 
-from cdc_assets.capture.batches import BatchBuilder, parse_gtid_state, redact_statement
+from cdc_assets.capture.batches import BatchBuilder, redact_statement
+from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
@@ -69,10 +70,10 @@ def test_account_statements_and_passwords_stay_out() -> None:
 
 
 def test_gtid_state_round_trip() -> None:
-    assert parse_gtid_state("0-1-18,1-2-5") == {"0": "0-1-18", "1": "1-2-5"}
-    assert parse_gtid_state("3E11FA47-71CA-11E1-9E33-C80AA9429562:23") == {
-        "3E11FA47-71CA-11E1-9E33-C80AA9429562": "3E11FA47-71CA-11E1-9E33-C80AA9429562:23"
-    }
+    assert GtidState.parse("0-1-18,1-2-5").domains == {"0": "0-1-18", "1": "1-2-5"}
+    assert GtidState.parse("1-2-5,0-1-18").text() == "0-1-18,1-2-5"
+    mysql = GtidState.parse("3E11FA47-71CA-11E1-9E33-C80AA9429562:23")
+    assert mysql.executed == {("3e11fa47-71ca-11e1-9e33-c80aa9429562", ""): [(23, 23)]}
 
 
 def test_query_events_and_transactions() -> None:

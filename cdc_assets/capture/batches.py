@@ -15,11 +15,20 @@ from typing import Any
 
 import pyarrow as pa
 
+from cdc_assets.capture.binlog.compression import (
+    MARIADB_COMPRESSED_ROWS,
+    MARIADB_QUERY_COMPRESSED,
+    MARIADB_UNCOMPRESSED_TYPE,
+    expand_payloads,
+    mariadb_decompressed,
+)
 from cdc_assets.capture.binlog.events import (
     FORMAT_DESCRIPTION,
     MARIADB_GTID,
     MARIADB_GTID_STANDALONE,
     MYSQL_GTID,
+    MYSQL_GTID_TAGGED,
+    MYSQL_PREVIOUS_GTIDS,
     QUERY,
     ROTATE,
     ROW_EVENTS,
@@ -29,6 +38,8 @@ from cdc_assets.capture.binlog.events import (
     format_post_header_lengths,
     mariadb_gtid,
     mysql_gtid,
+    mysql_previous_gtids,
+    mysql_tagged_gtid,
     query_text,
     refuse_unreadable,
     rotate_target,
@@ -36,10 +47,11 @@ from cdc_assets.capture.binlog.events import (
 )
 from cdc_assets.capture.binlog.protocol import RawEvent, dump_events
 from cdc_assets.capture.binlog.row_images import RowDecoder
-from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map
+from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map, table_map_table
 from cdc_assets.capture.ddl import schema_changes
 from cdc_assets.capture.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
 from cdc_assets.core import failpoints
+from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition, binlog_file_number
 from cdc_assets.core.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
@@ -119,7 +131,7 @@ class _HoldPoint:
     rows: int
     statements: int
     transactions: int
-    gtid_state: dict[str, str]
+    gtid_state: GtidState
     first_commit_ts: int | None
     last_commit_ts: int | None
     schemas: dict[TableRef, TableShape]
@@ -143,7 +155,7 @@ class BatchBuilder:
 
     start: BinlogPosition
     next_seq: int = FIRST_SEQ
-    gtid_state: dict[str, str] = field(default_factory=dict)
+    gtid_state: GtidState = field(default_factory=GtidState)  # at the last commit (MySQL: the executed set)
     max_rows: int = DEFAULT_MAX_BATCH_ROWS
     server: dict[str, Any] = field(default_factory=dict)
     # Every captured table's columns and key as of the current point of the binlog (persisted between
@@ -161,11 +173,12 @@ class BatchBuilder:
         self._group_start: BinlogPosition | None = None
         self._prepared: dict[str, RowSpool] = {}  # XA transactions prepared, not yet committed or rolled back
         self._hold: _HoldPoint | None = None
+        self.skipping = False  # inside a transaction already captured (see `begin`)
         self._reset(self.start)
 
     def _reset(self, start: BinlogPosition) -> None:
         self.batch_start = start
-        self.batch_start_gtid = _gtid_text(self.gtid_state)
+        self.batch_start_gtid = self.gtid_state.text()
         self.batch_first_seq = self.next_seq
         self.committed_end = start
         self._batch_dir = SpoolDirectory()  # lives on with the RawBatch cut from it
@@ -188,6 +201,10 @@ class BatchBuilder:
         self._transaction.discard()  # a transaction left open (the stream resumed mid-way) never committed
         self._gtid = gtid
         self._group_start = at
+        # A MySQL transaction whose GTID the executed set holds was captured already: after a failover the new
+        # server's binlog may hold such ones past the point capture resumed from (another order of the same
+        # transactions). It is skipped, as a replica with auto-position skips it.
+        self.skipping = gtid is not None and self.gtid_state.holds(gtid)
 
     # -- XA transactions --------------------------------------------------------------------------------
     # MariaDB logs an XA transaction's rows when it is PREPAREd (an event group of their own), and its
@@ -202,7 +219,7 @@ class BatchBuilder:
                 rows=len(self._rows),
                 statements=len(self.statements),
                 transactions=self.transactions,
-                gtid_state=dict(self.gtid_state),
+                gtid_state=self.gtid_state.copy(),
                 first_commit_ts=self.first_commit_ts,
                 last_commit_ts=self.last_commit_ts,
                 schemas=dict(self.schemas),
@@ -275,6 +292,8 @@ class BatchBuilder:
         afters: Sequence[list[str | None] | None],
     ) -> None:
         """The rows of one row event of a table of this shape: images before and after, in order."""
+        if self.skipping:
+            return
         n = len(befores)
         version = self.version_of(shape)
         table = shape.table
@@ -287,6 +306,8 @@ class BatchBuilder:
     def statement(self, schema: str | None, query: str, commit_ts: int | None = None) -> None:
         """A DDL or TRUNCATE of captured tables: recorded (secrets excluded), with a `_cdc_seq` of its own
         to order it. A DDL also carries the table changes it makes (`ddl.schema_changes`)."""
+        if self.skipping:
+            return
         redacted = redact_statement(query)
         if redacted is None:
             return
@@ -356,9 +377,10 @@ class BatchBuilder:
             self.last_commit_ts = commit_ts
             self._move_transaction_rows(commit_ts * 1_000_000)
         if self._gtid:
-            self.gtid_state[gtid_domain(self._gtid)] = self._gtid
+            self.gtid_state.add(self._gtid)
         self._transaction.discard()
         self._gtid = None
+        self.skipping = False
         self.committed_end = end
 
     def _move_transaction_rows(self, commit_micros: int) -> None:
@@ -378,6 +400,11 @@ class BatchBuilder:
                 6, "commit_ts", pa.array([commit_micros] * chunk.num_rows, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
             )
             self._rows.append_table(stamped.select(RAW_ROWS_SCHEMA.names))
+
+    def previous_gtids(self, executed: GtidState) -> None:
+        """A MySQL binlog file's PREVIOUS_GTIDS: every transaction before the file is executed at its start (capture
+        that began at the oldest binlog learns the set there; later files only confirm it)."""
+        self.gtid_state.update(executed)
 
     def advance_idle_to(self, position: BinlogPosition) -> None:
         if not len(self._transaction) and self._gtid is None and self.committed_end < position:
@@ -425,7 +452,7 @@ class BatchBuilder:
             events=self.events,
             transactions=self.transactions,
             start_gtid=self.batch_start_gtid,
-            end_gtid=_gtid_text(self.gtid_state),
+            end_gtid=self.gtid_state.text(),
             first_commit_ts=self.first_commit_ts,
             last_commit_ts=self.last_commit_ts,
             server=self.server,
@@ -433,24 +460,6 @@ class BatchBuilder:
         )
         self._reset(self.committed_end)
         return batch
-
-
-def _gtid_text(state: dict[str, str]) -> str | None:
-    return ",".join(state[k] for k in sorted(state)) or None
-
-
-def parse_gtid_state(text: str | None) -> dict[str, str]:
-    state: dict[str, str] = {}
-    for gtid in (text or "").split(","):
-        gtid = gtid.strip()
-        if gtid:
-            state[gtid_domain(gtid)] = gtid
-    return state
-
-
-def gtid_domain(gtid: str) -> str:
-    """What a GTID's position is kept per: MySQL's source UUID (`uuid:n`), MariaDB's domain (`domain-server-n`)."""
-    return gtid.rsplit(":", 1)[0] if ":" in gtid else gtid.split("-", 1)[0]
 
 
 # -- reading the binlog -------------------------------------------------------------------------------------
@@ -482,10 +491,13 @@ def capture_batches(
     end = end.in_epoch(start.epoch)  # the server's position, named in the epoch capture follows it in
     if not start < end:
         return
+    gtid_state = GtidState.parse(start_gtid)
+    if server.flavor == "mysql" and server.has_gtid and start.log_pos > 4 and _executed_set_unknown(gtid_state):
+        gtid_state = executed_set_at(url, options.server_id, start)
     builder = BatchBuilder(
         start=start,
         next_seq=next_seq,
-        gtid_state=parse_gtid_state(start_gtid),
+        gtid_state=gtid_state,
         max_rows=options.max_batch_rows,
         server=server.to_json(),
         schemas=dict(schemas or {}),
@@ -494,30 +506,65 @@ def capture_batches(
     )
     conn = source.connect(url)
     try:
-        yield from _batches(dump_events(conn, options.server_id, start), builder, end, options, server)
+        events = expand_payloads(dump_events(conn, options.server_id, start))  # compressed transactions as if plain
+        yield from _batches(events, builder, end, options, server)
     finally:
         conn.close()
+
+
+def _executed_set_unknown(state: GtidState) -> bool:
+    """Whether a MySQL checkpoint's GTID state is not the executed set there: none (captured before the server had
+    GTIDs), or the last GTID per source, as checkpoints once kept it."""
+    return not state.executed or state.last_gtids_only()
+
+
+def executed_set_at(url: MySQLUrl, server_id: int, position: BinlogPosition) -> GtidState:
+    """MySQL's executed GTID set at `position` (a transaction boundary), read from its binlog file: the set before the
+    file (its PREVIOUS_GTIDS) and every transaction from the file's start up to the position."""
+    state = GtidState()
+    log_file = None
+    conn = source.connect(url)
+    try:
+        for event in dump_events(conn, server_id, BinlogPosition(position.log_file, 4)):
+            if event.type == ROTATE:
+                log_file = rotate_target(event.body)[0]
+                continue
+            if log_file != position.log_file or (event.log_pos and event.log_pos > position.log_pos):
+                break
+            if event.type == MYSQL_PREVIOUS_GTIDS:
+                state.update(mysql_previous_gtids(event.body))
+            elif event.type == MYSQL_GTID:
+                state.add(mysql_gtid(event.body))
+            elif event.type == MYSQL_GTID_TAGGED:
+                state.add(mysql_tagged_gtid(event.body))
+    finally:
+        conn.close()
+    return state
 
 
 @dataclass
 class _TableMaps:
     """Table maps by binlog table id, each parsed once per distinct definition (the same bytes arrive before
-    every transaction that touches the table); None for a table the filter leaves out."""
+    every transaction that touches the table); None for a table the filter leaves out, whose map is read no
+    further than its name."""
 
     mariadb: bool
     table_filter: TableFilter
     post_header_length: int = 8
-    by_id: dict[int, tuple[TableMap, RowDecoder | None]] = field(default_factory=dict)
-    _parsed: dict[bytes, tuple[TableMap, RowDecoder | None]] = field(default_factory=dict)
+    by_id: dict[int, tuple[TableMap, RowDecoder] | None] = field(default_factory=dict)
+    _parsed: dict[bytes, tuple[TableMap, RowDecoder] | None] = field(default_factory=dict)
 
-    def read(self, body: bytes) -> tuple[TableMap, RowDecoder | None]:
-        known = self._parsed.get(body)
-        if known is None:
-            table_map = parse_table_map(body, self.mariadb, self.post_header_length)
-            wanted = self.table_filter.matches(table_map.table.schema, table_map.table.table)
-            known = (table_map, RowDecoder(table_map) if wanted else None)
+    def read(self, body: bytes) -> tuple[TableMap, RowDecoder] | None:
+        if body in self._parsed:
+            known = self._parsed[body]
+        else:
+            known = None
+            table = table_map_table(body, self.post_header_length)[1]
+            if self.table_filter.matches(table.schema, table.table):
+                table_map = parse_table_map(body, self.mariadb, self.post_header_length)
+                known = (table_map, RowDecoder(table_map))
             self._parsed[body] = known
-        self.by_id[known[0].table_id] = known
+        self.by_id[int.from_bytes(body[:6], "little")] = known
         return known
 
 
@@ -573,37 +620,50 @@ def _read_events(
             # file headers): stop before the next transaction rather than overshoot.
             builder.advance_idle_to(end)
             break
+        if kind == MYSQL_PREVIOUS_GTIDS:  # a new file's start: not an event of a transaction
+            builder.previous_gtids(mysql_previous_gtids(event.body))
+            continue
         boundary = False
         if kind == TABLE_MAP:
-            table_map, decoder = maps.read(event.body)
-            if decoder is not None:
+            mapped = maps.read(event.body)
+            if mapped is not None and not builder.skipping:  # a skipped transaction's maps may be of older shapes
+                table_map = mapped[0]
                 shapes[table_map.table_id] = table_map.shape
                 builder.version_of(table_map.shape)
             continue
-        if kind in ROW_EVENTS:
+        if kind in ROW_EVENTS or kind in MARIADB_COMPRESSED_ROWS:
             table_id = int.from_bytes(event.body[:6], "little")
-            known = maps.by_id.get(table_id)
-            if known is None:  # no table map read for it (the stream resumed inside a statement)
+            if table_id not in maps.by_id:  # no table map read for it (the stream resumed inside a statement)
                 continue
             builder.count_event()
-            table_map, decoder = known
-            if decoder is None:
+            known = maps.by_id[table_id]
+            if known is None or builder.skipping:  # a table capture leaves out: its rows are not read (nor decompressed)
                 continue
-            befores, afters = decoder.rows(kind, event.body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
+            body = event.body
+            if kind in MARIADB_COMPRESSED_ROWS:
+                plain = MARIADB_UNCOMPRESSED_TYPE[kind]
+                kind, body = mariadb_decompressed(kind, body, _post_header(post_headers, plain, 8 if plain < 30 else 10))
+            decoder = known[1]
+            befores, afters = decoder.rows(kind, body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
             builder.row_changes(shapes[table_id], ROW_EVENTS[kind], befores, afters)
             continue
         builder.count_event()
-        if kind == MARIADB_GTID or kind == MYSQL_GTID:
+        if kind == MARIADB_QUERY_COMPRESSED:
+            kind, body = mariadb_decompressed(kind, event.body, _post_header(post_headers, QUERY, 13))
+            event = event._replace(type=kind, body=body)
+        if kind == MARIADB_GTID or kind == MYSQL_GTID or kind == MYSQL_GTID_TAGGED:
             if kind == MARIADB_GTID:
                 gtid, flags = mariadb_gtid(event.body, event.server_id)
-            else:
+            elif kind == MYSQL_GTID:
                 gtid, flags = mysql_gtid(event.body), MARIADB_GTID_STANDALONE
+            else:
+                gtid, flags = mysql_tagged_gtid(event.body), MARIADB_GTID_STANDALONE
             builder.begin(gtid, BinlogPosition(log_file, end_pos - event.size, epoch))
             in_transaction = not flags & MARIADB_GTID_STANDALONE
         elif kind == XID:
             boundary = True
         elif kind == XA_PREPARE:
-            if xa_id is not None and not xa_prepare_is_one_phase(event.body):
+            if xa_id is not None and not xa_prepare_is_one_phase(event.body) and not builder.skipping:
                 builder.prepare_xa(xa_id)
             boundary = True
         elif kind == QUERY:
@@ -612,7 +672,7 @@ def _read_events(
             xa = xa_statement(query)
             if xa is not None and xa[0] == "END":
                 xa_id = xa[1]
-            elif xa is not None:
+            elif xa is not None and not builder.skipping:
                 builder.resolve_xa(xa[1], committed=xa[0] == "COMMIT")
             if statement_kind == "begin":
                 in_transaction = True
@@ -638,7 +698,11 @@ def _read_events(
         yield builder.cut()
 
 
-_CAPTURED = frozenset({TABLE_MAP, XID, XA_PREPARE, QUERY, MARIADB_GTID, MYSQL_GTID, *ROW_EVENTS})
+_CAPTURED = frozenset(
+    {TABLE_MAP, XID, XA_PREPARE, QUERY, MARIADB_GTID, MYSQL_GTID, MYSQL_GTID_TAGGED, MYSQL_PREVIOUS_GTIDS}
+    | ROW_EVENTS.keys()
+    | MARIADB_UNCOMPRESSED_TYPE.keys()
+)
 
 
 def _post_header(lengths: bytes, event_type: int, default: int) -> int:

@@ -186,12 +186,12 @@ _TYPE_ALIASES = {
     "tinyblob": "blob", "mediumblob": "blob", "longblob": "blob",
     "point": "geometry", "linestring": "geometry", "polygon": "geometry", "multipoint": "geometry",
     "multilinestring": "geometry", "multipolygon": "geometry", "geometrycollection": "geometry",
-    "nchar": "char", "nvarchar": "varchar", "character": "char",
+    "geomcollection": "geometry", "nchar": "char", "nvarchar": "varchar", "character": "char",
 }  # fmt: skip
 _KNOWN_TYPES = {
     "tinyint", "smallint", "mediumint", "int", "bigint", "decimal", "float", "double", "bit", "date", "datetime",
     "timestamp", "time", "year", "char", "varchar", "text", "enum", "set", "json", "binary", "varbinary", "blob",
-    "geometry", "serial",
+    "geometry", "serial", "vector",
 }  # fmt: skip
 _BINARY_OF = {"varchar": "varbinary", "char": "binary", "text": "blob"}
 
@@ -375,7 +375,7 @@ def _implicit_default(spec: ColumnSpec) -> str | None:
         return spec.members[0] if spec.members else ""
     if t == "binary":
         return _b64(b"\0" * (spec.length or 0))
-    if t in ("varbinary", "blob", "geometry"):
+    if t in ("varbinary", "blob", "geometry", "vector"):  # a VECTOR NOT NULL added to rows: no element
         return _b64(b"")
     return ""
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -36,6 +37,10 @@ _UNSIGNED_INT: dict[str, pa.DataType] = {
 }
 TEXT_TYPES = ("char", "varchar", "text", "enum", "set", "json")
 BINARY_TYPES = ("binary", "varbinary", "blob", "geometry")
+# MySQL 9's VECTOR: float32s. Its canonical text is the base64 of their little-endian bytes, as the server stores them
+# and sends them (as binary, over the text protocol too), so a value is exact on every route.
+VECTOR_TYPE = pa.list_(pa.float32())
+VECTOR_ELEMENT_BYTES = 4
 MAX_DELTA_DECIMAL_PRECISION = 38
 BIT64_WRAP = 1 << 64
 GEOMETRY_SRID_BYTES = 4
@@ -47,7 +52,7 @@ class ColumnSpec:
 
     name: str
     type: str  # one of INTEGER_TYPES, decimal, float, double, bit, date, datetime, timestamp, time,
-    # year, TEXT_TYPES or BINARY_TYPES
+    # year, TEXT_TYPES, BINARY_TYPES or vector
     unsigned: bool = False
     precision: int | None = None  # decimal
     scale: int | None = None  # decimal
@@ -96,7 +101,19 @@ def arrow_type(col: ColumnSpec) -> pa.DataType:
         return pa.string()
     if t in BINARY_TYPES:
         return pa.binary()
+    if t == "vector":
+        return VECTOR_TYPE
     raise ValueError(f"unsupported MySQL type {t!r} for column {col.name!r}")
+
+
+def vector_array(values: list[bytes | None]) -> pa.Array:
+    """VECTOR values (each its float32s in little-endian bytes, as stored) as lists of float32, exactly."""
+    lengths = np.fromiter((0 if v is None else len(v) // VECTOR_ELEMENT_BYTES for v in values), np.int32, len(values))
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    floats = np.frombuffer(b"".join(v for v in values if v), "<f4")
+    mask = pa.array([v is None for v in values], pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(floats, pa.float32()), type=VECTOR_TYPE, mask=mask)
 
 
 # -- canonical text ------------------------------------------------------------------------------------
@@ -140,7 +157,7 @@ def encode_python_value(col: ColumnSpec, value: Any) -> str:
         return value.isoformat()
     if t == "time":
         return format_time(value, col.fsp)
-    if t in BINARY_TYPES:
+    if t in BINARY_TYPES or t == "vector":
         if isinstance(value, str):  # the binlog decoder returns '' for an empty BLOB
             value = value.encode("latin-1")
         if t == "geometry":  # MySQL stores a 4-byte SRID before the WKB; the lakehouse keeps plain WKB
@@ -172,9 +189,9 @@ def encode_sql_value(col: ColumnSpec, value: Any) -> str | None:
 def decode_column(col: ColumnSpec, texts: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """Arrow array of the column's Delta type from canonical texts (vectorised where Arrow can)."""
     target = arrow_type(col)
-    if pa.types.is_binary(target):
+    if pa.types.is_binary(target) or col.type == "vector":
         values = [None if v is None else base64.b64decode(v) for v in texts.to_pylist()]
-        return pa.array(values, type=pa.binary())
+        return vector_array(values) if col.type == "vector" else pa.array(values, type=pa.binary())
     if pa.types.is_string(target):
         return texts.cast(pa.string())
     if pa.types.is_timestamp(target) and target.tz is not None:
@@ -211,6 +228,7 @@ _SCHEMA_TYPES = {
     "tinyblob": "blob", "mediumblob": "blob", "longblob": "blob",
     "point": "geometry", "linestring": "geometry", "polygon": "geometry", "multipoint": "geometry",
     "multilinestring": "geometry", "multipolygon": "geometry", "geometrycollection": "geometry",
+    "geomcollection": "geometry",  # MySQL 8's information_schema name for GEOMETRYCOLLECTION
     "numeric": "decimal", "real": "double", "integer": "int", "bool": "tinyint", "boolean": "tinyint",
 }  # fmt: skip
 

@@ -367,7 +367,7 @@ class Status:
     lag_bytes: int
     lag_seconds: float
     next_seq: int | None
-    gtid: str | None
+    gtid: str | None  # at the checkpoint: MySQL's executed GTID set, MariaDB's last GTID of each domain
     tables: list[str]
     table_lag_seconds: dict[str, float]
     freshness_windows_minutes: dict[str, float]  # warn, fail

@@ -4,6 +4,8 @@ process and by its Spark job on the executors, so both write the same rows."""
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -108,6 +110,8 @@ def cast_column(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
         return pa.StructArray.from_arrays(children, fields=list(target), mask=pc.is_null(values))
     if pa.types.is_string(target) and pa.types.is_binary(values.type):
         return pa.array([None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()], target)
+    if pa.types.is_string(target) and pa.types.is_list(values.type):  # a VECTOR modified to another type: as JSON
+        return pa.array([None if v is None else json.dumps(v) for v in values.to_pylist()], target)
     return pc.cast(values, target)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core.arrow import hashable
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.core.names import TableRef
@@ -55,6 +56,7 @@ def number_duplicates(rows: pa.Table, columns: list[str]) -> pa.Array:
     counts: dict[tuple, int] = {}
     ordinals = []
     for values in zip(*(rows.column(c).to_pylist() for c in columns), strict=True) if rows.num_rows else []:
+        values = hashable(values)  # a VECTOR's list as a tuple
         ordinals.append(counts.get(values, 0))
         counts[values] = ordinals[-1] + 1
     return pa.array(ordinals, DUP_TYPE)
@@ -327,6 +329,7 @@ def pieces(rows: int, row_bytes: float, piece_bytes: int) -> list[tuple[int, int
 
 
 _CHANGE = "\x00change."
+_ROW = "\x00row"  # a row's number in the rows, or its change's after them
 
 
 def merge_rows(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
@@ -366,10 +369,16 @@ def _interleaved(rest: pa.Table, merged: pa.Table, key: str) -> pa.Table:
 
 
 def _merge_joined(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
+    """The join is of the keys, seqs and row numbers only: Acero joins no list column (a VECTOR), and each other
+    column is then gathered once, from the row or from its change."""
     schema = existing.schema
+    rows = pa.array(np.arange(existing.num_rows, dtype=np.int64))
+    changes = pa.array(np.arange(existing.num_rows, existing.num_rows + newest.num_rows, dtype=np.int64))
+    left = existing.select([*key, "_cdc_seq"]).append_column(_ROW, rows)
     # the changes' columns apart from the rows' under a prefix no identifier holds (a NUL)
-    incoming = newest.rename_columns([c if c in key else f"{_CHANGE}{c}" for c in newest.column_names])
-    joined = existing.join(incoming, keys=key, join_type="full outer", use_threads=False)
+    right = newest.select([*key, "_cdc_seq", ACTION_COLUMN]).append_column(_ROW, changes)
+    right = right.rename_columns([c if c in key else f"{_CHANGE}{c}" for c in right.column_names])
+    joined = left.join(right, keys=key, join_type="full outer", use_threads=False)
     t_seq, s_seq = joined.column("_cdc_seq"), joined.column(f"{_CHANGE}_cdc_seq")
     absent = pc.is_null(t_seq)
     newer = pc.fill_null(pc.greater(s_seq, t_seq), False)
@@ -380,8 +389,13 @@ def _merge_joined(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple
         "updated": int(pc.sum(pc.and_(newer, pc.invert(deletes))).as_py() or 0),
         "deleted": int(pc.sum(pc.and_(newer, deletes)).as_py() or 0),
     }
+    source_row = pc.if_else(take, joined.column(f"{_CHANGE}{_ROW}"), joined.column(_ROW))  # into rows + changes
     arrays = [
-        joined.column(f.name) if f.name in key else pc.if_else(take, joined.column(f"{_CHANGE}{f.name}"), joined.column(f.name))
+        joined.column(f.name)
+        if f.name in key
+        else pa.chunked_array(
+            existing.column(f.name).chunks + newest.column(f.name).cast(f.type).chunks, f.type
+        ).take(source_row)
         for f in schema
     ]
     merged = pa.Table.from_arrays(arrays, schema=schema).filter(pc.invert(pc.and_(take, deletes)))

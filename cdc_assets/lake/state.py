@@ -22,7 +22,8 @@ CHECKPOINT_KEY = f"{STATE}/checkpoint.json"
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where the next capture starts: a transaction boundary, with the GTID state there if any."""
+    """Where the next capture starts: a transaction boundary, with the GTID state there if any (`gtid`: on MySQL the
+    executed GTID set up to it, tagged GTIDs included; on MariaDB the last GTID of each domain)."""
 
     position: BinlogPosition
     gtid: str | None = None

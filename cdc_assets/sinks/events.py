@@ -109,6 +109,8 @@ def json_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
         return [None if v is None else base64.b64encode(v).decode("ascii") for v in column.to_pylist()]
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_string(t):
         return column.to_pylist()
+    if pa.types.is_list(t) and pa.types.is_floating(t.value_type):  # a VECTOR: a JSON array of its numbers
+        return column.to_pylist()
     if pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return pc.cast(column, pa.string()).to_pylist()
     return [None if v is None else str(v) for v in column.to_pylist()]

@@ -25,6 +25,7 @@ from cdc_assets.core.mysql_types import (
     column_from_information_schema,
     decode_column,
     encode_sql_value,
+    vector_array,
 )
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
@@ -170,6 +171,8 @@ def source_column(col: ColumnSpec, binary: pa.BinaryArray) -> pa.Array:
     t, target = col.type, arrow_type(col)
     if t in ("binary", "varbinary", "blob"):
         return binary
+    if t == "vector":  # the server sends a VECTOR's float32s as they are stored
+        return vector_array(binary.to_pylist())
     if t in ("bit", "float", "geometry"):  # bytes, a FLOAT printed as the DOUBLE it holds, WKB after an SRID
         raw = binary.to_pylist()
         return decode_column(col, pa.array([encode_sql_value(col, _python_value(col, v)) for v in raw], pa.string()))

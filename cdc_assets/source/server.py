@@ -176,6 +176,14 @@ class ServerInfo:
     def to_json(self) -> dict[str, object]:
         return {"flavor": self.flavor, "version": self.version, "server_id": self.server_id}
 
+    @property
+    def logs_foreign_key_cascades(self) -> bool:
+        return logs_foreign_key_cascades(self.flavor, self.version)
+
+    @property
+    def has_tagged_gtids(self) -> bool:
+        return has_tagged_gtids(self.flavor, self.version)
+
 
 def _variables(cur: pymysql.cursors.Cursor, names: list[str]) -> dict[str, str]:
     placeholders = ",".join(["%s"] * len(names))
@@ -183,16 +191,89 @@ def _variables(cur: pymysql.cursors.Cursor, names: list[str]) -> dict[str, str]:
     return {name.lower(): str(value) for name, value in cur.fetchall()}
 
 
-def _version_tuple(version: str) -> tuple[int, int]:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+# -- what differs between server versions --------------------------------------------------------------------
+# Each difference CDC feels is one function of the flavour and the version, so the choice is made in one place and
+# tested without a server (the tests' own servers are MySQL 9.7 and MariaDB 10.11: the other branches run elsewhere).
+
+_MARIADB_HANDSHAKE_PREFIX = "5.5.5-"  # MariaDB's handshake puts it before its version, for old MySQL clients
+
+
+def server_version(version: str) -> tuple[str, tuple[int, int, int]]:
+    """("mariadb" or "mysql", (major, minor, patch)) of a version string, as SELECT VERSION() or the connection's
+    handshake (PyMySQL's `server_version`) gives it."""
+    flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
+    if flavor == "mariadb" and version.startswith(_MARIADB_HANDSHAKE_PREFIX):
+        version = version[len(_MARIADB_HANDSHAKE_PREFIX) :]
+    match = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if match is None:
+        return flavor, (0, 0, 0)
+    return flavor, (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+
+
+def _mysql_from(version: str, minimum: tuple[int, int, int]) -> bool:
+    flavor, number = server_version(version)
+    return flavor == "mysql" and number >= minimum
+
+
+def binlog_status_statement(version: str) -> str:
+    """The statement that reports where the binlog ends: `SHOW BINARY LOG STATUS` from MySQL 8.2 (the only form
+    from 8.4 on), `SHOW MASTER STATUS` on MySQL 8.0 and 8.1 and on MariaDB."""
+    return "SHOW BINARY LOG STATUS" if _mysql_from(version, (8, 2, 0)) else "SHOW MASTER STATUS"
+
+
+def logs_foreign_key_cascades(flavor: str, version: str) -> bool:
+    """Whether the server writes the row changes a foreign key's ON DELETE/UPDATE CASCADE or SET NULL makes into
+    the binlog: MySQL from 9.6 on (the SQL layer applies them); MySQL 8.0 and 8.4 and MariaDB apply them inside
+    InnoDB, out of the binlog's sight, so they must be derived."""
+    return flavor == "mysql" and _mysql_from(version, (9, 6, 0))
+
+
+def has_tagged_gtids(flavor: str, version: str) -> bool:
+    """Whether GTIDs may carry a tag (`uuid:tag:n`, GTID_TAGGED_LOG_EVENT, the tagged GTID set encoding): MySQL 8.3+."""
+    return flavor == "mysql" and _mysql_from(version, (8, 3, 0))
+
+
+def has_vector_type(flavor: str, version: str) -> bool:
+    """Whether the server has the VECTOR column type: MySQL 9.0+ (MariaDB 11.7's VECTOR is another type)."""
+    return flavor == "mysql" and _mysql_from(version, (9, 0, 0))
+
+
+def has_transaction_compression(flavor: str, version: str) -> bool:
+    """Whether the server can write zstd TRANSACTION_PAYLOAD events (binlog_transaction_compression): MySQL 8.0.20+."""
+    return flavor == "mysql" and _mysql_from(version, (8, 0, 20))
+
+
+@dataclass(frozen=True)
+class ReplicaStatements:
+    """The statements that run a replica, in the server's own terminology."""
+
+    start: str
+    stop: str
+    status: str
+    change_source: str  # followed by its options, named with `option_prefix` (SOURCE_HOST or MASTER_HOST, ...)
+    option_prefix: str
+
+
+def replica_statements(flavor: str, version: str) -> ReplicaStatements:
+    """MySQL says REPLICA from 8.0.22 and CHANGE REPLICATION SOURCE from 8.0.23 (the SLAVE/MASTER forms are gone
+    from 8.4); MariaDB and older MySQL say SLAVE and CHANGE MASTER."""
+    replica = flavor == "mysql" and _mysql_from(version, (8, 0, 22))
+    source_words = flavor == "mysql" and _mysql_from(version, (8, 0, 23))
+    word = "REPLICA" if replica else "SLAVE"
+    return ReplicaStatements(
+        start=f"START {word}",
+        stop=f"STOP {word}",
+        status=f"SHOW {word} STATUS",
+        change_source="CHANGE REPLICATION SOURCE TO" if source_words else "CHANGE MASTER TO",
+        option_prefix="SOURCE_" if source_words else "MASTER_",
+    )
 
 
 def supported_flavor(version: str) -> str:
     """"mariadb" or "mysql" for a server version string (SELECT VERSION()); refuses versions too old."""
-    flavor = "mariadb" if "mariadb" in version.lower() else "mysql"
+    flavor, number = server_version(version)
     minimum = MIN_MARIADB if flavor == "mariadb" else MIN_MYSQL
-    if _version_tuple(version) < minimum:
+    if number[:2] < minimum:
         raise CdcUserError(
             f"The source runs {flavor} {version}, which is not supported: upgrade it to "
             f"{'MariaDB' if flavor == 'mariadb' else 'MySQL'} {minimum[0]}.{minimum[1]} or later."
@@ -208,7 +289,7 @@ def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) ->
         flavor = supported_flavor(version)
         names = [
             "log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id",
-            "gtid_mode", "gtid_binlog_pos", "log_bin_compress", "binlog_transaction_compression",
+            "gtid_mode", "gtid_binlog_pos",
         ]  # fmt: skip
         v = _variables(cur, names)
     if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
@@ -236,15 +317,6 @@ def preflight(conn: pymysql.Connection, url: MySQLUrl, reader_server_id: int) ->
             f"The source does not log column names (binlog_row_metadata={v['binlog_row_metadata']}): set "
             "binlog_row_metadata=FULL in the server configuration (SET GLOBAL binlog_row_metadata='FULL')."
         )
-    for variable, fix in (
-        ("log_bin_compress", "SET GLOBAL log_bin_compress=OFF"),
-        ("binlog_transaction_compression", "SET GLOBAL binlog_transaction_compression=OFF"),
-    ):
-        if v.get(variable, "OFF").upper() in ("ON", "1"):
-            raise CdcUserError(
-                f"The source compresses its binlog ({variable}=ON), which the binlog reader cannot decode: "
-                f"turn it off in the server configuration ({fix})."
-            )
     source_id = int(v.get("server_id", "0"))
     if source_id == reader_server_id:
         raise CdcUserError(
@@ -286,18 +358,21 @@ def binlog_files(conn: pymysql.Connection) -> list[tuple[str, int]]:
         ) from exc
 
 
+def binlog_status(conn: pymysql.Connection) -> tuple[BinlogPosition, str]:
+    """Where the binlog ends now (always a transaction boundary), and the MySQL executed GTID set there ('' on
+    MariaDB and without GTIDs), from the statement the server's version has."""
+    with conn.cursor() as cur:
+        cur.execute(binlog_status_statement(str(conn.server_version)))
+        row = cur.fetchone()
+    if not row:
+        raise CdcUserError("Binary logging is off on the source (log_bin=OFF): start the server with --log-bin.")
+    executed = str(row[4] or "") if len(row) > 4 else ""
+    return BinlogPosition(str(row[0]), int(row[1])), executed.replace("\n", "")
+
+
 def binlog_end(conn: pymysql.Connection) -> BinlogPosition:
     """Where the binlog ends now: always a transaction boundary."""
-    with conn.cursor() as cur:
-        for statement in ("SHOW BINARY LOG STATUS", "SHOW MASTER STATUS"):
-            try:
-                cur.execute(statement)
-            except pymysql.err.ProgrammingError:
-                continue
-            row = cur.fetchone()
-            if row:
-                return BinlogPosition(str(row[0]), int(row[1]))
-    raise CdcUserError("Binary logging is off on the source (log_bin=OFF): start the server with --log-bin.")
+    return binlog_status(conn)[0]
 
 
 def oldest_position(conn: pymysql.Connection) -> BinlogPosition:

@@ -18,7 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
 from cdc_assets.core import failpoints
-from cdc_assets.core.arrow import sorted_by_key
+from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_by_key, with_lists_as_bytes
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
@@ -484,18 +484,20 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
     if truncated is not None:
         changes = changes.filter(pc.greater(changes.column("_cdc_seq"), truncated))
     moves = pa.concat_tables([_images(changes, columns, "after", 1), _images(changes, columns, "before", -1)])
-    net = moves.group_by(columns, use_threads=False).aggregate(
+    net = with_lists_as_bytes(moves).group_by(columns, use_threads=False).aggregate(  # Arrow groups by no list
         [("_cdc_weight", "sum"), ("_cdc_seq", "max"), ("_cdc_commit_ts", "max")]
     )
+    net = lists_from_bytes(net, schema)
     existing: dict[tuple, int] = {}
     if truncated is None and net.num_rows:
         current = read_query(target, f"SELECT {', '.join(quote(c) for c in columns)} FROM current", "current")
         for values in zip(*(current.column(c).to_pylist() for c in columns), strict=True) if current.num_rows else []:
+            values = hashable(values)
             existing[values] = existing.get(values, 0) + 1
     inserts: list[dict] = []
     deletes: list[dict] = []
     for row in net.to_pylist():
-        values = tuple(row[c] for c in columns)
+        values = hashable(tuple(row[c] for c in columns))
         have = existing.get(values, 0)
         want = max(have + int(row["_cdc_weight_sum"]), 0)
         image = {c: row[c] for c in columns}

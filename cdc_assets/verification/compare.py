@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from cdc_assets.core.arrow import sorted_by_key
+from cdc_assets.core.arrow import hashable, sorted_by_key
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
@@ -57,7 +57,7 @@ def _by_key(table: pa.Table, key: list[str]) -> dict[tuple, list[tuple]]:
     names = table.column_names
     key_idx = [names.index(k) for k in key]
     for values in zip(*(table.column(n).to_pylist() for n in names), strict=True) if table.num_rows else []:
-        rows.setdefault(tuple(values[i] for i in key_idx), []).append(tuple(values))
+        rows.setdefault(hashable(tuple(values[i] for i in key_idx)), []).append(hashable(values))
     return rows
 
 

@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core.arrow import list_bytes
+
 CHECKSUM_MODULUS = 1 << 64
 EMPTY_CHECKSUM = f"{0:016x}"
 HASH_SLICE_ROWS = 20_000  # rows hashed at once: bounds the temporaries (8 bytes per byte of text)
@@ -19,6 +21,8 @@ def cell_bytes(values: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array
     """A column's values as bytes: text and binary as they are, everything else as Arrow prints it."""
     if pa.types.is_binary(values.type):
         return values
+    if pa.types.is_list(values.type):  # a VECTOR: its float32s' bytes, exact
+        return list_bytes(values)
     return pc.cast(values if pa.types.is_string(values.type) else pc.cast(values, pa.string()), pa.binary())
 
 

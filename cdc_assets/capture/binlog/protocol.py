@@ -15,11 +15,14 @@ from typing import NamedTuple
 import pymysql
 
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.source.wire import read_payload
 
 COM_BINLOG_DUMP = 0x12
+COM_BINLOG_DUMP_GTID = 0x1E
 BINLOG_DUMP_NON_BLOCK = 0x01  # end the stream (EOF packet) at the binlog's end instead of waiting
+BINLOG_THROUGH_GTID = 0x04  # COM_BINLOG_DUMP_GTID: the command carries the replica's executed GTID set
 MARIADB_SLAVE_CAPABILITY_GTID = 4  # MariaDB sends its GTID events to a replica that declares this
 HEADER = struct.Struct("<IBIIIH")  # timestamp, type, server_id, event_size, log_pos, flags
 HEADER_SIZE = HEADER.size
@@ -58,10 +61,8 @@ def dump_events(
     start (MariaDB only), the server starts right after that GTID state, wherever it lies in its own binlog
     (`@slave_connect_state`, strict: it refuses a state its binlog does not hold).
     """
-    checksums = checksum_enabled(conn)
+    checksums = _declare_replica(conn)
     with conn.cursor() as cur:
-        if checksums:  # a replica must say it understands checksums, or the server refuses to send
-            cur.execute("SET @master_binlog_checksum = @@global.binlog_checksum")
         cur.execute(f"SET @mariadb_slave_capability = {MARIADB_SLAVE_CAPABILITY_GTID}")
         if start is None:
             cur.execute("SET @slave_connect_state = %s", (gtid_state or "",))
@@ -69,6 +70,49 @@ def dump_events(
     name = start.log_file.encode() if start is not None else b""
     offset = start.log_pos if start is not None else 4
     command = struct.pack("<BIHI", COM_BINLOG_DUMP, offset, BINLOG_DUMP_NON_BLOCK, server_id) + name
+    return _events(conn, command, checksums)
+
+
+def dump_events_after(conn: pymysql.Connection, server_id: int, executed: GtidState) -> Iterator[RawEvent]:
+    """MySQL's GTID dump (COM_BINLOG_DUMP_GTID), as a replica with auto-position asks: every transaction of the
+    server's binlog that is not in `executed`, to the binlog's end as of now, each GTID event with its real
+    position; the transactions in the set are left out. A set with tags goes in the tagged encoding, which only
+    MySQL 8.3+ reads (`encode_gtid_set`)."""
+    checksums = _declare_replica(conn)
+    data = encode_gtid_set(executed)
+    flags = BINLOG_DUMP_NON_BLOCK | BINLOG_THROUGH_GTID
+    command = struct.pack("<BHII", COM_BINLOG_DUMP_GTID, flags, server_id, 0) + struct.pack("<QI", 4, len(data)) + data
+    return _events(conn, command, checksums)
+
+
+def encode_gtid_set(executed: GtidState) -> bytes:
+    """MySQL's binary GTID set (Gtid_set::encode): the number of sources, then per source its UUID, its tag (tagged
+    format only: a varlen length, then the tag), its intervals as [start, end) pairs. The tagged format (8.3+)
+    marks itself in the top and the low byte of the count, and is used only when a tag is in the set."""
+    sources = sorted(executed.executed.items())
+    tagged = executed.tagged
+    count = len(sources)
+    out = [struct.pack("<Q", (1 << 56) | (count << 8) | 1 if tagged else count)]
+    for (uuid, tag), intervals in sources:
+        out.append(bytes.fromhex(uuid.replace("-", "")))
+        if tagged:  # a tag is at most 32 characters: its varlen length is one byte, the length shifted left
+            out.append(bytes([len(tag) << 1]) + tag.encode("ascii"))
+        out.append(struct.pack("<Q", len(intervals)))
+        out.extend(struct.pack("<QQ", first, last + 1) for first, last in intervals)
+    return b"".join(out)
+
+
+def _declare_replica(conn: pymysql.Connection) -> bool:
+    """Tell the server this replica reads checksums (or it refuses to send); whether events carry them."""
+    checksums = checksum_enabled(conn)
+    if checksums:
+        with conn.cursor() as cur:
+            cur.execute("SET @master_binlog_checksum = @@global.binlog_checksum")
+    return checksums
+
+
+def _events(conn: pymysql.Connection, command: bytes, checksums: bool) -> Iterator[RawEvent]:
+    """Send a dump command, then read its events straight from the socket until the end of the stream."""
     conn._write_bytes(_PACKET_HEADER.pack(len(command)) + command)  # sequence id 0 in the high byte
     read = conn._rfile.read
     trailer = CHECKSUM_SIZE if checksums else 0

@@ -313,6 +313,8 @@ def column_reader(column: ColumnSpec, layout: ColumnLayout) -> Reader:
         return _bit_reader(size)
     if code == t.JSON:
         return _json_reader(size)
+    if code == t.VECTOR:  # the float32s as stored: the canonical text of a VECTOR is their bytes (mysql_types)
+        return _binary_reader(size)
     if code == t.GEOMETRY:  # MySQL stores a 4-byte SRID before the WKB; the lakehouse keeps plain WKB
         return _binary_reader(size, skip=GEOMETRY_SRID_BYTES)
     if code == t.DATETIME:

@@ -22,6 +22,7 @@ from cdc_assets.core.shapes import TableShape
 DECIMAL, TINY, SHORT, LONG, FLOAT, DOUBLE, NULL, TIMESTAMP, LONGLONG, INT24 = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 DATE, TIME, DATETIME, YEAR, NEWDATE, VARCHAR, BIT = 10, 11, 12, 13, 14, 15, 16
 TIMESTAMP2, DATETIME2, TIME2 = 17, 18, 19
+VECTOR = 242  # MySQL 9: float32s, stored as a blob with a 4-byte length
 JSON, NEWDECIMAL, ENUM, SET = 245, 246, 247, 248
 TINY_BLOB, MEDIUM_BLOB, LONG_BLOB, BLOB, VAR_STRING, STRING, GEOMETRY = 249, 250, 251, 252, 253, 254, 255
 
@@ -32,11 +33,12 @@ KIND: dict[int, str] = {
     TIMESTAMP: "timestamp", TIMESTAMP2: "timestamp", TIME: "time", TIME2: "time", YEAR: "year",
     VARCHAR: "varchar", VAR_STRING: "varchar", STRING: "char", ENUM: "enum", SET: "set",
     TINY_BLOB: "text", MEDIUM_BLOB: "text", LONG_BLOB: "text", BLOB: "text", JSON: "json", GEOMETRY: "geometry",
+    VECTOR: "vector",
 }  # fmt: skip
 _BINARY_KIND = {"varchar": "varbinary", "char": "binary", "text": "blob"}
 _NUMERIC = frozenset({TINY, SHORT, INT24, LONG, LONGLONG, NEWDECIMAL, FLOAT, DOUBLE, YEAR})
 _CHARACTER = frozenset({STRING, VAR_STRING, VARCHAR, BLOB})  # and GEOMETRY on MariaDB
-_ONE_BYTE_META = frozenset({FLOAT, DOUBLE, TIMESTAMP2, DATETIME2, TIME2, BLOB, GEOMETRY, JSON})
+_ONE_BYTE_META = frozenset({FLOAT, DOUBLE, TIMESTAMP2, DATETIME2, TIME2, BLOB, GEOMETRY, JSON, VECTOR})
 
 # Optional metadata field types (MySQL's Table_map_log_event::Optional_metadata_field_type).
 SIGNEDNESS, DEFAULT_CHARSET, COLUMN_CHARSET, COLUMN_NAME = 1, 2, 3, 4
@@ -219,14 +221,26 @@ def python_codec(encoding: str | None) -> str | None:
     return name
 
 
-def parse_table_map(body: bytes, mariadb: bool, post_header_length: int = 8) -> TableMap:
-    """The table, its columns and key from a TableMapEvent's body."""
-    table_id = int.from_bytes(body[:6], "little")
-    reader = _Reader(body, post_header_length)
+def table_map_table(body: bytes, post_header_length: int = 8) -> tuple[int, TableRef]:
+    """The binlog table id and the table a TableMapEvent maps, read without its columns: the map of a table capture
+    leaves out is read no further, so nothing in it (a column type or metadata the reader does not know) can stop
+    capture."""
+    return int.from_bytes(body[:6], "little"), _table_name(_Reader(body, post_header_length))
+
+
+def _table_name(reader: _Reader) -> TableRef:
     schema = reader.take(reader.byte()).decode()
     reader.pos += 1
     name = reader.take(reader.byte()).decode()
     reader.pos += 1
+    return TableRef(schema, name)
+
+
+def parse_table_map(body: bytes, mariadb: bool, post_header_length: int = 8) -> TableMap:
+    """The table, its columns and key from a TableMapEvent's body."""
+    table_id = int.from_bytes(body[:6], "little")
+    reader = _Reader(body, post_header_length)
+    table = _table_name(reader)
     count = reader.packed_int()
     raw_types = list(reader.take(count))
     meta_end = reader.packed_int()
@@ -234,7 +248,6 @@ def parse_table_map(body: bytes, mariadb: bool, post_header_length: int = 8) -> 
     types, meta = _column_metadata(reader, raw_types)
     reader.pos = meta_end + (count + 7) // 8  # then nullability, which row images carry anyway
     optional = _optional_metadata(reader, len(body), types, mariadb)
-    table = TableRef(schema, name)
     if optional.names is None or len(optional.names) != count:
         raise CdcUserError(
             f"The binlog does not name the columns of {table} (binlog_row_metadata was not FULL when the event "
@@ -294,7 +307,7 @@ def _columns(
 def _layout(code: int, value: int, kind: str, encoding: str | None) -> ColumnLayout:
     if code in (VARCHAR, VAR_STRING, STRING):
         size = 2 if value > 255 else 1
-    elif code in (BLOB, GEOMETRY, JSON, ENUM, SET):
+    elif code in (BLOB, GEOMETRY, JSON, ENUM, SET, VECTOR):
         size = value
     elif code == BIT:
         size = ((value & 0xFF) * 8 + (value >> 8) + 7) // 8
