@@ -119,8 +119,7 @@ def test_a_geometrycollection_column_is_snapshotted_and_captured(cdc: CdcEnv, sp
     with cdc.admin() as conn:
         shape = source_shapes(conn, [table])[table]
     assert shape is not None and [c.type for c in shape.columns] == ["int", "geometry", "geometry"]
-    # The lock-free snapshot (Spark tasks by key range): the Arrow one takes FLUSH TABLES WITH READ LOCK on MySQL,
-    # which the test reader may not (being reworked); both start from the same source shapes.
+    # On Spark (tasks by key range); the Arrow snapshot starts from the same source shapes.
     settings = source.source_settings_from_env()
     report = take_snapshot(settings, cdc.lakehouse, [str(table)], transforms=on_spark(lambda: spark))
     assert report.rows == {str(table): 2}

@@ -264,6 +264,8 @@ def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnaps
     snapshot's low watermark. Their copies are counted, so that seq must be exact: a table is committed only when
     no change of it lies between that seq and its snapshot's high watermark (on MariaDB the two are one position;
     on MySQL the snapshot lies between them), else read again, up to KEYLESS_POINT_TRIES times."""
+    if not records:
+        return
     lakehouse = run.lakehouse
     store = lakehouse.store
     access = lakehouse.file_access()
