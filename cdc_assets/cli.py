@@ -184,6 +184,8 @@ def _print_sync(outcome: RunOutcome, seconds: float | None = None) -> None:
     _print_sinks(outcome)
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
+    for warning in outcome.warnings:
+        print(f"warning: {warning}")
     took = outcome.seconds if seconds is None else seconds
     print(f"sync {'succeeded' if outcome.success else 'FAILED'} in {took:.1f}s")
 
