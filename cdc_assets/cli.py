@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("verify_tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
     snapshot = sub.add_parser("snapshot", help="load existing rows into current state at a consistent binlog position")
     snapshot.add_argument("snapshot_tables", nargs="*", metavar="TABLE", help="schema.table (default: every table)")
+    repair = sub.add_parser(
+        "repair", help="re-read from the source only the rows of tables that differ, recorded as `repair` changes"
+    )
+    repair.add_argument("repair_tables", nargs="+", metavar="TABLE", help="schema.table")
     publish = sub.add_parser("publish", help="publish new changes of the change logs to the sinks (default: every configured one)")
     publish.add_argument("publish_sinks", nargs="*", metavar="SINK", help="rabbitmq, kinesis (default: every configured sink)")
     run = sub.add_parser("run", help="continuous mode in the foreground: capture and apply as the binlog grows, until stopped")
@@ -231,6 +235,19 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return _exit_code(outcome)
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    from cdc_assets.defs.keys import CURRENT_ASSET
+
+    outcome = _runs().run_repair(args.repair_tables, args.verbose)
+    found = outcome.of_observation(CURRENT_ASSET, "repair")
+    for line in (found.get("repaired") or {}).values():
+        print(f"repair: {line}")
+    if found.get("position"):
+        print(f"repair: written at {found['position']}")
+    _print_sync(outcome, wall_seconds())
+    return _exit_code(outcome)
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from cdc_assets.defs.keys import CURRENT_ASSET
 
@@ -389,6 +406,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "run": cmd_run,
     "stop": cmd_stop,
     "snapshot": cmd_snapshot,
+    "repair": cmd_repair,
     "publish": cmd_publish,
     "export": cmd_export,
     "demo": cmd_demo,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from cdc_assets.core import ops
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES
@@ -17,7 +18,7 @@ from cdc_assets.lake.raw_batches import list_batches, read_manifest, read_rows
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.integrity import batch_chain_breaks
 
-ROW_OPS = "_cdc_op IN ('insert', 'update', 'delete')"
+ROW_OPS = "_cdc_op IN (" + ", ".join(f"'{op}'" for op in ops.ROW_OPS) + ")"
 
 
 @dataclass

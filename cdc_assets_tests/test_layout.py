@@ -57,7 +57,7 @@ ALLOWED = {
         "spark_resources",
     },
     "spark_resources.engine": set(),
-    "spark_resources.arrow_transforms": set(),
+    "spark_resources.arrow_transforms": {"cdc_assets.core"},  # the change operations' vocabulary (core.ops)
     "spark_resources.transforms": set(),
     "spark_resources.session": set(),
     # local Spark processes for tests, `make dev` and the benchmarks: the local servers' process helpers

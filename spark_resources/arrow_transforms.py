@@ -11,6 +11,8 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core.ops import REMOVES, UPDATE, WRITES
+
 KEY_EVENTS_SCHEMA = pa.schema(
     [
         pa.field("table_id", pa.int32(), nullable=False),
@@ -88,9 +90,9 @@ def latest_change_per_key(key_events: pa.Table) -> pa.Table:
     row to another key does both. Returns (table_id, key, seq, action) ordered by table_id and seq."""
     events = key_events.cast(KEY_EVENTS_SCHEMA)
     op = events.column("op")
-    upserts = events.filter(pc.is_in(op, pa.array(["insert", "update"])))
-    moved = pc.and_kleene(pc.equal(op, "update"), pc.not_equal(events.column("before_key"), events.column("key")))
-    deletes = events.filter(pc.or_kleene(pc.equal(op, "delete"), moved))
+    upserts = events.filter(pc.is_in(op, pa.array(WRITES)))
+    moved = pc.and_kleene(pc.equal(op, UPDATE), pc.not_equal(events.column("before_key"), events.column("key")))
+    deletes = events.filter(pc.or_kleene(pc.is_in(op, pa.array(REMOVES)), moved))
     changes = pa.concat_tables(
         [
             pa.table(

@@ -20,11 +20,11 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from cdc_assets.core.ops import REMOVES, ROW_OPS, SCHEMA_OPS, UPDATE, WRITES
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.current_rows import (
     DUP_COLUMN,
-    SCHEMA_OPS,
     current_schema,
     file_ranges,
     merge_rows,
@@ -102,11 +102,11 @@ def _images(changes: DataFrame, shape: TableShape) -> tuple[DataFrame, DataFrame
     names = shape.column_names
     meta = [F.col("_cdc_seq"), F.col("_cdc_commit_ts")]
     op = F.col("_cdc_op")
-    writes = changes.where(op.isin("insert", "update")).select(
+    writes = changes.where(op.isin(*WRITES)).select(
         F.col("_cdc_key").alias("_cdc_k"), *[_col(n).alias(n) for n in names], *meta
     )
-    moved = (op == "update") & (F.col("_cdc_before_key") != F.col("_cdc_key"))
-    removes = changes.where((op == "delete") | moved).select(
+    moved = (op == UPDATE) & (F.col("_cdc_before_key") != F.col("_cdc_key"))
+    removes = changes.where(op.isin(*REMOVES) | moved).select(
         F.col("_cdc_before_key").alias("_cdc_k"), *[F.col("_cdc_before").getField(n).alias(n) for n in names], *meta
     )
     return writes, removes
@@ -129,7 +129,7 @@ def latest_changes(changes: DataFrame, shape: TableShape, truncate_seq: int | No
     state's types. After a TRUNCATE only the changes that follow it decide a key's row."""
     if truncate_seq is not None:
         changes = changes.where(F.col("_cdc_seq") > truncate_seq)
-    writes, removes = _images(changes.where(F.col("_cdc_op").isin("insert", "update", "delete")), shape)
+    writes, removes = _images(changes.where(F.col("_cdc_op").isin(*ROW_OPS)), shape)
     both = writes.withColumn(ACTION, F.lit("upsert")).unionByName(removes.withColumn(ACTION, F.lit("delete")))
     newest_first = Window.partitionBy("_cdc_k").orderBy(F.col("_cdc_seq").desc())
     latest = both.withColumn("_cdc_rank", F.row_number().over(newest_first)).where(F.col("_cdc_rank") == 1)
@@ -270,7 +270,7 @@ def merge_keyless(
     if truncate_seq is not None:
         existing = existing.where(F.col("_cdc_seq") > truncate_seq)
         changes = changes.where(F.col("_cdc_seq") > truncate_seq)
-    writes, removes = _images(changes.where(F.col("_cdc_op").isin("insert", "update", "delete")), shape)
+    writes, removes = _images(changes.where(F.col("_cdc_op").isin(*ROW_OPS)), shape)
     image_schema = pa.schema([f for f in schema if f.name != DUP_COLUMN] + [pa.field("_cdc_weight", pa.int64())])
     moves = _typed(writes.drop("_cdc_k").withColumn("_cdc_weight", F.lit(1)), image_schema).unionByName(
         _typed(removes.drop("_cdc_k").withColumn("_cdc_weight", F.lit(-1)), image_schema)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +24,7 @@ from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape, apply_schemas
 from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
 from cdc_assets.lake.locks import Lease, lakehouse_lock
-from cdc_assets.lake.raw_batches import BatchManifest, batch_exists, read_manifest, write_batch
+from cdc_assets.lake.raw_batches import BatchManifest, RawBatch, batch_exists, read_manifest, write_batch
 from cdc_assets.lake.state import (
     Checkpoint,
     load_checkpoint,
@@ -97,6 +99,30 @@ def capture(
     maybe in another process (capture/journal.py).
     """
     began = time.monotonic()
+    with capture_session(settings, lakehouse, log, owner, tidy, journal) as session:
+        _, report = session.to(until)
+    return finished(report, settings, lakehouse, began)
+
+
+def finished(report: CaptureReport, settings: SourceSettings, lakehouse: Lakehouse, began: float) -> CaptureReport:
+    """The report with the lag after the capture and its time."""
+    lag = capture_lag(settings, lakehouse, time.time())  # a fresh connection: a long capture may outlive the first
+    report.lag_bytes, report.lag_seconds = lag.lag_bytes, lag.seconds
+    report.seconds = time.monotonic() - began
+    return report
+
+
+@contextmanager
+def capture_session(
+    settings: SourceSettings,
+    lakehouse: Lakehouse,
+    log: Any | None = None,
+    owner: str = "cdc-lakehouse",
+    tidy: bool = True,
+    journal: CaptureJournal | None = None,
+) -> Iterator[_Capture]:
+    """The source checked and the lakehouse's capture lock held, for one capture, or for work that must see no
+    capture between its steps (a repair: a point, a capture up to it, a batch written there)."""
     url = settings.url
     options = CaptureOptions(settings.table_filter, settings.server_id, settings.max_batch_rows)
     conn = source.connect(url)
@@ -106,16 +132,11 @@ def capture(
         with lakehouse.faults_are_user_errors(), lakehouse_lock(
             lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log
         ) as lease:
-            run = _Capture(settings, options, server, lakehouse, lease, log, tidy, journal)
-            _, report = run.to(conn, until)
+            yield _Capture(settings, options, server, lakehouse, lease, conn, log, tidy, journal)
     except pymysql.err.MySQLError as exc:  # from the replication stream, e.g. a purged binlog
         raise source.describe_error(exc, url) from exc
     finally:
         conn.close()
-    lag = capture_lag(settings, lakehouse, time.time())  # a fresh connection: a long capture may outlive the first
-    report.lag_bytes, report.lag_seconds = lag.lag_bytes, lag.seconds
-    report.seconds = time.monotonic() - began
-    return report
 
 
 @dataclass(frozen=True)
@@ -153,13 +174,14 @@ class _Capture:
     server: source.ServerInfo
     lakehouse: Lakehouse
     lease: Lease
+    conn: pymysql.Connection
     log: Any | None
     tidy: bool = True
     journal: CaptureJournal | None = None
 
-    def to(self, conn: pymysql.Connection, until: BinlogPosition | None) -> tuple[Checkpoint, CaptureReport]:
+    def to(self, until: BinlogPosition | None) -> tuple[Checkpoint, CaptureReport]:
         """Batches from the checkpoint to `until` (default: the binlog end now)."""
-        lakehouse, log, lease = self.lakehouse, self.log, self.lease
+        lakehouse, log, lease, conn = self.lakehouse, self.log, self.lease, self.conn
         began_at = time.time()
         # What a capture killed earlier left behind: its local spool, its unfinished uploads under raw/.
         orphans = len(remove_orphaned_spools()) + lakehouse.store.remove_partial_writes(RAW) if self.tidy else 0
@@ -217,7 +239,6 @@ class _Capture:
         checkpoint) is kept as it is, never rewritten: the checkpoint moves to its end and reading
         starts again from there.
         """
-        store, lease, log = self.lakehouse.store, self.lease, self.log
         for batch in capture_batches(
             self.settings.url,
             self.server,
@@ -228,48 +249,62 @@ class _Capture:
             self.options,
             schemas,
         ):
-            if batch_exists(store, batch.name):
-                manifest = read_manifest(store, batch.name)
-                adopted = manifest.end != batch.end
-            else:
-                manifest = write_batch(store, batch)
-                adopted = False
-                failpoints.hit("capture.manifest_written")
-            if self.journal is not None:  # listed before the checkpoint passes it: a recorder that dies leaves it here
-                self.journal.add(store, manifest.name)
-            # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
-            # can miss a table whose changes are captured.
-            if register_batch(registry, manifest.name, manifest.tables()):
-                save_registry(store, registry)
-                failpoints.hit("capture.registry_saved")
-            # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
-            schemas_name = checkpoint.schemas
-            if manifest.raw.get("schemas"):
-                updated = apply_schemas(schemas, manifest.raw["schemas"])
-                schemas.clear()
-                schemas.update(updated)
-                schemas_name = manifest.name
-                save_schemas(store, schemas_name, schemas)
-                failpoints.hit("capture.schemas_written")
-            lease.check()
-            checkpoint = Checkpoint(
-                position=manifest.end,
-                gtid=manifest.end_gtid,
-                last_batch=manifest.name,
-                last_commit_ts=manifest.last_commit_ts or checkpoint.last_commit_ts,
-                next_seq=manifest.next_seq,
-                reached_at=checkpoint.reached_at,
-                schemas=schemas_name,
-                server_id=self.server.server_id,
-            )
-            save_checkpoint(store, checkpoint)
-            failpoints.hit("capture.checkpoint_saved")
-            report.batches.append(manifest)
-            if log is not None:
-                log.info(
-                    f"raw batch {manifest.name}: {manifest.rows} row changes, {manifest.transactions} transactions, "
-                    f"{manifest.start} -> {manifest.end}"
-                )
+            checkpoint, adopted = self.record(batch, checkpoint, report, registry, schemas)
             if adopted or self._enough(report):
                 return checkpoint, False
         return checkpoint, True
+
+    def record(
+        self,
+        batch: RawBatch,
+        checkpoint: Checkpoint,
+        report: CaptureReport,
+        registry: dict[str, dict[str, str | None]],
+        schemas: dict[TableRef, TableShape],
+    ) -> tuple[Checkpoint, bool]:
+        """Make one batch durable and move the checkpoint past it; the new checkpoint, and whether the batch was
+        there already under its name with another end (adopted: reading starts again from its end)."""
+        store, lease, log = self.lakehouse.store, self.lease, self.log
+        if batch_exists(store, batch.name):
+            manifest = read_manifest(store, batch.name)
+            adopted = manifest.end != batch.end
+        else:
+            manifest = write_batch(store, batch)
+            adopted = False
+            failpoints.hit("capture.manifest_written")
+        if self.journal is not None:  # listed before the checkpoint passes it: a recorder that dies leaves it here
+            self.journal.add(store, manifest.name)
+        # The registry learns of the batch's tables before the checkpoint passes it, so no later stage
+        # can miss a table whose changes are captured.
+        if register_batch(registry, manifest.name, manifest.tables()):
+            save_registry(store, registry)
+            failpoints.hit("capture.registry_saved")
+        # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
+        schemas_name = checkpoint.schemas
+        if manifest.raw.get("schemas"):
+            updated = apply_schemas(schemas, manifest.raw["schemas"])
+            schemas.clear()
+            schemas.update(updated)
+            schemas_name = manifest.name
+            save_schemas(store, schemas_name, schemas)
+            failpoints.hit("capture.schemas_written")
+        lease.check()
+        checkpoint = Checkpoint(
+            position=manifest.end,
+            gtid=manifest.end_gtid,
+            last_batch=manifest.name,
+            last_commit_ts=manifest.last_commit_ts or checkpoint.last_commit_ts,
+            next_seq=manifest.next_seq,
+            reached_at=checkpoint.reached_at,
+            schemas=schemas_name,
+            server_id=self.server.server_id,
+        )
+        save_checkpoint(store, checkpoint)
+        failpoints.hit("capture.checkpoint_saved")
+        report.batches.append(manifest)
+        if log is not None:
+            log.info(
+                f"raw batch {manifest.name}: {manifest.rows} row changes, {manifest.transactions} transactions, "
+                f"{manifest.start} -> {manifest.end}"
+            )
+        return checkpoint, adopted

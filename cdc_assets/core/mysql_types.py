@@ -199,6 +199,25 @@ def decode_column(col: ColumnSpec, texts: pa.Array | pa.ChunkedArray) -> pa.Arra
     return pc.cast(texts, target)
 
 
+def encode_column(col: ColumnSpec, values: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """Canonical texts of a column's typed values (its Delta type): what `decode_column` turns back into the same
+    values. For rows that come from elsewhere than the binlog (a repair's, read from the source) and must travel
+    as raw-batch images."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+    if col.type == "vector":
+        return [None if v is None else base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii")
+                for v in values.to_pylist()]  # fmt: skip
+    target = values.type
+    if pa.types.is_binary(target):
+        return [None if v is None else base64.b64encode(v).decode("ascii") for v in values.to_pylist()]
+    if pa.types.is_floating(target):  # repr is exact both ways; Arrow's text of a float is not always
+        return [None if v is None else repr(v) for v in values.to_pylist()]
+    if pa.types.is_timestamp(target) and target.tz is not None:  # decode_column reads naive UTC text
+        values = pc.cast(values, pa.timestamp("us"))
+    return pc.cast(values, pa.string()).to_pylist()
+
+
 def decode_image(columns: list[ColumnSpec], images: pa.Array | pa.ChunkedArray) -> pa.StructArray:
     """Typed struct array from a list<string> array of row images (one list element per column)."""
     if isinstance(images, pa.ChunkedArray):

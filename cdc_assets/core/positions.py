@@ -30,11 +30,16 @@ class BinlogPosition:
 
     `epoch` counts the servers capture has followed by GTID (a failover to a replica, whose binlog files and
     offsets are its own): 0 for the first. Positions are compared within one server only, so it takes no part in
-    ordering or equality; it prefixes batch names, so a later server's batches sort after an earlier one's."""
+    ordering or equality; it prefixes batch names, so a later server's batches sort after an earlier one's.
+
+    `step` counts the batches written at one binlog position without reading the binlog: a repair's rows, read from
+    the source at that position (verification/repair.py). It suffixes batch names, so such a batch sorts after the batch
+    that ends there and before the next one read from the binlog, and takes no part in ordering or equality."""
 
     log_file: str
     log_pos: int
     epoch: int = field(default=0, compare=False)
+    step: int = field(default=0, compare=False)
 
     @property
     def sort_key(self) -> tuple[int, int]:
@@ -53,16 +58,24 @@ class BinlogPosition:
         """Name of the raw batch starting here: sorts in binlog order as plain text (a later epoch's names start
         with `g` and its number, after every digit-led name of epoch 0)."""
         number, pos = self.sort_key
-        name = f"{number:010d}-{pos:012d}"
+        # "_" sorts after "/" too: in a listing of raw/<name>/…, a step's batch still comes after its position's
+        name = f"{number:010d}-{pos:012d}" + (f"_{self.step:04d}" if self.step else "")
         return f"g{self.epoch:04d}-{name}" if self.epoch else name
 
     def in_epoch(self, epoch: int) -> BinlogPosition:
         """The same place, named in `epoch` (a position the current server reported, for comparing and naming)."""
         return self if self.epoch == epoch else replace(self, epoch=epoch)
 
+    def next_step(self) -> BinlogPosition:
+        """The same place, after one more batch written there (see `step`)."""
+        return replace(self, step=self.step + 1)
+
     def to_json(self) -> dict[str, object]:
-        return {"file": self.log_file, "pos": self.log_pos, **({"epoch": self.epoch} if self.epoch else {})}
+        return {
+            "file": self.log_file, "pos": self.log_pos,
+            **({"epoch": self.epoch} if self.epoch else {}), **({"step": self.step} if self.step else {}),
+        }  # fmt: skip
 
     @staticmethod
     def from_json(d: dict[str, object]) -> BinlogPosition:
-        return BinlogPosition(str(d["file"]), int(d["pos"]), int(d.get("epoch") or 0))  # type: ignore[arg-type]
+        return BinlogPosition(str(d["file"]), int(d["pos"]), int(d.get("epoch") or 0), int(d.get("step") or 0))  # type: ignore[arg-type]

@@ -84,6 +84,10 @@ class RunOutcome:
         """The materialization metadata of `asset` in these runs (empty when they did not materialize it)."""
         return self.metadata.get(asset.to_user_string(), {})
 
+    def of_observation(self, asset: AssetKey, description: str) -> dict[str, Any]:
+        """The metadata of the runs' observation of `asset` described so (empty when there was none)."""
+        return self.metadata.get(f"{asset.to_user_string()}:{description}", {})
+
     def __add__(self, later: RunOutcome) -> RunOutcome:
         """Two runs' outcomes as one: numbers added, per-table details merged."""
         metadata = {k: dict(v) for k, v in self.metadata.items()}
@@ -195,6 +199,11 @@ def run_job(
             metadata[materialization.asset_key.to_user_string()] = {
                 k: getattr(v, "value", v) for k, v in materialization.metadata.items()
             }
+        elif event.event_type == DagsterEventType.ASSET_OBSERVATION:  # what a run found (a repair), by its description
+            observation = event.asset_observation_data.asset_observation
+            metadata[f"{observation.asset_key.to_user_string()}:{observation.description}"] = {
+                k: getattr(v, "value", v) for k, v in observation.metadata.items()
+            }
     evaluations = [e for e in result.get_asset_check_evaluations() if not e.passed]
     failed_checks = [
         f"{e.asset_key.to_user_string()}:{e.check_name}" for e in evaluations if e.severity != AssetCheckSeverity.WARN
@@ -215,6 +224,13 @@ def run_sync(verbose: bool = False, run_id: str | None = None) -> RunOutcome:
     if configured_sinks():
         outcome = outcome + run_publish(None, verbose)
     return outcome
+
+
+def run_repair(tables: list[str], verbose: bool = False) -> RunOutcome:
+    """A `sync` run that repairs `tables` first (`cdc-lakehouse repair`): their differing rows written as `repair`
+    changes, applied and checked with everything else the run captures."""
+    refuse_beside_continuous(initialized_resources().lakehouse.get())
+    return run_job(SYNC_JOB, verbose, {"sync_lakehouse": {"config": {"repair": tables}}})
 
 
 def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOutcome:

@@ -23,6 +23,8 @@ from typing import Any
 from dagster import (
     AssetCheckEvaluation,
     AssetMaterialization,
+    AssetObservation,
+    Config,
     DagsterEventType,
     Failure,
     OpExecutionContext,
@@ -30,6 +32,7 @@ from dagster import (
     job,
     op,
 )
+from pydantic import Field
 
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.run import CaptureReport, capture
@@ -60,6 +63,7 @@ from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes import process_new_batches
 from cdc_assets.stages.current import apply_pending
+from cdc_assets.verification.repair import repair
 from spark_resources.resources import TransformsResource
 
 
@@ -96,6 +100,14 @@ def _blocked(evaluation: AssetCheckEvaluation) -> Failure:
     )
 
 
+class SyncConfig(Config):
+    repair: list[str] = Field(
+        default_factory=list,
+        description="schema.table names to repair first (`cdc-lakehouse repair`): their rows that differ from the "
+        "source are written as `repair` changes at one consistent point, then applied and checked as any change.",
+    )
+
+
 @op(
     description=(
         "cdc-lakehouse sync in one run: captures raw batches up to the binlog end as of its start (and confirms the "
@@ -106,13 +118,28 @@ def _blocked(evaluation: AssetCheckEvaluation) -> Failure:
     ),
 )
 def sync_lakehouse(
-    context: OpExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource, transforms: TransformsResource
+    context: OpExecutionContext,
+    config: SyncConfig,
+    binlog: BinlogResource,
+    lakehouse: LakehouseResource,
+    transforms: TransformsResource,
 ) -> None:
     house, settings, owner = lakehouse.get(), binlog.settings(), run_owner(context.run_id)
     forked = forked_capture.take(context.run_id)  # the command line's capture, begun before Dagster was imported
     report = forked.result(context.log) if forked is not None else None
     child = forked if report is not None else None  # it goes on with the stages (forked_stages), reported here
     journal = CaptureJournal(context.run_id)
+    if config.repair:  # the repair's capture: up to its point, and its batch there (never forked)
+        repaired = repair(settings, house, config.repair, log=context.log, owner=owner, journal=journal)
+        outcome = {t.table: t.describe() for t in repaired.tables}
+        for line in outcome.values():
+            context.log.info(f"repair: {line}")
+        context.log_event(
+            AssetObservation(
+                CURRENT_ASSET, description="repair", metadata={"repaired": outcome, "position": repaired.position or ""}
+            )
+        )
+        report = repaired.capture
     if report is None:
         report = capture(settings, house, log=context.log, owner=owner, journal=journal)
     report = with_batches_taken_over(context.instance, house, report)

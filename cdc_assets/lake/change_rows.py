@@ -44,8 +44,8 @@ def build_change_table(version: TableShape, rows: pa.Table) -> pa.Table:
     """
     columns = list(version.columns)
     source = arrow_schema(columns)
-    is_delete = pc.equal(rows.column("op"), "delete")
-    image = decode_image(columns, pc.if_else(is_delete, rows.column("before"), rows.column("after")))
+    removed = pc.is_null(rows.column("after"))  # a delete's or a repair_delete's: the row that goes
+    image = decode_image(columns, pc.if_else(removed, rows.column("before"), rows.column("after")))
     before = decode_image(columns, rows.column("before"))
     arrays = [image.field(i) for i in range(len(columns))]
     arrays += [

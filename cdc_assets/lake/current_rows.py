@@ -16,6 +16,7 @@ from cdc_assets.core.arrow import hashable
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import REMOVES, UPDATE, WRITES
 from cdc_assets.core.settings import env_number
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
 from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE, cast_column
@@ -85,7 +86,6 @@ def current_piece_bytes() -> int:
     return int(env_number(PIECE_KB_SETTING, default, lambda kb: kb >= 1, "a size in KB of at least 1") * 1024)
 
 
-SCHEMA_OPS = ("create", "alter", "drop")
 
 
 def _default_column(spec: ColumnSpec, default: Default | None, rows: int, commit_ts: dt.datetime) -> pa.Array:
@@ -181,9 +181,9 @@ def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) 
         changes = changes.filter(pc.greater(changes.column("_cdc_seq"), truncate_seq))
     names = shape.column_names
     op = changes.column("_cdc_op")
-    writes = changes.filter(pc.is_in(op, pa.array(["insert", "update"])))
-    moved = pc.and_kleene(pc.equal(op, "update"), pc.not_equal(changes.column("_cdc_before_key"), changes.column("_cdc_key")))
-    removes = changes.filter(pc.fill_null(pc.or_kleene(pc.equal(op, "delete"), moved), False))
+    writes = changes.filter(pc.is_in(op, pa.array(WRITES)))
+    moved = pc.and_kleene(pc.equal(op, UPDATE), pc.not_equal(changes.column("_cdc_before_key"), changes.column("_cdc_key")))
+    removes = changes.filter(pc.fill_null(pc.or_kleene(pc.is_in(op, pa.array(REMOVES)), moved), False))
     schema = pa.schema([f for f in current_schema(shape) if f.name != DUP_COLUMN])
 
     def images(rows: pa.Table, key: str, values: Any, action: str) -> pa.Table:

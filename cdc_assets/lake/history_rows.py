@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core.mysql_types import arrow_type
+from cdc_assets.core.ops import REMOVES, REPAIR
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE
 from cdc_assets.lake.current_rows import _default_column, convert_column
@@ -169,7 +170,15 @@ def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> 
                 drop(new)
             close_key(old, seq, ts, old != new)
             open_version(row, seq, ts)
-        elif op == "delete":
+        elif op == REPAIR:  # the source's row written over the lakehouse's (`_cdc_before`), or where it had none
+            key, before = key_text(row, state.key), row["_cdc_before"]
+            if before is not None:
+                fix(key, before)
+                close_key(key, seq, ts, False)
+            else:
+                drop(key)
+            open_version(row, seq, ts)
+        elif op in REMOVES:
             fix(key_text(row, state.key), row)
             close_key(key_text(row, state.key), seq, ts, True)
         elif op in ("truncate", "drop"):

@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import REMOVES, SCHEMA_OPS
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE
 from cdc_assets.lake.state import load_progress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.sinks.consume import Received
-from cdc_assets.sinks.events import HEARTBEAT, OPS, SCHEMA_CHANGE, SCHEMA_OPS
+from cdc_assets.sinks.events import HEARTBEAT, OPS, SCHEMA_CHANGE
 from cdc_assets.sinks.feed import sink_tables
 from cdc_assets.sinks.settings import SinkSettings
 
@@ -53,7 +54,7 @@ def expected_messages(lakehouse: Lakehouse, sink: SinkSettings) -> list[Expected
                 expected.append(Expected(f"{seq}:old-key", seq, name, "d", ("key:" + before_key,)))
                 expected.append(Expected(f"{seq}:new-key", seq, name, "c", ("key:" + key,)))
             elif keyed:
-                expected.append(Expected(str(seq), seq, name, OPS[op], ("key:" + (key if op != "delete" else before_key or key),)))
+                expected.append(Expected(str(seq), seq, name, OPS[op], ("key:" + (key if op not in REMOVES else before_key or key),)))
             else:
                 rows = tuple("row:" + v for v in dict.fromkeys((before_key, key)) if v is not None)
                 expected.append(Expected(str(seq), seq, name, OPS[op], rows))

@@ -25,13 +25,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import REMOVES, SCHEMA_OPS
 
 CONNECTOR = "cdc-lakehouse"
 CONNECTOR_VERSION = "0.1.0"
 HEARTBEAT_KEY = "heartbeat"  # RabbitMQ routing key and Kinesis partition key of heartbeats (no table's: no dot)
 KINESIS_MAX_PARTITION_KEY = 256  # characters, Kinesis's limit
-OPS = {"insert": "c", "update": "u", "delete": "d", "truncate": "t"}
-SCHEMA_OPS = ("create", "alter", "drop")
+# Debezium's letters; a repair's row is the source's as read at the repair's point, as Debezium's snapshot reads are
+OPS = {"insert": "c", "update": "u", "delete": "d", "truncate": "t", "repair": "r", "repair_delete": "d"}
 
 CHANGE = "change"
 TRUNCATE = "truncate"
@@ -214,7 +215,7 @@ def table_events(table: TableRef, rows: pa.Table, timeline: ShapeTimeline, built
             events.append(_event(body, seq, TRUNCATE, name, "t", None, partition_key(name, None), commit_ms, broadcast=True))
             continue
         shape = timeline.at(seq)
-        after = {c: values[c][i] if c in values else None for c in shape.names} if op != "delete" else None
+        after = {c: values[c][i] if c in values else None for c in shape.names} if op not in REMOVES else None
         old = before_values[i]
         before = {c: old.get(c) for c in shape.names} if old is not None and op != "insert" else None
         keyed = bool(shape.primary_key)
@@ -232,9 +233,9 @@ def table_events(table: TableRef, rows: pa.Table, timeline: ShapeTimeline, built
             events.append(_event(came, seq, CHANGE, name, "c", keys[i], partition_key(name, keys[i]), commit_ms, key_change=True))
             continue
         letter = OPS.get(op, op)
-        key_text = keys[i] if op != "delete" else (before_keys[i] or keys[i])
+        key_text = keys[i] if op not in REMOVES else (before_keys[i] or keys[i])
         body = {"id": str(seq), "type": CHANGE, "before": before, "after": after, "op": letter, "ts_ms": built,
-                "source": source, "key": key_of(after if op != "delete" else before), "_cdc_seq": seq, "_cdc_gtid": gtids[i]}  # fmt: skip
+                "source": source, "key": key_of(after if op not in REMOVES else before), "_cdc_seq": seq, "_cdc_gtid": gtids[i]}  # fmt: skip
         # a table without a primary key has no row identity (its `_cdc_key` is the row's values, which two distinct
         # rows may share): no key, so nothing collapses its changes, and they share the table's partition, in order
         row_key = key_text if keyed else None

@@ -13,10 +13,10 @@ import pyarrow.compute as pc
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import runs
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import SCHEMA_OPS
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.change_rows import DDL_COLUMN
-from cdc_assets.lake.current_rows import SCHEMA_OPS
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_LOCK, CURRENT_STAGE
 from cdc_assets.lake.locks import Lease, lakehouse_lock

@@ -21,11 +21,11 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import SCHEMA_OPS
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.current_rows import (
     DUP_COLUMN,
-    SCHEMA_OPS,
     current_configuration,
     current_piece_bytes,
     current_schema,

@@ -21,6 +21,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_by_key, with_lists_as_bytes
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, WRITES
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import DDL_COLUMN, SEQ_TYPE
@@ -29,7 +30,6 @@ from cdc_assets.lake.current_rows import (
     DELETED_COLUMN,
     DUP_COLUMN,
     LIVE_ROWS,
-    SCHEMA_OPS,
     current_configuration,
     current_piece_bytes,
     current_schema,
@@ -443,10 +443,13 @@ def _execute(
 def _images(changes: pa.Table, columns: list[str], image: str, weight: int) -> pa.Table:
     """Row images of changes with a weight: +1 for each row an insert or update writes, -1 for each it removes."""
     if image == "after":
-        chosen = changes.filter(pc.is_in(changes.column("_cdc_op"), pa.array(["insert", "update"])))
+        chosen = changes.filter(pc.is_in(changes.column("_cdc_op"), pa.array(WRITES)))
         data = {c: chosen.column(c) for c in columns}
     else:
-        chosen = changes.filter(pc.is_in(changes.column("_cdc_op"), pa.array(["delete", "update"])))
+        # every row a change replaces or removes: an update's, a delete's, and the lakehouse's row a repair replaced
+        chosen = changes.filter(
+            pc.and_(pc.is_in(changes.column("_cdc_op"), pa.array(ROW_OPS)), pc.is_valid(changes.column("_cdc_before")))
+        )
         before = chosen.column("_cdc_before").combine_chunks()
         data = {c: before.field(c) for c in columns}
     data["_cdc_weight"] = pa.array([weight] * chosen.num_rows, pa.int64())

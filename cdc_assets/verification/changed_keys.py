@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import ROW_OPS
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, COMPACTION_KEY, read_query, row_count
@@ -31,7 +32,6 @@ from cdc_assets.lake.layout import CHANGES, CHECKED_STATE
 from cdc_assets.lake.store import Lakehouse, MissingObject, ObjectStore
 from cdc_assets.verification.consistency import CHANGED_KEYS, EVERY_ROW, ConsistentComparison, compare_many
 
-ROW_OPS = ("insert", "update", "delete")  # changes made row by row; any other (DDL, TRUNCATE) needs every row
 MOST_ROWS = 0.5  # more changed keys than this share of the table's rows (and than FEW_KEYS): every row is read
 FEW_KEYS = 20_000  # keys looked up by key whatever the table's size: a few queries either way
 

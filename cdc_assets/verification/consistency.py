@@ -106,6 +106,9 @@ class ConsistentComparison:
     lake_version: int | None = None  # the current-state table's Delta version that was compared
     checked_seq: int | None = None  # every change up to this seq is in the rows compared (in-flight keys: after it)
     dropped_seq: int | None = None  # the table was dropped from the source at this seq and its current state removed
+    # the rows compared, when a repair asked for them: the source's and the lakehouse's (source columns), in-flight
+    # keys left out on both sides
+    rows: tuple[pa.Table, pa.Table] | None = field(default=None, repr=False)
 
     @property
     def equal(self) -> bool:
@@ -171,6 +174,7 @@ class _Target:
     large_rows: int = 0  # more rows than LARGE_TABLE_ROWS on some side: how many (compared in buckets); else 0
     only: set[tuple[Any, ...]] | None = None  # compare only these keys' rows (None: every row)
     lakehouse: Lakehouse | None = None  # where to read those rows (set with `only`)
+    keep_rows: bool = False  # keep the rows compared on the result (a repair writes from them)
 
     @property
     def columns(self) -> list[ColumnSpec]:
@@ -488,7 +492,9 @@ def _compare(
         return result(aligned, kept_source.num_rows, content_checksum(kept_source), content_checksum(data))
     kept_lake = _without_keys(aligned, target.key_names, target.keys)
     diff = compare_tables(table, kept_source, kept_lake, target.key)
-    return result(diff, kept_source.num_rows, content_checksum(kept_source), content_checksum(kept_lake))
+    compared = result(diff, kept_source.num_rows, content_checksum(kept_source), content_checksum(kept_lake))
+    compared.rows = (kept_source, kept_lake) if target.keep_rows else None
+    return compared
 
 
 def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target: _Target) -> ConsistentComparison:
@@ -522,6 +528,7 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
         result = _comparison(target, position, diff, source_rows, lake_rows, kept_source.num_rows, source_sum, lake_sum)
         # every row outside the keys in flight is in both or in neither: the totals without them agree
         result.counts_differ = source_rows - with_keys(source, in_flight).num_rows != lake_rows - with_keys(aligned, in_flight).num_rows
+        result.rows = (kept_source, kept_lake) if target.keep_rows else None
     result.scope, result.changed_keys, result.files_read = CHANGED_KEYS, len(target.only), files
     return result
 
@@ -615,9 +622,9 @@ def compare_many(
     whose engine commit was not yet visible when the snapshot began (microseconds after its binlog write). It can
     only make a table look different, never equal: the tables found different are compared once more, at a new
     point, and that comparison is the result. A difference that is real is found again."""
-    results, exact = _compare_at_one_point(settings, lakehouse, tables, narrow)
+    results, point = _compare_at_one_point(settings, lakehouse, tables, narrow)
     differing = [i for i, r in enumerate(results) if not r.ok and not r.not_compared]
-    if exact or not differing:
+    if point.exact or not differing:
         return results
     time.sleep(RECOMPARE_AFTER_SECONDS)
     again, _ = _compare_at_one_point(settings, lakehouse, [results[i].table for i in differing], narrow)
@@ -626,10 +633,20 @@ def compare_many(
     return results
 
 
-def _compare_at_one_point(
+def compare_to_repair(
     settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef], narrow: Narrowing | None
-) -> tuple[list[ConsistentComparison], bool]:
-    """`compare_many`'s one comparison, and whether its point was exact."""
+) -> tuple[list[ConsistentComparison], source.SnapshotPoint]:
+    """The tables compared at one consistent point for a repair, with the rows compared kept on each result, and
+    that point. Its low watermark waits for the binlog's writes to be committed first (as a snapshot's does), and a
+    differing table is not compared again: the repair writes the source's rows of this very snapshot."""
+    return _compare_at_one_point(settings, lakehouse, tables, narrow, keep_rows=True, settle=source.MYSQL_SETTLE_SECONDS)
+
+
+def _compare_at_one_point(
+    settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef], narrow: Narrowing | None,
+    keep_rows: bool = False, settle: float = 0.0,
+) -> tuple[list[ConsistentComparison], source.SnapshotPoint]:  # fmt: skip
+    """`compare_many`'s one comparison, and the point it was made at."""
     url = settings.url
     conn = source.connect(url)
     try:
@@ -637,13 +654,13 @@ def _compare_at_one_point(
         # information_schema is not part of the snapshot: the shapes read before it and again after the rows
         # were read prove the shape inside it, when they agree (a DDL in between makes them differ).
         shapes = source_shapes(conn, tables)
-        with source.consistent_snapshot(conn, server, settings.global_read_lock) as point:
+        with source.consistent_snapshot(conn, server, settings.global_read_lock, settle) as point:
             # Changes up to `low` are in the snapshot; those after it up to `high` may be or not: in flight.
             position = point.high
             failpoints.hit("verify.in_snapshot")
             opened = for_each_table(tables, lambda table: _open_current(lakehouse, table))
             targets = [
-                _Target(table, shapes[table], applied, current)
+                _Target(table, shapes[table], applied, current, keep_rows=keep_rows)
                 for table, (current, applied) in zip(tables, opened, strict=True)
             ]
             _refuse_unknown(lakehouse, targets)
@@ -688,7 +705,7 @@ def _compare_at_one_point(
             return [
                 _nothing_compared(_unsettled(t, position) if settled[t.table] != shapes[t.table] and not t.missing else result)
                 for t, result in zip(targets, results, strict=True)
-            ], point.exact
+            ], point
     except pymysql.err.MySQLError as exc:  # e.g. no SELECT privilege, or the binlog reader refused
         raise source.describe_error(exc, url) from exc
     finally:

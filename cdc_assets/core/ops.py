@@ -1,0 +1,22 @@
+"""What a change-log row's `_cdc_op` says, and what it does to the row of its key: one vocabulary every engine,
+the history, the checks and the sinks read, so no two of them can disagree on an operation.
+
+Row changes come from the binlog (`insert`, `update`, `delete`) or from `cdc-lakehouse repair` (`repair`: the row
+as the source holds it at the repair's point, written whether the lakehouse had the key or not; `repair_delete`:
+a row the source does not hold, removed). The others change a table's columns or remove every row
+(`create`, `alter`, `drop`; a TRUNCATE is its own statement).
+"""
+
+from __future__ import annotations
+
+INSERT = "insert"
+UPDATE = "update"
+DELETE = "delete"
+REPAIR = "repair"
+REPAIR_DELETE = "repair_delete"
+
+WRITES = (INSERT, UPDATE, REPAIR)  # the row after the change (its after-image) is the key's row
+REMOVES = (DELETE, REPAIR_DELETE)  # the row before the change (its before-image) is gone
+ROW_OPS = WRITES + REMOVES  # every change made row by row
+REPAIRS = (REPAIR, REPAIR_DELETE)
+SCHEMA_OPS = ("create", "alter", "drop")

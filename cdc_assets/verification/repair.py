@@ -1,0 +1,265 @@
+"""`cdc-lakehouse repair TABLE…`: tables made equal to their source again where they differ, without a snapshot.
+
+A current-state table can drift from its source where the binlog carries no row event (a partition emptied or
+exchanged, a foreign-key cascade on a server that does not log them, a commit made to the Delta table by hand).
+A snapshot reloads the whole table; a repair rewrites only the rows that differ, recorded like any change:
+
+1. Every row of the tables is compared with the source at one consistent point (`compare_many`: bucketed for a
+   large table, keys changed in flight left out on both sides), which names the keys that differ.
+2. Under the capture lock, so no capture comes between the next steps: those keys are compared again inside one
+   lock-free consistent snapshot, keeping both sides' rows (`compare_to_repair`; its low watermark waits for the
+   binlog's writes to be committed first, and in-flight keys are left out again); capture runs to the point's high
+   watermark H; and a raw batch of its own is written there, one change per differing key: `repair` with the
+   source's row (and the lakehouse's as its before-image), or `repair_delete` for a row the source does not have.
+3. The stages then take that batch in as any other (the caller runs them): one commit per table, exactly once by
+   the raw batch's rules, and the change log, the history and the sinks see the repair.
+
+Why writing the rows at H is right: a key left in the batch changed neither after the table's applied seq nor in
+flight up to H, so its row in the snapshot is its row at H; every change after H comes after the batch. A key
+that changed in flight is left out: its own change brings it up to date, or a later repair does. The batch sits
+at H in the binlog's order through its position's `step` (core.positions): after the batch that ends at H and
+before the next one read from the binlog, its seqs right after H's.
+
+A keyless table's rows have no identity: its whole rows are compared (it must be small enough to be compared
+whole, not in buckets), and a row the source holds more often is added that many times, one it holds less often
+removed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from cdc_assets.capture.journal import CaptureJournal
+from cdc_assets.capture.run import CaptureReport, capture_session, finished
+from cdc_assets.capture.spool import SpoolDirectory
+from cdc_assets.core.arrow import hashable
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.mysql_types import encode_column
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import REPAIR, REPAIR_DELETE
+from cdc_assets.core.settings import SourceSettings
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, BatchManifest, RawBatch
+from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_registry, load_schemas
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.verification.consistency import ConsistentComparison, compare_many, compare_to_repair
+
+Image = list[str | None]
+
+
+@dataclass
+class RepairedTable:
+    """What a repair did to one table, or why it left it."""
+
+    table: str
+    written: int = 0  # rows written as the source has them (missing or different in the lakehouse)
+    removed: int = 0  # rows the source does not have, removed
+    left: str | None = None  # why the table was not repaired (equal, in flight, not comparable)
+
+    def describe(self) -> str:
+        if self.left:
+            return f"{self.table}: {self.left}"
+        return f"{self.table}: {self.written} rows written as the source has them, {self.removed} removed"
+
+
+@dataclass
+class RepairReport:
+    tables: list[RepairedTable] = field(default_factory=list)
+    position: str | None = None  # where the repair's batch lies in the binlog
+    batch: BatchManifest | None = None
+    capture: CaptureReport | None = None  # the capture up to that point, and the repair's batch
+    seconds: float = 0.0
+
+    @property
+    def changes(self) -> int:
+        return sum(t.written + t.removed for t in self.tables)
+
+
+def repair_changes(shape: TableShape, source_rows: pa.Table, lake_rows: pa.Table) -> list[tuple[Image | None, Image | None]]:
+    """(before, after) images, as canonical texts, of the changes that make `lake_rows` equal to `source_rows`
+    (both in the source's columns, in-flight keys already left out): per differing key the source's row over the
+    lakehouse's, or the lakehouse's removed; for a keyless table, copies added or removed."""
+    columns = list(shape.columns)
+    names = shape.column_names
+
+    def images(rows: pa.Table) -> list[Image]:
+        texts = [encode_column(c, rows.column(c.name)) for c in columns]
+        return [list(row) for row in zip(*texts, strict=True)] if rows.num_rows else []
+
+    def values(rows: pa.Table) -> list[tuple]:
+        return [hashable(v) for v in zip(*(rows.column(n).to_pylist() for n in names), strict=True)] if rows.num_rows else []
+
+    source_images, lake_images = images(source_rows), images(lake_rows)
+    source_values, lake_values = values(source_rows), values(lake_rows)
+    changes: list[tuple[Image | None, Image | None]] = []
+    if shape.primary_key:
+        key_at = [names.index(k) for k in shape.primary_key]
+        lake_by_key = {tuple(v[i] for i in key_at): n for n, v in enumerate(lake_values)}
+        source_keys = set()
+        for n, row in enumerate(source_values):
+            key = tuple(row[i] for i in key_at)
+            source_keys.add(key)
+            m = lake_by_key.get(key)
+            if m is None or lake_values[m] != row:
+                changes.append((None if m is None else lake_images[m], source_images[n]))
+        changes += [(lake_images[m], None) for key, m in lake_by_key.items() if key not in source_keys]
+        return changes
+    have, want = Counter(lake_values), Counter(source_values)
+    first_source = {row: n for n, row in reversed(list(enumerate(source_values)))}
+    first_lake = {row: n for n, row in reversed(list(enumerate(lake_values)))}
+    for row in want.keys() | have.keys():
+        more = want[row] - have[row]
+        if more > 0:
+            changes += [(None, source_images[first_source[row]])] * more
+        elif more < 0:
+            changes += [(lake_images[first_lake[row]], None)] * -more
+    return changes
+
+
+def _candidates(
+    comparisons: list[ConsistentComparison], shapes: dict[TableRef, TableShape], report: RepairReport
+) -> dict[TableRef, set[tuple] | None]:
+    """Tables to look at again, with their differing keys (None: a keyless table, compared whole)."""
+    found: dict[TableRef, set[tuple] | None] = {}
+    for c in comparisons:
+        name = str(c.table)
+        if c.not_compared:
+            report.tables.append(RepairedTable(name, left=f"not repaired: not compared ({c.not_compared})"))
+        elif c.ok:
+            report.tables.append(RepairedTable(name, left="equal to the source: nothing to repair"))
+        elif c.diff.schema_problem or c.table not in shapes:
+            problem = c.diff.schema_problem or "capture knows no columns of it"
+            report.tables.append(
+                RepairedTable(name, left=f"not repaired: {problem}; `cdc-lakehouse snapshot {name}` reloads it")
+            )
+        elif shapes[c.table].primary_key:
+            found[c.table] = set(c.diff.missing) | set(c.diff.extra) | set(c.diff.different)
+        else:
+            found[c.table] = None
+    return found
+
+
+def repair(
+    settings: SourceSettings,
+    lakehouse: Lakehouse,
+    requested: list[str],
+    log: Any | None = None,
+    owner: str = "cdc-lakehouse",
+    journal: CaptureJournal | None = None,
+) -> RepairReport:
+    """Write the changes that make `requested` tables equal to their source as one raw batch (see the module's
+    docstring); the caller's stages apply it. Tables already equal, or not comparable now, are left as they are."""
+    began = time.monotonic()
+    report = RepairReport()
+    tables = _tables(lakehouse, requested)
+    # 1. which keys differ: every row, at a point of its own
+    known = load_schemas(lakehouse.store, load_checkpoint(lakehouse.store))
+    candidates = _candidates(compare_many(settings, lakehouse, tables), known, report)
+    if not candidates:
+        report.seconds = time.monotonic() - began
+        return report
+    shapes: dict[TableRef, TableShape] = {}
+    changes: dict[TableRef, list[tuple[Image | None, Image | None]]] = {}
+    spool = SpoolDirectory()
+    with capture_session(settings, lakehouse, log, owner, journal=journal) as session:
+        # 2. those keys again, rows kept, at one point; capture to it; the repair's batch there
+        keyed = {t: keys for t, keys in candidates.items() if keys is not None}
+        comparisons, point = compare_to_repair(settings, lakehouse, list(candidates), lambda t, *_: keyed.get(t))
+        checkpoint, captured = session.to(point.high)
+        if checkpoint.position < point.high:
+            raise CdcUserError(
+                f"Capture stopped before the repair's point {point.high} (CDC_MAX_BATCH_ROWS or a batch limit): run "
+                "`cdc-lakehouse sync`, then the repair again."
+            )
+        for c in comparisons:
+            name = str(c.table)
+            if c.not_compared or c.rows is None:
+                why = f"not compared ({c.not_compared})" if c.not_compared else "too large to compare whole without a key"
+                report.tables.append(RepairedTable(name, left=f"not repaired: {why}; run the repair again later"))
+                continue
+            shape = load_schemas(lakehouse.store, checkpoint).get(c.table)  # its columns at the point
+            if shape is None or shape.column_names != c.rows[0].column_names:
+                report.tables.append(RepairedTable(name, left="not repaired: its columns changed; run the repair again"))
+                continue
+            found = repair_changes(shape, *c.rows)
+            if not found:
+                report.tables.append(RepairedTable(name, left="equal to the source at the repair's point"))
+                continue
+            shapes[c.table], changes[c.table] = shape, found
+            written = sum(1 for _, after in found if after is not None)
+            report.tables.append(RepairedTable(name, written, len(found) - written))
+        if changes:
+            batch = _repair_batch(checkpoint, shapes, changes, session.server.to_json(), spool)
+            registry, schemas = load_registry(lakehouse.store), load_schemas(lakehouse.store, checkpoint)
+            checkpoint, _ = session.record(batch, checkpoint, captured, registry, schemas)
+            report.batch = captured.batches[-1]
+        report.position = str(checkpoint.position)
+    spool.remove()
+    report.capture = finished(captured, settings, lakehouse, began)
+    report.tables.sort(key=lambda t: t.table)
+    report.seconds = time.monotonic() - began
+    return report
+
+
+def _tables(lakehouse: Lakehouse, requested: list[str]) -> list[TableRef]:
+    if not requested:
+        raise CdcUserError("Name the tables to repair: `cdc-lakehouse repair schema.table …`.")
+    tables = [TableRef.parse(t) for t in requested]
+    known = set(known_tables(lakehouse.store))
+    unknown = [str(t) for t in tables if str(t) not in known]
+    if unknown:
+        raise CdcUserError(
+            f"The lakehouse has no table {', '.join(unknown)}: repair makes a table the pipeline keeps equal to its "
+            "source again; `cdc-lakehouse snapshot` loads one it does not keep yet."
+        )
+    return tables
+
+
+def _repair_batch(
+    checkpoint: Checkpoint,
+    shapes: dict[TableRef, TableShape],
+    changes: dict[TableRef, list[tuple[Image | None, Image | None]]],
+    server: dict[str, Any],
+    spool: SpoolDirectory,
+) -> RawBatch:
+    """The repair's changes as one raw batch at the checkpoint, seqs from its next seq (the batch's rows are the
+    source's as of the point, timed when the batch is made)."""
+    now = dt.datetime.now(dt.UTC)
+    rows: dict[str, list[Any]] = {f.name: [] for f in RAW_ROWS_SCHEMA}
+    seq = checkpoint.next_seq
+    versions = {table: n for n, table in enumerate(sorted(changes, key=str))}
+    for table in sorted(changes, key=str):
+        for before, after in changes[table]:
+            for name, value in (
+                ("seq", seq), ("schema", table.schema), ("table", table.table), ("table_version", versions[table]),
+                ("op", REPAIR if after is not None else REPAIR_DELETE), ("gtid", None), ("commit_ts", now),
+                ("before", before), ("after", after),
+            ):  # fmt: skip
+                rows[name].append(value)
+            seq += 1
+    path = spool.path / "repair.parquet"
+    pq.write_table(pa.table(rows, schema=RAW_ROWS_SCHEMA), path)
+    return RawBatch(
+        start=checkpoint.position,
+        end=checkpoint.position.next_step(),
+        data_path=path,
+        row_count=seq - checkpoint.next_seq,
+        shapes={n: shapes[table] for table, n in versions.items()},
+        statements=[],
+        events=0,
+        transactions=1,
+        first_seq=checkpoint.next_seq,
+        next_seq=seq,
+        start_gtid=checkpoint.gtid,
+        end_gtid=checkpoint.gtid,
+        first_commit_ts=int(now.timestamp()),
+        last_commit_ts=int(now.timestamp()),
+        server=server,
+    )

@@ -1,0 +1,143 @@
+"""`cdc-lakehouse repair TABLE…`: only the rows that differ from the source are read again and written, as `repair`
+changes the change log, the history and the sinks see, exactly once; everything else is left as it was."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from cdc_assets.cli import main
+from cdc_assets.core.mysql_types import ColumnSpec
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.delta import read_query
+from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
+from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.stages.current_state import read_current
+from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
+from cdc_assets.verification.repair import repair_changes
+from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.exactly_once import check_exactly_once
+from cdc_assets_tests.test_cli import current_rows_like
+
+pytestmark = pytest.mark.both_sources
+
+
+def _drift(cdc: CdcEnv, table: str) -> DeltaTable:
+    """The current state changed behind the pipeline's back: a row deleted, one changed, one too many."""
+    current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, table)))
+    current.delete("id = 5")
+    current.update(predicate="id = 7", updates={"v": "'tampered'"})
+    write_deltalake(current, current_rows_like(current, id=1000, v="extra"), mode="append")
+    return current
+
+
+def _ops(cdc: CdcEnv, table: str) -> list[tuple]:
+    log = DeltaTable(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, table)))
+    rows = read_query(log, "SELECT _cdc_op, id, _cdc_seq FROM changes WHERE _cdc_op LIKE 'repair%' ORDER BY id", "changes")
+    return [(r["_cdc_op"], r["id"]) for r in rows.to_pylist()]
+
+
+def test_a_drifted_table_is_repaired_row_by_row(cdc: CdcEnv, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("CDC_HISTORY_TABLES", f"{cdc.database}.t")
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))", "CREATE TABLE other (id INT PRIMARY KEY)")
+    cdc.execute(
+        "INSERT INTO t SELECT seq, CONCAT('v', seq) FROM " + cdc.numbers(50), "INSERT INTO other VALUES (1)"
+    )
+    assert cdc.sync() == 0
+    before = {r["id"]: r["_cdc_seq"] for r in read_current(cdc.lakehouse, TableRef(cdc.database, "t")).to_pylist()}
+    _drift(cdc, "t")
+    assert main(["verify", f"{cdc.database}.t"]) == 1
+    capsys.readouterr()
+
+    assert main(["repair", f"{cdc.database}.t", f"{cdc.database}.other"]) == 0
+    out = capsys.readouterr().out
+    assert f"repair: {cdc.database}.t: 2 rows written as the source has them, 1 removed" in out, out
+    assert f"repair: {cdc.database}.other: equal to the source: nothing to repair" in out, out
+    assert main(["verify"]) == 0
+    # the change log says what the repair did, key by key; nothing else was written again
+    assert _ops(cdc, "t") == [("repair", 5), ("repair", 7), ("repair_delete", 1000)]
+    after = {r["id"]: r["_cdc_seq"] for r in read_current(cdc.lakehouse, TableRef(cdc.database, "t")).to_pylist()}
+    assert {k: s for k, s in after.items() if k not in (5, 7)} == {k: s for k, s in before.items() if k not in (5, 7)}
+    assert after[5] > before[5] and after[7] > before[7]
+    # the history closed the tampered version and the removed row at the repair's seq
+    history = DeltaTable(cdc.lakehouse.table_uri(HISTORY, TableRef(cdc.database, "t")))
+    open_rows = read_query(history, "SELECT id, v FROM history WHERE _cdc_is_current ORDER BY id", "history").to_pylist()
+    assert {(r["id"], r["v"]) for r in open_rows} == {(i, f"v{i}") for i in range(1, 51)}
+    assert duplicate_seqs(cdc.lakehouse) == {} and batch_chain_breaks(cdc.lakehouse) == []
+    found = check_exactly_once(cdc.lakehouse)
+    assert found.ok, found.describe()
+
+    # a repair of an equal table writes nothing, and changes after a repair apply on top as ever
+    batches = list_batches(cdc.lakehouse.store)
+    assert main(["repair", f"{cdc.database}.t"]) == 0
+    assert list_batches(cdc.lakehouse.store) == batches
+    cdc.execute("UPDATE t SET v = 'later' WHERE id IN (5, 1000)", "INSERT INTO t VALUES (1000, 'new')")
+    assert cdc.sync() == 0 and main(["verify"]) == 0
+
+
+def test_a_keyless_table_gets_exactly_its_copies_back(cdc: CdcEnv, capsys) -> None:
+    cdc.execute("CREATE TABLE k (v INT, w VARCHAR(5))", "INSERT INTO k VALUES (1, 'a'), (1, 'a'), (2, NULL), (3, 'c')")
+    assert cdc.sync() == 0
+    current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "k")))
+    current.delete("v = 1 AND _cdc_dup = 1")  # one of the two copies gone
+    current.delete("v = 3")
+    write_deltalake(current, current_rows_like(current, v=2, w=None, _cdc_dup=1), mode="append")  # a copy too many
+    assert main(["repair", f"{cdc.database}.k"]) == 0
+    assert "2 rows written as the source has them, 1 removed" in capsys.readouterr().out
+    [result] = cdc.verify()
+    assert result.ok and result.compared_rows == 4, result.describe()
+
+
+def test_keys_changing_while_the_repair_reads_are_left_to_their_own_changes(cdc: CdcEnv, capsys) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
+    cdc.execute("INSERT INTO t SELECT seq, CONCAT('v', seq) FROM " + cdc.numbers(200))
+    assert cdc.sync() == 0
+    _drift(cdc, "t")
+    stop = threading.Event()
+
+    def write() -> None:
+        with cdc.admin() as conn, conn.cursor() as cur:
+            i = 0
+            while not stop.is_set():
+                cur.execute("UPDATE t SET v = %s WHERE id = %s", (f"w{i}", i % 200 + 1))
+                i += 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert main(["repair", f"{cdc.database}.t"]) == 0, capsys.readouterr().out
+    finally:
+        stop.set()
+        writer.join()
+    assert cdc.sync() == 0
+    [result] = cdc.verify()
+    assert result.ok and result.compared_rows == 200, result.describe()
+    found = check_exactly_once(cdc.lakehouse)
+    assert found.ok, found.describe()
+
+
+def test_repair_names_a_table_the_lakehouse_does_not_keep(cdc: CdcEnv, capsys) -> None:
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    assert cdc.sync() == 0
+    assert main(["repair", f"{cdc.database}.nosuch"]) == 2
+    assert f"The lakehouse has no table {cdc.database}.nosuch" in capsys.readouterr().err
+
+
+def test_repair_changes_are_the_differences_only() -> None:
+    """The pure rule: per key the source's row over the lakehouse's, rows the source lacks removed; copies for a
+    keyless table."""
+    columns = (ColumnSpec("id", "int"), ColumnSpec("v", "varchar"))
+    keyed = TableShape(TableRef("s", "t"), columns, ("id",))
+    source = pa.table({"id": pa.array([1, 2, 3], pa.int32()), "v": ["a", "b", None]})
+    lake = pa.table({"id": pa.array([1, 2, 4], pa.int32()), "v": ["a", "x", "d"]})
+    assert repair_changes(keyed, source, lake) == [(["2", "x"], ["2", "b"]), (None, ["3", None]), (["4", "d"], None)]
+    keyless = TableShape(TableRef("s", "k"), columns, ())
+    source = pa.table({"id": pa.array([1, 1, 2], pa.int32()), "v": ["a", "a", None]})
+    lake = pa.table({"id": pa.array([1, 2, 2, 5], pa.int32()), "v": ["a", None, None, "e"]})
+    assert sorted(repair_changes(keyless, source, lake), key=repr) == sorted(
+        [(None, ["1", "a"]), (["2", None], None), (["5", "e"], None)], key=repr
+    )
