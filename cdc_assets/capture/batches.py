@@ -56,6 +56,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition, binlog_file_number
 from cdc_assets.core.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
 from cdc_assets.core.shapes import SchemaChange, TableShape, shape_json
+from cdc_assets.lake.quarantine import CAPTURE, default_fix, describe
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, RawBatch
 from cdc_assets.source import server as source
 from cdc_assets.source.server import ServerInfo
@@ -192,6 +193,7 @@ class BatchBuilder:
         self.transactions = 0
         self.first_commit_ts: int | None = None
         self.last_commit_ts: int | None = None
+        self.quarantined: dict[str, dict[str, Any]] = {}
 
     # -- events ---------------------------------------------------------------------------------------
     def count_event(self) -> None:
@@ -280,6 +282,14 @@ class BatchBuilder:
         else:
             self.schemas[table] = shape
         self.changed_schemas[table] = shape
+
+    def quarantine(self, table: TableRef, error: BaseException, at: BinlogPosition) -> None:
+        """`table`'s events cannot be decoded (`error`, met at `at`): capture leaves it out from here on, and the
+        batch records why, so the run quarantines it (lake/quarantine) before the checkpoint passes the batch."""
+        self.quarantined.setdefault(
+            str(table),
+            {"cause": describe(error), "fix": default_fix(str(table), CAPTURE), "first_seq": self.next_seq, "position": str(at)},
+        )
 
     def _wanted(self, table: TableRef | None) -> bool:
         return table is not None and (self.table_filter is None or self.table_filter.matches(table.schema, table.table))
@@ -457,6 +467,7 @@ class BatchBuilder:
             last_commit_ts=self.last_commit_ts,
             server=self.server,
             schemas={str(t): shape_json(s) for t, s in self.changed_schemas.items()},
+            quarantined=self.quarantined,
         )
         self._reset(self.committed_end)
         return batch
@@ -470,6 +481,7 @@ class CaptureOptions:
     table_filter: TableFilter
     server_id: int
     max_batch_rows: int
+    left_out: frozenset[str] = frozenset()  # tables quarantined at capture (lake/quarantine): read as if excluded
 
 
 def capture_batches(
@@ -551,8 +563,17 @@ class _TableMaps:
     mariadb: bool
     table_filter: TableFilter
     post_header_length: int = 8
+    left_out: set[str] = field(default_factory=set)  # quarantined tables: never parsed, their rows never read
     by_id: dict[int, tuple[TableMap, RowDecoder] | None] = field(default_factory=dict)
     _parsed: dict[bytes, tuple[TableMap, RowDecoder] | None] = field(default_factory=dict)
+
+    def leave_out(self, table: TableRef) -> None:
+        """From now on `table` is read as if excluded (it was quarantined)."""
+        self.left_out.add(str(table))
+        for known in (self.by_id, self._parsed):
+            for key, mapped in list(known.items()):
+                if mapped is not None and mapped[0].table == table:
+                    known[key] = None  # type: ignore[index]
 
     def read(self, body: bytes) -> tuple[TableMap, RowDecoder] | None:
         if body in self._parsed:
@@ -560,7 +581,7 @@ class _TableMaps:
         else:
             known = None
             table = table_map_table(body, self.post_header_length)[1]
-            if self.table_filter.matches(table.schema, table.table):
+            if self.table_filter.matches(table.schema, table.table) and str(table) not in self.left_out:
                 table_map = parse_table_map(body, self.mariadb, self.post_header_length)
                 known = (table_map, RowDecoder(table_map))
             self._parsed[body] = known
@@ -592,7 +613,7 @@ def _no_cycle_collection() -> Iterator[None]:
 def _read_events(
     events: Iterator[RawEvent], builder: BatchBuilder, end: BinlogPosition, options: CaptureOptions, server: ServerInfo
 ) -> Iterator[RawBatch]:
-    maps = _TableMaps(server.flavor == "mariadb", options.table_filter)
+    maps = _TableMaps(server.flavor == "mariadb", options.table_filter, left_out=set(options.left_out))
     post_headers = b""
     log_file = builder.start.log_file
     epoch = builder.start.epoch
@@ -625,7 +646,14 @@ def _read_events(
             continue
         boundary = False
         if kind == TABLE_MAP:
-            mapped = maps.read(event.body)
+            try:
+                mapped = maps.read(event.body)
+            except Exception as exc:  # noqa: BLE001 - the table's own map: it alone is left out (lake/quarantine)
+                table = table_map_table(event.body, maps.post_header_length)[1]
+                builder.quarantine(table, exc, BinlogPosition(log_file, end_pos - event.size, epoch))
+                maps.leave_out(table)
+                maps.by_id[int.from_bytes(event.body[:6], "little")] = None
+                continue
             if mapped is not None and not builder.skipping:  # a skipped transaction's maps may be of older shapes
                 table_map = mapped[0]
                 shapes[table_map.table_id] = table_map.shape
@@ -644,7 +672,12 @@ def _read_events(
                 plain = MARIADB_UNCOMPRESSED_TYPE[kind]
                 kind, body = mariadb_decompressed(kind, body, _post_header(post_headers, plain, 8 if plain < 30 else 10))
             decoder = known[1]
-            befores, afters = decoder.rows(kind, body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
+            try:
+                befores, afters = decoder.rows(kind, body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
+            except Exception as exc:  # noqa: BLE001 - a value of this table cannot be read: it alone is left out
+                builder.quarantine(known[0].table, exc, BinlogPosition(log_file, end_pos - event.size, epoch))
+                maps.leave_out(known[0].table)
+                continue
             builder.row_changes(shapes[table_id], ROW_EVENTS[kind], befores, afters)
             continue
         builder.count_event()

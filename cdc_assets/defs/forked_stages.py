@@ -26,6 +26,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.settings import SourceSettings, spark_min_rows
 from cdc_assets.lake.layout import CURRENT_STAGE
+from cdc_assets.lake.quarantine import RunWide
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.lake.store import Lakehouse
@@ -43,7 +44,7 @@ from spark_resources.session import DEFAULT_SPARK_MASTER
 Send = Callable[[str, Any], None]  # one message to the op: its kind and value (the child's log lines go with it)
 
 
-class LeftToRun(Exception):
+class LeftToRun(RunWide):
     """A stage the run would take on Spark: the child leaves it, and what follows, to the run."""
 
 
