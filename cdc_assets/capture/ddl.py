@@ -192,7 +192,7 @@ _TYPE_ALIASES = {
 _KNOWN_TYPES = {
     "tinyint", "smallint", "mediumint", "int", "bigint", "decimal", "float", "double", "bit", "date", "datetime",
     "timestamp", "time", "year", "char", "varchar", "text", "enum", "set", "json", "binary", "varbinary", "blob",
-    "geometry", "serial", "vector",
+    "geometry", "serial", "vector", "uuid", "inet4", "inet6",
 }  # fmt: skip
 _BINARY_OF = {"varchar": "varbinary", "char": "binary", "text": "blob"}
 

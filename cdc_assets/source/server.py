@@ -496,6 +496,6 @@ def consistent_snapshot(
 def source_tables(conn: pymysql.Connection, table_filter: TableFilter) -> list[TableRef]:
     """Base tables of the source that the filter includes."""
     with conn.cursor() as cur:
-        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'")
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED')")
         rows = cur.fetchall()
     return sorted((TableRef(s, t) for s, t in rows if table_filter.matches(s, t)), key=str)
