@@ -50,7 +50,7 @@ from cdc_assets.capture.binlog.row_images import RowDecoder
 from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map, table_map_table, with_known_types
 from cdc_assets.capture.ddl import schema_changes
 from cdc_assets.capture.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
-from cdc_assets.core import failpoints
+from cdc_assets.core import failpoints, mysql_charsets
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition, binlog_file_number
@@ -518,11 +518,14 @@ def capture_batches(
         hold_for_xa=hold_for_xa,
     )
     conn = source.connect(url)
+    charsets = source.ServerCharsets(url)  # the rare charsets Python has no exact codec for: the server converts
+    mysql_charsets.use_server(charsets.table, charsets.value)
     try:
         events = expand_payloads(dump_events(conn, options.server_id, start))  # compressed transactions as if plain
         yield from _batches(events, builder, end, options, server)
     finally:
         conn.close()
+        charsets.close()
 
 
 def _executed_set_unknown(state: GtidState) -> bool:

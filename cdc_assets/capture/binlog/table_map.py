@@ -206,12 +206,14 @@ def python_codec(encoding: str | None) -> str | None:
 
     from pymysql.charset import charset_by_name
 
-    from cdc_assets.core.mysql_charsets import MYSQL_LATIN1
+    from cdc_assets.core.mysql_charsets import MYSQL_LATIN1, codec_for
 
     if encoding is None:
         return "utf-8"
     if encoding in ("latin1", "cp1252"):
         return MYSQL_LATIN1
+    if codec_for(encoding) is not None:
+        return codec_for(encoding)
     known = charset_by_name(encoding)
     name = known.encoding if known else encoding
     try:
