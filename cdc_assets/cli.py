@@ -186,6 +186,8 @@ def _print_sync(outcome: RunOutcome, seconds: float | None = None) -> None:
         f"{current.get('rows_updated', 0)} updated, {current.get('rows_deleted', 0)} deleted)"
     )
     _print_sinks(outcome)
+    for sentence in outcome.quarantined:
+        print(f"quarantined: {sentence}")
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
     for warning in outcome.warnings:
@@ -350,6 +352,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"snapshot:    {table} stopped after {done['chunks_read']} of {done['chunks']} chunks "
             f"({done['rows']:,} rows): run `cdc-lakehouse snapshot {table}` to resume it"
         )
+    for sentence in status.quarantined.values():
+        print(f"quarantined: {sentence}")
     return EXIT_OK
 
 

@@ -47,15 +47,17 @@ from cdc_assets.capture.binlog.events import (
 )
 from cdc_assets.capture.binlog.protocol import RawEvent, dump_events
 from cdc_assets.capture.binlog.row_images import RowDecoder
-from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map, table_map_table
+from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map, table_map_table, with_known_types
 from cdc_assets.capture.ddl import schema_changes
 from cdc_assets.capture.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
-from cdc_assets.core import failpoints
+from cdc_assets.core import failpoints, mysql_charsets
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition, binlog_file_number
 from cdc_assets.core.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
-from cdc_assets.core.shapes import SchemaChange, TableShape, shape_json
+from cdc_assets.core.shapes import SchemaChange, TableShape, is_sequence, shape_json
+from cdc_assets.core.system_versioning import VersionedColumns, current_row_changes, versioned_columns
+from cdc_assets.lake.quarantine import CAPTURE, default_fix, describe
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, RawBatch
 from cdc_assets.source import server as source
 from cdc_assets.source.server import ServerInfo
@@ -192,6 +194,7 @@ class BatchBuilder:
         self.transactions = 0
         self.first_commit_ts: int | None = None
         self.last_commit_ts: int | None = None
+        self.quarantined: dict[str, dict[str, Any]] = {}
 
     # -- events ---------------------------------------------------------------------------------------
     def count_event(self) -> None:
@@ -280,6 +283,14 @@ class BatchBuilder:
         else:
             self.schemas[table] = shape
         self.changed_schemas[table] = shape
+
+    def quarantine(self, table: TableRef, error: BaseException, at: BinlogPosition) -> None:
+        """`table`'s events cannot be decoded (`error`, met at `at`): capture leaves it out from here on, and the
+        batch records why, so the run quarantines it (lake/quarantine) before the checkpoint passes the batch."""
+        self.quarantined.setdefault(
+            str(table),
+            {"cause": describe(error), "fix": default_fix(str(table), CAPTURE), "first_seq": self.next_seq, "position": str(at)},
+        )
 
     def _wanted(self, table: TableRef | None) -> bool:
         return table is not None and (self.table_filter is None or self.table_filter.matches(table.schema, table.table))
@@ -457,6 +468,7 @@ class BatchBuilder:
             last_commit_ts=self.last_commit_ts,
             server=self.server,
             schemas={str(t): shape_json(s) for t, s in self.changed_schemas.items()},
+            quarantined=self.quarantined,
         )
         self._reset(self.committed_end)
         return batch
@@ -470,6 +482,7 @@ class CaptureOptions:
     table_filter: TableFilter
     server_id: int
     max_batch_rows: int
+    left_out: frozenset[str] = frozenset()  # tables quarantined at capture (lake/quarantine): read as if excluded
 
 
 def capture_batches(
@@ -505,11 +518,14 @@ def capture_batches(
         hold_for_xa=hold_for_xa,
     )
     conn = source.connect(url)
+    charsets = source.ServerCharsets(url)  # the rare charsets Python has no exact codec for: the server converts
+    mysql_charsets.use_server(charsets.table, charsets.value)
     try:
         events = expand_payloads(dump_events(conn, options.server_id, start))  # compressed transactions as if plain
         yield from _batches(events, builder, end, options, server)
     finally:
         conn.close()
+        charsets.close()
 
 
 def _executed_set_unknown(state: GtidState) -> bool:
@@ -551,19 +567,35 @@ class _TableMaps:
     mariadb: bool
     table_filter: TableFilter
     post_header_length: int = 8
+    left_out: set[str] = field(default_factory=set)  # quarantined tables: never parsed, their rows never read
     by_id: dict[int, tuple[TableMap, RowDecoder] | None] = field(default_factory=dict)
-    _parsed: dict[bytes, tuple[TableMap, RowDecoder] | None] = field(default_factory=dict)
+    _parsed: dict[bytes, tuple[TableRef, TableShape | None, tuple[TableMap, RowDecoder] | None]] = field(default_factory=dict)
 
-    def read(self, body: bytes) -> tuple[TableMap, RowDecoder] | None:
-        if body in self._parsed:
-            known = self._parsed[body]
+    def leave_out(self, table: TableRef) -> None:
+        """From now on `table` is read as if excluded (it was quarantined)."""
+        self.left_out.add(str(table))
+        for key, mapped in list(self.by_id.items()):
+            if mapped is not None and mapped[0].table == table:
+                self.by_id[key] = None
+        for body, (named, shape, _) in list(self._parsed.items()):
+            if named == table:
+                self._parsed[body] = (named, shape, None)
+
+    def read(self, body: bytes, schemas: dict[TableRef, TableShape]) -> tuple[TableMap, RowDecoder] | None:
+        """The map and its row decoder; `schemas` (capture's shapes now) tell MariaDB's UUID and INET columns, so a
+        map is parsed again only when its table's known shape is another object than when it was parsed."""
+        seen = self._parsed.get(body)
+        if seen is not None and (not self.mariadb or schemas.get(seen[0]) is seen[1]):
+            known = seen[2]
         else:
-            known = None
             table = table_map_table(body, self.post_header_length)[1]
-            if self.table_filter.matches(table.schema, table.table):
-                table_map = parse_table_map(body, self.mariadb, self.post_header_length)
-                known = (table_map, RowDecoder(table_map))
-            self._parsed[body] = known
+            shape = schemas.get(table) if self.mariadb else None
+            known = None
+            if self.table_filter.matches(table.schema, table.table) and str(table) not in self.left_out:
+                table_map = with_known_types(parse_table_map(body, self.mariadb, self.post_header_length), shape)
+                # a MariaDB SEQUENCE's row is the server's state, not data: skipped as an excluded table is
+                known = None if self.mariadb and is_sequence(table_map.shape) else (table_map, RowDecoder(table_map))
+            self._parsed[body] = (table, shape, known)
         self.by_id[int.from_bytes(body[:6], "little")] = known
         return known
 
@@ -592,13 +624,14 @@ def _no_cycle_collection() -> Iterator[None]:
 def _read_events(
     events: Iterator[RawEvent], builder: BatchBuilder, end: BinlogPosition, options: CaptureOptions, server: ServerInfo
 ) -> Iterator[RawBatch]:
-    maps = _TableMaps(server.flavor == "mariadb", options.table_filter)
+    maps = _TableMaps(server.flavor == "mariadb", options.table_filter, left_out=set(options.left_out))
     post_headers = b""
     log_file = builder.start.log_file
     epoch = builder.start.epoch
     file_number = binlog_file_number(log_file)
     end_key = end.sort_key
     shapes: dict[int, TableShape] = {}  # binlog table id -> the shape of a captured table
+    versioned: dict[int, VersionedColumns | None] = {}  # binlog table id -> its system columns, if it has them
     in_transaction = False  # between BEGIN (or a non-standalone MariaDB GTID) and its COMMIT / Xid
     xa_id: str | None = None  # the XID of the XA transaction being read (from its XA END)
     for event in events:
@@ -625,11 +658,20 @@ def _read_events(
             continue
         boundary = False
         if kind == TABLE_MAP:
-            mapped = maps.read(event.body)
+            try:
+                mapped = maps.read(event.body, builder.schemas)
+            except Exception as exc:  # noqa: BLE001 - the table's own map: it alone is left out (lake/quarantine)
+                table = table_map_table(event.body, maps.post_header_length)[1]
+                builder.quarantine(table, exc, BinlogPosition(log_file, end_pos - event.size, epoch))
+                maps.leave_out(table)
+                maps.by_id[int.from_bytes(event.body[:6], "little")] = None
+                continue
             if mapped is not None and not builder.skipping:  # a skipped transaction's maps may be of older shapes
                 table_map = mapped[0]
-                shapes[table_map.table_id] = table_map.shape
-                builder.version_of(table_map.shape)
+                versioned[table_map.table_id] = versioned_columns(table_map.shape)
+                shape = versioned[table_map.table_id].shape if versioned[table_map.table_id] else table_map.shape
+                shapes[table_map.table_id] = shape
+                builder.version_of(shape)
             continue
         if kind in ROW_EVENTS or kind in MARIADB_COMPRESSED_ROWS:
             table_id = int.from_bytes(event.body[:6], "little")
@@ -644,8 +686,17 @@ def _read_events(
                 plain = MARIADB_UNCOMPRESSED_TYPE[kind]
                 kind, body = mariadb_decompressed(kind, body, _post_header(post_headers, plain, 8 if plain < 30 else 10))
             decoder = known[1]
-            befores, afters = decoder.rows(kind, body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
-            builder.row_changes(shapes[table_id], ROW_EVENTS[kind], befores, afters)
+            try:
+                befores, afters = decoder.rows(kind, body, _post_header(post_headers, kind, 8 if kind < 30 else 10))
+            except Exception as exc:  # noqa: BLE001 - a value of this table cannot be read: it alone is left out
+                builder.quarantine(known[0].table, exc, BinlogPosition(log_file, end_pos - event.size, epoch))
+                maps.leave_out(known[0].table)
+                continue
+            if versioned.get(table_id) is None:
+                builder.row_changes(shapes[table_id], ROW_EVENTS[kind], befores, afters)
+            else:  # a system-versioned table: its current rows only (core/system_versioning)
+                for op, old, new in current_row_changes(versioned[table_id], ROW_EVENTS[kind], befores, afters):
+                    builder.row_changes(shapes[table_id], op, old, new)
             continue
         builder.count_event()
         if kind == MARIADB_QUERY_COMPRESSED:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 
@@ -191,7 +192,7 @@ _TYPE_ALIASES = {
 _KNOWN_TYPES = {
     "tinyint", "smallint", "mediumint", "int", "bigint", "decimal", "float", "double", "bit", "date", "datetime",
     "timestamp", "time", "year", "char", "varchar", "text", "enum", "set", "json", "binary", "varbinary", "blob",
-    "geometry", "serial", "vector",
+    "geometry", "serial", "vector", "uuid", "inet4", "inet6",
 }  # fmt: skip
 _BINARY_OF = {"varchar": "varbinary", "char": "binary", "text": "blob"}
 
@@ -539,7 +540,13 @@ def _create(
                 key = (column.spec.name,)
     if cur.upper() in ("SELECT", "AS", "IGNORE", "REPLACE") or any(t.upper == "SELECT" for t in cur.tokens[cur.i :]):
         return SchemaChange(table, "create", None, None)  # the SELECT adds columns only the row events show
-    return SchemaChange(table, "create", None, TableShape(table, tuple(columns), key))
+    return SchemaChange(table, "create", None, TableShape(table, tuple(columns), _as_columns_named(key, columns)))
+
+
+def _as_columns_named(key: Iterable[str], columns: Iterable[ColumnSpec]) -> tuple[str, ...]:
+    """Key columns as the columns are named: MySQL's names are case-insensitive, so `PRIMARY KEY (ID)` names `id`."""
+    names = {c.name.lower(): c.name for c in columns}
+    return tuple(names.get(k.lower(), k) for k in key)
 
 
 def _key_columns(part: list[Token]) -> tuple[str, ...]:
@@ -677,8 +684,7 @@ def _alter(
                     replace(c, charset=charset) if c.type in ("char", "varchar", "text", "enum", "set") else c
                     for c in columns
                 ]
-    key_names = {c.name.lower(): c.name for c in columns}
-    after = TableShape(table, tuple(columns), tuple(key_names.get(k.lower(), k) for k in key))
+    after = TableShape(table, tuple(columns), _as_columns_named(key, columns))
     changes = []
     if not before.same_layout(after) or renames or before.columns != after.columns:
         changes.append(SchemaChange(table, "alter", before, after, renames, defaults))

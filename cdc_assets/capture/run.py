@@ -24,6 +24,7 @@ from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape, apply_schemas
 from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
 from cdc_assets.lake.locks import Lease, lakehouse_lock
+from cdc_assets.lake.quarantine import CAPTURE, Quarantine, left_out_of_capture, quarantine
 from cdc_assets.lake.raw_batches import BatchManifest, RawBatch, batch_exists, read_manifest, write_batch
 from cdc_assets.lake.state import (
     Checkpoint,
@@ -124,7 +125,9 @@ def capture_session(
     """The source checked and the lakehouse's capture lock held, for one capture, or for work that must see no
     capture between its steps (a repair: a point, a capture up to it, a batch written there)."""
     url = settings.url
-    options = CaptureOptions(settings.table_filter, settings.server_id, settings.max_batch_rows)
+    options = CaptureOptions(
+        settings.table_filter, settings.server_id, settings.max_batch_rows, left_out_of_capture(lakehouse.store)
+    )
     conn = source.connect(url)
     try:
         server = source.preflight(conn, url, settings.server_id)
@@ -279,6 +282,12 @@ class _Capture:
         if register_batch(registry, manifest.name, manifest.tables()):
             save_registry(store, registry)
             failpoints.hit("capture.registry_saved")
+        # Tables whose events could not be decoded are quarantined before the checkpoint passes the batch: from
+        # here on capture leaves them out, and their own checks say so (lake/quarantine).
+        for table, why in manifest.quarantined().items():
+            held = quarantine(store, Quarantine(table, CAPTURE, why["cause"], why["fix"], why.get("first_seq"), why.get("position")))
+            if log is not None:
+                log.error(held.sentence())
         # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
         schemas_name = checkpoint.schemas
         if manifest.raw.get("schemas"):

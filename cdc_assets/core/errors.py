@@ -69,6 +69,11 @@ def unreachable_cause(exc: BaseException | None) -> str | None:
     return None
 
 
+def storage_fault(exc: BaseException | None) -> bool:
+    """Whether an error is a full disk or an object store that did not answer: the run's fault, never one table's."""
+    return _disk_full(exc) or unreachable_cause(exc) is not None
+
+
 def unreachable_message(lakehouse: str, endpoint: str | None, reason: str) -> str:
     """The one sentence for an object store that stayed down through every retry."""
     where = f"The S3 endpoint {endpoint}" if endpoint else "The object store"

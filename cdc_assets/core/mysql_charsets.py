@@ -7,6 +7,7 @@ with MySQL's mapping, which the binlog reader uses for `latin1` columns.
 """
 
 import codecs
+from collections.abc import Callable
 
 MYSQL_LATIN1 = "cdc_mysql_latin1"
 
@@ -36,3 +37,85 @@ def _search(name: str) -> codecs.CodecInfo | None:
 
 
 codecs.register(_search)
+
+
+# -- every other charset, decoded to the text the server returns ---------------------------------------------------
+# The common ones stay Python's own codecs on capture's hot path (utf8mb4, utf8mb3, ascii, latin1 above); the fixed
+# width Unicode ones are big-endian in MySQL (Python's "utf-16" would read them little-endian); every other
+# single-byte charset is MySQL's own table of 256 characters, asked of the server once per process; a multi-byte one
+# Python has no codec for (eucjpms) is converted by the server per distinct value, cached.
+UNICODE_CODECS = {"utf16": "utf-16-be", "ucs2": "utf-16-be", "utf16le": "utf-16-le", "utf32": "utf-32-be"}
+SINGLE_BYTE = frozenset(
+    {
+        "armscii8", "cp1250", "cp1251", "cp1256", "cp1257", "cp850", "cp852", "cp866", "dec8", "geostd8", "greek",
+        "hebrew", "hp8", "keybcs2", "koi8r", "koi8u", "latin2", "latin5", "latin7", "macce", "macroman", "swe7",
+        "tis620",
+    }
+)  # fmt: skip
+SERVER_CONVERTED = frozenset({"eucjpms"})
+_PREFIX = "cdc_mysql_"
+
+# What the server says: a charset's 256 characters (single-byte), or one value's text. Set by capture (the edge that
+# has a connection), so that this module stays free of I/O.
+TableFetcher = Callable[[str], str]
+ValueFetcher = Callable[[str, bytes], str]
+_fetchers: dict[str, Callable[..., str]] = {}
+_tables: dict[str, str] = {}
+_values: dict[tuple[str, bytes], str] = {}
+
+
+def use_server(table: TableFetcher, value: ValueFetcher) -> None:
+    """Where the charsets Python has no exact codec for are converted (capture sets its source's)."""
+    _fetchers["table"], _fetchers["value"] = table, value
+
+
+def codec_for(charset: str) -> str | None:
+    """The Python codec that decodes `charset` as the server does, or None (a charset not named here)."""
+    if charset in UNICODE_CODECS:
+        return UNICODE_CODECS[charset]
+    if charset in SINGLE_BYTE or charset in SERVER_CONVERTED:
+        return _PREFIX + charset
+    return None
+
+
+def _server_table(charset: str) -> str:
+    if charset not in _tables:
+        fetch = _fetchers.get("table")
+        if fetch is None:
+            raise LookupError(f"the {charset} charset needs the source server to be decoded, and none is set")
+        table = fetch(charset)
+        if len(table) != 256:
+            raise ValueError(f"the server's {charset} table has {len(table)} characters, not 256")
+        _tables[charset] = table
+    return _tables[charset]
+
+
+def _server_value(charset: str, data: bytes) -> str:
+    key = (charset, bytes(data))
+    if key not in _values:
+        fetch = _fetchers.get("value")
+        if fetch is None:
+            raise LookupError(f"the {charset} charset needs the source server to be decoded, and none is set")
+        if len(_values) > 100_000:  # a bound, not a working set: rare charsets hold few distinct values
+            _values.clear()
+        _values[key] = fetch(charset, key[1])
+    return _values[key]
+
+
+def _search_server(name: str) -> codecs.CodecInfo | None:
+    if not name.startswith(_PREFIX):
+        return None
+    charset = name[len(_PREFIX) :]
+
+    def decode(data: bytes, errors: str = "strict") -> tuple[str, int]:
+        if charset in SINGLE_BYTE:
+            return codecs.charmap_decode(data, errors, _server_table(charset))
+        return _server_value(charset, data), len(data)
+
+    def encode(text: str, errors: str = "strict") -> tuple[bytes, int]:
+        raise UnicodeError(f"text is never encoded to {charset} here")
+
+    return codecs.CodecInfo(name=name, encode=encode, decode=decode)
+
+
+codecs.register(_search_server)

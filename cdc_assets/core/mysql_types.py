@@ -37,6 +37,8 @@ _UNSIGNED_INT: dict[str, pa.DataType] = {
 }
 TEXT_TYPES = ("char", "varchar", "text", "enum", "set", "json")
 BINARY_TYPES = ("binary", "varbinary", "blob", "geometry")
+# MariaDB's data type plugins: stored as fixed binary (so the binlog says BINARY(n)), kept as the text SELECT prints
+PRINTED_BINARY_TYPES = {"uuid": 16, "inet6": 16, "inet4": 4}
 # MySQL 9's VECTOR: float32s. Its canonical text is the base64 of their little-endian bytes, as the server stores them
 # and sends them (as binary, over the text protocol too), so a value is exact on every route.
 VECTOR_TYPE = pa.list_(pa.float32())
@@ -97,13 +99,43 @@ def arrow_type(col: ColumnSpec) -> pa.DataType:
         return pa.timestamp("us", tz="UTC")
     if t == "year":
         return pa.int16()
-    if t == "time" or t in TEXT_TYPES:
+    if t == "time" or t in TEXT_TYPES or t in PRINTED_BINARY_TYPES:
         return pa.string()
     if t in BINARY_TYPES:
         return pa.binary()
     if t == "vector":
         return VECTOR_TYPE
     raise ValueError(f"unsupported MySQL type {t!r} for column {col.name!r}")
+
+
+def printed_binary(kind: str, value: bytes) -> str:
+    """A MariaDB UUID, INET6 or INET4 value (its stored bytes) as the server prints it."""
+    if kind == "uuid":
+        text = value.hex()
+        return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+    if kind == "inet4":
+        return ".".join(str(b) for b in value)
+    return _inet6_text(value)
+
+
+def _inet6_text(value: bytes) -> str:
+    """INET6 as MariaDB prints it (RFC 5952; an IPv4-mapped or IPv4-compatible address ends in dotted quad)."""
+    words = [int.from_bytes(value[i : i + 2], "big") for i in range(0, 16, 2)]
+    tail: list[str] = []
+    if words[:5] == [0] * 5 and words[5] in (0, 0xFFFF) and (words[5] or words[6]):
+        tail, words = [".".join(str(b) for b in value[12:])], words[:6]
+    best, run = (0, -1), (0, -1)  # the longest run of two or more zero words (start, end)
+    for i, word in enumerate(words):
+        if word:
+            continue
+        run = (run[0], i) if run[1] == i - 1 and run[1] >= 0 else (i, i)
+        if run[1] - run[0] > best[1] - best[0]:
+            best = run
+    parts = [f"{w:x}" for w in words]
+    if best[1] - best[0] >= 1:
+        left, right = parts[: best[0]], parts[best[1] + 1 :]
+        return ":".join(left) + "::" + ":".join(right + tail)
+    return ":".join(parts + tail)
 
 
 def vector_array(values: list[bytes | None]) -> pa.Array:

@@ -156,3 +156,16 @@ def with_rename_partners(targets: set[str], take_in: Callable[[list[str]], set[s
         targets |= partners
         new = sorted(partners)
     return targets
+
+
+# A MariaDB SEQUENCE (CREATE SEQUENCE) is a table of one row of these columns, which the binlog logs as a row insert at
+# every cache refill. It is state of the server, not data: capture skips it, as a snapshot does (README, "Sequences").
+SEQUENCE_COLUMNS = (
+    "next_not_cached_value", "minimum_value", "maximum_value", "start_value", "increment", "cache_size",
+    "cycle_option", "cycle_count",
+)  # fmt: skip
+
+
+def is_sequence(shape: TableShape) -> bool:
+    """Whether a binlog table shape is a MariaDB SEQUENCE's (its fixed columns, no key)."""
+    return not shape.primary_key and tuple(c.name for c in shape.columns) == SEQUENCE_COLUMNS

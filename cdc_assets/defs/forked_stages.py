@@ -26,6 +26,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.settings import SourceSettings, spark_min_rows
 from cdc_assets.lake.layout import CURRENT_STAGE
+from cdc_assets.lake.quarantine import RunWide, quarantined_tables
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.lake.store import Lakehouse
@@ -43,7 +44,7 @@ from spark_resources.session import DEFAULT_SPARK_MASTER
 Send = Callable[[str, Any], None]  # one message to the op: its kind and value (the child's log lines go with it)
 
 
-class LeftToRun(Exception):
+class LeftToRun(RunWide):
     """A stage the run would take on Spark: the child leaves it, and what follows, to the run."""
 
 
@@ -51,6 +52,7 @@ def pending_tables(house: Lakehouse, ordered: list[str]) -> list[str]:
     """The tables with changes captured and not yet in current state, and those whose change log or current state
     was removed by hand, in the order of `ordered`."""
     pending = set(tables_behind(house.store, CURRENT_STAGE))
+    pending |= set(quarantined_tables(house.store))  # in every run while held back, so that their own checks fail
     pending |= set(missing_current_tables(house, sorted(set(ordered) - pending)))
     pending |= set(missing_change_logs(house, sorted(set(ordered) - pending)))
     return [t for t in ordered if t in pending]

@@ -33,6 +33,7 @@ from cdc_assets.defs.keys import (
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.defs.sinks import configured_sinks
 from cdc_assets.lake.as_of import export_as_of
+from cdc_assets.lake.quarantine import quarantined_tables
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
@@ -40,8 +41,10 @@ from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
 from cdc_assets.stages.follow import continuous_holder, continuous_owner, refuse_beside_continuous
 from cdc_assets.stages.snapshot_records import snapshots_in_progress
+from cdc_assets.verification.compare import tables_to_verify
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
 from cdc_assets.verification.lag import table_lags
+from cdc_assets.verification.quarantined import comparing_all_but_quarantined
 
 _instances: dict[str, DagsterInstance] = {}
 
@@ -79,6 +82,7 @@ class RunOutcome:
     # checks that failed as warnings: a table not compared this time (something in flight past the run's capture),
     # with the reason; never counted as passing, not a failure of the run either (the next run compares it)
     warnings: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)  # tables held back (lake/quarantine): one sentence each
 
     def of(self, asset: AssetKey) -> dict[str, Any]:
         """The materialization metadata of `asset` in these runs (empty when they did not materialize it)."""
@@ -108,6 +112,7 @@ class RunOutcome:
             self.seconds + later.seconds,
             self.user_errors + later.user_errors,
             self.warnings + later.warnings,
+            list(dict.fromkeys(self.quarantined + later.quarantined)),
         )
 
 
@@ -219,8 +224,10 @@ def run_sync(verbose: bool = False, run_id: str | None = None) -> RunOutcome:
     """One run of the `sync` job (capture, then the touched tables' change logs and current state, with the checks
     of all three), then a publish run per configured sink. `run_id`: the sync run's id, chosen before a capture
     was forked for it (cdc_assets.defs.forked_capture)."""
-    refuse_beside_continuous(initialized_resources().lakehouse.get())
+    lakehouse = initialized_resources().lakehouse.get()
+    refuse_beside_continuous(lakehouse)
     outcome = run_job(SYNC_JOB, verbose, run_id=run_id)
+    outcome.quarantined = [q.sentence() for q in quarantined_tables(lakehouse.store).values()]
     if configured_sinks():
         outcome = outcome + run_publish(None, verbose)
     return outcome
@@ -379,7 +386,10 @@ def run_export(table: str, point: str, destination: str) -> int:
 def run_verify(tables: list[str] | None = None) -> list[ConsistentComparison]:
     """Current-state tables compared with the source at one consistent point (`cdc-lakehouse verify`)."""
     resources = initialized_resources()
-    return verify_tables(resources.binlog.settings(), resources.lakehouse.get(), tables)
+    settings, lakehouse = resources.binlog.settings(), resources.lakehouse.get()
+    return comparing_all_but_quarantined(
+        lakehouse, tables_to_verify(lakehouse, tables), lambda kept: verify_tables(settings, lakehouse, [str(t) for t in kept])
+    )
 
 
 @dataclass(frozen=True)
@@ -401,6 +411,7 @@ class Status:
     seconds_since_materialized: dict[str, float | None]  # per asset; None: never materialized
     snapshots_in_progress: dict[str, dict[str, int]]  # per table stopped mid-way: chunks read of chunks, rows
     sinks: dict[str, dict[str, Any]] = field(default_factory=dict)  # per configured sink: destination, seq, lag
+    quarantined: dict[str, str] = field(default_factory=dict)  # per quarantined table: its sentence (cause and fix)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -440,6 +451,7 @@ def collect_status() -> Status:
         next_seq=checkpoint.next_seq if checkpoint else None,
         gtid=checkpoint.gtid if checkpoint else None,
         tables=known_tables(lakehouse.store),
+        quarantined={t: q.sentence() for t, q in quarantined_tables(lakehouse.store).items()},
         table_lag_seconds={t: round(v, 1) for t, v in table_lags(lakehouse, lag.seconds, now).items()},
         freshness_windows_minutes={"warn": warn, "fail": fail},
         raw_batches=len(batches),

@@ -5,6 +5,7 @@ process and by its Spark job on the executors, so both write the same rows."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -132,10 +133,20 @@ def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
     """Schemas of several versions of one source table's change log as one: columns are unioned in the order
     they appear, and a column whose type changed takes `unified_type`."""
     fields: dict[str, pa.DataType] = {}
+    named: dict[str, str] = {}  # Delta's column names are case-insensitive: a column renamed in case alone is one
     for schema in schemas:
         for f in schema:
-            fields[f.name] = unified_type(fields[f.name], f.type) if f.name in fields else f.type
+            name = named.setdefault(f.name.lower(), f.name)
+            fields[name] = unified_type(fields[name], f.type) if name in fields else f.type
     return pa.schema([pa.field(name, t) for name, t in fields.items()])
+
+
+def _column_named(rows: pa.Table, name: str) -> pa.ChunkedArray | None:
+    """`rows`' column `name`, or the one named so in another letter case (a column renamed in case alone)."""
+    if name in rows.column_names:
+        return rows.column(name)
+    lowered = name.lower()
+    return next((rows.column(n) for n in rows.column_names if n.lower() == lowered), None)
 
 
 def change_log_schema(shape: TableShape, with_ddl: bool = False) -> pa.Schema:
@@ -157,11 +168,9 @@ def log_target_schema(existing: pa.Schema | None, incoming: pa.Schema) -> tuple[
 
 def conform_to_log(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """Change-log rows in the schema the log's files take (columns they lack NULL, types widened)."""
+    columns = [(f, _column_named(rows, f.name)) for f in schema]
     return pa.Table.from_arrays(
-        [
-            cast_column(rows.column(f.name), f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-            for f in schema
-        ],
+        [cast_column(c, f.type) if c is not None else pa.nulls(rows.num_rows, f.type) for f, c in columns],
         schema=schema,
     )
 
@@ -172,13 +181,7 @@ def concat_unified(tables: list[pa.Table]) -> pa.Table:
     schema = unified_schema([t.schema for t in tables])
     return pa.concat_tables(
         [
-            pa.Table.from_arrays(
-                [
-                    cast_column(t.column(f.name), f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
-                    for f in schema
-                ],
-                schema=schema,
-            )
+            conform_to_log(t, schema)
             for t in tables
         ]
     )
@@ -187,6 +190,32 @@ def concat_unified(tables: list[pa.Table]) -> pa.Table:
 def with_batch(rows: pa.Table, batch: str) -> pa.Table:
     """Raw rows with the name of the batch they came from (`_cdc_batch` of the change log)."""
     return rows.append_column("batch", pa.array([batch] * rows.num_rows, pa.string()))
+
+
+def named_as(rows: pa.Table, names: Iterable[str]) -> pa.Table:
+    """`rows` with its columns, and the fields of its before-images, named as `names` names them in another letter
+    case. Delta's (and Spark's) column names are case-insensitive, so a source column renamed in case alone (MariaDB's
+    `MODIFY COLUMN C` of `c`) stays one column of a change log, under the name the log first gave it."""
+    by_lower = {n.lower(): n for n in names}
+
+    def named(name: str) -> str:
+        return by_lower.get(name.lower(), name)
+
+    columns = []
+    for field, column in zip(rows.schema, rows.columns, strict=True):
+        if pa.types.is_struct(field.type) and any(named(f.name) != f.name for f in field.type):
+            fields = [f.with_name(named(f.name)) for f in field.type]
+            chunks = [
+                pa.StructArray.from_arrays(
+                    [chunk.field(i) for i in range(len(fields))], fields=fields, mask=chunk.is_null() if chunk.null_count else None
+                )
+                for chunk in column.chunks
+            ]
+            column = pa.chunked_array(chunks, pa.struct(fields))
+        columns.append(column)
+    if [named(n) for n in rows.column_names] == rows.column_names and all(c is o for c, o in zip(columns, rows.columns, strict=True)):
+        return rows
+    return pa.Table.from_arrays(columns, names=[named(n) for n in rows.column_names])
 
 
 def typed_changes(rows: pa.Table, versions: dict[tuple[str, int], TableShape], ddl: dict[tuple[str, int], str]) -> pa.Table:
@@ -203,7 +232,7 @@ def typed_changes(rows: pa.Table, versions: dict[tuple[str, int], TableShape], d
         part = build_change_table(versions[(batch, int(version_id))], rows.filter(mask))
         if (batch, int(version_id)) in ddl:
             part = part.append_column(DDL_COLUMN, pa.array([ddl[(batch, int(version_id))]] * part.num_rows, pa.string()))
-        typed.append(part)
+        typed.append(named_as(part, typed[0].column_names) if typed else part)
     return concat_unified(typed).sort_by("_cdc_seq")
 
 

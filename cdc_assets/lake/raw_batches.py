@@ -69,6 +69,8 @@ class RawBatch:
     last_commit_ts: int | None = None
     server: dict[str, Any] = field(default_factory=dict)
     schemas: dict[str, Any] = field(default_factory=dict)  # table -> shape at the batch's end, where it changed
+    # table -> why capture left it out from this batch on (lake/quarantine): cause, fix, first_seq, position
+    quarantined: dict[str, dict[str, Any]] = field(default_factory=dict)
     keepalive: Any = None  # what keeps `data_path` on disk while the batch is in use
 
     @property
@@ -81,7 +83,8 @@ class RawBatch:
         return pq.read_table(self.data_path)
 
     def manifest(self, data_sha256: str, data_bytes: int) -> dict[str, Any]:
-        return {
+        quarantined = {"quarantined": self.quarantined} if self.quarantined else {}
+        return quarantined | {
             "format_version": FORMAT_VERSION,
             "name": self.name,
             "start": self.start.to_json(),
@@ -132,9 +135,14 @@ class BatchManifest:
         """(statement, change) for every table change a DDL of the batch makes (ddl.SchemaChange as JSON)."""
         return [(s, c) for s in self.raw.get("statements", []) if s.get("kind") == "ddl" for c in s.get("changes", [])]
 
+    def quarantined(self) -> dict[str, dict[str, Any]]:
+        """The tables capture left out from this batch on, as they could not be decoded (lake/quarantine)."""
+        return dict(self.raw.get("quarantined", {}))
+
     def tables(self) -> list[str]:
-        """Every table the batch changes: row changes, TRUNCATEs and schema changes."""
-        changed = {c["table"] for _, c in self.schema_changes()}
+        """Every table the batch changes: row changes, TRUNCATEs and schema changes (and the tables quarantined in
+        it, so the registry knows them)."""
+        changed = {c["table"] for _, c in self.schema_changes()} | set(self.quarantined())
         return sorted({str(v.table) for v in self.shapes.values()} | {s["table"] for s in self.truncates()} | changed)
 
     @staticmethod

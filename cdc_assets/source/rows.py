@@ -29,6 +29,7 @@ from cdc_assets.core.mysql_types import (
 )
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
+from cdc_assets.core.system_versioning import ROW_END, versioned_columns
 from cdc_assets.source.wire import MAX_PACKET_PAYLOAD, read_payload
 
 _NULL, _TWO_BYTES, _THREE_BYTES, _EIGHT_BYTES, _ERROR = 0xFB, 0xFC, 0xFD, 0xFE, 0xFF
@@ -240,7 +241,18 @@ def source_shapes(conn: pymysql.Connection, tables: list[TableRef]) -> dict[Tabl
             table = TableRef(row["TABLE_SCHEMA"], row["TABLE_NAME"])
             if table in found:
                 found[table][1].append(row["COLUMN_NAME"])
-    return {t: TableShape(t, tuple(columns), tuple(key)) if columns else None for t, (columns, key) in found.items()}
+    return {t: _as_selected(TableShape(t, tuple(columns), tuple(key))) if columns else None for t, (columns, key) in found.items()}
+
+
+def _as_selected(shape: TableShape) -> TableShape:
+    """A table as `SELECT *` shows it: a system-versioned table without its system columns, and its key without
+    `row_end` (MariaDB adds it to every key of such a table; core/system_versioning)."""
+    versioned = versioned_columns(shape)
+    if versioned is not None:
+        return versioned.shape
+    if ROW_END in shape.primary_key and ROW_END not in {c.name for c in shape.columns}:
+        return TableShape(shape.table, shape.columns, tuple(k for k in shape.primary_key if k != ROW_END))
+    return shape
 
 
 def source_row_estimates(conn: pymysql.Connection, tables: list[TableRef]) -> dict[TableRef, int]:

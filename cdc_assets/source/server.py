@@ -496,6 +496,47 @@ def consistent_snapshot(
 def source_tables(conn: pymysql.Connection, table_filter: TableFilter) -> list[TableRef]:
     """Base tables of the source that the filter includes."""
     with conn.cursor() as cur:
-        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE'")
+        cur.execute("SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE IN ('BASE TABLE', 'SYSTEM VERSIONED')")
         rows = cur.fetchall()
     return sorted((TableRef(s, t) for s, t in rows if table_filter.matches(s, t)), key=str)
+
+
+class ServerCharsets:
+    """The source server as the converter of charsets Python has no exact codec for (core/mysql_charsets): one
+    connection, opened at the first need (most captures never have one) and closed with `close`."""
+
+    def __init__(self, url: MySQLUrl) -> None:
+        self.url = url
+        self._conn: pymysql.Connection | None = None
+
+    def _cursor(self) -> pymysql.cursors.Cursor:
+        if self._conn is None:
+            self._conn = connect(self.url)
+        return self._conn.cursor()
+
+    @staticmethod
+    def _checked(charset: str) -> str:
+        if not charset.isalnum():
+            raise ValueError(f"not a charset name: {charset!r}")
+        return charset
+
+    def table(self, charset: str) -> str:
+        """A single-byte charset's 256 characters as the server converts each byte to utf8mb4, in one query."""
+        name = self._checked(charset)
+        select = ", ".join(f"HEX(CONVERT(CONVERT(UNHEX('{b:02X}') USING {name}) USING utf8mb4))" for b in range(256))
+        with self._cursor() as cur:
+            cur.execute(f"SELECT {select}")
+            row = cur.fetchone()
+        chars = [bytes.fromhex(h or "").decode("utf-8") for h in row]
+        return "".join(c if len(c) == 1 else "?" for c in chars)
+
+    def value(self, charset: str, data: bytes) -> str:
+        """One value of `charset` as the server converts it to utf8mb4."""
+        with self._cursor() as cur:
+            cur.execute(f"SELECT HEX(CONVERT(CONVERT(UNHEX(%s) USING {self._checked(charset)}) USING utf8mb4))", (data.hex(),))
+            return bytes.fromhex(cur.fetchone()[0] or "").decode("utf-8")
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -14,7 +14,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.change_rows import SEQ_TYPE, cast_column, conformed_schema
+from cdc_assets.lake.change_rows import SEQ_TYPE, cast_column, conformed_schema, named_as
 from cdc_assets.lake.delta import (
     MAX_SEQ_KEY,
     compact_small_files,
@@ -89,6 +89,7 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
         return AppendResult(table, 0, 0, 0, 0, watermark)
     changes = changes.sort_by("_cdc_seq")
     if existing is not None:
+        changes = named_as(changes, pa.schema(existing.schema().to_arrow()).names)
         schema = _conform_change_log(uri, existing, changes.schema, options)
         changes = pa.Table.from_arrays(
             [

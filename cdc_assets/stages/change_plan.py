@@ -14,6 +14,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import TableShape, shape_from_json
 from cdc_assets.lake.layout import CHANGES_STAGE
+from cdc_assets.lake.quarantine import Quarantine
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, BatchManifest
 from cdc_assets.lake.state import TableProgress, save_progress
 from cdc_assets.lake.store import ObjectStore
@@ -34,6 +35,7 @@ class ChangesReport:
     rows_in: int = 0
     appended: dict[str, AppendResult] = field(default_factory=dict)
     seconds: float = 0.0
+    quarantined: dict[str, Quarantine] = field(default_factory=dict)  # tables held back this run (lake/quarantine)
 
     @property
     def rows_out(self) -> int:

@@ -18,8 +18,10 @@ from cdc_assets.lake.change_rows import (
     typed_changes,
     with_batch,
 )
+from cdc_assets.lake.delta import max_seq
 from cdc_assets.lake.layout import CHANGES, CHANGES_LOCK, CHANGES_STAGE
 from cdc_assets.lake.locks import Lease, lakehouse_lock
+from cdc_assets.lake.quarantine import quarantined_tables, run_isolated, settle
 from cdc_assets.lake.raw_batches import (
     BatchManifest,
     batch_exists,
@@ -147,7 +149,17 @@ def process_new_batches(
 
         with_rename_partners(set(known_tables(lakehouse.store, tables)), take_in)
         if starts:
-            _process(lakehouse, transforms, manifests, starts, report, lease, log)
+            store = lakehouse.store
+
+            def work(group: set[str]) -> None:
+                own = {t: start for t, start in starts.items() if t in group}
+                _process(lakehouse, transforms, manifests, own, report, lease, log)
+
+            # one table whose changes cannot be typed or appended is quarantined; the others go on (lake/quarantine)
+            failed = run_isolated(starts, quarantined_tables(store, (CHANGES,)), work)
+            report.quarantined = settle(
+                store, CHANGES, starts, failed, lambda t: max_seq(lakehouse.open(CHANGES, TableRef.parse(t))), log
+            )
     report.seconds = time.monotonic() - began
     return report
 
@@ -179,7 +191,8 @@ def _process(
         failpoints.hit("changes.appended_before_progress")
         lease.check()
         record_progress(store, starts, progress, newest, chunk[-1].name)
-        report.batches.extend(m.name for m in chunk)
+        if not report.batches or report.batches[-1] < chunk[-1].name:  # a table retried alone reads them again
+            report.batches.extend(m.name for m in chunk)
         if log is not None:
             log.info(f"change logs: {len(report.batches)} of {len(manifests)} batches done, {report.rows_in} rows")
 

@@ -20,6 +20,7 @@ from cdc_assets.lake.change_rows import DDL_COLUMN
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_LOCK, CURRENT_STAGE
 from cdc_assets.lake.locks import Lease, lakehouse_lock
+from cdc_assets.lake.quarantine import TablesFailed, of_the_table, quarantined_tables, run_isolated, settle
 from cdc_assets.lake.state import TableProgress, known_tables, load_progress, save_progress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages import current_state
@@ -135,29 +136,17 @@ def apply_pending(
         targets = set(known_tables(lakehouse.store, tables))
         reached: dict[str, TableProgress] = {}
         current: dict[str, TableProgress] = {}
-        pending: list[PendingTable] = []
         dropped: dict[str, int | None] = {}
-        engine = transforms(_pending_estimate(lakehouse, targets))
-        if engine.session is not None and any(t in lakehouse.soft_deletes for t in targets):
-            engine = Transforms(None)  # soft deletes are applied by the Arrow merge only (README)
-            if log is not None:
-                log.info("current state: on Arrow, as CDC_SOFT_DELETES selects some of the run's tables")
-        if engine.session is not None:  # on Spark no pending row is read here
-            from cdc_assets.stages.current_on_spark import apply_on_spark  # pyspark loads only for a Spark run
 
-            apply_on_spark(lakehouse, engine.session, targets, reached, current, report, lease, log, dropped)
-        else:
+        def work(group: set[str]) -> None:
+            _apply_to(lakehouse, transforms, group, reached, current, dropped, report, lease, log)
 
-            def take_in(new: list[str]) -> set[str]:
-                # What the change logs hold now; recorded as this stage's progress once it is applied.
-                reached.update({t: load_progress(store, CHANGES_STAGE, t) for t in new})
-                current.update({t: load_progress(store, CURRENT_STAGE, t) for t in new})
-                pending.extend(pending_tables(lakehouse, {t: reached[t] for t in new}, current))
-                return _rename_partners(pending)
-
-            with_rename_partners(targets, take_in)
-            if pending:
-                _apply(lakehouse, pending, report, lease, log, dropped)
+        # one table whose changes cannot be applied is quarantined; the others go on (lake/quarantine)
+        failed = run_isolated(targets, quarantined_tables(store, (CURRENT,)), work)
+        report.quarantined = settle(
+            store, CURRENT, targets, failed, lambda t: applied_seq(lakehouse, TableRef.parse(t)), log
+        )
+        targets -= set(failed)
         _keep_histories(lakehouse, targets, lease, log)
         failpoints.hit("current.merged_before_progress")
         lease.check()
@@ -174,10 +163,48 @@ def apply_pending(
             )
             failpoints.hit("current.progress_partly_saved")
 
-        for_each_table([(t, p) for t, p in reached.items() if p.batch is not None], saved)
+        # a quarantined table's progress stays where it was: every run tries it again from its applied seq
+        for_each_table([(t, p) for t, p in reached.items() if p.batch is not None and t not in failed], saved)
         report.tables = sorted(targets)
     report.seconds = time.monotonic() - began
     return report
+
+
+def _apply_to(
+    lakehouse: Lakehouse,
+    transforms: TransformsFor,
+    targets: set[str],
+    reached: dict[str, TableProgress],
+    current: dict[str, TableProgress],
+    dropped: dict[str, int | None],
+    report: CurrentReport,
+    lease: Lease,
+    log: Any | None,
+) -> None:
+    """The pending changes of `targets` (and their rename partners) applied, on the engine their size chooses."""
+    store = lakehouse.store
+    pending: list[PendingTable] = []
+    engine = transforms(_pending_estimate(lakehouse, targets))
+    if engine.session is not None and any(t in lakehouse.soft_deletes for t in targets):
+        engine = Transforms(None)  # soft deletes are applied by the Arrow merge only (README)
+        if log is not None:
+            log.info("current state: on Arrow, as CDC_SOFT_DELETES selects some of the run's tables")
+    if engine.session is not None:  # on Spark no pending row is read here
+        from cdc_assets.stages.current_on_spark import apply_on_spark  # pyspark loads only for a Spark run
+
+        apply_on_spark(lakehouse, engine.session, targets, reached, current, report, lease, log, dropped)
+        return
+
+    def take_in(new: list[str]) -> set[str]:
+        # What the change logs hold now; recorded as this stage's progress once it is applied.
+        reached.update({t: load_progress(store, CHANGES_STAGE, t) for t in new})
+        current.update({t: load_progress(store, CURRENT_STAGE, t) for t in new})
+        pending.extend(pending_tables(lakehouse, {t: reached[t] for t in new}, current))
+        return _rename_partners(pending)
+
+    with_rename_partners(targets, take_in)
+    if pending:
+        _apply(lakehouse, pending, report, lease, log, dropped)
 
 
 def _keep_histories(lakehouse: Lakehouse, targets: Collection[str], lease: Lease, log: Any | None) -> None:
@@ -244,16 +271,27 @@ def _apply(
             return apply_changes(lakehouse, segment, latest[i] if i in latest else _no_changes())
         return apply_keyless_changes(lakehouse, segment)  # no primary key: duplicates are counted, not keyed
 
+    errors: dict[str, BaseException] = {}
+
     def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
-        """One table's steps (with its rename partners'), in `_cdc_seq` order."""
+        """One table's steps (with its rename partners'), in `_cdc_seq` order; a table's own error ends its chain
+        only (the steps before it are committed, each with its applied seq)."""
         done: list[tuple[Step, str | ApplyResult]] = []
         for n, (_, step) in enumerate(chain):
             lease.check()  # on S3 a lease lost to another run means: merge nothing more
-            done.append((step, outcome(chain, n)))
+            try:
+                done.append((step, outcome(chain, n)))
+            except Exception as exc:
+                if not of_the_table(exc):
+                    raise
+                errors.update({str(s.table): exc for _, s in chain[n:]})
+                break
             failpoints.hit("current.table_merged")
         return done
 
     record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), "arrow")
+    if errors:
+        raise TablesFailed(errors)
 
 
 def _created_with_its_rows(lakehouse: Lakehouse, step: Step, following: Step | None) -> bool:

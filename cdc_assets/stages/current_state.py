@@ -24,7 +24,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, WRITES
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape
-from cdc_assets.lake.change_rows import DDL_COLUMN, SEQ_TYPE
+from cdc_assets.lake.change_rows import DDL_COLUMN, SEQ_TYPE, named_as
 from cdc_assets.lake.current_rows import (
     CURRENT_FILE_BYTES,
     DELETED_COLUMN,
@@ -225,6 +225,7 @@ def _rows_for(pending: PendingTable, seqs: pa.Array, image: str) -> pa.Table:
     """Rows of the given changes: the changed row (`image="after"`) or its before-image."""
     columns = [c.name for c in pending.shape.columns]
     chosen = pending.changes.filter(pc.is_in(pending.changes.column("_cdc_seq"), value_set=seqs.cast(SEQ_TYPE)))
+    chosen = named_as(chosen, columns)  # the log keeps its first name of a column renamed in case alone
     if image == "after":
         data = {c: chosen.column(c) for c in columns}
     else:

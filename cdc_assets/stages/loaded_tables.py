@@ -12,9 +12,11 @@ from typing import Any
 from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.layout import CAPTURE_LOCK, CHANGES_STAGE, CURRENT_STAGE
 from cdc_assets.lake.locks import lakehouse_lock
+from cdc_assets.lake.quarantine import CAPTURE, lift_after_snapshot, quarantined_tables, resume_capture_at
 from cdc_assets.lake.state import (
     TableProgress,
     load_checkpoint,
@@ -69,6 +71,31 @@ def record_loaded(
         log.info(f"{table}: history {outcome}")
     applied = load_progress(store, CURRENT_STAGE, table)
     save_progress(store, CURRENT_STAGE, table, TableProgress(applied.batch, None, None, present=True, snapshot_seq=seq))
+    lifted = lift_after_snapshot(store, table)
+    if lifted is not None and log is not None:
+        log.info(f"{table}: out of quarantine, loaded at _cdc_seq {seq} (was: {lifted.cause})")
+
+
+def resume_quarantined_capture(
+    lakehouse: Lakehouse, tables: list[TableRef], at: BinlogPosition | None, owner: str, log: Any | None
+) -> None:
+    """Capture reads the snapshot's tables quarantined at capture again from the checkpoint, which must be `at` (the
+    point the rows are read at; None: any, the rows are read after it), under the capture lock so that no capture
+    passes it meanwhile (lake/quarantine)."""
+    store = lakehouse.store
+    names = {str(t) for t in tables}
+    if not any(q.resume_at is None for t, q in quarantined_tables(store, (CAPTURE,)).items() if t in names):
+        return
+    with lakehouse_lock(lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log):
+        checkpoint = load_checkpoint(store)
+        if checkpoint is None or (at is not None and checkpoint.position != at):
+            raise CdcUserError(
+                f"A sync moved the checkpoint past the snapshot's position {at}: run the snapshot again when no sync "
+                "is running."
+            )
+        taken = resume_capture_at(store, names, str(checkpoint.position))
+        if taken and log is not None:
+            log.info(f"capture reads {', '.join(taken)} again from {checkpoint.position}")
 
 
 def register_loaded(lakehouse: Lakehouse, shapes: list[TableShape], seq: int, owner: str, log: Any | None) -> None:

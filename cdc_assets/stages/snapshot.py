@@ -56,6 +56,7 @@ from cdc_assets.stages.loaded_tables import (
     keyless_kept_changing,
     record_loaded,
     register_loaded,
+    resume_quarantined_capture,
 )
 from spark_resources.engine import TransformsFor
 
@@ -192,6 +193,7 @@ def _take_snapshot(
         spool = SpoolDirectory()
         read = _read_tables(settings, lakehouse, requested, spool, report, log)
         seq = _capture_to(settings, lakehouse, read.point.low, report, log, owner)
+        resume_quarantined_capture(lakehouse, list(read.loaded), read.point.low, owner, log)
         keyless = {table for table, (shape, _) in read.loaded.items() if not shape.primary_key}
         if read.point.exact or not keyless:
             break

@@ -74,6 +74,7 @@ from cdc_assets.stages.loaded_tables import (
     keyless_kept_changing,
     record_loaded,
     register_loaded,
+    resume_quarantined_capture,
 )
 from cdc_assets.stages.snapshot_records import (
     TableSnapshot,
@@ -200,6 +201,7 @@ def _plan(run: _Run, tables: list[TableRef]) -> tuple[list[TableSnapshot], sourc
     finally:
         conn.close()
     seq, run.report.capture = seq_at(settings, run.lakehouse, low, False, run.log, run.owner)
+    resume_quarantined_capture(run.lakehouse, list(fresh), None, run.owner, run.log)  # its chunks are read after
     for table, shape in fresh.items():
         found[table] = TableSnapshot(shape, low, seq, taken_at, bounds.get(table, []))
         save_record(store, found[table])

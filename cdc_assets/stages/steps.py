@@ -9,6 +9,7 @@ from typing import Any
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import SchemaChange, TableShape
+from cdc_assets.lake.quarantine import Quarantine
 from cdc_assets.stages.current_state import ApplyResult, PendingTable
 
 
@@ -18,6 +19,7 @@ class CurrentReport:
     tables: list[str] = field(default_factory=list)
     schema_changes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    quarantined: dict[str, Quarantine] = field(default_factory=dict)  # tables held back this run (lake/quarantine)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from cdc_assets.lake.delta import APPLIED_SEQ_KEY, COMPACTION_KEY, read_query, r
 from cdc_assets.lake.layout import CHANGES, CHECKED_STATE
 from cdc_assets.lake.store import Lakehouse, MissingObject, ObjectStore
 from cdc_assets.verification.consistency import CHANGED_KEYS, EVERY_ROW, ConsistentComparison, compare_many
+from cdc_assets.verification.quarantined import comparing_all_but_quarantined
 
 MOST_ROWS = 0.5  # more changed keys than this share of the table's rows (and than FEW_KEYS): every row is read
 FEW_KEYS = 20_000  # keys looked up by key whatever the table's size: a few queries either way
@@ -147,7 +148,7 @@ def _save_passed(lakehouse: Lakehouse, comparisons: list[ConsistentComparison]) 
 def compare_every_row(settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:
     """The full comparison (every row of each table), on its own cadence; a table found equal gets its checked
     state, from which the checks after applies compare only what changed."""
-    comparisons = compare_many(settings, lakehouse, tables)
+    comparisons = comparing_all_but_quarantined(lakehouse, tables, lambda kept: compare_many(settings, lakehouse, kept))
     _save_passed(lakehouse, comparisons)
     return comparisons
 
@@ -157,7 +158,9 @@ def compare_changed(settings: SourceSettings, lakehouse: Lakehouse, tables: list
     every row where that cannot be trusted (see the module docstring), and again every row for a table whose
     changed keys or counts differ, so that the result names the keys that differ."""
     reasons: dict[TableRef, str] = {}
-    comparisons = compare_many(settings, lakehouse, tables, _narrowing(lakehouse, reasons))
+    comparisons = comparing_all_but_quarantined(
+        lakehouse, tables, lambda kept: compare_many(settings, lakehouse, kept, _narrowing(lakehouse, reasons))
+    )
     again = [c.table for c in comparisons if c.scope == CHANGED_KEYS and not c.ok and not c.not_compared]
     if again:
         redone = {c.table: c for c in compare_many(settings, lakehouse, again)}

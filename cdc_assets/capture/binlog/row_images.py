@@ -19,7 +19,14 @@ from cdc_assets.capture.binlog.events import PARTIAL_UPDATE_ROWS, ROW_EVENTS, RO
 from cdc_assets.capture.binlog.json_binary import InvalidJson, apply_diffs, document, json_text, node_text
 from cdc_assets.capture.binlog.packed import decimal_reader, time_text
 from cdc_assets.capture.binlog.table_map import ColumnLayout, TableMap
-from cdc_assets.core.mysql_types import GEOMETRY_SRID_BYTES, TEXT_TYPES, ColumnSpec, bit_to_long
+from cdc_assets.core.mysql_types import (
+    GEOMETRY_SRID_BYTES,
+    PRINTED_BINARY_TYPES,
+    TEXT_TYPES,
+    ColumnSpec,
+    bit_to_long,
+    printed_binary,
+)
 
 Image = list[str | None]
 PARTIAL_JSON_UPDATES = 1  # the after-image's value option of binlog_row_value_options=PARTIAL_JSON
@@ -108,6 +115,18 @@ def _binary_reader(size: int, pad_to: int | None = None, skip: int = 0) -> Reade
         if pad_to:  # BINARY(n) is stored without its trailing zero bytes
             value = value.ljust(pad_to, b"\0")
         return b64(value[skip:]).decode("ascii"), end
+
+    return read
+
+
+def _printed_binary_reader(size: int, kind: str) -> Reader:
+    """A MariaDB UUID, INET6 or INET4 (fixed binary in the binlog) as the text SELECT prints."""
+    raw = _length_prefixed(size)
+    width = PRINTED_BINARY_TYPES[kind]
+
+    def read(buf: bytes, pos: int) -> tuple[str, int]:
+        value, end = raw(buf, pos)
+        return printed_binary(kind, value.ljust(width, b"\0")), end
 
     return read
 
@@ -292,6 +311,8 @@ def column_reader(column: ColumnSpec, layout: ColumnLayout) -> Reader:
     if code == t.DOUBLE:
         return _float_reader("<d", 8)
     if code in (t.VARCHAR, t.VAR_STRING, t.STRING, t.BLOB):
+        if column.type in PRINTED_BINARY_TYPES:
+            return _printed_binary_reader(size, column.type)
         if column.type in ("binary", "varbinary", "blob"):
             return _binary_reader(size, pad_to=column.length if column.type == "binary" else None)
         return _text_reader(size, layout.codec)

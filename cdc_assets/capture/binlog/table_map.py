@@ -9,12 +9,12 @@ python-mysql-replication 1.0.17 exactly, so a column gets the same `ColumnSpec` 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pymysqlreplication.row_event import find_charset
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.mysql_types import TEXT_TYPES, ColumnSpec
+from cdc_assets.core.mysql_types import PRINTED_BINARY_TYPES, TEXT_TYPES, ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
 
@@ -206,12 +206,14 @@ def python_codec(encoding: str | None) -> str | None:
 
     from pymysql.charset import charset_by_name
 
-    from cdc_assets.core.mysql_charsets import MYSQL_LATIN1
+    from cdc_assets.core.mysql_charsets import MYSQL_LATIN1, codec_for
 
     if encoding is None:
         return "utf-8"
     if encoding in ("latin1", "cp1252"):
         return MYSQL_LATIN1
+    if codec_for(encoding) is not None:
+        return codec_for(encoding)
     known = charset_by_name(encoding)
     name = known.encoding if known else encoding
     try:
@@ -256,6 +258,25 @@ def parse_table_map(body: bytes, mariadb: bool, post_header_length: int = 8) -> 
     columns, layouts = _columns(types, meta, optional, "mariadb" if mariadb else "mysql")
     key = tuple(optional.names[i] for i in optional.primary_key or ())
     return TableMap(table_id, TableShape(table, tuple(columns), key), tuple(layouts))
+
+
+def with_known_types(table_map: TableMap, known: TableShape | None) -> TableMap:
+    """The map with MariaDB's UUID, INET6 and INET4 columns typed as such: the binlog gives them as BINARY(16) and
+    BINARY(4), and only the table's definition (its CREATE or ALTER, or a snapshot) tells them apart."""
+    if known is None:
+        return table_map
+    types = {c.name: c.type for c in known.columns if c.type in PRINTED_BINARY_TYPES}
+    if not types:
+        return table_map
+    columns = tuple(
+        replace(c, type=types[c.name], length=None)
+        if types.get(c.name) and c.type == "binary" and c.length == PRINTED_BINARY_TYPES[types[c.name]]
+        else c
+        for c in table_map.columns
+    )
+    if columns == table_map.columns:
+        return table_map
+    return TableMap(table_map.table_id, replace(table_map.shape, columns=columns), table_map.layouts)
 
 
 def _encoding(charset_ids: Iterator[int], dbms: str) -> str:

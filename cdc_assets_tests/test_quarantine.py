@@ -1,0 +1,101 @@
+"""One odd table never stops the others (CONTRACT §6): a table whose changes cannot be decoded at capture, or applied
+to its current state, is quarantined with one sentence (cause and fix), its own checks fail and `status` lists it;
+every other table goes on and the checkpoint moves; after the fix it catches up exactly once."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+
+from cdc_assets.cli import main
+from cdc_assets.core.names import TableRef
+from cdc_assets.defs.runs import collect_status
+from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake.quarantine import CAPTURE, quarantined_tables
+from cdc_assets.lake.state import load_checkpoint
+from cdc_assets.stages.current_state import read_current
+from cdc_assets_tests.conftest import CdcEnv
+
+
+def _rows(cdc: CdcEnv, table: str) -> list[tuple]:
+    rows = read_current(cdc.lakehouse, TableRef(cdc.database, table), ["id", "v"])
+    return [] if rows is None else sorted((r["id"], r["v"]) for r in rows.to_pylist())
+
+
+def _all_equal(cdc: CdcEnv) -> None:
+    results = cdc.verify()
+    assert results and all(r.ok for r in results), [r.describe() for r in results if not r.ok]
+
+
+@pytest.mark.both_sources
+def test_a_table_capture_cannot_decode_is_quarantined_and_a_snapshot_takes_it_back(cdc: CdcEnv) -> None:
+    """A table map without column names (binlog_row_metadata=MINIMAL for a while) stopped every table's capture."""
+    cdc.execute(
+        "CREATE TABLE healthy (id INT PRIMARY KEY, v VARCHAR(10))",
+        "CREATE TABLE odd (id INT PRIMARY KEY, v VARCHAR(10))",
+        "INSERT INTO healthy VALUES (1, 'a')",
+        "INSERT INTO odd VALUES (1, 'a')",
+    )
+    assert cdc.sync() == 0
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SET GLOBAL binlog_row_metadata = 'MINIMAL'")
+        try:
+            cur.execute("INSERT INTO odd VALUES (2, 'no names')")
+        finally:
+            cur.execute("SET GLOBAL binlog_row_metadata = 'FULL'")
+    cdc.execute("INSERT INTO healthy VALUES (2, 'b')", "UPDATE odd SET v = 'c' WHERE id = 1")
+
+    assert cdc.sync() == 1  # the odd table's own check fails
+    held = quarantined_tables(cdc.lakehouse.store)
+    odd = f"{cdc.database}.odd"
+    assert list(held) == [odd] and held[odd].stage == CAPTURE
+    assert "binlog_row_metadata=FULL" in held[odd].sentence() and f"snapshot {odd}" in held[odd].sentence()
+    assert _rows(cdc, "healthy") == [(1, "a"), (2, "b")]  # the other table went on
+    checkpoint = load_checkpoint(cdc.lakehouse.store)
+    assert checkpoint is not None and checkpoint.last_batch is not None  # the checkpoint moved past the odd table
+    assert collect_status().quarantined == {odd: held[odd].sentence()}
+    results = {str(r.table): r for r in cdc.verify()}
+    assert results[f"{cdc.database}.healthy"].ok and results[odd].differs
+
+    cdc.execute("INSERT INTO healthy VALUES (3, 'c')", "INSERT INTO odd VALUES (3, 'd')")
+    assert cdc.sync() == 1  # still left out: nothing of it is captured meanwhile
+    assert _rows(cdc, "healthy") == [(1, "a"), (2, "b"), (3, "c")]
+
+    assert main(["snapshot", odd]) == 0  # the fix the sentence names
+    assert quarantined_tables(cdc.lakehouse.store) == {}
+    cdc.execute("UPDATE odd SET v = 'e' WHERE id = 3", "DELETE FROM odd WHERE id = 2", "INSERT INTO odd VALUES (4, 'f')")
+    assert cdc.sync() == 0
+    _all_equal(cdc)
+    assert _rows(cdc, "odd") == [(1, "c"), (3, "e"), (4, "f")]
+
+
+def test_a_table_whose_changes_cannot_be_applied_is_quarantined_and_catches_up_once(cdc: CdcEnv) -> None:
+    """A current-state table another tool replaced with one of other types: its merge fails, so it is quarantined
+    at the current-state stage with its changes kept in its change log; `snapshot TABLE` loads it afresh and lifts it."""
+    cdc.execute(
+        "CREATE TABLE healthy (id INT PRIMARY KEY, v VARCHAR(10))",
+        "CREATE TABLE odd (id INT PRIMARY KEY, v VARCHAR(10))",
+        "INSERT INTO healthy VALUES (1, 'a')",
+        "INSERT INTO odd VALUES (1, 'a')",
+    )
+    assert cdc.sync() == 0
+    odd = TableRef(cdc.database, "odd")
+    broken = pa.table({"id": pa.array(["x"]), "v": pa.array([1]), "_cdc_seq": pa.array(["y"])})
+    write_deltalake(cdc.lakehouse.table_uri(CURRENT, odd), broken, mode="overwrite", schema_mode="overwrite")
+    cdc.execute("INSERT INTO healthy VALUES (2, 'b')", "INSERT INTO odd VALUES (2, 'b')", "UPDATE odd SET v = 'c' WHERE id = 1")
+
+    assert cdc.sync() == 1
+    held = quarantined_tables(cdc.lakehouse.store)
+    assert list(held) == [str(odd)] and held[str(odd)].stage == "current"
+    assert _rows(cdc, "healthy") == [(1, "a"), (2, "b")]
+    cdc.execute("INSERT INTO healthy VALUES (3, 'c')", "DELETE FROM odd WHERE id = 2")
+    assert cdc.sync() == 1  # tried again, still failing: the others go on
+    assert _rows(cdc, "healthy") == [(1, "a"), (2, "b"), (3, "c")]
+
+    assert main(["snapshot", str(odd)]) == 0
+    assert quarantined_tables(cdc.lakehouse.store) == {}
+    cdc.execute("INSERT INTO odd VALUES (5, 'e')")
+    assert cdc.sync() == 0
+    _all_equal(cdc)
+    assert _rows(cdc, "odd") == [(1, "c"), (5, "e")]
