@@ -22,6 +22,7 @@ from decimal import Decimal, InvalidOperation
 
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import ROWS_CHANGED, ROWS_REMOVED
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
 
 # -- tokens ---------------------------------------------------------------------------------------------
@@ -576,11 +577,36 @@ def _index_of(columns: list[ColumnSpec], name: str) -> int:
     raise DdlParseError(f"no column {name!r}")
 
 
+def _unlogged_row_changes(
+    specs: list[list[Token]], table: TableRef, default_schema: str | None, known: dict[TableRef, TableShape]
+) -> list[SchemaChange]:
+    """The partition maintenance of an ALTER that changes rows without row events, as `rows_removed` (a partition
+    truncated or dropped) and `rows_changed` (a partition exchanged with a table, or converted to or from one:
+    MariaDB) changes of the captured tables it touches; the tables owe a repair (lake/repair_marks). Partition
+    maintenance that keeps every row where it is (ADD, REORGANIZE, COALESCE, REBUILD, …) changes nothing."""
+    found: list[tuple[TableRef, str]] = []
+    for spec in specs:
+        sc = _Cursor(spec)
+        word, then = sc.upper(), sc.upper(1)
+        if word in ("TRUNCATE", "DROP") and then == "PARTITION":
+            found.append((table, ROWS_REMOVED))
+        elif word == "EXCHANGE" and then == "PARTITION":
+            sc.take(), sc.take(), sc.identifier()
+            if sc.accept("WITH", "TABLE"):
+                found += [(table, ROWS_CHANGED), (sc.table(default_schema), ROWS_CHANGED)]
+        elif word == "CONVERT" and then == "PARTITION":  # MariaDB: CONVERT PARTITION p TO TABLE t2
+            found.append((table, ROWS_REMOVED))
+        elif word == "CONVERT" and then == "TABLE":  # MariaDB: CONVERT TABLE t2 TO PARTITION p …
+            found.append((table, ROWS_CHANGED))
+    return [SchemaChange(t, action, known[t], known[t]) for t, action in dict.fromkeys(found) if t in known]
+
+
 def _alter(
     cur: _Cursor, table: TableRef, default_schema: str | None, known: dict[TableRef, TableShape]
 ) -> list[SchemaChange]:
     before = known.get(table)
     specs = _split_top_level(cur.tokens[cur.i :])
+    unlogged = _unlogged_row_changes(specs, table, default_schema, known)
     renamed_to: TableRef | None = None
     if before is None:  # a table the pipeline has never seen a row of: only a rename matters
         for spec in specs:
@@ -588,7 +614,7 @@ def _alter(
             if sc.accept("RENAME") and sc.upper() not in ("COLUMN", "INDEX", "KEY"):
                 sc.accept("TO") or sc.accept("AS")
                 renamed_to = sc.table(default_schema)
-        return _renamed(table, renamed_to, known) if renamed_to else []
+        return (_renamed(table, renamed_to, known) if renamed_to else []) + unlogged
     columns = list(before.columns)
     key = list(before.primary_key)
     renames: dict[str, str] = {}  # new name -> original name
@@ -690,7 +716,7 @@ def _alter(
         changes.append(SchemaChange(table, "alter", before, after, renames, defaults))
     if renamed_to is not None:
         changes += _renamed(table, renamed_to, {table: after})
-    return changes
+    return changes + unlogged
 
 
 def _renamed_column(renames: dict[str, str], defaults: dict[str, Default], key: list[str], old: str, new: str) -> None:

@@ -3,8 +3,10 @@ the history, the checks and the sinks read, so no two of them can disagree on an
 
 Row changes come from the binlog (`insert`, `update`, `delete`) or from `cdc-lakehouse repair` (`repair`: the row
 as the source holds it at the repair's point, written whether the lakehouse had the key or not; `repair_delete`:
-a row the source does not hold, removed). The others change a table's columns or remove every row
-(`create`, `alter`, `drop`; a TRUNCATE is its own statement).
+a row the source does not hold, removed). The schema changes change a table's columns or the table itself
+(`create`, `alter`, `drop`; a TRUNCATE is its own statement), or say that a statement changed its rows without
+row events (`rows_removed`: a partition emptied or dropped; `rows_changed`: a partition exchanged or converted), which
+only a repair can make up for (lake/repair_marks).
 """
 
 from __future__ import annotations
@@ -19,4 +21,7 @@ WRITES = (INSERT, UPDATE, REPAIR)  # the row after the change (its after-image) 
 REMOVES = (DELETE, REPAIR_DELETE)  # the row before the change (its before-image) is gone
 ROW_OPS = WRITES + REMOVES  # every change made row by row
 REPAIRS = (REPAIR, REPAIR_DELETE)
-SCHEMA_OPS = ("create", "alter", "drop")
+ROWS_REMOVED = "rows_removed"
+ROWS_CHANGED = "rows_changed"
+UNLOGGED_ROWS = (ROWS_REMOVED, ROWS_CHANGED)  # rows changed without row events: the table owes a repair
+SCHEMA_OPS = ("create", "alter", "drop", *UNLOGGED_ROWS)

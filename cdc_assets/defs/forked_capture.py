@@ -244,6 +244,7 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
         from cdc_assets.core.errors import CdcUserError
         from cdc_assets.lake.store import local_lakehouse_from_env
         from cdc_assets.source.server import source_settings_from_env
+        from cdc_assets.verification.repair import repaired_after
 
         said: tuple[str, Any]
         try:
@@ -253,6 +254,7 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
             house = local_lakehouse_from_env()
             journal = CaptureJournal(run_id, Recorder.of(parent))  # the parent records the batches
             report = capture(settings, house, log=messages, owner=_owner(run_id), journal=journal)
+            report = repaired_after(settings, house, report, _owner(run_id), messages, journal)
             said = ("report", report)
         except CdcUserError as exc:
             said = ("user_error", str(exc))

@@ -63,7 +63,7 @@ from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes import process_new_batches
 from cdc_assets.stages.current import apply_pending
-from cdc_assets.verification.repair import repair
+from cdc_assets.verification.repair import repair, repaired_after
 from spark_resources.resources import TransformsResource
 
 
@@ -87,6 +87,20 @@ def with_batches_taken_over(instance: Any, house: Lakehouse, report: CaptureRepo
         if run in unrecorded and name not in own and batch_exists(house.store, name)  # one removed by hand: gone
     ]
     return dataclasses.replace(report, batches=sorted([*taken, *report.batches], key=lambda b: b.name))
+
+
+def _repaired(
+    context: OpExecutionContext, settings: Any, house: Lakehouse, tables: list[str], owner: str, journal: CaptureJournal
+) -> CaptureReport | None:
+    """`cdc-lakehouse repair`'s repair of `tables` (verification/repair.py), said table by table and recorded as an
+    observation of the current state; its capture's report (up to its point, and its batch), None when it captured
+    nothing."""
+    repaired = repair(settings, house, tables, log=context.log, owner=owner, journal=journal)
+    outcome = {t.table: t.describe() for t in repaired.tables}
+    context.log_event(
+        AssetObservation(CURRENT_ASSET, description="repair", metadata={"repaired": outcome, "position": repaired.position or ""})
+    )
+    return repaired.capture
 
 
 def _evaluation(asset: Any, name: str, fields: dict[str, Any]) -> AssetCheckEvaluation:
@@ -130,18 +144,11 @@ def sync_lakehouse(
     child = forked if report is not None else None  # it goes on with the stages (forked_stages), reported here
     journal = CaptureJournal(context.run_id)
     if config.repair:  # the repair's capture: up to its point, and its batch there (never forked)
-        repaired = repair(settings, house, config.repair, log=context.log, owner=owner, journal=journal)
-        outcome = {t.table: t.describe() for t in repaired.tables}
-        for line in outcome.values():
-            context.log.info(f"repair: {line}")
-        context.log_event(
-            AssetObservation(
-                CURRENT_ASSET, description="repair", metadata={"repaired": outcome, "position": repaired.position or ""}
-            )
-        )
-        report = repaired.capture
+        report = _repaired(context, settings, house, config.repair, owner, journal)
     if report is None:
         report = capture(settings, house, log=context.log, owner=owner, journal=journal)
+    if child is None:  # (a forked child has done this after its capture)
+        report = repaired_after(settings, house, report, owner, context.log, journal)
     report = with_batches_taken_over(context.instance, house, report)
 
     def from_child(step: str) -> Any | None:

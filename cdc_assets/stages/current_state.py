@@ -21,7 +21,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_by_key, with_lists_as_bytes
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, WRITES
+from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, UNLOGGED_ROWS, WRITES
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import DDL_COLUMN, SEQ_TYPE, named_as
@@ -53,6 +53,7 @@ from cdc_assets.lake.delta import (
 )
 from cdc_assets.lake.files import add_actions, commit_files, conformed, read_files, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
+from cdc_assets.lake.repair_marks import mark_for_repair
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
 
@@ -604,6 +605,9 @@ def settle_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int) -
     applied = max_seq(existing, APPLIED_SEQ_KEY)
     if applied is not None and applied >= seq:
         return "already applied", existing
+    if change.action in UNLOGGED_ROWS:  # rows changed without row events: only a repair makes up for them
+        mark = mark_for_repair(lakehouse.store, str(change.table), seq, change.action)
+        return ("made up for by a repair" if mark.settled(seq) else "marked for repair"), existing
     if change.action == "drop":
         if applied is None:
             return "no current state", existing

@@ -28,6 +28,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import UNLOGGED_ROWS
 from cdc_assets.core.parallel import TABLE_WORKERS, for_each_table
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings, TableFilter
@@ -43,6 +44,7 @@ from cdc_assets.lake.raw_batches import (
     read_rows,
     seq_floor_at,
 )
+from cdc_assets.lake.repair_marks import RepairMark, load_mark
 from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_progress
 from cdc_assets.lake.store import Lakehouse, ObjectStore
 from cdc_assets.source import server as source
@@ -175,6 +177,10 @@ class _Target:
     only: set[tuple[Any, ...]] | None = None  # compare only these keys' rows (None: every row)
     lakehouse: Lakehouse | None = None  # where to read those rows (set with `only`)
     keep_rows: bool = False  # keep the rows compared on the result (a repair writes from them)
+    # a statement changed its rows without row events, and no repair has made up for it: why (it differs); a repair
+    # comparing the table leaves this None and compares its rows
+    owes_repair: str | None = None
+    mark: RepairMark | None = None  # the table's repair mark (None: a repair's own comparison, which ignores them)
 
     @property
     def columns(self) -> list[ColumnSpec]:
@@ -247,7 +253,9 @@ def _statement_effect(statement: dict[str, Any], table: TableRef) -> str | None:
         for c in changes:
             if mine in (c.get("renamed_from"), c.get("renamed_to")):
                 return "unsettles"
-            if c["table"] == mine:
+            if c["table"] == mine and c["action"] in UNLOGGED_ROWS:
+                effect = effect or "unlogged"
+            elif c["table"] == mine:
                 effect = "create" if c["action"] == "create" and not c.get("renamed_from") else "unsettles"
         return effect
     query = str(statement.get("query") or "")
@@ -272,6 +280,12 @@ def _collect(
             effect = _statement_effect(statement, target.table) if seq > target.after_seq else None
             if effect == "create":
                 target.created_seq = seq
+            elif effect == "unlogged":  # rows changed without row events: only a repair makes up for them
+                if target.mark is not None and not target.mark.settled(seq):
+                    target.owes_repair = (
+                        f"a statement at _cdc_seq {seq} changed its rows without row events ({statement['query'][:80]!r}): "
+                        f"the next `cdc-lakehouse sync` repairs it, as `cdc-lakehouse repair {target.table}` does"
+                    )
             elif effect == "unsettles":
                 kind = statement.get("kind", "ddl")
                 target.unsettled = (seq, f"a {kind} of the table is in flight ({statement['query'][:80]!r})")
@@ -461,8 +475,8 @@ def _compare(
     conn: pymysql.Connection, position: BinlogPosition, target: _Target, lake: pa.Table | None
 ) -> ConsistentComparison:
     """Both sides with the in-flight keys left out: counts, checksums and the row-for-row diff."""
-    if target.missing:
-        return _missing(target, position)
+    if target.missing or target.owes_repair:
+        return _known_difference(target, position)
     if target.only is not None and target.columns:
         return _compare_changed(conn, position, target)
     if target.large_rows:
@@ -533,10 +547,11 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
     return result
 
 
-def _missing(target: _Target, position: BinlogPosition) -> ConsistentComparison:
-    """A current-state table the pipeline made and someone removed: a difference, whatever is in flight."""
-    diff = TableDiff(target.table, schema_problem=target.missing)
-    target.not_compared = None  # whatever is in flight, the table itself is gone
+def _known_difference(target: _Target, position: BinlogPosition) -> ConsistentComparison:
+    """A difference whatever is in flight, found without reading rows: a current-state table the pipeline made and
+    someone removed, or one a statement changed without row events and no repair has made up for yet."""
+    diff = TableDiff(target.table, schema_problem=target.missing or target.owes_repair)
+    target.not_compared = None  # whatever is in flight, the table itself is gone, or owes its repair
     return _comparison(target, position, diff, 0, 0, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
 
 
@@ -613,7 +628,11 @@ def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _
 
 
 def compare_many(
-    settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef], narrow: Narrowing | None = None
+    settings: SourceSettings,
+    lakehouse: Lakehouse,
+    tables: list[TableRef],
+    narrow: Narrowing | None = None,
+    repairing: bool = False,
 ) -> list[ConsistentComparison]:
     """Tables compared at one consistent point: one source snapshot, one pass over raw batches and the binlog.
     `narrow` may limit a table's comparison to some keys and its row counts (see `Narrowing`).
@@ -621,13 +640,16 @@ def compare_many(
     A lock-free point on MySQL (`source.SnapshotPoint`) leaves one race: a transaction the lakehouse already holds
     whose engine commit was not yet visible when the snapshot began (microseconds after its binlog write). It can
     only make a table look different, never equal: the tables found different are compared once more, at a new
-    point, and that comparison is the result. A difference that is real is found again."""
-    results, point = _compare_at_one_point(settings, lakehouse, tables, narrow)
+    point, and that comparison is the result. A difference that is real is found again.
+
+    A table that owes a repair (lake/repair_marks) differs without its rows being read, unless `repairing`: a
+    repair compares its rows to find what to write."""
+    results, point = _compare_at_one_point(settings, lakehouse, tables, narrow, marks=not repairing)
     differing = [i for i, r in enumerate(results) if not r.ok and not r.not_compared]
     if point.exact or not differing:
         return results
     time.sleep(RECOMPARE_AFTER_SECONDS)
-    again, _ = _compare_at_one_point(settings, lakehouse, [results[i].table for i in differing], narrow)
+    again, _ = _compare_at_one_point(settings, lakehouse, [results[i].table for i in differing], narrow, marks=not repairing)
     for i, result in zip(differing, again, strict=True):
         results[i] = result
     return results
@@ -639,12 +661,14 @@ def compare_to_repair(
     """The tables compared at one consistent point for a repair, with the rows compared kept on each result, and
     that point. Its low watermark waits for the binlog's writes to be committed first (as a snapshot's does), and a
     differing table is not compared again: the repair writes the source's rows of this very snapshot."""
-    return _compare_at_one_point(settings, lakehouse, tables, narrow, keep_rows=True, settle=source.MYSQL_SETTLE_SECONDS)
+    return _compare_at_one_point(
+        settings, lakehouse, tables, narrow, keep_rows=True, settle=source.MYSQL_SETTLE_SECONDS, marks=False
+    )
 
 
 def _compare_at_one_point(
     settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef], narrow: Narrowing | None,
-    keep_rows: bool = False, settle: float = 0.0,
+    keep_rows: bool = False, settle: float = 0.0, marks: bool = True,
 ) -> tuple[list[ConsistentComparison], source.SnapshotPoint]:  # fmt: skip
     """`compare_many`'s one comparison, and the point it was made at."""
     url = settings.url
@@ -663,6 +687,10 @@ def _compare_at_one_point(
                 _Target(table, shapes[table], applied, current, keep_rows=keep_rows)
                 for table, (current, applied) in zip(tables, opened, strict=True)
             ]
+            if marks:
+                for target, mark in zip(targets, for_each_table(tables, lambda t: load_mark(lakehouse.store, str(t))), strict=True):
+                    target.mark = mark
+                    target.owes_repair = mark.sentence() if mark.pending else None
             _refuse_unknown(lakehouse, targets)
             absent = [t for t in targets if t.current is None]
             for target, (reason, dropped) in zip(absent, for_each_table(absent, partial(_absence, lakehouse)), strict=True):

@@ -27,6 +27,7 @@ removed.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import time
 from collections import Counter
@@ -43,10 +44,11 @@ from cdc_assets.core.arrow import hashable
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import encode_column
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import REPAIR, REPAIR_DELETE
+from cdc_assets.core.ops import REPAIR, REPAIR_DELETE, UNLOGGED_ROWS
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, BatchManifest, RawBatch
+from cdc_assets.lake.repair_marks import owing_repair, repaired
 from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_registry, load_schemas
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.consistency import ConsistentComparison, compare_many, compare_to_repair
@@ -161,8 +163,11 @@ def repair(
     tables = _tables(lakehouse, requested)
     # 1. which keys differ: every row, at a point of its own
     known = load_schemas(lakehouse.store, load_checkpoint(lakehouse.store))
-    candidates = _candidates(compare_many(settings, lakehouse, tables), known, report)
+    captured_before = checkpoint_seq(lakehouse)  # every statement up to here is in the source the comparison reads
+    first = compare_many(settings, lakehouse, tables, repairing=True)
+    candidates = _candidates(first, known, report)
     if not candidates:
+        settle_marks(lakehouse, [c for c in first if c.ok], captured_before)
         report.seconds = time.monotonic() - began
         return report
     shapes: dict[TableRef, TableShape] = {}
@@ -195,17 +200,58 @@ def repair(
             shapes[c.table], changes[c.table] = shape, found
             written = sum(1 for _, after in found if after is not None)
             report.tables.append(RepairedTable(name, written, len(found) - written))
+        through = checkpoint.next_seq - 1  # every change up to the point
         if changes:
             batch = _repair_batch(checkpoint, shapes, changes, session.server.to_json(), spool)
             registry, schemas = load_registry(lakehouse.store), load_schemas(lakehouse.store, checkpoint)
             checkpoint, _ = session.record(batch, checkpoint, captured, registry, schemas)
             report.batch = captured.batches[-1]
+        settle_marks(lakehouse, [c for c in comparisons if not c.not_compared and c.rows is not None], through)
         report.position = str(checkpoint.position)
     spool.remove()
     report.capture = finished(captured, settings, lakehouse, began)
     report.tables.sort(key=lambda t: t.table)
     report.seconds = time.monotonic() - began
     return report
+
+
+def checkpoint_seq(lakehouse: Lakehouse) -> int:
+    """The seq of the last change captured (0 before any)."""
+    checkpoint = load_checkpoint(lakehouse.store)
+    return checkpoint.next_seq - 1 if checkpoint else 0
+
+
+def settle_marks(lakehouse: Lakehouse, comparisons: list[ConsistentComparison], through: int) -> None:
+    """The tables compared (and equal, or given their repair's batch) made up for every statement up to `through`
+    that changed their rows without row events (lake/repair_marks)."""
+    for c in comparisons:
+        repaired(lakehouse.store, str(c.table), through)
+
+
+def tables_owing_repair(lakehouse: Lakehouse, report: CaptureReport) -> list[str]:
+    """The tables a sync repairs right after its capture: those the captured batches say a statement changed
+    without row events, and every table already marked as owing one."""
+    known = known_tables(lakehouse.store)
+    found = {c["table"] for m in report.batches for _, c in m.schema_changes() if c["action"] in UNLOGGED_ROWS}
+    return sorted((found & set(known)) | set(owing_repair(lakehouse.store, known)))
+
+
+def repaired_after(
+    settings: SourceSettings, lakehouse: Lakehouse, report: CaptureReport, owner: str, log: Any | None,
+    journal: CaptureJournal | None = None,
+) -> CaptureReport:  # fmt: skip
+    """A sync's capture followed by the repair of the tables that owe one (`tables_owing_repair`), so the stages take
+    in the repair's batch with the captured ones; the capture's report with the repair's batches added."""
+    owing = tables_owing_repair(lakehouse, report)
+    if not owing:
+        return report
+    repaired = repair(settings, lakehouse, owing, log=log, owner=owner, journal=journal)
+    for table in repaired.tables:
+        if log is not None:
+            log.info(f"repair: {table.describe()}")
+    if repaired.capture is None:
+        return report
+    return dataclasses.replace(report, batches=report.batches + repaired.capture.batches, end=repaired.capture.end)
 
 
 def _tables(lakehouse: Lakehouse, requested: list[str]) -> list[TableRef]:
