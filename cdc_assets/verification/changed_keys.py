@@ -29,7 +29,11 @@ from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, COMPACTION_KEY, read_query, row_count
 from cdc_assets.lake.layout import CHANGES, CHECKED_STATE
+from cdc_assets.lake.state import known_tables, load_checkpoint, load_schemas
 from cdc_assets.lake.store import Lakehouse, MissingObject, ObjectStore
+from cdc_assets.source import server as source
+from cdc_assets.source.foreign_keys import foreign_keys
+from cdc_assets.verification.cascades import cascaded_keys, parents_before_logged
 from cdc_assets.verification.consistency import CHANGED_KEYS, EVERY_ROW, ConsistentComparison, compare_many
 from cdc_assets.verification.quarantined import comparing_all_but_quarantined
 
@@ -119,7 +123,7 @@ def changed_since(lakehouse: Lakehouse, table: TableRef, seq: int, shape: TableS
     return keys
 
 
-def _narrowing(lakehouse: Lakehouse, reasons: dict[TableRef, str]):  # noqa: ANN202 (consistency.Narrowing)
+def _narrowing(lakehouse: Lakehouse, reasons: dict[TableRef, str], cascaded: dict[TableRef, set[tuple] | None]):  # noqa: ANN202 (consistency.Narrowing)
     def narrow(table: TableRef, current: DeltaTable, applied_seq: int | None, shape: TableShape) -> set[tuple[Any, ...]] | None:
         state = load_checked(lakehouse.store, table)
         if state is None:
@@ -130,12 +134,48 @@ def _narrowing(lakehouse: Lakehouse, reasons: dict[TableRef, str]):  # noqa: ANN
         if isinstance(keys, str):
             reasons[table] = keys
             return None
+        if table in cascaded:  # rows a parent's change may have cascaded to, with no row event of their own
+            reached = cascaded[table]
+            if reached is None:
+                reasons[table] = "a cascade from a parent reached it"
+                return None
+            keys |= reached
         if len(keys) > max(FEW_KEYS, MOST_ROWS * row_count(current)):
             reasons[table] = f"{len(keys)} keys changed: most of its rows"
             return None
         return keys
 
     return narrow
+
+
+def cascaded_since_checked(
+    settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]
+) -> dict[TableRef, set[tuple] | None]:
+    """The child rows (by table, their keys) that the tables' deletes and key updates since each was last found
+    equal reached through cascading foreign keys, on a source that does not log cascades: the rows that changed
+    without a row event, which the check compares too (verification/cascades.py)."""
+    conn = source.connect(settings.url)
+    try:
+        if source.preflight(conn, settings.url, settings.server_id).logs_foreign_key_cascades:
+            return {}
+        known = set(known_tables(lakehouse.store))
+        fks = [fk for fk in foreign_keys(conn) if str(fk.child) in known and fk.parent in tables]
+    finally:
+        conn.close()
+    if not fks:
+        return {}
+    logged: dict[TableRef, pa.Table] = {}
+    for parent in {fk.parent for fk in fks}:
+        log = lakehouse.open(CHANGES, parent)
+        state = load_checked(lakehouse.store, parent)
+        if log is None:
+            continue
+        columns = sorted({c for fk in fks if fk.parent == parent for c in fk.parent_columns})
+        since = state.seq if state is not None else 0
+        picked = ", ".join(['"_cdc_op"', '"_cdc_before"', *(_quoted(c) for c in columns)])
+        logged[parent] = read_query(log, f'SELECT {picked} FROM changes WHERE "_cdc_seq" > {int(since)}', "changes")
+    shapes = load_schemas(lakehouse.store, load_checkpoint(lakehouse.store))
+    return cascaded_keys(lakehouse, fks, parents_before_logged(logged, fks), shapes)
 
 
 def _save_passed(lakehouse: Lakehouse, comparisons: list[ConsistentComparison]) -> None:
@@ -158,8 +198,10 @@ def compare_changed(settings: SourceSettings, lakehouse: Lakehouse, tables: list
     every row where that cannot be trusted (see the module docstring), and again every row for a table whose
     changed keys or counts differ, so that the result names the keys that differ."""
     reasons: dict[TableRef, str] = {}
+    cascaded = cascaded_since_checked(settings, lakehouse, tables)
+    tables = tables + sorted((t for t in cascaded if t not in tables), key=str)
     comparisons = comparing_all_but_quarantined(
-        lakehouse, tables, lambda kept: compare_many(settings, lakehouse, kept, _narrowing(lakehouse, reasons))
+        lakehouse, tables, lambda kept: compare_many(settings, lakehouse, kept, _narrowing(lakehouse, reasons, cascaded))
     )
     again = [c.table for c in comparisons if c.scope == CHANGED_KEYS and not c.ok and not c.not_compared]
     if again:

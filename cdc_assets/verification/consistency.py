@@ -155,7 +155,8 @@ class ConsistentComparison:
             text = f"{self.table}: checksums differ over {self.compared_rows} rows"
         else:
             text += f"; checksums {self.source_checksum} / {self.lakehouse_checksum}"
-        return f"{text} (at {self.position}" + (f"; {left_out})" if left_out else ")")
+        fix = "" if self.diff.schema_problem else f"; `cdc-lakehouse repair {self.table}` rewrites the rows that differ"
+        return f"{text} (at {self.position}" + (f"; {left_out}" if left_out else "") + f"){fix}"
 
 
 @dataclass

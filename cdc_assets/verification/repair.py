@@ -51,6 +51,9 @@ from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, BatchManifest, RawBatch
 from cdc_assets.lake.repair_marks import owing_repair, repaired
 from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_registry, load_schemas
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.source import server as source
+from cdc_assets.source.foreign_keys import foreign_keys
+from cdc_assets.verification.cascades import cascaded_keys, parents_before_changes
 from cdc_assets.verification.consistency import ConsistentComparison, compare_many, compare_to_repair
 
 Image = list[str | None]
@@ -155,17 +158,22 @@ def repair(
     log: Any | None = None,
     owner: str = "cdc-lakehouse",
     journal: CaptureJournal | None = None,
+    suspects: dict[TableRef, set[tuple] | None] | None = None,
 ) -> RepairReport:
     """Write the changes that make `requested` tables equal to their source as one raw batch (see the module's
-    docstring); the caller's stages apply it. Tables already equal, or not comparable now, are left as they are."""
+    docstring); the caller's stages apply it. Tables already equal, or not comparable now, are left as they are.
+    `suspects` names, for some of them, the only keys that may differ (None: a keyless table, compared whole): the
+    rows a cascade reached. Those are compared at the repair's point only, not every row first."""
     began = time.monotonic()
     report = RepairReport()
     tables = _tables(lakehouse, requested)
-    # 1. which keys differ: every row, at a point of its own
+    suspects = suspects or {}
+    # 1. which keys differ: every row, at a point of its own (the suspects' keys only: at step 2)
     known = load_schemas(lakehouse.store, load_checkpoint(lakehouse.store))
     captured_before = checkpoint_seq(lakehouse)  # every statement up to here is in the source the comparison reads
-    first = compare_many(settings, lakehouse, tables, repairing=True)
-    candidates = _candidates(first, known, report)
+    unsuspected = [t for t in tables if t not in suspects]
+    first = compare_many(settings, lakehouse, unsuspected, repairing=True) if unsuspected else []
+    candidates = _candidates(first, known, report) | {t: keys for t, keys in suspects.items() if t in tables}
     if not candidates:
         settle_marks(lakehouse, [c for c in first if c.ok], captured_before)
         report.seconds = time.monotonic() - began
@@ -240,18 +248,42 @@ def repaired_after(
     settings: SourceSettings, lakehouse: Lakehouse, report: CaptureReport, owner: str, log: Any | None,
     journal: CaptureJournal | None = None,
 ) -> CaptureReport:  # fmt: skip
-    """A sync's capture followed by the repair of the tables that owe one (`tables_owing_repair`), so the stages take
-    in the repair's batch with the captured ones; the capture's report with the repair's batches added."""
+    """A sync's capture followed by the repair of the tables that owe one (`tables_owing_repair`) and of the child
+    rows its parents' changes cascaded to without row events (`cascaded_by`), so the stages take in the repair's
+    batch with the captured ones; the capture's report with the repair's batches added."""
     owing = tables_owing_repair(lakehouse, report)
-    if not owing:
+    suspects = cascaded_by(settings, lakehouse, report.batches)
+    if not owing and not suspects:
         return report
-    repaired = repair(settings, lakehouse, owing, log=log, owner=owner, journal=journal)
+    tables = sorted(set(owing) | {str(t) for t in suspects})
+    repaired = repair(settings, lakehouse, tables, log=log, owner=owner, journal=journal, suspects=suspects)
     for table in repaired.tables:
         if log is not None:
             log.info(f"repair: {table.describe()}")
     if repaired.capture is None:
         return report
     return dataclasses.replace(report, batches=report.batches + repaired.capture.batches, end=repaired.capture.end)
+
+
+def cascaded_by(settings: SourceSettings, lakehouse: Lakehouse, batches: list[BatchManifest]) -> dict[TableRef, set[tuple] | None]:
+    """The captured child rows (by table, their keys) that the batches' parent deletes and key updates reached
+    through cascading foreign keys, on a source that does not log cascades (verification/cascades.py); nothing on
+    one that does (its cascaded changes are row events of their own)."""
+    if not any(b.rows for b in batches):
+        return {}
+    conn = source.connect(settings.url)
+    try:
+        server = source.preflight(conn, settings.url, settings.server_id)
+        if server.logs_foreign_key_cascades:
+            return {}
+        known = set(known_tables(lakehouse.store))
+        fks = [fk for fk in foreign_keys(conn) if str(fk.child) in known]
+    finally:
+        conn.close()
+    if not fks:
+        return {}
+    shapes = load_schemas(lakehouse.store, load_checkpoint(lakehouse.store))
+    return cascaded_keys(lakehouse, fks, parents_before_changes(lakehouse, batches, fks), shapes)
 
 
 def _tables(lakehouse: Lakehouse, requested: list[str]) -> list[TableRef]:
