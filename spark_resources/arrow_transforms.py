@@ -11,6 +11,7 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core.arrow import sorted_rows
 from cdc_assets.core.ops import REMOVES, UPDATE, WRITES
 
 KEY_EVENTS_SCHEMA = pa.schema(
@@ -48,7 +49,7 @@ def _json_element(values: pa.Array) -> pa.Array:
     return pc.fill_null(quoted, "null")
 
 
-def json_keys(images: pa.Array, key_idx: list[int]) -> pa.Array:
+def json_keys(images: pa.Array | pa.ChunkedArray, key_idx: list[int]) -> pa.Array | pa.ChunkedArray:
     """The key of each row image as the JSON array of its key columns' texts (NULL for a NULL image)."""
     if not len(images):
         return pa.array([], pa.string())
@@ -74,15 +75,16 @@ def keyed_changes(rows: pa.Table, table_keys: pa.Table) -> pa.Table:
             codes_by_key.setdefault(key_idx, []).append(code)
     parts = []
     for key_idx, codes in codes_by_key.items():
-        part = rows.filter(pc.is_in(encoded.indices, pa.array(codes, encoded.indices.type)))
-        after, before = part.column("after").combine_chunks(), part.column("before").combine_chunks()
-        image = pc.if_else(pc.is_valid(after), after, before)
-        part = part.append_column("key", json_keys(image, list(key_idx)))
-        parts.append(part.append_column("before_key", json_keys(before, list(key_idx))))
+        every = len(codes) == len(encoded.dictionary)  # one key layout for all rows (the common case): no copy
+        part = rows if every else rows.filter(pc.is_in(encoded.indices, pa.array(codes, encoded.indices.type)))
+        after, before = part.column("after"), part.column("before")  # images are read for their keys only
+        before_key = json_keys(before, list(key_idx))
+        key = pc.if_else(pc.is_valid(after), json_keys(after, list(key_idx)), before_key)
+        parts.append(part.append_column("key", key).append_column("before_key", before_key))
     if not parts:
         empty = rows.schema.append(pa.field("key", pa.string())).append(pa.field("before_key", pa.string()))
         return empty.empty_table()
-    return pa.concat_tables(parts).sort_by([("schema", "ascending"), ("table", "ascending"), ("seq", "ascending")])
+    return sorted_rows(pa.concat_tables(parts), [("schema", "ascending"), ("table", "ascending"), ("seq", "ascending")])
 
 
 def latest_change_per_key(key_events: pa.Table) -> pa.Table:

@@ -697,6 +697,7 @@ def _read_events(
             else:  # a system-versioned table: its current rows only (core/system_versioning)
                 for op, old, new in current_row_changes(versioned[table_id], ROW_EVENTS[kind], befores, afters):
                     builder.row_changes(shapes[table_id], op, old, new)
+            del body, befores, afters  # the builder has the rows: a huge event is not held while the batch is cut
             continue
         builder.count_event()
         if kind == MARIADB_QUERY_COMPRESSED:

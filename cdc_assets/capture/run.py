@@ -18,6 +18,7 @@ from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.spool import remove_orphaned_spools
 from cdc_assets.core import failpoints
+from cdc_assets.core.arrow import release_unused_memory
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings
@@ -297,6 +298,7 @@ class _Capture:
             schemas_name = manifest.name
             save_schemas(store, schemas_name, schemas)
             failpoints.hit("capture.schemas_written")
+        release_unused_memory()  # the batch's rows were in memory to be written
         lease.check()
         checkpoint = Checkpoint(
             position=manifest.end,

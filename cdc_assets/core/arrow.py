@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+try:  # glibc's: gives back the free memory of its heaps (delta-rs's buffers, the socket's reads) too
+    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # another C library
+    _malloc_trim = None
 
 
 def runs(rows: pa.Table, columns: list[str]) -> list[tuple[tuple, int, int]]:
@@ -20,16 +27,58 @@ def runs(rows: pa.Table, columns: list[str]) -> list[tuple[tuple, int, int]]:
     return found
 
 
+def release_unused_memory() -> None:
+    """Give the system back what Arrow's allocator keeps of the memory freed. mimalloc keeps it for reuse, so a
+    stage that held a huge value would keep that peak for the rest of the process, and the next stage's peak would
+    come on top of it. Costs microseconds: called after each batch, append, table step and comparison."""
+    pa.default_memory_pool().release_unused()
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def where(rows: pa.Table, mask: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """`rows.filter(mask)` (a NULL drops its row), without a copy when the rows kept are one stretch (every row,
+    none, or those after a schema change): a filter copies every value it keeps, and one may be hundreds of
+    megabytes."""
+    kept = pc.indices_nonzero(pc.fill_null(mask, False)).to_numpy()
+    if not len(kept):
+        return rows.slice(0, 0)
+    first, count = int(kept[0]), len(kept)
+    if int(kept[-1]) - first + 1 == count:
+        return rows.slice(first, count)
+    return rows.filter(mask)
+
+
+def whole(values: pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its only chunk as it is (`combine_chunks` copies even that one)."""
+    if values.num_chunks == 1:
+        return values.chunk(0)
+    return values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+
+
+def sorted_rows(rows: pa.Table, sort_keys: str | list[tuple[str, str]]) -> pa.Table:
+    """`rows.sort_by(sort_keys)`, without the copy when the rows are in that order already (the common case in the
+    stages, whose rows come in seq order): a take copies every value, and one may be hundreds of megabytes."""
+    keys = [(sort_keys, "ascending")] if isinstance(sort_keys, str) else sort_keys
+    if rows.num_rows < 2:
+        return rows
+    order = pc.sort_indices(rows.select([name for name, _ in keys]), keys).to_numpy()
+    return rows if (order[1:] > order[:-1]).all() else rows.take(order)
+
+
 def sorted_by_key(rows: pa.Table, key: list[str] | tuple[str, ...]) -> pa.Table:
     """Rows in primary-key order, in one Arrow batch, so the files written from them hold disjoint key ranges
     (delta-rs deals separate batches out to its writers in turn: their files would interleave). A keyless table's
     "key" is every column: a list column (a VECTOR) among them is ordered by its elements' bytes."""
     if not key or not rows.num_rows:
         return rows.combine_chunks()
+    keys = rows.select(list(key))
     if any(pa.types.is_list(rows.schema.field(k).type) for k in key):
-        order = pc.sort_indices(with_lists_as_bytes(rows.select(list(key))), [(k, "ascending") for k in key])
-        return rows.take(order).combine_chunks()
-    return rows.sort_by([(k, "ascending") for k in key]).combine_chunks()
+        keys = with_lists_as_bytes(keys)
+    order = pc.sort_indices(keys, [(k, "ascending") for k in key]).to_numpy()
+    if (order[1:] > order[:-1]).all():  # in order already: no copy (of a table whose rows may be huge)
+        return rows.combine_chunks()
+    return rows.take(order).combine_chunks()
 
 
 # A VECTOR is a list of float32s. Arrow neither sorts, groups nor joins by a list, and a Python list is no dict key:

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core.arrow import sorted_rows, where, whole
 from cdc_assets.core.mysql_types import arrow_schema, decode_image
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
@@ -45,19 +46,25 @@ def build_change_table(version: TableShape, rows: pa.Table) -> pa.Table:
     """
     columns = list(version.columns)
     source = arrow_schema(columns)
-    removed = pc.is_null(rows.column("after"))  # a delete's or a repair_delete's: the row that goes
-    image = decode_image(columns, pc.if_else(removed, rows.column("before"), rows.column("after")))
+    after = rows.column("after")
+    removed = after.null_count  # deletes' and repair_deletes': the row that goes
+    if not removed:  # the images as they are: a choice between them copies every value
+        image = decode_image(columns, after)
+    elif removed == rows.num_rows:
+        image = decode_image(columns, rows.column("before"))
+    else:
+        image = decode_image(columns, pc.if_else(pc.is_null(after), rows.column("before"), after))
     before = decode_image(columns, rows.column("before"))
     arrays = [image.field(i) for i in range(len(columns))]
     arrays += [
-        rows.column("op").combine_chunks(),
-        rows.column("seq").combine_chunks().cast(SEQ_TYPE),
-        rows.column("commit_ts").combine_chunks().cast(COMMIT_TS_TYPE),
-        rows.column("gtid").combine_chunks(),
-        rows.column("batch").combine_chunks(),
+        whole(rows.column("op")),
+        whole(rows.column("seq")).cast(SEQ_TYPE),
+        whole(rows.column("commit_ts")).cast(COMMIT_TS_TYPE),
+        whole(rows.column("gtid")),
+        whole(rows.column("batch")),
         before,
-        rows.column("key").combine_chunks(),
-        rows.column("before_key").combine_chunks(),
+        whole(rows.column("key")),
+        whole(rows.column("before_key")),
     ]
     schema = pa.schema(list(source) + change_log_metadata_fields(source))
     return pa.Table.from_arrays(arrays, schema=schema)
@@ -99,7 +106,7 @@ MAX_DECIMAL_PRECISION = 38
 def cast_column(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array:
     """`values` as `target` (struct fields by name, missing ones NULL), for unified_type's targets."""
     if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+        values = whole(values)
     if values.type == target:
         return values
     if pa.types.is_struct(target):
@@ -229,11 +236,11 @@ def typed_changes(rows: pa.Table, versions: dict[tuple[str, int], TableShape], d
     for pair in pairs.to_pylist():
         batch, version_id = pair.split("\x1f")
         mask = pc.and_(pc.equal(rows.column("batch"), batch), pc.equal(rows.column("table_version"), int(version_id)))
-        part = build_change_table(versions[(batch, int(version_id))], rows.filter(mask))
+        part = build_change_table(versions[(batch, int(version_id))], where(rows, mask))
         if (batch, int(version_id)) in ddl:
             part = part.append_column(DDL_COLUMN, pa.array([ddl[(batch, int(version_id))]] * part.num_rows, pa.string()))
         typed.append(named_as(part, typed[0].column_names) if typed else part)
-    return concat_unified(typed).sort_by("_cdc_seq")
+    return sorted_rows(concat_unified(typed), "_cdc_seq")
 
 
 def rows_for_tables(rows: pa.Table, starts: dict[str, str | None]) -> pa.Table:
@@ -245,4 +252,4 @@ def rows_for_tables(rows: pa.Table, starts: dict[str, str | None]) -> pa.Table:
     index = pc.index_in(joined, pa.array([f"{t.schema}\x00{t.table}" for t in refs]))
     start_after = pc.take(pa.array([starts[n] or "" for n in names], pa.string()), index)
     wanted = pc.and_(pc.is_valid(index), pc.greater(rows.column("batch"), start_after))
-    return rows.filter(pc.fill_null(wanted, False))
+    return where(rows, pc.fill_null(wanted, False))

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from cdc_assets.core.arrow import hashable
+from cdc_assets.core.arrow import hashable, sorted_rows, where, whole
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.core.names import TableRef
@@ -178,18 +178,18 @@ def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) 
     key it deletes (`_cdc_action`), in the current state's types. An update that moves a row to another key
     deletes the old key and upserts the new one. After a TRUNCATE only the changes that follow it count."""
     if truncate_seq is not None:
-        changes = changes.filter(pc.greater(changes.column("_cdc_seq"), truncate_seq))
+        changes = where(changes, pc.greater(changes.column("_cdc_seq"), truncate_seq))
     names = shape.column_names
     op = changes.column("_cdc_op")
-    writes = changes.filter(pc.is_in(op, pa.array(WRITES)))
+    writes = where(changes, pc.is_in(op, pa.array(WRITES)))
     moved = pc.and_kleene(pc.equal(op, UPDATE), pc.not_equal(changes.column("_cdc_before_key"), changes.column("_cdc_key")))
-    removes = changes.filter(pc.fill_null(pc.or_kleene(pc.is_in(op, pa.array(REMOVES)), moved), False))
+    removes = where(changes, pc.fill_null(pc.or_kleene(pc.is_in(op, pa.array(REMOVES)), moved), False))
     schema = pa.schema([f for f in current_schema(shape) if f.name != DUP_COLUMN])
 
     def images(rows: pa.Table, key: str, values: Any, action: str) -> pa.Table:
         arrays = [cast_column(values(rows, f.name), f.type) for f in schema if f.name in names]
         arrays += [rows.column("_cdc_seq"), rows.column("_cdc_commit_ts")]
-        table = pa.Table.from_arrays([a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema)
+        table = pa.Table.from_arrays([whole(a) if isinstance(a, pa.ChunkedArray) else a for a in arrays], schema=schema)
         return table.append_column("_cdc_k", rows.column(key)).append_column(
             ACTION_COLUMN, pa.array([action] * rows.num_rows, pa.string())
         )
@@ -341,8 +341,8 @@ def merge_rows(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa
     over the files of a large table then cost a filter and a sort of their rows, not a join of all of them."""
     if len(key) == 1 and existing.num_rows > newest.num_rows:
         hit = pc.is_in(existing.column(key[0]), value_set=newest.column(key[0]).combine_chunks())
-        merged, counts = _merge_joined(existing.filter(hit), newest, key)
-        rest = existing.filter(pc.invert(hit))
+        merged, counts = _merge_joined(where(existing, hit), newest, key)
+        rest = where(existing, pc.invert(hit))
         return _interleaved(rest, merged, key[0]), counts
     return _merge_joined(existing, newest, key)
 
@@ -365,7 +365,7 @@ def _interleaved(rest: pa.Table, merged: pa.Table, key: str) -> pa.Table:
                 start = position
             parts.append(rest.slice(start))
             return pa.concat_tables(parts)
-    return pa.concat_tables([rest, merged]).sort_by([(key, "ascending")])
+    return sorted_rows(pa.concat_tables([rest, merged]), [(key, "ascending")])
 
 
 def _merge_joined(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
@@ -398,5 +398,5 @@ def _merge_joined(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple
         ).take(source_row)
         for f in schema
     ]
-    merged = pa.Table.from_arrays(arrays, schema=schema).filter(pc.invert(pc.and_(take, deletes)))
-    return merged.sort_by([(k, "ascending") for k in key]), counts
+    merged = where(pa.Table.from_arrays(arrays, schema=schema), pc.invert(pc.and_(take, deletes)))
+    return sorted_rows(merged, [(k, "ascending") for k in key]), counts

@@ -29,7 +29,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import S3Retries
-from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, seq_commit, seq_landed
+from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, long_value_columns, seq_commit, seq_landed
 
 FILE_ROWS = 1_000_000  # rows per data file written by a task, at most
 ROW_GROUP_ROWS = 128 * 1024
@@ -121,14 +121,16 @@ def _has_stats(kind: pa.DataType) -> bool:
     )
 
 
-def delta_stats(rows: pa.Table) -> str:
+def delta_stats(rows: pa.Table, long: Iterable[str] = ()) -> str:
     """Delta statistics of a data file's rows: row count, and min, max and null count of each column a reader
-    can skip files by (integers, text, booleans, dates, timestamps, narrow decimals)."""
+    can skip files by (integers, text, booleans, dates, timestamps, narrow decimals), but the `long` columns
+    (`lake.delta.long_value_columns`: a statistic would hold a copy of their longest values)."""
     minimum: dict[str, Any] = {}
     maximum: dict[str, Any] = {}
     nulls: dict[str, int] = {}
+    left_out = set(long)
     for field in rows.schema:
-        if not _has_stats(field.type):
+        if not _has_stats(field.type) or field.name in left_out:
             continue
         column = rows.column(field.name)
         nulls[field.name] = column.null_count
@@ -166,15 +168,17 @@ def write_files(
         data = data.combine_chunks()  # one row group a ROW_GROUP_ROWS, whatever the slices it was put together from
         name = f"part-{uuid.uuid4().hex}-c000.zstd.parquet"
         path = access.path(f"{table_key}/{name}")
+        long = long_value_columns(data)
+        statistics = [n for n in data.column_names if n not in long] if long else True
         with fs.open_output_stream(path) as out:
-            pq.write_table(data, out, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+            pq.write_table(data, out, compression="zstd", row_group_size=ROW_GROUP_ROWS, write_statistics=statistics)
         size = fs.get_file_info(path).size
         return {
             "table": table_text,
             "path": name,
             "size": size,
             "rows": data.num_rows,
-            "stats": delta_stats(data),
+            "stats": delta_stats(data, long),
             "modification_time": int(time.time() * 1000),
         }
 

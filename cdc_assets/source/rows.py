@@ -36,6 +36,7 @@ _NULL, _TWO_BYTES, _THREE_BYTES, _EIGHT_BYTES, _ERROR = 0xFB, 0xFC, 0xFD, 0xFE, 
 # Dates MySQL allows that are no date (zero, or a zero month or day): NULL, as the binlog's side has them.
 _NO_DATE = r"^(0000|\d{4}-00|\d{4}-\d{2}-00)"
 _READ_BYTES = 1 << 20  # read from the socket at a time, at most
+_GATHER_BYTES = 1 << 22  # a column's bytes in a window up to which they are gathered at once (numpy's index)
 
 
 def query_columns(conn: pymysql.Connection, sql: str) -> list[pa.BinaryArray]:
@@ -64,9 +65,16 @@ def query_chunks(conn: pymysql.Connection, sql: str, rows_per_chunk: int | None)
                 for part, array in zip(parts, window, strict=True):
                     part.append(array)
                 count += len(window[0])
-        yield [pa.concat_arrays(p) if p else pa.array([], pa.binary()) for p in parts]
+        yield [_joined(p) for p in parts]
         if rows.ended:
             return
+
+
+def _joined(parts: list[pa.Array]) -> pa.Array:
+    """One column's windows as one array; a single window as it is (a copy of a huge value costs its size)."""
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_arrays(parts) if parts else pa.array([], pa.binary())
 
 
 class _RowPackets:
@@ -81,10 +89,15 @@ class _RowPackets:
         self.ended = False
 
     def _more(self) -> None:
-        more = self.rfile.read1(_READ_BYTES)  # blocks only while nothing is buffered: a packet is incomplete
+        tail = self.tail
+        if len(tail) >= 4:  # the rest of a packet whose length is known, read at once (not a buffer at a time,
+            # which copied a packet of N MB N times)
+            more = self.rfile.read(4 + (tail[0] | tail[1] << 8 | tail[2] << 16) - len(tail))
+        else:
+            more = self.rfile.read1(_READ_BYTES)  # blocks only while nothing is buffered: a packet is incomplete
         if not more:
             raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
-        self.tail += more
+        self.tail = tail + more if tail else more
 
     def _complete_packet(self) -> bool:
         tail = self.tail
@@ -126,10 +139,14 @@ class _RowPackets:
 
     def _long_row(self) -> list[pa.Array]:
         def read(n: int) -> bytes:
-            while len(self.tail) < n:
-                self._more()
-            taken, self.tail = self.tail[:n], self.tail[n:]
-            return taken
+            """`n` bytes: what is buffered here first, then straight from the socket's reader."""
+            head, self.tail = self.tail[:n], self.tail[n:]
+            if len(head) == n:
+                return head
+            rest = self.rfile.read(n - len(head))
+            if len(rest) < n - len(head):
+                raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+            return head + rest if head else rest
 
         payload = read_payload(read)
         return _columns(np.frombuffer(payload, np.uint8), np.zeros(1, np.int64), self.width)
@@ -158,7 +175,14 @@ def _columns(data: np.ndarray, starts: np.ndarray, width: int) -> list[pa.Array]
         offsets = np.zeros(len(at) + 1, np.int64)
         np.cumsum(length, out=offsets[1:])
         total = int(offsets[-1])
-        values = data[np.repeat(begin - offsets[:-1], length) + np.arange(total)] if total else np.zeros(0, np.uint8)
+        if not total:
+            values = np.zeros(0, np.uint8)
+        elif len(at) == 1:  # one row (a long one, on its own): its bytes where they are
+            values = data[int(begin[0]) : int(begin[0]) + total]
+        elif total > _GATHER_BYTES:  # a gather's index takes 16 bytes per byte: values copied one by one
+            values = np.concatenate([data[b : b + n] for b, n in zip(begin.tolist(), length.tolist(), strict=True)])
+        else:
+            values = data[np.repeat(begin - offsets[:-1], length) + np.arange(total)]
         nulls = int(null.sum())
         validity = pa.array(~null).buffers()[1] if nulls else None
         buffers = [validity, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(values)]

@@ -10,9 +10,10 @@ import pymysql
 MAX_PACKET_PAYLOAD = 0xFFFFFF  # a payload this long continues in the next packet
 
 
-def read_payload(read: Callable[[int], bytes]) -> bytes:
+def read_payload(read: Callable[[int], bytes]) -> bytes | bytearray:
     """One protocol packet's payload (from a reader of the connection's socket), joined with its continuations
-    when it is 16 MB or more."""
+    when it is 16 MB or more: then as a bytearray, grown in place (joining the parts took twice the payload's
+    memory, and a payload may be a row of gigabytes)."""
     header = read(4)
     if len(header) < 4:
         raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
@@ -22,9 +23,13 @@ def read_payload(read: Callable[[int], bytes]) -> bytes:
         raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
     if length < MAX_PACKET_PAYLOAD:
         return payload
-    parts = [payload]
+    joined = bytearray(payload)
+    del payload
     while length == MAX_PACKET_PAYLOAD:
         header = read(4)
         length = int.from_bytes(header[:3], "little")
-        parts.append(read(length))
-    return b"".join(parts)
+        part = read(length)
+        if len(header) < 4 or len(part) < length:
+            raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+        joined += part
+    return joined

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.core import failpoints
+from cdc_assets.core.arrow import sorted_rows, where
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.change_rows import SEQ_TYPE, cast_column, conformed_schema, named_as
 from cdc_assets.lake.delta import (
@@ -25,6 +26,7 @@ from cdc_assets.lake.delta import (
     seq_commit,
     seq_landed,
     table_configuration,
+    writer_properties,
 )
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.store import Lakehouse
@@ -50,6 +52,7 @@ def _conform_change_log(
         schema_mode="overwrite",
         storage_options=options,
         commit_properties=seq_commit(MAX_SEQ_KEY, max_seq(existing) or 0),
+        writer_properties=writer_properties(rewritten),
     )
     failpoints.hit("changes.log_rewritten")
     existing.update_incremental()  # the caller appends through this object next
@@ -84,10 +87,10 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
     existing = lakehouse.open(CHANGES, table)
     watermark = max_seq(existing)
     if watermark is not None and changes.num_rows:
-        changes = changes.filter(pc.greater(changes.column("_cdc_seq"), pa.scalar(watermark, SEQ_TYPE)))
+        changes = where(changes, pc.greater(changes.column("_cdc_seq"), pa.scalar(watermark, SEQ_TYPE)))
     if changes.num_rows == 0:
         return AppendResult(table, 0, 0, 0, 0, watermark)
-    changes = changes.sort_by("_cdc_seq")
+    changes = sorted_rows(changes, "_cdc_seq")
     if existing is not None:
         changes = named_as(changes, pa.schema(existing.schema().to_arrow()).names)
         schema = _conform_change_log(uri, existing, changes.schema, options)
@@ -111,6 +114,7 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
             configuration=table_configuration(changes.schema) if existing is None else None,
             storage_options=options,
             commit_properties=seq_commit(MAX_SEQ_KEY, new_max),
+            writer_properties=writer_properties(changes),
         )
     if existing is not None:
         compact_small_files(existing, CHANGE_LOG_FILE_BYTES, failpoint="changes.compacting")

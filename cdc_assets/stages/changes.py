@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core import failpoints
-from cdc_assets.core.arrow import runs
+from cdc_assets.core.arrow import release_unused_memory, runs
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
@@ -188,6 +188,7 @@ def _process(
         newest: dict[str, TableShape] = {}  # per table, the shape of its newest changes taken in
         for piece in _pieces(store, chunk, starts, MAX_ROWS_PER_ARROW_JOB):
             _take_in(lakehouse, plan_piece(piece, starts, progress, newest), starts, report, lease, log)
+            release_unused_memory()  # the piece's rows (a huge value's too) are gone
         failpoints.hit("changes.appended_before_progress")
         lease.check()
         record_progress(store, starts, progress, newest, chunk[-1].name)
@@ -230,6 +231,7 @@ def _take_in(
         for manifest, slice_rows in plan.reads
     ] + plan.statement_rows
     rows = rows_for_tables(pa.concat_tables(parts), starts) if parts else None
+    del parts
     if rows is None or not rows.num_rows:
         return
     report.rows_in += rows.num_rows

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core import failpoints
-from cdc_assets.core.arrow import runs
+from cdc_assets.core.arrow import release_unused_memory, runs, sorted_rows, where
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import SCHEMA_OPS
 from cdc_assets.core.parallel import for_each_table
@@ -42,7 +42,7 @@ from spark_resources.engine import Transforms, TransformsFor
 
 def table_steps(pending: PendingTable) -> list[Step]:
     """A table's pending changes split at its schema changes, each part under the version then in force."""
-    changes = pending.changes.sort_by("_cdc_seq")
+    changes = sorted_rows(pending.changes, "_cdc_seq")
     is_schema = pc.is_in(changes.column("_cdc_op"), pa.array(SCHEMA_OPS))
     if not pc.any(is_schema).as_py():
         return _segment_steps(pending, pending.shape, changes)
@@ -52,7 +52,7 @@ def table_steps(pending: PendingTable) -> list[Step]:
         detail = json.loads(row[DDL_COLUMN])
         events.append((row["_cdc_seq"], SchemaChange.from_json(detail), row["_cdc_commit_ts"]))
     events.sort(key=lambda e: e[0])
-    data = changes.filter(pc.invert(is_schema))
+    data = where(changes, pc.invert(is_schema))
     seqs = data.column("_cdc_seq")
     steps = []
     version = pending.shape
@@ -64,7 +64,7 @@ def table_steps(pending: PendingTable) -> list[Step]:
         mask = pc.less(seqs, upper) if upper is not None else pc.is_valid(seqs)
         if lower is not None:
             mask = pc.and_(mask, pc.greater(seqs, lower))
-        part = data.filter(mask)
+        part = where(data, mask)
         steps += _segment_steps(pending, version, part)
         if i < len(events):
             seq, change, commit_ts = events[i]
@@ -287,6 +287,7 @@ def _apply(
                 errors.update({str(s.table): exc for _, s in chain[n:]})
                 break
             failpoints.hit("current.table_merged")
+            release_unused_memory()
         return done
 
     record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), "arrow")
@@ -328,7 +329,7 @@ def _by_table_id(latest: pa.Table) -> dict[int, pa.Table]:
 def _key_events(table_id: int, pending: PendingTable) -> pa.Table:
     """The part's changes as key events for latest_change_per_key. After a TRUNCATE only the changes that
     follow it decide a key's row; the rows before it go."""
-    changes = pending.changes.filter(pc.greater(pending.changes.column("_cdc_seq"), pending.truncate_seq or -1))
+    changes = where(pending.changes, pc.greater(pending.changes.column("_cdc_seq"), pending.truncate_seq or -1))
     return pa.table(
         {
             "table_id": pa.array([table_id] * changes.num_rows, pa.int32()),

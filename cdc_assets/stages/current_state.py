@@ -18,7 +18,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
 from cdc_assets.core import failpoints
-from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_by_key, with_lists_as_bytes
+from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_by_key, where, whole, with_lists_as_bytes
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, UNLOGGED_ROWS, WRITES
@@ -50,6 +50,7 @@ from cdc_assets.lake.delta import (
     read_query,
     seq_commit,
     seq_landed,
+    writer_properties,
 )
 from cdc_assets.lake.files import add_actions, commit_files, conformed, read_files, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
@@ -225,7 +226,7 @@ class ApplyResult:
 def _rows_for(pending: PendingTable, seqs: pa.Array, image: str) -> pa.Table:
     """Rows of the given changes: the changed row (`image="after"`) or its before-image."""
     columns = [c.name for c in pending.shape.columns]
-    chosen = pending.changes.filter(pc.is_in(pending.changes.column("_cdc_seq"), value_set=seqs.cast(SEQ_TYPE)))
+    chosen = where(pending.changes, pc.is_in(pending.changes.column("_cdc_seq"), value_set=seqs.cast(SEQ_TYPE)))
     chosen = named_as(chosen, columns)  # the log keeps its first name of a column renamed in case alone
     if image == "after":
         data = {c: chosen.column(c) for c in columns}
@@ -282,6 +283,7 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table)
                 storage_options=None if target is not None else lakehouse.storage_options(),
                 configuration=None if target is not None else current_configuration(rows.schema),
                 commit_properties=seq_commit(APPLIED_SEQ_KEY, new_applied),
+                writer_properties=writer_properties(rows),
             )
         return ApplyResult(
             pending.table, pending.changes.num_rows, upserts.num_rows, deletes.num_rows, rows.num_rows, 0, 0, new_applied
@@ -407,6 +409,7 @@ def _merge_into(target: DeltaTable, source: pa.Table, predicate: str, new_applie
         merge_schema=True,
         streamed_exec=False,  # lets delta-rs prune target files by the source's key range first
         commit_properties=seq_commit(APPLIED_SEQ_KEY, new_applied),
+        writer_properties=writer_properties(source),
     )
 
 
@@ -445,14 +448,14 @@ def _execute(
 def _images(changes: pa.Table, columns: list[str], image: str, weight: int) -> pa.Table:
     """Row images of changes with a weight: +1 for each row an insert or update writes, -1 for each it removes."""
     if image == "after":
-        chosen = changes.filter(pc.is_in(changes.column("_cdc_op"), pa.array(WRITES)))
+        chosen = where(changes, pc.is_in(changes.column("_cdc_op"), pa.array(WRITES)))
         data = {c: chosen.column(c) for c in columns}
     else:
         # every row a change replaces or removes: an update's, a delete's, and the lakehouse's row a repair replaced
-        chosen = changes.filter(
-            pc.and_(pc.is_in(changes.column("_cdc_op"), pa.array(ROW_OPS)), pc.is_valid(changes.column("_cdc_before")))
+        chosen = where(
+            changes, pc.and_(pc.is_in(changes.column("_cdc_op"), pa.array(ROW_OPS)), pc.is_valid(changes.column("_cdc_before")))
         )
-        before = chosen.column("_cdc_before").combine_chunks()
+        before = whole(chosen.column("_cdc_before"))
         data = {c: before.field(c) for c in columns}
     data["_cdc_weight"] = pa.array([weight] * chosen.num_rows, pa.int64())
     data["_cdc_seq"] = chosen.column("_cdc_seq")
@@ -478,7 +481,7 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
         pending = PendingTable(
             pending.table,
             pending.shape,
-            pending.changes.filter(pc.greater(pending.changes.column("_cdc_seq"), done)),
+            where(pending.changes, pc.greater(pending.changes.column("_cdc_seq"), done)),
             done,
         )
         if not pending.changes.num_rows:
@@ -487,7 +490,7 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
     truncated = pending.truncate_seq
     changes = pending.changes
     if truncated is not None:
-        changes = changes.filter(pc.greater(changes.column("_cdc_seq"), truncated))
+        changes = where(changes, pc.greater(changes.column("_cdc_seq"), truncated))
     moves = pa.concat_tables([_images(changes, columns, "after", 1), _images(changes, columns, "before", -1)])
     net = with_lists_as_bytes(moves).group_by(columns, use_threads=False).aggregate(  # Arrow groups by no list
         [("_cdc_weight", "sum"), ("_cdc_seq", "max"), ("_cdc_commit_ts", "max")]
@@ -580,6 +583,7 @@ def replace_current(
             storage_options=None if existing is not None else lakehouse.storage_options(),
             configuration=current_configuration(rows.schema),
             commit_properties=seq_commit(APPLIED_SEQ_KEY, seq),
+            writer_properties=writer_properties(rows),
         )
 
 

@@ -25,6 +25,7 @@ from deltalake import DeltaTable
 from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.core import failpoints
+from cdc_assets.core.arrow import release_unused_memory
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.core.names import TableRef
@@ -590,6 +591,8 @@ def _compare_in_snapshot(
         if exc.args and exc.args[0] in DEFINITION_CHANGED_ERRORS:
             return _unsettled(target, position)
         raise
+    finally:
+        release_unused_memory()
 
 
 def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _Target) -> ConsistentComparison:

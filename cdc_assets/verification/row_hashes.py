@@ -13,7 +13,8 @@ from cdc_assets.core.arrow import list_bytes
 
 CHECKSUM_MODULUS = 1 << 64
 EMPTY_CHECKSUM = f"{0:016x}"
-HASH_SLICE_ROWS = 20_000  # rows hashed at once: bounds the temporaries (8 bytes per byte of text)
+HASH_SLICE_ROWS = 20_000  # rows hashed at once
+HASH_BLOCK_BYTES = 1 << 20  # bytes of text hashed at once: bounds the temporaries (about 50 bytes per byte)
 _NULL_WORD = np.uint64(0x9E3779B97F4A7C15)  # what a NULL cell contributes before its column's mixing
 
 
@@ -58,19 +59,43 @@ def _words(values: pa.Array) -> np.ndarray | None:
 
 def _text_hashes(values: pa.BinaryArray, seed: np.uint64) -> np.ndarray:
     """A 64-bit hash of each value's bytes: each byte mixed with its position and the seed, the mixes added
-    up per value and mixed again with the value's length. A few numpy passes over the bytes."""
+    up per value and mixed again with the value's length. A few numpy passes over the bytes, HASH_BLOCK_BYTES
+    of them at a time (the passes take 8 bytes per byte: a 60 MB value hashed at once took gigabytes)."""
     n = len(values)
     offsets = np.frombuffer(values.buffers()[1], np.int32)[values.offset : values.offset + n + 1].astype(np.int64)
     buffer = values.buffers()[2]
     data = np.frombuffer(buffer, np.uint8) if buffer is not None else np.zeros(0, np.uint8)
-    lengths = np.diff(offsets)
+    sums = np.empty(n, np.uint64)
+    start = 0
+    while start < n:  # runs of values of at most HASH_BLOCK_BYTES bytes in all; a longer value on its own
+        end = int(np.searchsorted(offsets, offsets[start] + HASH_BLOCK_BYTES, side="right")) - 1
+        end = min(max(end, start + 1), n)
+        if end == start + 1 and offsets[end] - offsets[start] > HASH_BLOCK_BYTES:
+            sums[start] = _long_byte_sum(data[offsets[start] : offsets[end]], seed)
+        else:
+            sums[start:end] = _byte_sums(data, offsets[start : end + 1], seed)
+        start = end
+    return _mix(sums ^ _mix(np.diff(offsets).astype(np.uint64) ^ seed))
+
+
+def _byte_sums(data: np.ndarray, offsets: np.ndarray, seed: np.uint64) -> np.ndarray:
+    """The sum of each value's mixed bytes (wrapping), for the values between `offsets`."""
     first = offsets[0]
-    data = data[first : offsets[-1]].astype(np.uint64)
-    positions = np.arange(data.size, dtype=np.uint64) - np.repeat((offsets[:-1] - first).astype(np.uint64), lengths)
-    mixed = _mix((positions << np.uint64(8)) ^ data ^ seed)
-    running = np.concatenate([np.zeros(1, np.uint64), np.cumsum(mixed, dtype=np.uint64)])
+    chunk = data[first : offsets[-1]].astype(np.uint64)
+    positions = np.arange(chunk.size, dtype=np.uint64) - np.repeat((offsets[:-1] - first).astype(np.uint64), np.diff(offsets))
+    running = np.concatenate([np.zeros(1, np.uint64), np.cumsum(_mix((positions << np.uint64(8)) ^ chunk ^ seed), dtype=np.uint64)])
     ends = offsets - first
-    return _mix((running[ends[1:]] - running[ends[:-1]]) ^ _mix(lengths.astype(np.uint64) ^ seed))
+    return running[ends[1:]] - running[ends[:-1]]
+
+
+def _long_byte_sum(value: np.ndarray, seed: np.uint64) -> np.uint64:
+    """`_byte_sums` of one value longer than HASH_BLOCK_BYTES, a block at a time."""
+    total = np.uint64(0)
+    for begin in range(0, value.size, HASH_BLOCK_BYTES):
+        chunk = value[begin : begin + HASH_BLOCK_BYTES].astype(np.uint64)
+        positions = np.arange(begin, begin + chunk.size, dtype=np.uint64)
+        total += np.sum(_mix((positions << np.uint64(8)) ^ chunk ^ seed), dtype=np.uint64)
+    return total
 
 
 def _column_hashes(values: pa.Array, seed: np.uint64) -> np.ndarray:

@@ -139,6 +139,11 @@ def _events(conn: pymysql.Connection, command: bytes, checksums: bool) -> Iterat
                     f"A binlog event ending at position {log_pos} fails its CRC32 checksum (a corrupt "
                     "binlog or network error): check the server's binlog with mariadb-binlog / mysqlbinlog."
                 )
-        yield RawEvent(
-            event_type, timestamp, origin, log_pos, flags, size, payload[1 + HEADER_SIZE : size + 1 - trailer]
-        )
+        if isinstance(payload, bytearray):  # an event of 16 MB or more: its body cut out in place, not copied
+            del payload[size + 1 - trailer :]
+            del payload[: 1 + HEADER_SIZE]
+            body = payload
+        else:
+            body = payload[1 + HEADER_SIZE : size + 1 - trailer]
+        del payload  # not held twice while the event is read: a row event may be gigabytes
+        yield RawEvent(event_type, timestamp, origin, log_pos, flags, size, body)  # type: ignore[arg-type]

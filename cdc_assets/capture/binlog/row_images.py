@@ -68,8 +68,9 @@ def _float_reader(fmt: str, size: int) -> Reader:
     return read
 
 
-def _length_prefixed(size: int) -> Callable[[bytes, int], tuple[bytes, int]]:
-    """Reads a value stored as a `size`-byte little-endian length and that many bytes."""
+def _length_prefixed(size: int, view: bool = False) -> Callable[[bytes, int], tuple[bytes, int]]:
+    """Reads a value stored as a `size`-byte little-endian length and that many bytes. `view`: a MEDIUM or LONG
+    value (3- or 4-byte length, up to 4 GB) comes as a memoryview of the event's bytes, not a copy of them."""
     if size == 1:
 
         def read(buf: bytes, pos: int) -> tuple[bytes, int]:
@@ -82,18 +83,26 @@ def _length_prefixed(size: int) -> Callable[[bytes, int], tuple[bytes, int]]:
             end = pos + 2 + (buf[pos] | buf[pos + 1] << 8)
             return buf[pos + 2 : end], end
 
+    elif view:
+
+        def read(buf: bytes, pos: int) -> tuple[bytes, int]:
+            start = pos + size
+            end = start + int.from_bytes(buf[pos:start], "little")
+            return memoryview(buf)[start:end], end  # type: ignore[return-value]
+
     else:
 
         def read(buf: bytes, pos: int) -> tuple[bytes, int]:
             start = pos + size
             end = start + int.from_bytes(buf[pos:start], "little")
-            return buf[start:end], end
+            value = buf[start:end]  # bytes even from the bytearray of an event of 16 MB or more (binlog.protocol)
+            return (value if type(value) is bytes else bytes(value)), end
 
     return read
 
 
 def _text_reader(size: int, codec: str | None) -> Reader:
-    raw = _length_prefixed(size)
+    raw = _length_prefixed(size, view=True)
     if codec is None:  # a charset Python has no codec for: the bytes as UTF-8, undecodable ones kept
         codec, errors = "utf-8", "surrogateescape"
     else:
@@ -101,13 +110,13 @@ def _text_reader(size: int, codec: str | None) -> Reader:
 
     def read(buf: bytes, pos: int) -> tuple[str, int]:
         value, end = raw(buf, pos)
-        return value.decode(codec, errors), end
+        return str(value, codec, errors), end  # bytes or a view of them: decoded straight into the text
 
     return read
 
 
 def _binary_reader(size: int, pad_to: int | None = None, skip: int = 0) -> Reader:
-    raw = _length_prefixed(size)
+    raw = _length_prefixed(size, view=True)
     b64 = base64.b64encode
 
     def read(buf: bytes, pos: int) -> tuple[str, int]:
