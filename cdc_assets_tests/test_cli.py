@@ -22,11 +22,12 @@ from cdc_assets.cli import main
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.lake.delta import open_table, read_query
-from cdc_assets.lake.layout import CHANGES, CURRENT, RAW, STATE
-from cdc_assets.lake.raw_batches import DATA_FILE, list_batches
+from cdc_assets.lake.layout import ARCHIVE, CHANGES, CURRENT, RAW, STATE
+from cdc_assets.lake.raw_batches import DATA_FILE, MANIFEST_FILE, list_batches
 from cdc_assets.lake.state import CHECKPOINT_KEY, Checkpoint, save_checkpoint
 from cdc_assets.local_source.server import free_port
 from cdc_assets.source.server import binlog_end
+from cdc_assets.verification.integrity import batch_chain_breaks
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
 
@@ -136,6 +137,37 @@ def test_purged_checkpoint(cdc: CdcEnv, capsys) -> None:
     _assert_user_error(code, err, "no longer on the source", "re-initialise")
     assert "run `cdc-lakehouse snapshot`" in err
     assert not (cdc.lakehouse_dir / RAW).exists()
+
+
+@pytest.mark.both_sources
+def test_following_the_purged_checkpoint_sentence(cdc: CdcEnv, monkeypatch, capsys) -> None:
+    """The sentence of a purged checkpoint, followed word for word, leads to a clean sync (issue 27, item 13): the
+    folders it names removed, `cdc-lakehouse snapshot`, then `sync` exits 0 and verify finds the tables equal. The
+    earlier raw batches stay in raw/ when a user follows it; the first capture of the new lakehouse moves them to
+    archive/, whole: in raw/ they made the next sync fail on raw_batches_contiguous."""
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "2")  # an earlier chain of several batches
+    cdc.execute("CREATE TABLE k (id INT PRIMARY KEY, v VARCHAR(10))", "INSERT INTO k VALUES (1, 'a'), (2, 'b')")
+    cdc.execute("INSERT INTO k VALUES (3, 'c')", "UPDATE k SET v = 'bb' WHERE id = 2", "DELETE FROM k WHERE id = 1")
+    assert cdc.sync() == 0
+    earlier = list_batches(cdc.lakehouse.store)
+    assert len(earlier) > 1
+    save_checkpoint(cdc.lakehouse.store, Checkpoint(BinlogPosition("mysql-bin.000000", 4)))  # as a purge leaves it
+    code, _, err = _run(["sync"], capsys)
+    _assert_user_error(code, err, "no longer on the source", "run `cdc-lakehouse snapshot`")
+    folders = re.search(r"remove its ([^)]*)\)", err)
+    assert folders is not None, err
+    for folder in re.findall(r"([\w.-]+)/", folders.group(1)):
+        shutil.rmtree(cdc.lakehouse_dir / folder)
+    code, out, err = _run(["snapshot"], capsys)
+    assert code == 0, out + err
+    cdc.execute("INSERT INTO k VALUES (4, 'd')", "UPDATE k SET v = 'cc' WHERE id = 3")
+    code, out, err = _run(["sync"], capsys)
+    assert code == 0, out + err
+    assert all(r.ok for r in cdc.verify())
+    assert batch_chain_breaks(cdc.lakehouse) == []
+    archived = sorted(p.parent.name for p in (cdc.lakehouse_dir / ARCHIVE).rglob(MANIFEST_FILE))
+    assert archived == earlier  # nothing lost: every batch of the earlier chain, with its data
+    assert all((p.parent / DATA_FILE).exists() for p in (cdc.lakehouse_dir / ARCHIVE).rglob(MANIFEST_FILE))
 
 
 def test_unwritable_lakehouse(cdc: CdcEnv, monkeypatch, capsys, tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ auto-position asks). Both servers are the project's own (cdc_assets.local_source
 
 from __future__ import annotations
 
+import re
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +15,10 @@ import pytest
 
 from cdc_assets.cli import main
 from cdc_assets.core.gtids import GtidState
+from cdc_assets.core.names import TableRef
 from cdc_assets.defs.runs import run_verify
-from cdc_assets.lake.raw_batches import list_batches, read_manifest, read_rows
+from cdc_assets.lake.layout import ARCHIVE
+from cdc_assets.lake.raw_batches import MANIFEST_FILE, list_batches, read_manifest, read_rows
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.local_source import server as local_server
@@ -218,6 +222,69 @@ def test_a_checkpoint_purged_while_behind_names_snapshot(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "purged" in err and "run `cdc-lakehouse snapshot`" in err, err
     assert list_batches(lakehouse.store) == batches
+
+
+def _purge_to_newest(server: local_server.LocalServer) -> None:
+    """Every binlog but a new one purged, as expiry purges them (PURGE BINARY LOGS)."""
+    with server.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("FLUSH BINARY LOGS")
+        newest = binlog_end(conn).log_file
+        for _ in range(50):  # a file is purged once its transactions are in InnoDB (MariaDB's binlog checkpoint)
+            cur.execute(f"PURGE BINARY LOGS TO '{newest}'")
+            cur.execute("SHOW BINARY LOGS")
+            if [row[0] for row in cur.fetchall()] == [newest]:
+                return
+            time.sleep(0.1)
+    raise AssertionError("the binlogs before the newest were not purged")
+
+
+def test_following_the_purged_checkpoint_sentence_leads_to_a_clean_sync(
+    primary_and_replica: tuple[local_server.LocalServer, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A user follows the sentence of a purged checkpoint word for word (issue 27, item 13): removes the folders it
+    names, runs `cdc-lakehouse snapshot`; the next `sync` exits 0, verify finds the table equal and the raw batches
+    are one chain. The batches of before the purge (a chain the new one does not continue: other files, seqs from 1
+    again) are moved out of raw/ by the first capture of the new lakehouse and kept, whole, under archive/."""
+    primary, replica = primary_and_replica
+    _replication(replica, "stop")  # a connected replica's dump thread keeps its binlog from being purged
+    with primary.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("CREATE DATABASE IF NOT EXISTS anew")
+        cur.execute("CREATE TABLE anew.r (id INT PRIMARY KEY, note VARCHAR(20))")
+        cur.execute("INSERT INTO anew.r VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+    lakehouse_dir = tmp_path / "lakehouse"
+    _env(primary, lakehouse_dir, monkeypatch)
+    monkeypatch.setenv("CDC_TABLES", "anew.*")
+    assert main(["sync"]) == 0
+    lakehouse = Lakehouse(str(lakehouse_dir))
+    before = list_batches(lakehouse.store)
+    with primary.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("UPDATE anew.r SET note = 'behind' WHERE id = 1")  # in the binlog, not captured, then purged
+        cur.execute("DELETE FROM anew.r WHERE id = 2")
+    _purge_to_newest(primary)
+    capsys.readouterr()
+    assert main(["sync"]) == 2
+    sentence = capsys.readouterr().err
+    folders = re.search(r"remove its ([^)]*)\)", sentence)
+    assert folders is not None and "run `cdc-lakehouse snapshot`" in sentence, sentence
+    for folder in re.findall(r"([\w.-]+)/", folders.group(1)):
+        shutil.rmtree(lakehouse_dir / folder)
+    assert main(["snapshot"]) == 0
+    with primary.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("INSERT INTO anew.r VALUES (4, 'four')")
+        cur.execute("UPDATE anew.r SET note = 'after' WHERE id = 3")
+    capsys.readouterr()
+    assert main(["sync"]) == 0, capsys.readouterr()
+    results = run_verify()
+    assert [r.table for r in results] == [TableRef("anew", "r")] and all(r.ok for r in results), [r.describe() for r in results]
+    source_rows, current_rows = source_and_current(CdcEnv(primary, "anew", lakehouse_dir), "r")
+    assert current_rows.num_rows == 3 and current_rows.equals(source_rows)
+    assert batch_chain_breaks(lakehouse) == []
+    assert not set(before) & set(list_batches(lakehouse.store))
+    archived = {p.parent.name for p in (lakehouse_dir / ARCHIVE).rglob(MANIFEST_FILE)}
+    assert archived == set(before)  # nothing lost: the old chain's batches are kept
 
 
 def test_a_failover_target_with_transactions_without_gtids_names_the_fix(

@@ -23,10 +23,17 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape, apply_schemas
-from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
+from cdc_assets.lake.layout import ARCHIVE, CAPTURE_LOCK, RAW
 from cdc_assets.lake.locks import Lease, lakehouse_lock
 from cdc_assets.lake.quarantine import CAPTURE, Quarantine, left_out_of_capture, quarantine
-from cdc_assets.lake.raw_batches import BatchManifest, RawBatch, batch_exists, read_manifest, write_batch
+from cdc_assets.lake.raw_batches import (
+    BatchManifest,
+    RawBatch,
+    archive_earlier_batches,
+    batch_exists,
+    read_manifest,
+    write_batch,
+)
 from cdc_assets.lake.state import (
     Checkpoint,
     load_checkpoint,
@@ -204,6 +211,14 @@ class _Capture:
                 )
         start = checkpoint.position if checkpoint else source.oldest_position(conn)
         source.check_available(conn, start)
+        if checkpoint is None:  # a new lakehouse: raw batches found here are an earlier one's (lake/raw_batches)
+            lease.check()
+            archived = archive_earlier_batches(lakehouse.store, start.batch_name(), began_at)
+            if archived and log is not None:
+                log.info(
+                    f"the {len(archived)} raw batches of an earlier lakehouse (before {start}, where this one "
+                    f"starts) were moved from {RAW}/ to {ARCHIVE}/"
+                )
         epoch = checkpoint.position.epoch if checkpoint else 0
         target = (until or source.binlog_end(conn)).in_epoch(epoch)  # the server's position, in capture's epoch
         report = CaptureReport(start=start, target=target)

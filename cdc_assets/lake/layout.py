@@ -9,6 +9,9 @@ CHANGES = "changes"  # Delta change logs: changes/<schema>/<table>
 CURRENT = "current"  # Delta current state: current/<schema>/<table>
 HISTORY = "history"  # Delta SCD2 history of the tables CDC_HISTORY_TABLES selects: history/<schema>/<table>
 STATE = "_state"  # checkpoint, registry, shapes, progress, locks
+# raw batches of an earlier lakehouse, moved out of raw/ by the first capture of a new one (a lakehouse re-initialised
+# after its checkpoint was purged: a chain the new one does not continue): archive/raw-<when>/<batch>/
+ARCHIVE = "archive"
 DELTA_LOG = "_delta_log"
 
 CAPTURE_LOCK = "capture"

@@ -15,6 +15,7 @@ import bisect
 import hashlib
 import io
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.layout import RAW
+from cdc_assets.lake.layout import ARCHIVE, RAW
 from cdc_assets.lake.store import MissingObject, ObjectStore
 
 FORMAT_VERSION = 1
@@ -215,6 +216,25 @@ def write_batch(store: ObjectStore, batch: RawBatch) -> BatchManifest:
     failpoints.hit("capture.batch_data_written")
     store.put(_key(batch.name, MANIFEST_FILE), json.dumps(manifest, indent=1, sort_keys=True).encode())
     return BatchManifest.from_json(manifest)
+
+
+def archive_earlier_batches(store: ObjectStore, first: str, when: float) -> list[str]:
+    """Move the raw batches of an earlier lakehouse out of raw/, to archive/raw-<when, UTC>/<batch>/, and return
+    their names: what a capture that starts without a checkpoint finds in raw/ (a lakehouse re-initialised after
+    its checkpoint was purged keeps its raw/). Their chain is one the new one does not continue (other positions,
+    seqs from 1 again), so in raw/ they broke the chain check and every reader of raw batches by seq. The one
+    exception is the batch this capture writes first (`first`) when it is all raw/ holds: a capture killed between
+    its first batch and its first checkpoint left it, and capture adopts it (capture/run.py). Manifests go first,
+    so a batch leaves raw/ at once; a crash midway leaves the rest for the next capture, which has no checkpoint
+    either."""
+    keys = store.list_keys(RAW)
+    names = sorted({key[len(RAW) + 1 :].split("/", 1)[0] for key in keys if key.count("/") >= 2})
+    if not names or names == [first]:
+        return []
+    folder = f"{ARCHIVE}/{RAW}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(when))}"
+    for key in sorted(keys, key=lambda k: not k.endswith(f"/{MANIFEST_FILE}")):
+        store.move(key, folder + key[len(RAW) :])
+    return names
 
 
 def batch_exists(store: ObjectStore, name: str) -> bool:

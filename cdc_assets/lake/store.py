@@ -44,6 +44,7 @@ class ObjectStore(Protocol):
     def remove_partial_writes(self, prefix: str) -> int: ...
     def delete_table(self, prefix: str) -> None: ...
     def delete(self, key: str) -> None: ...
+    def move(self, key: str, to: str) -> None: ...
 
 
 class LocalStore:
@@ -126,6 +127,18 @@ class LocalStore:
         """Remove one object (none there: nothing to do)."""
         self._path(key).unlink(missing_ok=True)
 
+    def move(self, key: str, to: str) -> None:
+        """Put an object under another key (a rename: never copied, never in both places)."""
+        target = self._path(to)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(self._path(key), target)
+        for directory in {target.parent, self._path(key).parent}:
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+
     def delete_table(self, prefix: str) -> None:
         """Remove a Delta table: its log first, so a crash midway leaves no table pointing at lost files."""
         base = self._path(prefix)
@@ -207,6 +220,12 @@ class S3Store:
 
     def delete(self, key: str) -> None:
         """Remove one object (none there: nothing to do, as S3 answers)."""
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def move(self, key: str, to: str) -> None:
+        """Put an object under another key: a copy on the server (multipart when large), then the delete. A crash
+        between the two leaves it under both keys, never under neither."""
+        self.client.copy({"Bucket": self.bucket, "Key": self._key(key)}, self.bucket, self._key(to))
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def delete_table(self, prefix: str) -> None:
