@@ -80,3 +80,31 @@ def test_an_error_after_the_first_rows_is_raised(cdc: CdcEnv) -> None:
             assert cur.fetchone() == (1,)
     finally:
         conn.close()
+
+
+def test_a_payload_of_several_packets_is_joined_in_place() -> None:
+    """A row or binlog event of 16 MB or more comes in several packets; they are joined as they arrive, in one
+    buffer grown in place (joining the parts at the end held them and the whole at once: twice the payload)."""
+    import io
+    import random
+    import tracemalloc
+
+    from cdc_assets.source.wire import MAX_PACKET_PAYLOAD, read_payload
+
+    data = random.Random(7).randbytes(40 << 20)
+    packets, rest = [], data
+    while True:
+        part, rest = rest[:MAX_PACKET_PAYLOAD], rest[MAX_PACKET_PAYLOAD:]
+        packets.append(len(part).to_bytes(3, "little") + b"\0" + part)
+        if len(part) < MAX_PACKET_PAYLOAD:
+            break
+    stream = io.BytesIO(b"".join(packets))
+    del packets
+    tracemalloc.start()
+    try:
+        payload = read_payload(stream.read)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert payload == data
+    assert peak < 1.6 * len(data), f"a {len(data) >> 20} MB payload took {peak >> 20} MB to read"
