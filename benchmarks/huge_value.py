@@ -3,9 +3,9 @@ item 12).
 
     .venv/bin/python -m benchmarks.huge_value [--sizes 16,64,128] [--flavours mariadb,mysql] [--kinds text,blob]
 
-For each flavour it starts a dedicated server with a fresh binlog (under .local/bench-huge-value-<flavour>, on a
-free port) and `max_allowed_packet` at its largest (1 GB), and for each kind and size, in a fresh lakehouse and
-Dagster home: INSERTs one row whose value is N MB (text: printable ASCII, different on every line, so no
+For each flavour, kind and size it starts a dedicated server with a fresh binlog (under
+.local/bench-huge-value-<flavour>, on a free port; a new lakehouse reads the whole binlog) and `max_allowed_packet`
+at its largest (1 GB), and in a fresh lakehouse and Dagster home: INSERTs one row whose value is N MB (text: printable ASCII, different on every line, so no
 run-length shortcut helps; blob: random bytes, every byte value), runs `cdc-lakehouse sync` and `cdc-lakehouse
 verify`, then UPDATEs the value (the row event holds two images of N MB) and runs `sync` again. Each command is a
 process of its own; its peaks are that of its largest process (the sync's forked capture child included; wait4's
@@ -121,20 +121,21 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cdc-huge-value-"))
     rows = []
     for flavour in args.flavours.split(","):
-        server = fresh_server(flavour)
-        try:
-            for kind in args.kinds.split(","):
-                for size in sizes:
-                    for name, figures in measure(server, kind, size, work):
-                        row = (
-                            flavour, "LONGTEXT" if kind == "text" else "LONGBLOB", size, name,
-                            f"{figures['largest_mb']:,.0f}", f"{figures['tree_mb']:,.0f}",
-                            f"{figures['largest_mb'] / size:.1f}", f"{figures['seconds']:.1f}",
-                        )  # fmt: skip
-                        rows.append(row)
-                        print("  " + " ".join(str(c) for c in row), flush=True)
-        finally:
-            local_server.stop(server.base_dir)
+        for kind in args.kinds.split(","):
+            for size in sizes:
+                server = fresh_server(flavour)  # a binlog of this measurement's rows only: a new lakehouse reads it all
+                try:
+                    results = measure(server, kind, size, work)
+                finally:
+                    local_server.stop(server.base_dir)
+                for name, figures in results:
+                    row = (
+                        flavour, "LONGTEXT" if kind == "text" else "LONGBLOB", size, name,
+                        f"{figures['largest_mb']:,.0f}", f"{figures['tree_mb']:,.0f}",
+                        f"{figures['largest_mb'] / size:.1f}", f"{figures['seconds']:.1f}",
+                    )  # fmt: skip
+                    rows.append(row)
+                    print("  " + " ".join(str(c) for c in row), flush=True)
     print("\n| source | column | value (MB) | command | peak RSS, largest process (MB) | peak RSS, all its processes "
           "(MB) | largest process / value | seconds |")
     print("|---|---|---|---|---|---|---|---|")
