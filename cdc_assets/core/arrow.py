@@ -42,7 +42,7 @@ def where(rows: pa.Table, mask: pa.Array | pa.ChunkedArray) -> pa.Table:
     megabytes."""
     kept = pc.indices_nonzero(pc.fill_null(mask, False)).to_numpy()
     if not len(kept):
-        return rows.slice(0, 0)
+        return rows.schema.empty_table()  # not a slice: that would hold every buffer of `rows`
     first, count = int(kept[0]), len(kept)
     if int(kept[-1]) - first + 1 == count:
         return rows.slice(first, count)

@@ -366,6 +366,7 @@ def _rewrite_touched_files(
     parts = [part for parts in for_each_table(paths, read) for part in parts]  # small files: a few at a time
     existing = pa.concat_tables(parts) if parts else schema.empty_table()
     merged, counts = merge_rows(existing, source, key)
+    del parts, existing  # what `merged` took of them is its own: the files' rows go before the pieces are written
     sample = actions.filter(chosen) if paths else actions
     rows = int(pc.sum(sample.column("num_records")).as_py() or 0)
     row_bytes = (int(pc.sum(sample.column("size_bytes")).as_py() or 0) / rows) if rows else 100.0
