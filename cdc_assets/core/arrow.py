@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-try:  # glibc's: gives back the free memory of its heaps (delta-rs's buffers, the socket's reads) too
-    _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-except (OSError, AttributeError):  # another C library
-    _malloc_trim = None
 
 
 def runs(rows: pa.Table, columns: list[str]) -> list[tuple[tuple, int, int]]:
@@ -28,12 +21,11 @@ def runs(rows: pa.Table, columns: list[str]) -> list[tuple[tuple, int, int]]:
 
 
 def release_unused_memory() -> None:
-    """Give the system back what Arrow's allocator keeps of the memory freed. mimalloc keeps it for reuse, so a
-    stage that held a huge value would keep that peak for the rest of the process, and the next stage's peak would
-    come on top of it. Costs microseconds: called after each batch, append, table step and comparison."""
+    """Give the system back the memory Arrow's allocator (mimalloc) keeps of what was freed, for reuse: after a step
+    that held a huge value, its peak would otherwise stay for the rest of the process, and the next step's come on
+    top of it. Microseconds: called after each batch, append, table step and comparison. (glibc's `malloc_trim`
+    would give back a little more, but walks the whole heap: tenths of a second for a large one.)"""
     pa.default_memory_pool().release_unused()
-    if _malloc_trim is not None:
-        _malloc_trim(0)
 
 
 def where(rows: pa.Table, mask: pa.Array | pa.ChunkedArray) -> pa.Table:
