@@ -4,7 +4,7 @@ item 12).
     .venv/bin/python -m benchmarks.huge_value [--sizes 16,64,128] [--flavours mariadb,mysql] [--kinds text,blob]
 
 For each flavour, kind and size it starts a dedicated server with a fresh binlog (under
-.local/bench-huge-value-<flavour>, on a free port; a new lakehouse reads the whole binlog) and `max_allowed_packet`
+.local/bench-huge-value-<flavour>-<kind>-<size>, on a free port; a new lakehouse reads the whole binlog) and `max_allowed_packet`
 at its largest (1 GB), and in a fresh lakehouse and Dagster home: INSERTs one row whose value is N MB (text:
 printable ASCII, different on every line; blob: random bytes, every byte value), runs `cdc-lakehouse sync` and
 `cdc-lakehouse verify`, then UPDATEs the value (the row event holds two images of N MB) and runs `sync` again.
@@ -52,8 +52,8 @@ def value_of(kind: str, size_mb: int, seed: int) -> bytes | str:
     return lines[: size_mb * MB].decode("ascii")
 
 
-def fresh_server(flavour: str) -> local_server.LocalServer:
-    base = Path(".local") / f"bench-huge-value-{flavour}"
+def fresh_server(flavour: str, name: str) -> local_server.LocalServer:
+    base = Path(".local") / f"bench-huge-value-{flavour}-{name}"  # one per measurement: none waits for the last to go
     local_server.stop(base)
     shutil.rmtree(base, ignore_errors=True)
     server = local_server.start(base, flavour=flavour)
@@ -113,11 +113,12 @@ def measure(server: local_server.LocalServer, kind: str, size_mb: int, work: Pat
 
 
 def _measured(flavour: str, kind: str, size: int, work: Path) -> list[tuple[str, dict]]:
-    server = fresh_server(flavour)  # a binlog of this measurement's rows only: a new lakehouse reads it all
+    server = fresh_server(flavour, f"{kind}-{size}")  # a binlog of this measurement's rows only: a new lakehouse reads it all
     try:
         return measure(server, kind, size, work)
     finally:
         local_server.stop(server.base_dir)
+        shutil.rmtree(server.base_dir, ignore_errors=True)
 
 
 def main() -> None:
