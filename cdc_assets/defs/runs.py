@@ -25,6 +25,7 @@ from cdc_assets.defs.keys import (
     CONTINUOUS_JOB,
     CURRENT_ASSET,
     RAW_ASSET,
+    REPAIR_JOB,
     SNAPSHOT_JOB,
     SYNC_JOB,
     publish_job_name,
@@ -237,7 +238,7 @@ def run_repair(tables: list[str], verbose: bool = False) -> RunOutcome:
     """A `sync` run that repairs `tables` first (`cdc-lakehouse repair`): their differing rows written as `repair`
     changes, applied and checked with everything else the run captures."""
     refuse_beside_continuous(initialized_resources().lakehouse.get())
-    return run_job(SYNC_JOB, verbose, {"sync_lakehouse": {"config": {"repair": tables}}})
+    return run_job(REPAIR_JOB, verbose, {"sync_lakehouse": {"config": {"repair": tables}}})
 
 
 def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOutcome:
