@@ -202,8 +202,9 @@ def _env_value(setting: EnvSetting, resolved: bool = False) -> Any:
     config)."""
     if not os.environ.get(setting.variable):
         return setting.default
+    value = setting.value()  # a bad value is refused here, with the fix, whoever builds the resources (a CLI, the UI)
     if resolved:
-        return setting.value()
+        return value
     return EnvVar.int(setting.variable) if setting.whole_number else EnvVar(setting.variable)
 
 

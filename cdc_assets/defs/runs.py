@@ -262,10 +262,11 @@ def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOut
     return outcome
 
 
-def run_snapshot(tables: list[str]) -> RunOutcome:
-    """A snapshot run, its progress (chunks read of chunks, rows, rate) logged as it goes: a long run's only sign."""
+def run_snapshot(tables: list[str], verbose: bool = False) -> RunOutcome:
+    """A snapshot run; its progress (tables or chunks read, rows) reaches the CLI's display, or with `verbose` its
+    log lines are printed as they come."""
     refuse_beside_continuous(initialized_resources().lakehouse.get())
-    return run_job(SNAPSHOT_JOB, True, {"snapshot_tables": {"config": {"tables": tables}}})
+    return run_job(SNAPSHOT_JOB, verbose, {"snapshot_tables": {"config": {"tables": tables}}})
 
 
 STOPPED = "continuous mode stopped"
