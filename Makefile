@@ -33,11 +33,12 @@ system-deps:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq rabbitmq-server >/dev/null; \
 	fi
 
-## The virtualenv with the project and its pinned dependencies (constraints.txt pins every transitive package).
+## The virtualenv with the project and its pinned dependencies (constraints.txt pins every transitive package), without
+## setuptools' notice that an install is editable (every other warning of the build still shows).
 $(STAMP): pyproject.toml constraints.txt
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
 ## The project's own modules byte-compiled: an editable install leaves them to be compiled at each import, and
