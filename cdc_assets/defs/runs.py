@@ -51,9 +51,12 @@ _instances: dict[str, DagsterInstance] = {}
 
 
 def instance() -> DagsterInstance:
-    """The persistent Dagster instance of DAGSTER_HOME, opened once per process and kept open."""
+    """The persistent Dagster instance of the lakehouse's home, opened once per process and kept open (the instance
+    of a home this process used before, for another lakehouse, is closed)."""
     home = ensure_dagster_home()  # a new home gets the cached empty databases
     if str(home) not in _instances:
+        for other in list(_instances):
+            _instances.pop(other).dispose()
         from cdc_assets.defs.event_log import share_alembic_scripts  # sqlalchemy and alembic: only with an instance
 
         share_alembic_scripts()  # before the run storage opens
