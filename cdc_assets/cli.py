@@ -24,6 +24,7 @@ from cdc_assets.cli_progress import ProgressDisplay
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, check_numeric_settings
 from cdc_assets.defs import forked_capture
+from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
 
 if TYPE_CHECKING:
@@ -190,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _apply_overrides(args)
         check_numeric_settings()  # a bad number ends the command before any work starts, whoever would read it
+        ensure_dagster_home()  # the lakehouse's own Dagster home, or a sentence before a sync forks its capture
         with ProgressDisplay() if _shows_progress(args) else nullcontext():
             return COMMANDS[args.command](args)
     except CdcUserError as exc:
