@@ -22,7 +22,7 @@ from pathlib import Path
 
 from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.local_brokers import destinations, kinesis, rabbitmq
-from cdc_assets.local_source import server
+from cdc_assets.local_source import DEMO_HISTORY_TABLES, server
 from cdc_assets.local_source.processes import listening
 from spark_resources import cluster, connect_server
 
@@ -62,6 +62,7 @@ def run_dev(port: int, spark_connect_port: int, sinks: bool) -> int:
             if rabbitmq.running() is None or kinesis.running() is None:
                 started.append(("the local RabbitMQ and Kinesis", destinations.stop))
             env.update(destinations.start().environment())
+        env.setdefault("CDC_HISTORY_TABLES", DEMO_HISTORY_TABLES)  # as the demo keeps it
         env["DAGSTER_HOME"] = str(ensure_dagster_home())
         env.setdefault("DAGSTER_EVENT_BATCH_SIZE", "1000")
         return _foreground(dev_command(port), env)
