@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from cdc_assets.core.settings import check_numeric_settings
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.instance import enable_event_batches
 
 # Runs launched from the UI or the daemon load this module: their partition-range events go in batches too.
 enable_event_batches()
-check_numeric_settings()  # a bad number is the code location's load error, one sentence, as the CLI says it
 defs = build_definitions()
