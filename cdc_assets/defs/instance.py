@@ -132,6 +132,7 @@ def ensure_dagster_home() -> Path:
     else:
         home = home_for(location).resolve()
         chosen_by = f"The Dagster home {home}"
+        _chosen_here.add(str(home))
     home.mkdir(parents=True, exist_ok=True)
     claim(home, location, chosen_by)
     config = home / "dagster.yaml"
@@ -143,7 +144,6 @@ def ensure_dagster_home() -> Path:
     if ours:
         seed_home(home)
     os.environ["DAGSTER_HOME"] = str(home)  # for Dagster, which reads it, and for processes started from here
-    _chosen_here.add(str(home))
     enable_event_batches()
     return home
 
