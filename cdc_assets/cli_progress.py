@@ -3,7 +3,8 @@
 It shows the updates the work reports (cdc_assets/core/progress.py): on a terminal, a live line per stage with a bar,
 raw batches, row changes, the rate and the time left (rich), cleared when the command ends, so what stays is the
 command's own summary; where the output is no terminal (a log file, a pipe, CI), a plain line per stage every
-CDC_PROGRESS_SECONDS (5), the first once the command has run that long, so a short command prints nothing more.
+CDC_PROGRESS_SECONDS (5) for the stage the work is in, once that stage has gone on that long, so short work prints
+nothing more.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ class _Stage:
 
     first: float  # monotonic time of its first update
     last: Update
-    printed: float = 0.0  # when its last plain line was printed
     shown: Any = field(default=None)  # its rich task id, on a terminal
 
 
@@ -80,37 +80,52 @@ class ProgressDisplay:
         self.out = out or sys.stdout
         self.terminal = self.out.isatty() if terminal is None else terminal
         self.every = progress_seconds()
-        self.began = time.monotonic()
         self.stages: dict[str, _Stage] = {}
+        self.current: str | None = None  # the stage updated last: the work goes on there
         self.lock = threading.Lock()
         self.live: Any = None  # rich's Progress, started at the first update on a terminal
-        self.closed = False
+        self.closed = threading.Event()
         self._listening = progress.listening(self.update)
+        self._ticker = threading.Thread(target=self._tick, name="progress-lines", daemon=True)
 
     def __enter__(self) -> ProgressDisplay:
         self._listening.__enter__()
+        if not self.terminal:
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._listening.__exit__(*exc)
         with self.lock:
-            self.closed = True
+            self.closed.set()
             if self.live is not None:
                 self.live.stop()
 
     def update(self, update: Update) -> None:
         now = time.monotonic()
         with self.lock:
-            if self.closed:
+            if self.closed.is_set():
                 return
             stage = self.stages.get(update.stage)
             if stage is None:
                 stage = self.stages[update.stage] = _Stage(now, update)
             stage.last = update
+            self.current = update.stage
             if self.terminal:
                 self._show(stage, now)
-            elif now - self.began >= self.every and now - stage.printed >= self.every:
-                stage.printed = now
+
+    def _tick(self) -> None:
+        """Where the output is no terminal: every `every` seconds, a line for the stage the work is in, once that
+        stage has gone on that long and while it is not done (a stage shorter than that prints nothing)."""
+        while not self.closed.wait(self.every):
+            with self.lock:
+                stage = self.stages.get(self.current) if self.current else None
+                now = time.monotonic()
+                if stage is None or now - stage.first < self.every or self.closed.is_set():
+                    continue
+                update = stage.last
+                if update.total is not None and update.done >= update.total:
+                    continue
                 print(describe(update, now - stage.first), file=self.out, flush=True)
 
     def _show(self, stage: _Stage, now: float) -> None:
