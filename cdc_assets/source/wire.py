@@ -12,19 +12,23 @@ MAX_PACKET_PAYLOAD = 0xFFFFFF  # a payload this long continues in the next packe
 
 def read_payload(read: Callable[[int], bytes]) -> bytes:
     """One protocol packet's payload (from a reader of the connection's socket), joined with its continuations
-    when it is 16 MB or more."""
-    header = read(4)
-    if len(header) < 4:
-        raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
-    length = int.from_bytes(header[:3], "little")
-    payload = read(length)
-    if len(payload) < length:
-        raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
-    if length < MAX_PACKET_PAYLOAD:
-        return payload
-    parts = [payload]
-    while length == MAX_PACKET_PAYLOAD:
+    when it is 16 MB or more. A connection the server closed or reset (a killed thread) is PyMySQL's lost
+    connection (2013), as on any other connection."""
+    try:
         header = read(4)
+        if len(header) < 4:
+            raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
         length = int.from_bytes(header[:3], "little")
-        parts.append(read(length))
-    return b"".join(parts)
+        payload = read(length)
+        if len(payload) < length:
+            raise pymysql.err.OperationalError(2013, "Lost connection to MySQL server during query")
+        if length < MAX_PACKET_PAYLOAD:
+            return payload
+        parts = [payload]
+        while length == MAX_PACKET_PAYLOAD:
+            header = read(4)
+            length = int.from_bytes(header[:3], "little")
+            parts.append(read(length))
+        return b"".join(parts)
+    except OSError as exc:  # ConnectionResetError and the like: the server ended the connection mid-packet
+        raise pymysql.err.OperationalError(2013, f"Lost connection to MySQL server during query ({exc})") from exc

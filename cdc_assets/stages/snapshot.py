@@ -31,6 +31,8 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.progress import SNAPSHOT, Update
+from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE
@@ -154,6 +156,7 @@ def _read_tables(
                     raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
                 read.loaded[table] = (shape, spool.path / f"{n}.parquet")
                 report.rows[str(table)] = _spool_rows(conn, shape, read.loaded[table][1])
+                report_progress(Update(SNAPSHOT, n + 1, len(tables), "tables", sum(report.rows.values())))
                 if log is not None:
                     log.info(f"{table}: {report.rows[str(table)]} rows read at {point}")
             return read

@@ -50,6 +50,8 @@ from cdc_assets.capture.run import CaptureReport, capture
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.progress import SNAPSHOT, Update
+from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.lake.current_rows import current_configuration, current_schema
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY
@@ -258,6 +260,7 @@ def _progress(run: _Run, records: list[TableSnapshot]) -> None:
     rows = sum(r.rows for r in records)
     rate = rows / max(time.monotonic() - run.began, 1e-3)
     total = sum(r.chunks for r in records)
+    report_progress(Update(SNAPSHOT, done, total, "chunks", rows))
     run.info(f"snapshot: {done} of {total} chunks read, {rows:,} rows, {rate:,.0f} rows/s")
 
 
