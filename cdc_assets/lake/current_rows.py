@@ -19,7 +19,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import REMOVES, UPDATE, WRITES
 from cdc_assets.core.settings import DEFAULT_CURRENT_FILE_KB, current_file_kb
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE, cast_column
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE, cast_column, named_as
 from cdc_assets.lake.delta import table_configuration
 
 DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so each row has a key of its own
@@ -178,6 +178,7 @@ def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) 
     if truncate_seq is not None:
         changes = changes.filter(pc.greater(changes.column("_cdc_seq"), truncate_seq))
     names = shape.column_names
+    changes = named_as(changes, names)  # the log keeps its first name of a column renamed in case alone
     op = changes.column("_cdc_op")
     writes = changes.filter(pc.is_in(op, pa.array(WRITES)))
     moved = pc.and_kleene(pc.equal(op, UPDATE), pc.not_equal(changes.column("_cdc_before_key"), changes.column("_cdc_key")))
