@@ -437,6 +437,11 @@ class SnapshotPoint:
 
     low: BinlogPosition
     high: BinlogPosition
+    # MySQL with GTIDs: the executed GTID sets read right before and right after the snapshot began. A transaction in
+    # the first was committed in the engine before, so the snapshot sees it; one in neither was committed after, so it
+    # does not; one only in the second may be seen or not.
+    committed_before: str | None = None
+    committed_after: str | None = None
 
     @property
     def exact(self) -> bool:
@@ -444,6 +449,11 @@ class SnapshotPoint:
 
     def __str__(self) -> str:
         return str(self.high) if self.exact else f"{self.low}..{self.high}"
+
+
+def _executed_gtids(cur: pymysql.cursors.Cursor) -> str:
+    cur.execute("SELECT @@global.gtid_executed")
+    return str(cur.fetchone()[0]).replace("\n", "")
 
 
 @contextmanager
@@ -482,8 +492,10 @@ def consistent_snapshot(
                 low = binlog_end(conn)
                 if settle_seconds:
                     time.sleep(settle_seconds)
+                before = _executed_gtids(cur) if server.has_gtid else None
                 cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-                point = SnapshotPoint(low, binlog_end(conn))
+                after = _executed_gtids(cur) if server.has_gtid else None
+                point = SnapshotPoint(low, binlog_end(conn), before, after)
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] in (1227, 1044):
                 raise CdcUserError(

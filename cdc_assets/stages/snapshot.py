@@ -44,7 +44,6 @@ from cdc_assets.lake.layout import (
     SNAPSHOT_LOCK,
 )
 from cdc_assets.lake.locks import lakehouse_lock
-from cdc_assets.lake.raw_batches import tables_changed
 from cdc_assets.lake.state import (
     load_checkpoint,
 )
@@ -56,6 +55,7 @@ from cdc_assets.stages.loaded_tables import (
     KEYLESS_POINT_TRIES,
     SnapshotReport,
     keyless_kept_changing,
+    keyless_point_seq,
     record_loaded,
     register_loaded,
     resume_quarantined_capture,
@@ -197,12 +197,14 @@ def _take_snapshot(
         read = _read_tables(settings, lakehouse, requested, spool, report, log)
         seq = _capture_to(settings, lakehouse, read.point.low, report, log, owner)
         resume_quarantined_capture(lakehouse, list(read.loaded), read.point.low, owner, log)
+        seqs = dict.fromkeys(read.loaded, seq)  # a keyed table at the low watermark; a keyless one where it is exact
         keyless = {table for table, (shape, _) in read.loaded.items() if not shape.primary_key}
         if read.point.exact or not keyless:
             break
         high_seq = _capture_to(settings, lakehouse, read.point.high, report, log, owner)
-        changed = tables_changed(lakehouse.store, seq, high_seq)
-        moving = {t for t in keyless if str(t) in changed}
+        for table in keyless:
+            seqs[table] = keyless_point_seq(lakehouse, table, read.point, seq, high_seq)
+        moving = {t for t in keyless if seqs[t] is None}
         if not moving:
             break
         spool.remove()
@@ -216,10 +218,10 @@ def _take_snapshot(
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log),
         lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log),
     ):
-        for shape, rows in read.loaded.values():
-            _load_current(lakehouse, shape, rows, seq, read.taken_at)
+        for table, (shape, rows) in read.loaded.items():
+            _load_current(lakehouse, shape, rows, seqs[table], read.taken_at)
             failpoints.hit("snapshot.overwritten")
-            record_loaded(lakehouse, shape, seq, read.taken_at, log)
+            record_loaded(lakehouse, shape, seqs[table], read.taken_at, log)
     spool.remove()
     register_loaded(lakehouse, [shape for shape, _ in read.loaded.values()], seq, owner, log)
     report.position, report.seq = str(read.point.low), seq
