@@ -5,8 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-export DAGSTER_HOME ?= $(CURDIR)/.local/dagster_home
 SPARK_CONNECT_PORT ?= 15002
+DEV_PORT ?= 3000
 ## The demo's, `make dev`'s and `make workload`'s source: `mariadb` (default) or `mysql` (Oracle MySQL, unpacked from
 ## Debian's packages under .local/mysql-dist). A MySQL demo keeps its own lakehouse unless CDC_LAKEHOUSE says otherwise.
 SOURCE ?= mariadb
@@ -15,7 +15,7 @@ ifeq ($(SOURCE),mysql)
 export CDC_LAKEHOUSE ?= lakehouse-mysql
 endif
 
-.PHONY: demo test dev bench chaos workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
+.PHONY: demo test dev stop bench chaos workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
 
 ## System packages: a MariaDB server (run as our own dedicated instance), a Java 17+ runtime for Spark, and a
 ## RabbitMQ server (the sinks' tests and the demo run a dedicated broker of their own; a system one is left alone).
@@ -33,11 +33,12 @@ system-deps:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq rabbitmq-server >/dev/null; \
 	fi
 
-## The virtualenv with the project and its pinned dependencies (constraints.txt pins every transitive package).
+## The virtualenv with the project and its pinned dependencies (constraints.txt pins every transitive package), without
+## setuptools' notice that an install is editable (every other warning of the build still shows).
 $(STAMP): pyproject.toml constraints.txt
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install -q -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
 ## The project's own modules byte-compiled: an editable install leaves them to be compiled at each import, and
@@ -72,18 +73,20 @@ bench: install
 	$(BIN)/python -m benchmarks.fixed_costs
 	$(BIN)/python -m benchmarks.history
 
-## The UI and the daemon (schedules, sensors, freshness). Without CDC_SPARK_MASTER, runs share one long-lived
-## Spark Connect server (no run pays for a JVM start) and take Spark only from CDC_SPARK_MIN_ROWS changes on;
-## with CDC_SPARK_MASTER set (say the cluster of `make spark-cluster-start`), every run goes there and Spark
-## does every stage unless CDC_SPARK_MIN_ROWS says otherwise. `make workload` writes to the source.
-## `make dev SINKS=1` also starts the local RabbitMQ and Kinesis and turns both sinks on for them.
+## The UI and the daemon (schedules, sensors, freshness) on 127.0.0.1:$(DEV_PORT) (`make dev DEV_PORT=3001`). Without
+## CDC_SPARK_MASTER, runs share one long-lived Spark Connect server (no run pays for a JVM start) and take Spark only
+## from CDC_SPARK_MIN_ROWS changes on; with CDC_SPARK_MASTER set (say the cluster of `make spark-cluster-start`),
+## every run goes there and Spark does every stage unless CDC_SPARK_MIN_ROWS says otherwise. `make workload` writes to
+## the source. `make dev SINKS=1` also starts the local RabbitMQ and Kinesis and turns both sinks on for them. When
+## it ends (Ctrl-C) it stops what it started (the demo source, the Spark Connect server, the brokers), keeping their
+## data; the runs are the lakehouse's own Dagster home's (cdc_assets/local_dev.py).
 dev: install
-	$(BIN)/python -m cdc_assets.local_source start
-	@if [ -z "$$CDC_SPARK_MASTER" ]; then $(BIN)/python -m spark_resources.connect_server start --port $(SPARK_CONNECT_PORT); fi
-	$(if $(SINKS),eval "$$($(BIN)/python -m cdc_assets.local_brokers start --env)" &&) \
-	if [ -z "$$CDC_SPARK_MASTER" ]; then \
-		export CDC_SPARK_MASTER="sc://127.0.0.1:$(SPARK_CONNECT_PORT)" CDC_SPARK_MIN_ROWS="$${CDC_SPARK_MIN_ROWS:-1000000}"; fi; \
-	DAGSTER_EVENT_BATCH_SIZE=1000 $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	$(BIN)/python -m cdc_assets.local_dev --port $(DEV_PORT) --spark-connect-port $(SPARK_CONNECT_PORT) $(if $(SINKS),--sinks)
+
+## Stops every local server the project started (the demo sources, the Spark Connect server, the local brokers, a
+## local Spark cluster) and keeps all data: what `make clean` stops, without deleting anything.
+stop: install
+	$(BIN)/python -m cdc_assets.local_dev stop --spark-connect-port $(SPARK_CONNECT_PORT)
 
 ## A Spark standalone cluster on 127.0.0.1 from the pyspark wheel: a master on port 7077 and SPARK_WORKERS workers
 ## (one core, 1 GB each; JVMs of their own, stopped by process id). It prints the master's URL: use it as

@@ -9,17 +9,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from types import ModuleType
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
+from cdc_assets.cli_progress import ProgressDisplay
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
-from cdc_assets.core.settings import DEFAULT_LAKEHOUSE
+from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, check_numeric_settings
 from cdc_assets.defs import forked_capture
+from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
 
 if TYPE_CHECKING:
@@ -35,6 +40,8 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_NOT_COMPARED = 3  # verify: nothing differs, but a table could not be compared (it says why)
+# commands that show their progress (cli_progress): with -v, the run's own log lines say it instead
+LONG_COMMANDS = frozenset({"sync", "repair", "snapshot", "verify", "demo"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,29 +96,67 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The flags that set a variable, by argparse's name for them: they win over the environment and are passed on as
+# environment, so they never enter run config.
+FLAG_VARIABLES = {
+    "mysql_url": "CDC_MYSQL_URL",
+    "lakehouse": "CDC_LAKEHOUSE",
+    "tables": "CDC_TABLES",
+    "exclude_tables": "CDC_EXCLUDE_TABLES",
+    "server_id": "CDC_SERVER_ID",
+    "spark_master": "CDC_SPARK_MASTER",
+    "max_batch_rows": "CDC_MAX_BATCH_ROWS",
+    "rabbitmq_url": "CDC_RABBITMQ_URL",
+    "rabbitmq_exchange": "CDC_RABBITMQ_EXCHANGE",
+    "rabbitmq_tables": "CDC_RABBITMQ_TABLES",
+    "rabbitmq_exclude_tables": "CDC_RABBITMQ_EXCLUDE_TABLES",
+    "kinesis_stream": "CDC_KINESIS_STREAM",
+    "kinesis_tables": "CDC_KINESIS_TABLES",
+    "kinesis_exclude_tables": "CDC_KINESIS_EXCLUDE_TABLES",
+    "sink_dedup_seconds": "CDC_SINK_DEDUP_SECONDS",
+    "sink_heartbeat_seconds": "CDC_SINK_HEARTBEAT_SECONDS",
+}
+# Flags whose URL may hold a password, and how the variable that takes it instead is written.
+URL_FLAGS = {"mysql_url": "mysql://user:password@host:port", "rabbitmq_url": "amqp://user:password@host:port/vhost"}
+_given_by_flag: dict[str, str] = {}  # variable -> the flag that gave its value in this command
+
+
+def flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
 def _apply_overrides(args: argparse.Namespace) -> None:
-    """CLI flags win over the environment; they are passed as environment so they never enter run config."""
-    for flag, env in (
-        ("mysql_url", "CDC_MYSQL_URL"),
-        ("lakehouse", "CDC_LAKEHOUSE"),
-        ("tables", "CDC_TABLES"),
-        ("exclude_tables", "CDC_EXCLUDE_TABLES"),
-        ("server_id", "CDC_SERVER_ID"),
-        ("spark_master", "CDC_SPARK_MASTER"),
-        ("max_batch_rows", "CDC_MAX_BATCH_ROWS"),
-        ("rabbitmq_url", "CDC_RABBITMQ_URL"),
-        ("rabbitmq_exchange", "CDC_RABBITMQ_EXCHANGE"),
-        ("rabbitmq_tables", "CDC_RABBITMQ_TABLES"),
-        ("rabbitmq_exclude_tables", "CDC_RABBITMQ_EXCLUDE_TABLES"),
-        ("kinesis_stream", "CDC_KINESIS_STREAM"),
-        ("kinesis_tables", "CDC_KINESIS_TABLES"),
-        ("kinesis_exclude_tables", "CDC_KINESIS_EXCLUDE_TABLES"),
-        ("sink_dedup_seconds", "CDC_SINK_DEDUP_SECONDS"),
-        ("sink_heartbeat_seconds", "CDC_SINK_HEARTBEAT_SECONDS"),
-    ):
-        value = getattr(args, flag, None)
+    """CLI flags win over the environment; they are passed as environment so they never enter run config. A URL
+    flag holding a password is refused: any user of the machine could read it in the process list (`ps`)."""
+    _given_by_flag.clear()
+    for dest, example in URL_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value and urlparse(value).password is not None:
+            variable, flag = FLAG_VARIABLES[dest], flag_name(dest)
+            raise CdcUserError(
+                f"{flag} holds a password, which any user of this machine can read in the process list (ps) while "
+                f"the command runs: set {variable} in the environment instead (export {variable}='{example}'), or "
+                f"give {flag} a URL without a password."
+            )
+    for dest, variable in FLAG_VARIABLES.items():
+        value = getattr(args, dest, None)
         if value is not None:
-            os.environ[env] = str(value)
+            os.environ[variable] = str(value)
+            _given_by_flag[variable] = flag_name(dest)
+
+
+def named_as_given(sentence: str, given_by_flag: dict[str, str]) -> str:
+    """An error sentence with each variable whose value a flag gave named as that flag (`CDC_LAKEHOUSE=x` ->
+    `--lakehouse x`): the user gave the flag, not the variable. The sentences are written once, with the
+    variables' names; this is the one place they are turned into flags."""
+    for variable, flag in given_by_flag.items():
+        sentence = re.sub(rf"\b{variable}=", f"{flag} ", sentence)
+        sentence = re.sub(rf"\b{variable}\b", flag, sentence)
+    return sentence
+
+
+def _say_error(sentence: str) -> None:
+    print(f"error: {named_as_given(sentence, _given_by_flag)}", file=sys.stderr)
 
 
 def process_started() -> float:
@@ -143,22 +188,33 @@ def main(argv: list[str] | None = None) -> int:
     _began = process_started() if argv is None else time.time()
     args = _parser().parse_args(argv)
     args.from_command_line = argv is None
-    _apply_overrides(args)
     try:
-        return COMMANDS[args.command](args)
+        _apply_overrides(args)
+        check_numeric_settings()  # a bad number ends the command before any work starts, whoever would read it
+        ensure_dagster_home()  # the lakehouse's own Dagster home, or a sentence before a sync forks its capture
+        with ProgressDisplay() if _shows_progress(args) else nullcontext():
+            return COMMANDS[args.command](args)
     except CdcUserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _say_error(str(exc))
         return EXIT_USER_ERROR
     except Exception as exc:  # outside a run (the lakehouse's listings before and after): the same one sentence
         reason = unreachable_cause(exc)
         if reason is None:
             raise
         lakehouse = os.environ.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE
-        print(f"error: {unreachable_message(lakehouse, os.environ.get('AWS_ENDPOINT_URL'), reason)}", file=sys.stderr)
+        _say_error(unreachable_message(lakehouse, os.environ.get("AWS_ENDPOINT_URL"), reason))
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted: the checkpoint holds the last complete batch; run the command again to continue.")
         return EXIT_FAILED
+
+
+def _shows_progress(args: argparse.Namespace) -> bool:
+    """Long commands show their progress (cli_progress), but with -v, where the run's log lines say it; a snapshot
+    where the output is no terminal prints its run's log lines (chunks read, rows, rows/s) as it always did."""
+    if args.command not in LONG_COMMANDS or args.verbose:
+        return False
+    return args.command != "snapshot" or sys.stdout.isatty()
 
 
 def _runs() -> ModuleType:
@@ -212,7 +268,7 @@ def _print_sinks(outcome: RunOutcome) -> None:
 def _exit_code(outcome: RunOutcome) -> int:
     """2 when a sink could not publish (its sentence on stderr; the rest of the work is done), else 0 or 1."""
     for sentence in outcome.user_errors:
-        print(f"error: {sentence}", file=sys.stderr)
+        _say_error(sentence)
     if outcome.user_errors:
         return EXIT_USER_ERROR
     return EXIT_OK if outcome.success else EXIT_FAILED
@@ -253,7 +309,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from cdc_assets.defs.keys import CURRENT_ASSET
 
-    outcome = _runs().run_snapshot(args.snapshot_tables)
+    outcome = _runs().run_snapshot(args.snapshot_tables, not _shows_progress(args))
     current = outcome.of(CURRENT_ASSET)
     for table, rows in sorted((current.get("per_table") or {}).items()):
         print(f"{table}: {rows} rows loaded")

@@ -12,10 +12,11 @@ from cdc_assets.capture.binlog import events
 from cdc_assets.capture.binlog.protocol import dump_events
 from cdc_assets.capture.binlog.row_images import RowDecoder
 from cdc_assets.capture.binlog.table_map import parse_table_map
+from cdc_assets.core import mysql_charsets
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.local_source.server import LocalServer
-from cdc_assets.source.server import binlog_end
+from cdc_assets.source.server import ServerCharsets, binlog_end
 from cdc_assets_tests.pmr_reference import reference_events
 from cdc_assets_tests.test_type_edges import EDGE_TABLE, ROWS
 
@@ -44,6 +45,8 @@ def _decoded(url: MySQLUrl, start: BinlogPosition, end: BinlogPosition, mariadb:
     found: list[tuple] = []
     decoders: dict[int, RowDecoder] = {}
     conn = pymysql.connect(**url.connection_settings())  # type: ignore[arg-type]
+    charsets = ServerCharsets(url)  # the charsets Python has no exact codec for (cp1251 here): as capture sets them
+    mysql_charsets.use_server(charsets.table, charsets.value)
     try:
         log_file = start.log_file
         for event in dump_events(conn, 4242, start):
@@ -64,6 +67,7 @@ def _decoded(url: MySQLUrl, start: BinlogPosition, end: BinlogPosition, mariadb:
                 found += [(events.ROW_EVENTS[event.type], b, a) for b, a in zip(befores, afters, strict=True)]
     finally:
         conn.close()
+        charsets.close()
     return found
 
 

@@ -263,14 +263,16 @@ def test_status_reports_checkpoint_and_lag(cdc: CdcEnv, capsys) -> None:
     assert json.loads(out)["lag_bytes"] > 0
 
 
-def test_no_password_in_lakehouse_or_dagster_storage(cdc: CdcEnv, dagster_home: Path) -> None:
+def test_no_password_in_lakehouse_or_dagster_storage(cdc: CdcEnv) -> None:
     password = cdc.server.reader_password_file.read_text().strip()
+    dagster_home = Path(os.environ["DAGSTER_HOME"])  # the lakehouse's own (conftest's cdc)
     cdc.execute(
         "CREATE TABLE sec (id INT PRIMARY KEY)",
         "CREATE OR REPLACE USER 'app_user'@'127.0.0.1' IDENTIFIED BY 'AppSecret-123'",
         "INSERT INTO sec VALUES (1)",
     )
     assert cdc.sync() == 0
+    assert any(dagster_home.rglob("*.db"))  # the runs are there
     for root in (cdc.lakehouse_dir, dagster_home):
         for path in root.rglob("*"):
             if path.is_file():

@@ -87,7 +87,22 @@ ALLOWED = {
     },
     "spark_resources.resources": {"spark_resources.engine"},
     "cdc_assets.definitions": {"cdc_assets.defs"},
-    "cdc_assets.cli": {"cdc_assets.defs", "cdc_assets.core", "cdc_assets.lake.layout", "cdc_assets.verification"},
+    "cdc_assets.cli": {
+        "cdc_assets.defs",
+        "cdc_assets.core",
+        "cdc_assets.lake.layout",
+        "cdc_assets.verification",
+        "cdc_assets.cli_progress",
+    },
+    "cdc_assets.cli_progress": {"cdc_assets.core"},  # the CLI's display of the work's progress updates
+    # `make dev` / `make stop`: the local servers around the UI, and the lakehouse's Dagster home
+    "cdc_assets.local_dev": {
+        "cdc_assets.local_source",
+        "cdc_assets.local_brokers",
+        "spark_resources.connect_server",
+        "spark_resources.cluster",
+        "cdc_assets.defs.instance",
+    },
 }
 DAGSTER = ("dagster", "dagster_pyspark")
 MAY_IMPORT_DAGSTER = ("cdc_assets.defs", "cdc_assets.definitions", "spark_resources.resources")

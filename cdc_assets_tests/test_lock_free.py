@@ -12,6 +12,7 @@ import pytest
 
 from cdc_assets.cli import main
 from cdc_assets.core.names import TableRef
+from cdc_assets.stages.loaded_tables import seq_seen_at
 from cdc_assets_tests.conftest import CdcEnv
 
 pytestmark = pytest.mark.both_sources
@@ -86,9 +87,27 @@ def test_a_global_read_lock_only_when_asked_for(cdc: CdcEnv, monkeypatch, capsys
     assert "CDC_GLOBAL_READ_LOCK='maybe' is not on or off" in capsys.readouterr().err
 
 
+U = "3e11fa47-71ca-11e1-9e33-c80aa9429562"
+
+
+def test_a_keyless_table_s_seq_is_the_last_change_its_snapshot_saw() -> None:
+    """MySQL's executed GTID sets read right before and after the snapshot began sort the table's changes between
+    the watermarks into seen (in the first), unseen (in neither) and unknown (only in the second)."""
+    before, after = f"{U}:1-10", f"{U}:1-12"
+    assert seq_seen_at([], 100, None, None) == 100  # no change between the watermarks: exact whatever the server
+    assert seq_seen_at([(101, f"{U}:9"), (103, f"{U}:10")], 100, before, after) == 103  # all seen
+    assert seq_seen_at([(101, f"{U}:9"), (104, f"{U}:13")], 100, before, after) == 101  # seen, then unseen
+    assert seq_seen_at([(104, f"{U}:13")], 100, before, after) == 100  # none seen
+    assert seq_seen_at([(101, f"{U}:9"), (102, f"{U}:11")], 100, before, after) is None  # committed as it began
+    assert seq_seen_at([(101, f"{U}:13"), (102, f"{U}:9")], 100, before, after) is None  # seen after unseen
+    assert seq_seen_at([(101, None)], 100, before, after) is None  # a TRUNCATE or DDL: no GTID known
+    assert seq_seen_at([(101, f"{U}:9")], 100, None, None) is None  # no GTIDs (MariaDB's point is exact anyway)
+
+
 def test_a_keyless_table_is_snapshot_only_at_a_point_where_it_did_not_change(cdc: CdcEnv, capsys) -> None:
     """Its copies are counted, so the point must be exact: on MySQL a lock-free snapshot lies between two watermarks,
-    and a keyless table changed between them is read again (MariaDB's point is exact: read once)."""
+    and the executed GTID sets read around its start tell which of the table's changes between them it saw; one
+    committed just as it began is unknown, and the table is read again (MariaDB's point is exact: read once)."""
     cdc.execute("CREATE TABLE k (v INT)", "INSERT INTO k VALUES (1), (1), (2)")
     assert cdc.sync() == 0
     stop = threading.Event()

@@ -154,15 +154,15 @@ def test_a_killed_multipart_upload_is_aborted_at_the_next_start(cdc: CdcEnv, mon
     use_s3(monkeypatch, s3_endpoint)
     client = boto3.client("s3")
     client.create_bucket(Bucket="multipart")
-    monkeypatch.setenv("CDC_LAKEHOUSE", "s3://multipart/lake")
+    monkeypatch.setenv("CDC_LAKEHOUSE", f"s3://multipart/{cdc.database}")  # a prefix of its own per flavour
     _huge_transaction(cdc, rows=12_000, width=1_000, binary=True)  # a raw batch over boto3's 8 MB multipart threshold
     # the killed run's capture lease blocks the next run until it expires: CDC_LOCK_TTL_SECONDS after its last renewal
     monkeypatch.setenv("CDC_LOCK_TTL_SECONDS", "5")
     assert _sync_process({"CDC_FAILPOINTS": "capture.upload_part=exit@3"}) == failpoints.EXIT_CODE
-    assert client.list_multipart_uploads(Bucket="multipart", Prefix="lake/raw/").get("Uploads")
-    lease = json.loads(client.get_object(Bucket="multipart", Key="lake/_state/locks/capture.json")["Body"].read())
+    assert client.list_multipart_uploads(Bucket="multipart", Prefix=f"{cdc.database}/raw/").get("Uploads")
+    lease = json.loads(client.get_object(Bucket="multipart", Key=f"{cdc.database}/_state/locks/capture.json")["Body"].read())
     assert lease["ttl_seconds"] == 5  # the killed run's lease, read as the next run finds it
     assert _sync_process({}) == 0
-    assert not client.list_multipart_uploads(Bucket="multipart", Prefix="lake/raw/").get("Uploads")
+    assert not client.list_multipart_uploads(Bucket="multipart", Prefix=f"{cdc.database}/raw/").get("Uploads")
     [result] = cdc.verify()
     assert result.ok and result.compared_rows == 12_000

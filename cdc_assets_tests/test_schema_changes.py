@@ -202,16 +202,16 @@ def test_schema_changes_on_s3(cdc: CdcEnv, monkeypatch, s3_endpoint: str) -> Non
 
     use_s3(monkeypatch, s3_endpoint)
     boto3.client("s3").create_bucket(Bucket="ddl")
-    monkeypatch.setenv("CDC_LAKEHOUSE", "s3://ddl/lake")
+    monkeypatch.setenv("CDC_LAKEHOUSE", f"s3://ddl/{cdc.database}")  # a prefix of its own per flavour
     cdc.execute("CREATE TABLE a (id INT PRIMARY KEY, v INT)", "INSERT INTO a VALUES (1, 1)", "CREATE TABLE x (id INT)")
     cdc.execute("INSERT INTO x VALUES (5)")
     assert cdc.sync() == 0
     cdc.execute("ALTER TABLE a ADD w INT DEFAULT 7", "RENAME TABLE a TO b", "DROP TABLE x", "INSERT INTO b VALUES (2, 2, 2)")
     assert cdc.sync() == 0
     _assert_equal_to_source(cdc)
-    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ddl", Prefix="lake/current/")["Contents"]]
+    keys = [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ddl", Prefix=f"{cdc.database}/current/")["Contents"]]
     assert {k.split("/")[3] for k in keys} == {"b"}  # a and x are gone from current state, nothing left behind
-    assert any(k.startswith("lake/_state/schemas/") for k in [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ddl", Prefix="lake/_state/")["Contents"]])
+    assert any(k.startswith(f"{cdc.database}/_state/schemas/") for k in [o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket="ddl", Prefix=f"{cdc.database}/_state/")["Contents"]])
 
 
 def test_snapshot_table_altered_before_its_first_row_change(cdc: CdcEnv) -> None:

@@ -95,6 +95,7 @@ def _assert_equal(cdc: CdcEnv, tables: int) -> None:
     assert [r.describe() for r in results if not r.ok] == []
 
 
+@pytest.mark.both_sources
 def test_a_snapshot_on_spark_reads_chunks_while_the_source_writes(spark_snapshots: CdcEnv, capsys) -> None:
     cdc = spark_snapshots
     create_tables(cdc)

@@ -74,10 +74,14 @@ def start(state_dir: Path, port: int, master: str = "local[2]", timeout_s: float
     return ConnectServer(port, state_dir)
 
 
-def stop(server: ConnectServer) -> None:
+def stop(server: ConnectServer, timeout_s: float = 60.0) -> None:
+    """Stop the server and wait until its port is closed (the script only signals the JVM, which then shuts down)."""
     env = _environment(server.state_dir)
     script = Path(env["SPARK_HOME"]) / "sbin" / "stop-connect-server.sh"
     subprocess.run(["bash", str(script)], env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    while listening(server.port) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 DEFAULT_PORT = 15002

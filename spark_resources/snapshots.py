@@ -28,6 +28,7 @@ WHOLE_SCHEMA = pa.schema(
     list(CHUNK_SCHEMA)
     + [pa.field(f"{end}_{part}", pa.string() if part == "file" else pa.int64(), nullable=False)
        for end in ("low", "high") for part in ("file", "pos")]
+    + [pa.field(f"committed_{when}", pa.string(), nullable=True) for when in ("before", "after")]
 )  # fmt: skip
 
 
@@ -122,7 +123,8 @@ def read_whole_tables(
                     conn.close()
                 rows = with_snapshot_columns(pa.concat_tables(parts), work.shape, work.seq, work.taken_at)
                 where = {"chunk": chunk, "low_file": point.low.log_file, "low_pos": point.low.log_pos,
-                         "high_file": point.high.log_file, "high_pos": point.high.log_pos}  # fmt: skip
+                         "high_file": point.high.log_file, "high_pos": point.high.log_pos,
+                         "committed_before": point.committed_before, "committed_after": point.committed_after}  # fmt: skip
                 actions = list(write_files(access, work.table_key, str(work.shape.table), [rows]))
                 none = {"table": str(work.shape.table), "path": "", "size": 0, "rows": 0, "stats": "", "modification_time": 0}
                 for action in actions or [none]:  # an empty table still reports its position
@@ -134,6 +136,8 @@ def read_whole_tables(
         point = source.SnapshotPoint(
             BinlogPosition(action["low_file"], int(action["low_pos"])),
             BinlogPosition(action["high_file"], int(action["high_pos"])),
+            action["committed_before"],
+            action["committed_after"],
         )
         files, _ = found.setdefault(action["chunk"], ([], point))
         if action["path"]:

@@ -17,7 +17,7 @@ from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.spool import remove_orphaned_spools
-from cdc_assets.core import failpoints
+from cdc_assets.core import failpoints, progress
 from cdc_assets.core.arrow import release_unused_memory
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
@@ -189,6 +189,8 @@ class _Capture:
     log: Any | None
     tidy: bool = True
     journal: CaptureJournal | None = None
+    binlog_files: list[tuple[str, int]] | None = None  # the server's binlog files at the start, when progress is shown
+    rows: int = 0  # row changes captured so far
 
     def to(self, until: BinlogPosition | None) -> tuple[Checkpoint, CaptureReport]:
         """Batches from the checkpoint to `until` (default: the binlog end now)."""
@@ -222,6 +224,9 @@ class _Capture:
         epoch = checkpoint.position.epoch if checkpoint else 0
         target = (until or source.binlog_end(conn)).in_epoch(epoch)  # the server's position, in capture's epoch
         report = CaptureReport(start=start, target=target)
+        if progress.listened():  # the binlog's files, to tell how far through it each batch is
+            self.binlog_files = source.binlog_files(conn)
+            self._report_progress(report, start)
         if self.journal is not None:
             taken = self.journal.open(lakehouse.store, checkpoint.last_batch if checkpoint else None)
             report.taken_over = {name: self.journal.batches[name] for name in taken}
@@ -239,7 +244,16 @@ class _Capture:
             checkpoint = dataclasses.replace(checkpoint, reached_at=began_at)
             save_checkpoint(lakehouse.store, checkpoint)
         report.end = checkpoint.position
+        if self.binlog_files is not None:
+            self._report_progress(report, checkpoint.position)
         return checkpoint, report
+
+    def _report_progress(self, report: CaptureReport, reached: BinlogPosition) -> None:
+        assert report.start is not None and report.target is not None and self.binlog_files is not None
+        files = self.binlog_files
+        done = progress.binlog_bytes(files, report.start, reached)
+        total = progress.binlog_bytes(files, report.start, report.target)
+        progress.report(progress.Update(progress.CAPTURE, done, total, "bytes", self.rows, len(report.batches)))
 
     def _enough(self, report: CaptureReport) -> bool:
         return self.settings.max_batches is not None and len(report.batches) >= self.settings.max_batches
@@ -328,6 +342,9 @@ class _Capture:
         save_checkpoint(store, checkpoint)
         failpoints.hit("capture.checkpoint_saved")
         report.batches.append(manifest)
+        self.rows += manifest.rows
+        if self.binlog_files is not None:
+            self._report_progress(report, manifest.end)
         if log is not None:
             log.info(
                 f"raw batch {manifest.name}: {manifest.rows} row changes, {manifest.transactions} transactions, "

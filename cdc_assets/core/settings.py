@@ -6,8 +6,9 @@ Passwords live only in memory: `MySQLUrl` never prints one.
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlparse
 
@@ -15,6 +16,7 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef, split_name
 
 DEFAULT_SERVER_ID = 4_200_001  # the reader's replica id; the demo source uses 1
+MAX_SERVER_ID = (1 << 32) - 1  # server_id is an unsigned 32-bit number; 0 is no replica's
 DEFAULT_LAKEHOUSE = "./lakehouse"
 DEFAULT_MAX_BATCH_ROWS = 100_000
 DEFAULT_SNAPSHOT_CHUNK_ROWS = 500_000  # rows one Spark task of a snapshot reads: what a resumed snapshot may read again
@@ -26,17 +28,22 @@ DEFAULT_CAPTURE_CRON = "* * * * *"
 DEFAULT_FULL_CHECK_CRON = "0 * * * *"  # every row of every table compared with the source: hourly
 DEFAULT_FRESHNESS_WARN_MINUTES = 2.0
 DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0
+DEFAULT_CURRENT_FILE_KB = 32.0  # current state's key-range files (lake/current_rows.py)
+DEFAULT_PROGRESS_SECONDS = 5.0  # how often long work prints a progress line where the output is no terminal
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 
 
-def env_number(name: str, default: float, valid: Callable[[float], bool], meaning: str) -> float:
-    """A number from the environment (default when unset); anything else ends in one sentence with the fix."""
-    text = os.environ.get(name)
+def env_number(
+    name: str, default: float, valid: Callable[[float], bool], meaning: str, env: Mapping[str, str] | None = None
+) -> float:
+    """A number from the environment (or `env`; default when unset); anything else (not a number, out of range,
+    infinite or NaN) ends in one sentence with the fix."""
+    text = (os.environ if env is None else env).get(name)
     try:
         value = float(text) if text else default
     except ValueError:
         value = None
-    if value is None or not valid(value):
+    if value is None or not math.isfinite(value) or not valid(value):
         raise CdcUserError(f"{name}={text!r} is not {meaning}: set it to e.g. {default:g}.")
     return value
 
@@ -99,6 +106,27 @@ def s3_retries_from_env() -> S3Retries:
     return S3Retries(int(attempts), timeout)
 
 
+# Characters that end a URL's user and password part where they stand (urlparse reads what follows as the path,
+# query or fragment): in a user or password they must be percent-encoded.
+_URL_DELIMITERS = {"#": "%23", "/": "%2F", "?": "%3F"}
+
+
+def refuse_unencoded_userinfo(url: str, variable: str, example: str) -> None:
+    """A URL whose user or password holds a character that ends that part (`#`, `/`, `?`) is refused with the
+    percent-encoding that fixes it, naming the character and never the password."""
+    scheme, separator, rest = url.partition("://")
+    if not separator or "@" not in rest:
+        return
+    userinfo = rest.rpartition("@")[0]
+    found = [c for c in _URL_DELIMITERS if c in userinfo]
+    if found:
+        codes = ", ".join(f"{c} as {_URL_DELIMITERS[c]}" for c in found)
+        raise CdcUserError(
+            f"{variable}'s user or password holds {' and '.join(repr(c) for c in found)}, which ends that part of a URL: "
+            f"percent-encode it ({codes}; also @ as %40, : as %3A and % as %25), e.g. {example}."
+        )
+
+
 @dataclass(frozen=True)
 class MySQLUrl:
     """`mysql://user:password@host:port` of the source."""
@@ -110,6 +138,7 @@ class MySQLUrl:
 
     @staticmethod
     def parse(url: str) -> MySQLUrl:
+        refuse_unencoded_userinfo(url, "CDC_MYSQL_URL", "mysql://user:pa%23ss@host:port")
         parsed = urlparse(url)
         if parsed.scheme not in ("mysql", "mariadb") or not parsed.hostname or not parsed.username:
             raise CdcUserError("CDC_MYSQL_URL is not a valid URL: write it as mysql://user:password@host:port.")
@@ -221,18 +250,34 @@ class EnvSetting:
     variable: str
     default: object = None
     whole_number: bool = False
+    minimum: int | None = None  # a whole number's bounds, both included
+    maximum: int | None = None
 
     def value(self) -> object:
-        """The variable's value (a whole number checked), else the default."""
+        """The variable's value (a whole number checked, in its bounds), else the default."""
         text = os.environ.get(self.variable)
         if not text:
             return self.default
         if not self.whole_number:
             return text
         try:
-            return int(text)
+            number = int(text)
         except ValueError:
-            raise CdcUserError(f"{self.variable}={text!r} is not a whole number: set it to one, or unset it.") from None
+            number = None
+        low, high = self.minimum, self.maximum
+        if number is None or (low is not None and number < low) or (high is not None and number > high):
+            raise CdcUserError(
+                f"{self.variable}={text!r} is not {self.meaning()}: set it to one (default {self.default}), or unset it."
+            )
+        return number
+
+    def meaning(self) -> str:
+        """What a valid value is, in words."""
+        if self.minimum is not None and self.maximum is not None:
+            return f"a whole number from {self.minimum} to {self.maximum:,}"
+        if self.minimum is not None:
+            return f"a whole number of at least {self.minimum}"
+        return "a whole number"
 
 
 # The one list of the variables the source's and the lakehouse's settings come from, by the name of the
@@ -241,10 +286,10 @@ class EnvSetting:
 # not here fails test_settings.
 SOURCE_ENV = {
     "mysql_url": EnvSetting("CDC_MYSQL_URL"),
-    "server_id": EnvSetting("CDC_SERVER_ID", DEFAULT_SERVER_ID, whole_number=True),
+    "server_id": EnvSetting("CDC_SERVER_ID", DEFAULT_SERVER_ID, whole_number=True, minimum=1, maximum=MAX_SERVER_ID),
     "tables": EnvSetting("CDC_TABLES"),
     "exclude_tables": EnvSetting("CDC_EXCLUDE_TABLES"),
-    "max_batch_rows": EnvSetting("CDC_MAX_BATCH_ROWS", DEFAULT_MAX_BATCH_ROWS, whole_number=True),
+    "max_batch_rows": EnvSetting("CDC_MAX_BATCH_ROWS", DEFAULT_MAX_BATCH_ROWS, whole_number=True, minimum=1),
 }
 LAKEHOUSE_ENV = {
     "location": EnvSetting("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE),
@@ -303,3 +348,95 @@ def spark_min_rows(master: str, local_default: int) -> int:
     there is Spark's, as a user who points the pipeline at a cluster expects."""
     default = 0 if master.startswith(("spark://", "sc://")) else local_default
     return int(env_number("CDC_SPARK_MIN_ROWS", default, lambda v: v >= 0 and v == int(v), "a whole number"))
+
+
+# Numbers read where they are used (the stages, the continuous mode, sensors, freshness, the sinks, the CLI's
+# progress): each one's rule is here, so `check_numeric_settings` can refuse a bad value before any work starts.
+
+
+def check_interval() -> float:
+    """CDC_CHECK_INTERVAL_SECONDS: how often the continuous mode compares the tables it changed with the source."""
+    return env_number("CDC_CHECK_INTERVAL_SECONDS", 60, lambda s: s > 0, "a positive number of seconds")
+
+
+def full_check_interval() -> float:
+    """CDC_FULL_CHECK_INTERVAL_SECONDS: how often the continuous mode compares every table with the source."""
+    return env_number("CDC_FULL_CHECK_INTERVAL_SECONDS", 3600, lambda s: s > 0, "a positive number of seconds")
+
+
+def capture_interval() -> float | None:
+    """CDC_CAPTURE_INTERVAL_SECONDS: how often the binlog sensor looks for new changes (None: capture on the cron)."""
+    if not os.environ.get("CDC_CAPTURE_INTERVAL_SECONDS"):
+        return None
+    return env_number("CDC_CAPTURE_INTERVAL_SECONDS", 10, lambda s: s >= 1, "a number of seconds of at least 1")
+
+
+def current_file_kb() -> float:
+    """CDC_CURRENT_FILE_KB: the size of current state's key-range files, in KB (at least 1)."""
+    return env_number("CDC_CURRENT_FILE_KB", DEFAULT_CURRENT_FILE_KB, lambda kb: kb >= 1, "a size in KB of at least 1")
+
+
+def freshness_windows() -> tuple[float, float]:
+    """(warn, fail) in minutes from CDC_FRESHNESS_WARN_MINUTES / CDC_FRESHNESS_FAIL_MINUTES."""
+    return env_window(
+        ("CDC_FRESHNESS_WARN_MINUTES", "CDC_FRESHNESS_FAIL_MINUTES"),
+        (DEFAULT_FRESHNESS_WARN_MINUTES, DEFAULT_FRESHNESS_FAIL_MINUTES),
+        lambda minutes: minutes >= 1,
+        "a number of minutes of at least 1 (Dagster's shortest freshness window)",
+    )
+
+
+def lag_thresholds() -> tuple[float, float]:
+    """(warn, fail) in seconds for the per-table lag check: CDC_LAG_WARN_SECONDS / CDC_LAG_FAIL_SECONDS, by
+    default the freshness windows, so the check names the tables behind when freshness warns or fails."""
+    warn_minutes, fail_minutes = freshness_windows()
+    return env_window(
+        ("CDC_LAG_WARN_SECONDS", "CDC_LAG_FAIL_SECONDS"),
+        (warn_minutes * 60, fail_minutes * 60),
+        lambda seconds: seconds > 0,
+        "a positive number of seconds",
+    )
+
+
+def sink_lag_thresholds() -> tuple[float, float]:
+    """(warn, fail) in seconds for each sink's lag check: CDC_SINK_LAG_WARN_SECONDS / CDC_SINK_LAG_FAIL_SECONDS,
+    by default the freshness windows."""
+    warn_minutes, fail_minutes = freshness_windows()
+    return env_window(
+        ("CDC_SINK_LAG_WARN_SECONDS", "CDC_SINK_LAG_FAIL_SECONDS"),
+        (warn_minutes * 60, fail_minutes * 60),
+        lambda seconds: seconds > 0,
+        "a positive number of seconds",
+    )
+
+
+def sink_seconds(env: Mapping[str, str], name: str) -> float:
+    """CDC_SINK_DEDUP_SECONDS, CDC_SINK_HEARTBEAT_SECONDS (from `env`): a number of seconds, 0 (the default) off."""
+    return env_number(name, 0.0, lambda s: s >= 0, "a number of seconds (0: off)", env)
+
+
+def progress_seconds() -> float:
+    """CDC_PROGRESS_SECONDS: how often long work prints a progress line where the output is no terminal."""
+    return env_number("CDC_PROGRESS_SECONDS", DEFAULT_PROGRESS_SECONDS, lambda s: s > 0, "a positive number of seconds")
+
+
+def check_numeric_settings() -> None:
+    """Every numeric setting read once, so a bad value ends a command with its sentence before any work starts,
+    whichever stage would read it first (or never, in this command). Dagster-free: a `sync` checks them before it
+    forks its capture."""
+    for setting in (*SOURCE_ENV.values(), *LAKEHOUSE_ENV.values()):
+        setting.value()
+    snapshot_chunk_rows()
+    lock_wait_seconds()
+    lock_ttl_seconds()
+    s3_retries_from_env()
+    spark_min_rows(os.environ.get("CDC_SPARK_MASTER") or "local[*]", 0)
+    check_interval()
+    full_check_interval()
+    capture_interval()
+    current_file_kb()
+    lag_thresholds()
+    sink_lag_thresholds()
+    for name in ("CDC_SINK_DEDUP_SECONDS", "CDC_SINK_HEARTBEAT_SECONDS"):
+        sink_seconds(os.environ, name)
+    progress_seconds()

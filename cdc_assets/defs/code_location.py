@@ -24,7 +24,7 @@ from cdc_assets.defs.sinks import (
     configured_sinks,
     sink_lag_check_key,
 )
-from cdc_assets.defs.sync import sync_job
+from cdc_assets.defs.sync import repair_job, sync_job
 from cdc_assets.defs.table_checks import build_table_checks
 
 
@@ -59,6 +59,7 @@ def build_definitions(table_assets: bool = True) -> Definitions:
             equality_job,
             continuous_job,
             sync_job,
+            repair_job,
             *publish_jobs,
         ],
         schedules=[build_capture_schedule(), lag_check_schedule, build_full_check_schedule()],

@@ -40,7 +40,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from cdc_assets.core.settings import env_number
+from cdc_assets.core.settings import check_interval, full_check_interval
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
 from cdc_assets.defs.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
@@ -76,16 +76,6 @@ RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is bein
 STARTUP_GRACE_SECONDS = 60.0
 STOP_CHECK_WAIT_SECONDS = 20.0  # how long a stop waits for the check in progress before abandoning it (killing its child)
 ALIVE_STATUSES = [*WAITING_STATUSES, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-
-
-def check_interval() -> float:
-    """CDC_CHECK_INTERVAL_SECONDS: how often the continuous mode compares the tables it changed with the source."""
-    return env_number("CDC_CHECK_INTERVAL_SECONDS", 60, lambda s: s > 0, "a positive number of seconds")
-
-
-def full_check_interval() -> float:
-    """CDC_FULL_CHECK_INTERVAL_SECONDS: how often the continuous mode compares every table with the source."""
-    return env_number("CDC_FULL_CHECK_INTERVAL_SECONDS", 3600, lambda s: s > 0, "a positive number of seconds")
 
 
 def continuous_on() -> bool:

@@ -18,7 +18,7 @@ from cdc_assets.lake.layout import STATE
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.lake.store import Lakehouse, MissingObject
 from cdc_assets.local_brokers import destinations
-from cdc_assets.local_source import Workload, load_sample_schema, server
+from cdc_assets.local_source import DEMO_HISTORY_TABLES, Workload, load_sample_schema, server
 from cdc_assets.sinks.checkpoint import checkpoint_key
 from cdc_assets.sinks.consume import Received, read_queue, read_stream
 from cdc_assets.sinks.delivery import DeliveryReport, check_delivery, expected_messages
@@ -26,6 +26,7 @@ from cdc_assets.sinks.settings import SINK_NAMES, sink_settings
 from cdc_assets.verification.consistency import ConsistentComparison
 
 DEMO_TRANSACTIONS_PER_SECOND = 40
+FLAVOUR_NAMES = {server.MARIADB: "MariaDB", server.MYSQL: "MySQL"}
 
 
 @dataclass
@@ -48,8 +49,9 @@ def run_demo(
     """The local source under a live workload for `seconds`, synced again and again, then once more after the
     workload stops, then verified. `say` hears what happens, `synced` every sync while the workload runs. With
     `sinks`, every sync also publishes to a local RabbitMQ and a local Kinesis, which are read back at the end."""
+    os.environ.setdefault("CDC_HISTORY_TABLES", DEMO_HISTORY_TABLES)  # the README's history examples read it
     local = start_demo_source(seed)
-    say(f"source: local MariaDB with ROW binlog on 127.0.0.1:{local.port}")
+    say(f"source: local {FLAVOUR_NAMES[local.flavour]} with ROW binlog on 127.0.0.1:{local.port}")
     found = start_demo_sinks(say) if sinks else None
     syncs = 0
     with live_workload(local, seed):

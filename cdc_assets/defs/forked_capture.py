@@ -41,6 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cdc_assets.core import progress
+
 FORK_ENV = "CDC_SYNC_FORK"
 PR_SET_PDEATHSIG = 1
 _started: dict[str, ForkedCapture] = {}
@@ -197,8 +199,11 @@ def start(run_id: str) -> ForkedCapture | None:
         return None
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
+    relayed = progress.relay()  # the child's progress, to this process's display
     pid = os.fork()
     if pid == 0:  # the child
+        if relayed is not None:
+            relayed.in_child()
         os.close(read_fd)
         code = 1
         try:
@@ -206,6 +211,8 @@ def start(run_id: str) -> ForkedCapture | None:
         finally:
             os._exit(code)
     os.close(write_fd)
+    if relayed is not None:
+        relayed.in_parent()
     forked = ForkedCapture(run_id, pid, read_fd)
     _started[run_id] = forked
     return forked

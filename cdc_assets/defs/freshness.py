@@ -4,17 +4,11 @@ from datetime import timedelta
 
 from dagster import FreshnessPolicy
 
-from cdc_assets.core.settings import DEFAULT_FRESHNESS_FAIL_MINUTES, DEFAULT_FRESHNESS_WARN_MINUTES, env_window
+from cdc_assets.core.settings import freshness_windows
 
-
-def freshness_windows() -> tuple[float, float]:
-    """(warn, fail) in minutes from CDC_FRESHNESS_WARN_MINUTES / CDC_FRESHNESS_FAIL_MINUTES."""
-    return env_window(
-        ("CDC_FRESHNESS_WARN_MINUTES", "CDC_FRESHNESS_FAIL_MINUTES"),
-        (DEFAULT_FRESHNESS_WARN_MINUTES, DEFAULT_FRESHNESS_FAIL_MINUTES),
-        lambda minutes: minutes >= 1,
-        "a number of minutes of at least 1 (Dagster's shortest freshness window)",
-    )
+# the thresholds are read where every setting is (core.settings); the checks and sensors import them from here
+from cdc_assets.core.settings import lag_thresholds as lag_thresholds
+from cdc_assets.core.settings import sink_lag_thresholds as sink_lag_thresholds
 
 
 def current_freshness_policy() -> FreshnessPolicy:
@@ -30,27 +24,3 @@ def confirm_every_seconds() -> float:
     quarter of the warn window, so a capture every minute keeps every quiet table fresh with room to spare."""
     warn, _ = freshness_windows()
     return warn * 60 / 4
-
-
-def lag_thresholds() -> tuple[float, float]:
-    """(warn, fail) in seconds for the per-table lag check: CDC_LAG_WARN_SECONDS / CDC_LAG_FAIL_SECONDS, by
-    default the freshness windows, so the check names the tables behind when freshness warns or fails."""
-    warn_minutes, fail_minutes = freshness_windows()
-    return env_window(
-        ("CDC_LAG_WARN_SECONDS", "CDC_LAG_FAIL_SECONDS"),
-        (warn_minutes * 60, fail_minutes * 60),
-        lambda seconds: seconds > 0,
-        "a positive number of seconds",
-    )
-
-
-def sink_lag_thresholds() -> tuple[float, float]:
-    """(warn, fail) in seconds for each sink's lag check: CDC_SINK_LAG_WARN_SECONDS / CDC_SINK_LAG_FAIL_SECONDS,
-    by default the freshness windows."""
-    warn_minutes, fail_minutes = freshness_windows()
-    return env_window(
-        ("CDC_SINK_LAG_WARN_SECONDS", "CDC_SINK_LAG_FAIL_SECONDS"),
-        (warn_minutes * 60, fail_minutes * 60),
-        lambda seconds: seconds > 0,
-        "a positive number of seconds",
-    )

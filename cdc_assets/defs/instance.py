@@ -1,5 +1,11 @@
 """The Dagster instance the CLI and `make dev` share: DAGSTER_HOME and its dagster.yaml.
 
+Each lakehouse keeps its runs in a Dagster home of its own, so `status` reads only its own runs' materializations
+and the UI of one lakehouse never shows another's runs: `.local/dagster_home` for the default `./lakehouse` (the
+demo's, which `make dev` shows), `.local/dagster_home-<name>-<digest>` for any other (`home_for`). A DAGSTER_HOME the
+user sets is used as it is, and holds one lakehouse's runs too: the first lakehouse to use it marks it as its own,
+and a command for another is refused with one sentence (`claim`).
+
 The run queue lets one capture, one apply and one sync run go at a time (tag `cdc/stage`; a `sync` run launched
 from the UI queues too), and one publish run per sink (tag `cdc/sink`): the lakehouse locks would keep them apart
 anyway, but queued runs wait without holding a run slot or timing out on a lock.
@@ -14,16 +20,22 @@ to a temporary directory and renamed into place, never overwritten; where it can
 as Dagster creates them. This module imports nothing of Dagster unless it builds the cache.
 """
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import tempfile
 from pathlib import Path
 
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, LAKEHOUSE_ENV
 from cdc_assets.defs.empty_home import DATABASES, RUN_DATABASE, cache_complete, cache_dir, place
 
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
+HOME_MARK = "cdc_lakehouse"  # in a Dagster home: the lakehouse whose runs it holds
+_chosen_here: set[str] = set()  # homes this process chose itself (from the lakehouse), not the user's DAGSTER_HOME
 LEGACY_YAML = "telemetry:\n  enabled: false\n"  # what earlier versions wrote
 EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch (cdc_assets.defs.event_log)
 MANAGED_HEADER = "# Written by cdc-lakehouse; delete this line to keep your own edits to this file.\n"
@@ -72,11 +84,57 @@ def enable_event_batches() -> None:
     os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", str(EVENT_BATCH_SIZE))
 
 
+def lakehouse_identity(location: str) -> str:
+    """What names a lakehouse across processes and working directories: an s3:// URL as it is, a directory as an
+    absolute path."""
+    if "://" in location:
+        return location.rstrip("/")
+    return str(Path(location).resolve())
+
+
+def home_for(location: str) -> Path:
+    """The Dagster home of a lakehouse, so the runs of two lakehouses never mix (status, freshness, the UI):
+    `.local/dagster_home` for the default `./lakehouse` (the demo's, which `make dev` shows), else
+    `.local/dagster_home-<its name>-<digest of where it is>`."""
+    identity = lakehouse_identity(location)
+    if identity == lakehouse_identity(DEFAULT_LAKEHOUSE):
+        return DEFAULT_DAGSTER_HOME
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", identity.rsplit("/", 1)[-1]).strip("-.")[:40] or "lakehouse"
+    return DEFAULT_DAGSTER_HOME.with_name(f"{DEFAULT_DAGSTER_HOME.name}-{name}-{hashlib.sha256(identity.encode()).hexdigest()[:8]}")
+
+
+def claim(home: Path, location: str, chosen_by: str) -> None:
+    """Mark `home` as the lakehouse's (the first lakehouse to use an unmarked home takes it); a home marked for
+    another lakehouse is refused with the fix. `chosen_by` says where the home came from, for the sentence."""
+    mark = home / HOME_MARK
+    identity = lakehouse_identity(location)
+    try:
+        owner = mark.read_text().strip()
+    except FileNotFoundError:
+        mark.write_text(identity + "\n")
+        return
+    if owner != identity:
+        raise CdcUserError(
+            f"{chosen_by} holds the runs of the lakehouse at {owner}, not of {identity}: the runs of two lakehouses "
+            "never share one Dagster home, so unset DAGSTER_HOME (each lakehouse then keeps its runs in a home of its "
+            "own under .local/) or point it at another directory."
+        )
+
+
 def ensure_dagster_home() -> Path:
-    """DAGSTER_HOME (default .local/dagster_home) with our dagster.yaml, unless the user wrote their own; a new one
-    gets the cached empty databases (`seed_home`)."""
-    home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_DAGSTER_HOME).resolve()
+    """The Dagster home of the lakehouse (CDC_LAKEHOUSE): DAGSTER_HOME when the user set it, else `home_for` the
+    lakehouse; with our dagster.yaml, unless the user wrote their own; a new one gets the cached empty databases
+    (`seed_home`). A home holds one lakehouse's runs (`claim`)."""
+    location = str(LAKEHOUSE_ENV["location"].value())
+    given = os.environ.get("DAGSTER_HOME")
+    if given and given not in _chosen_here:
+        home, chosen_by = Path(given).resolve(), f"DAGSTER_HOME={given}"
+    else:
+        home = home_for(location).resolve()
+        chosen_by = f"The Dagster home {home}"
+        _chosen_here.add(str(home))
     home.mkdir(parents=True, exist_ok=True)
+    claim(home, location, chosen_by)
     config = home / "dagster.yaml"
     existing = config.read_text() if config.exists() else None
     ours = existing is None or existing.startswith(MANAGED_HEADER) or existing == LEGACY_YAML
@@ -85,7 +143,7 @@ def ensure_dagster_home() -> Path:
         config.write_text(wanted)
     if ours:
         seed_home(home)
-    os.environ["DAGSTER_HOME"] = str(home)
+    os.environ["DAGSTER_HOME"] = str(home)  # for Dagster, which reads it, and for processes started from here
     enable_event_batches()
     return home
 

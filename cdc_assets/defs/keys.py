@@ -27,6 +27,7 @@ EQUALITY_JOB = "check_equality"  # every row of every table compared with the so
 SNAPSHOT_JOB = "snapshot"
 CONTINUOUS_JOB = "continuous"
 SYNC_JOB = "sync"  # `cdc-lakehouse sync` in one run: capture, apply and checks (defs/sync.py)
+REPAIR_JOB = "repair"  # `cdc-lakehouse repair TABLE…`: the sync job's op with the tables to repair in its config
 
 SINK_TAG = "cdc/sink"  # the sink a publish run serves: the run queue lets one run per sink go at a time
 STAGE_TAG = "cdc/stage"  # capture, apply, sync or check: the run queue lets one capture and one apply run go at a time

@@ -1,11 +1,9 @@
 """What is running or waiting to run: schedules and sensors ask before they request a run, so runs do not pile
 up behind a lock."""
 
-import os
-
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from cdc_assets.core.settings import env_number
+from cdc_assets.core.settings import capture_interval as capture_interval  # read by the sensors and schedules
 from cdc_assets.defs.keys import STAGE_TAG
 from cdc_assets.lake.layout import CAPTURE_LOCK
 from cdc_assets.lake.locks import read_holder
@@ -13,13 +11,6 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.follow import CONTINUOUS_OWNER
 
 WAITING_STATUSES = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING]
-
-
-def capture_interval() -> float | None:
-    """CDC_CAPTURE_INTERVAL_SECONDS: how often the binlog sensor looks for new changes (None: capture on the cron)."""
-    if not os.environ.get("CDC_CAPTURE_INTERVAL_SECONDS"):
-        return None
-    return env_number("CDC_CAPTURE_INTERVAL_SECONDS", 10, lambda s: s >= 1, "a number of seconds of at least 1")
 
 
 def capture_in_progress(instance: DagsterInstance, lakehouse: Lakehouse) -> str | None:

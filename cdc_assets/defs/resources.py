@@ -30,6 +30,7 @@ from cdc_assets.core.settings import (
     EnvSetting,
     S3Retries,
     SourceSettings,
+    check_numeric_settings,
     global_read_lock,
     lock_ttl_seconds,
     lock_wait_seconds,
@@ -202,8 +203,9 @@ def _env_value(setting: EnvSetting, resolved: bool = False) -> Any:
     config)."""
     if not os.environ.get(setting.variable):
         return setting.default
+    value = setting.value()  # a bad value is refused here, with the fix, whoever builds the resources (a CLI, the UI)
     if resolved:
-        return setting.value()
+        return value
     return EnvVar.int(setting.variable) if setting.whole_number else EnvVar(setting.variable)
 
 
@@ -252,6 +254,7 @@ def resources_from_env(resolved: bool = False) -> Resources:
     def _env(name: str, default: Any) -> Any:
         return _env_value(EnvSetting(name, default), resolved)
 
+    check_numeric_settings()  # every one, also those no resource holds: the code location's load says it, as the CLI
     region = "AWS_REGION" if os.environ.get("AWS_REGION") else "AWS_DEFAULT_REGION"
     retries = s3_retries_from_env()
     s3 = S3Resource(

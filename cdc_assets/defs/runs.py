@@ -25,6 +25,7 @@ from cdc_assets.defs.keys import (
     CONTINUOUS_JOB,
     CURRENT_ASSET,
     RAW_ASSET,
+    REPAIR_JOB,
     SNAPSHOT_JOB,
     SYNC_JOB,
     publish_job_name,
@@ -50,9 +51,12 @@ _instances: dict[str, DagsterInstance] = {}
 
 
 def instance() -> DagsterInstance:
-    """The persistent Dagster instance of DAGSTER_HOME, opened once per process and kept open."""
+    """The persistent Dagster instance of the lakehouse's home, opened once per process and kept open (the instance
+    of a home this process used before, for another lakehouse, is closed)."""
     home = ensure_dagster_home()  # a new home gets the cached empty databases
     if str(home) not in _instances:
+        for other in list(_instances):
+            _instances.pop(other).dispose()
         from cdc_assets.defs.event_log import share_alembic_scripts  # sqlalchemy and alembic: only with an instance
 
         share_alembic_scripts()  # before the run storage opens
@@ -237,7 +241,7 @@ def run_repair(tables: list[str], verbose: bool = False) -> RunOutcome:
     """A `sync` run that repairs `tables` first (`cdc-lakehouse repair`): their differing rows written as `repair`
     changes, applied and checked with everything else the run captures."""
     refuse_beside_continuous(initialized_resources().lakehouse.get())
-    return run_job(SYNC_JOB, verbose, {"sync_lakehouse": {"config": {"repair": tables}}})
+    return run_job(REPAIR_JOB, verbose, {"sync_lakehouse": {"config": {"repair": tables}}})
 
 
 def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOutcome:
@@ -261,10 +265,11 @@ def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOut
     return outcome
 
 
-def run_snapshot(tables: list[str]) -> RunOutcome:
-    """A snapshot run, its progress (chunks read of chunks, rows, rate) logged as it goes: a long run's only sign."""
+def run_snapshot(tables: list[str], verbose: bool = False) -> RunOutcome:
+    """A snapshot run; its progress (tables or chunks read, rows) reaches the CLI's display, or with `verbose` its
+    log lines are printed as they come."""
     refuse_beside_continuous(initialized_resources().lakehouse.get())
-    return run_job(SNAPSHOT_JOB, True, {"snapshot_tables": {"config": {"tables": tables}}})
+    return run_job(SNAPSHOT_JOB, verbose, {"snapshot_tables": {"config": {"tables": tables}}})
 
 
 STOPPED = "continuous mode stopped"

@@ -54,7 +54,7 @@ from cdc_assets.defs.checks import (
 )
 from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.forked_stages import pending_tables
-from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, STAGE_TAG, SYNC_JOB
+from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, REPAIR_JOB, STAGE_TAG, SYNC_JOB
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.locks import run_owner
@@ -233,4 +233,18 @@ def sync_lakehouse(
 
 @job(name=SYNC_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "sync"}, description=sync_lakehouse.description)
 def sync_job() -> None:
+    sync_lakehouse()
+
+
+@job(
+    name=REPAIR_JOB,
+    executor_def=in_process_executor,
+    tags={STAGE_TAG: "repair"},
+    description=(
+        "cdc-lakehouse repair from the UI: give the tables in the launchpad (ops: sync_lakehouse: config: repair: "
+        "[schema.table, …]). Their rows that differ from the source are read again at one consistent point, without a "
+        "lock, and written as `repair` / `repair_delete` changes, then applied and checked as `sync` does."
+    ),
+)
+def repair_job() -> None:
     sync_lakehouse()

@@ -77,10 +77,12 @@ def unified_type(old: pa.DataType, new: pa.DataType) -> pa.DataType:
     """
     if old == new:
         return old
-    if pa.types.is_struct(old) and pa.types.is_struct(new):
+    if pa.types.is_struct(old) and pa.types.is_struct(new):  # a before-image: fields named case-insensitively
         fields = {f.name: f.type for f in old}
+        named = {f.name.lower(): f.name for f in old}
         for f in new:
-            fields[f.name] = unified_type(fields[f.name], f.type) if f.name in fields else f.type
+            name = named.setdefault(f.name.lower(), f.name)
+            fields[name] = unified_type(fields[name], f.type) if name in fields else f.type
         return pa.struct([pa.field(name, t) for name, t in fields.items()])
     ints = [t for t in (old, new) if pa.types.is_integer(t)]
     if len(ints) == 2:
@@ -127,9 +129,11 @@ def conformed_schema(existing: pa.Schema, incoming: pa.Schema) -> pa.Schema | No
     """The change log's schema with every column both have at a type holding both (None: no change needed)."""
     changed = False
     fields = []
+    by_lower = {f.name.lower(): f for f in incoming}  # a column renamed in case alone is the same column
     for f in existing:
-        if f.name in incoming.names and incoming.field(f.name).type != f.type:
-            fields.append(f.with_type(unified_type(f.type, incoming.field(f.name).type)))
+        other = by_lower.get(f.name.lower())
+        if other is not None and other.type != f.type:
+            fields.append(f.with_type(unified_type(f.type, other.type)))
             changed = changed or fields[-1].type != f.type
         else:
             fields.append(f)

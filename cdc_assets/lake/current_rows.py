@@ -17,9 +17,9 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import REMOVES, UPDATE, WRITES
-from cdc_assets.core.settings import env_number
+from cdc_assets.core.settings import DEFAULT_CURRENT_FILE_KB, current_file_kb
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE, cast_column
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE, cast_column, named_as
 from cdc_assets.lake.delta import table_configuration
 
 DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so each row has a key of its own
@@ -75,15 +75,13 @@ CURRENT_FILE_BYTES = 4 * 1024 * 1024
 # table in 21 of 10M rows, changed at uniformly random keys, a 4 MB file (100k rows) per changed key made each
 # cycle of the continuous mode slower than the changes came. Compaction bins only fragments under a quarter of
 # this (deletes thinned them), never the pieces (benchmarks/README.md, continuous mode).
-CURRENT_PIECE_BYTES = 32 * 1024
-PIECE_KB_SETTING = "CDC_CURRENT_FILE_KB"
+CURRENT_PIECE_BYTES = int(DEFAULT_CURRENT_FILE_KB * 1024)
 
 
 def current_piece_bytes() -> int:
     """The size of current state's key-range files: CDC_CURRENT_FILE_KB, default CURRENT_PIECE_BYTES. Larger files
     cost a merge more per changed key and a whole-table reader fewer files."""
-    default = CURRENT_PIECE_BYTES / 1024
-    return int(env_number(PIECE_KB_SETTING, default, lambda kb: kb >= 1, "a size in KB of at least 1") * 1024)
+    return int(current_file_kb() * 1024)
 
 
 
@@ -180,6 +178,7 @@ def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) 
     if truncate_seq is not None:
         changes = where(changes, pc.greater(changes.column("_cdc_seq"), truncate_seq))
     names = shape.column_names
+    changes = named_as(changes, names)  # the log keeps its first name of a column renamed in case alone
     op = changes.column("_cdc_op")
     writes = where(changes, pc.is_in(op, pa.array(WRITES)))
     moved = pc.and_kleene(pc.equal(op, UPDATE), pc.not_equal(changes.column("_cdc_before_key"), changes.column("_cdc_key")))

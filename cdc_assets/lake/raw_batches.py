@@ -307,17 +307,3 @@ def seq_ceiling_at(names: list[str], manifest_at: Callable[[int], BatchManifest]
     the end of the batch holding `position`. 0 before the first batch."""
     index = bisect.bisect_right(names, position.batch_name()) - 1
     return manifest_at(index).next_seq - 1 if index >= 0 else 0
-
-
-def tables_changed(store: ObjectStore, after: int, through: int) -> set[str]:
-    """Every table (`schema.table`) changed by the visible batches that hold changes with a seq in (`after`,
-    `through`]: whole batches, so a batch straddling either end counts."""
-    names = list_batches(store)
-    changed: set[str] = set()
-    for index in range(len(names) - 1, -1, -1):
-        manifest = read_manifest(store, names[index])
-        if manifest.next_seq - 1 <= after:
-            break
-        if manifest.first_seq <= through:
-            changed.update(manifest.tables())
-    return changed

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,6 +36,17 @@ def load_sample_schema(conn: pymysql.Connection, shop: str = "shop", inventory: 
     conn.commit()
 
 
+_SKU_NUMBERS = re.compile(r"^SKU-\d+-(\d+)|-r(\d+)")  # SKU-<random>-<n>, and -r<n> after each rename
+
+
+def _highest_sku_number(cur: pymysql.cursors.Cursor, shop: str) -> int:
+    """The highest number a workload gave a product's SKU (as created or renamed): a new workload on a source that
+    has them numbers its SKUs after it, so a seeded generator never writes a SKU that is there (a duplicate key)."""
+    cur.execute(f"SELECT sku FROM {shop}.products")
+    numbers = [int(n) for (sku,) in cur.fetchall() for match in _SKU_NUMBERS.findall(sku) for n in match if n]
+    return max(numbers, default=0)
+
+
 @dataclass
 class WorkloadStats:
     """What the workload did, by kind of transaction."""
@@ -58,9 +70,12 @@ class Workload:
         self.rng = random.Random(seed)
         self.stats = WorkloadStats()
         self._sku_counter = 0
+        self._numbered = False  # whether the counter starts after the SKUs the source already holds
 
     # -- seed data -------------------------------------------------------------------------------------
     def seed(self, customers: int = 50, products: int = 30) -> None:
+        """The first rows; on a source seeded before (an earlier `workload`, `live` or demo), more rows of the same
+        kinds, numbered after the ones there."""
         with self.conn.cursor() as cur:
             cur.execute(f"SELECT COUNT(*) FROM {self.inventory}.warehouses")
             if cur.fetchone()[0] == 0:
@@ -77,7 +92,14 @@ class Workload:
         self.conn.commit()
         self.stats.transactions["seed"] += 1
 
+    def _number_skus(self, cur: pymysql.cursors.Cursor) -> None:
+        """Before this workload's first new SKU: number them after the highest the source holds."""
+        if not self._numbered:
+            self._sku_counter = max(self._sku_counter, _highest_sku_number(cur, self.shop))
+            self._numbered = True
+
     def _insert_products(self, cur: pymysql.cursors.Cursor, n: int) -> None:
+        self._number_skus(cur)
         rows = []
         for _ in range(n):
             self._sku_counter += 1
@@ -232,6 +254,7 @@ class Workload:
         if not products:
             return
         old = products[0][0]
+        self._number_skus(cur)
         self._sku_counter += 1
         new = f"{old.split('-r')[0]}-r{self._sku_counter}"
         cur.execute(

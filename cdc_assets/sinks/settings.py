@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from urllib.parse import quote, unquote, urlparse
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import TableFilter
+from cdc_assets.core.settings import TableFilter, refuse_unencoded_userinfo, sink_seconds
 
 RABBITMQ = "rabbitmq"
 KINESIS = "kinesis"
@@ -41,6 +41,7 @@ class AmqpUrl:
 
     @staticmethod
     def parse(url: str) -> AmqpUrl:
+        refuse_unencoded_userinfo(url, "CDC_RABBITMQ_URL", "amqp://user:pa%23ss@host:5672/%2F")
         parsed = urlparse(url)
         if parsed.scheme not in ("amqp", "amqps") or not parsed.hostname:
             raise CdcUserError(
@@ -97,17 +98,6 @@ class SinkSettings:
         return self.table_filter.matches(schema, table)
 
 
-def _seconds(env: Mapping[str, str], name: str) -> float:
-    text = env.get(name) or ""
-    try:
-        value = float(text) if text else 0.0
-    except ValueError:
-        value = -1.0
-    if value < 0 or value != value:
-        raise CdcUserError(f"{name}={text!r} is not a number of seconds: set it to e.g. 10, or 0 (off).")
-    return value
-
-
 def configured_sink_names(env: Mapping[str, str]) -> list[str]:
     """The sinks whose destination is set, in a fixed order."""
     return [name for name in SINK_NAMES if env.get(ENABLING_VARIABLE[name])]
@@ -125,8 +115,8 @@ def sink_settings(name: str, env: Mapping[str, str]) -> SinkSettings:
     common = {
         "name": name,
         "table_filter": TableFilter.parse(env.get(include), env.get(exclude)),
-        "dedup_seconds": _seconds(env, "CDC_SINK_DEDUP_SECONDS"),
-        "heartbeat_seconds": _seconds(env, "CDC_SINK_HEARTBEAT_SECONDS"),
+        "dedup_seconds": sink_seconds(env, "CDC_SINK_DEDUP_SECONDS"),
+        "heartbeat_seconds": sink_seconds(env, "CDC_SINK_HEARTBEAT_SECONDS"),
     }
     if name == RABBITMQ:
         exchange = env.get("CDC_RABBITMQ_EXCHANGE") or DEFAULT_EXCHANGE

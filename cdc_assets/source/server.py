@@ -33,6 +33,7 @@ from cdc_assets.local_source import server as local_server
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 MIN_MARIADB = (10, 5)
 MIN_MYSQL = (5, 7)
+SAME_SERVER_ID_MARIADB = 4052  # MariaDB's error for a binlog stream ended by another replica with the same server id
 
 
 class _Connection(pymysql.connections.Connection):
@@ -147,13 +148,16 @@ def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:
             "A table's definition changed while it was being read in a consistent snapshot (a DDL or TRUNCATE ran "
             "meanwhile): run the command again."
         )
+    text = str(exc.args[1] if len(exc.args) > 1 else exc).lower()
+    if code == SAME_SERVER_ID_MARIADB or (code == 1236 and ("server_id" in text or "server_uuid" in text)):
+        # MySQL: 1236 ending the older stream; MariaDB: 4052 ER_CONNECTION_ALREADY_EXISTS, "A slave with the same
+        # server_uuid/server_id as this slave has connected to the master"
+        return CdcUserError(
+            "Another replica connected to the source with the same server id and the source ended this one's binlog "
+            "stream: set CDC_SERVER_ID to an id no other replica uses (nothing past the last complete raw batch was "
+            "recorded)."
+        )
     if code == 1236:
-        text = str(exc.args[1] if len(exc.args) > 1 else exc).lower()
-        if "server_id" in text or "server_uuid" in text:
-            return CdcUserError(
-                "Another replica already reads the binlog with the same server id: set CDC_SERVER_ID to an id "
-                "no other replica uses."
-            )
         if "purged" in text or "could not find" in text or "not find first log" in text:
             return CdcUserError(
                 "The MySQL server can no longer serve the binlog from the checkpoint (it was purged): "
@@ -433,6 +437,11 @@ class SnapshotPoint:
 
     low: BinlogPosition
     high: BinlogPosition
+    # MySQL with GTIDs: the executed GTID sets read right before and right after the snapshot began. A transaction in
+    # the first was committed in the engine before, so the snapshot sees it; one in neither was committed after, so it
+    # does not; one only in the second may be seen or not.
+    committed_before: str | None = None
+    committed_after: str | None = None
 
     @property
     def exact(self) -> bool:
@@ -440,6 +449,11 @@ class SnapshotPoint:
 
     def __str__(self) -> str:
         return str(self.high) if self.exact else f"{self.low}..{self.high}"
+
+
+def _executed_gtids(cur: pymysql.cursors.Cursor) -> str:
+    cur.execute("SELECT @@global.gtid_executed")
+    return str(cur.fetchone()[0]).replace("\n", "")
 
 
 @contextmanager
@@ -478,8 +492,10 @@ def consistent_snapshot(
                 low = binlog_end(conn)
                 if settle_seconds:
                     time.sleep(settle_seconds)
+                before = _executed_gtids(cur) if server.has_gtid else None
                 cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
-                point = SnapshotPoint(low, binlog_end(conn))
+                after = _executed_gtids(cur) if server.has_gtid else None
+                point = SnapshotPoint(low, binlog_end(conn), before, after)
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] in (1227, 1044):
                 raise CdcUserError(

@@ -12,6 +12,8 @@ from cdc_assets.core.arrow import release_unused_memory, runs
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
+from cdc_assets.core.progress import CHANGE_LOGS, Update
+from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.shapes import TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.change_rows import (
     rows_for_tables,
@@ -179,6 +181,7 @@ def _process(
     engine = transforms(rows)
     if log is not None and manifests:
         log.info(f"change logs: {len(manifests)} batches, {rows} rows, on {engine.engine}")
+    report_progress(Update(CHANGE_LOGS, 0, len(manifests), "batches"))
     if engine.session is not None:
         from cdc_assets.stages.changes_on_spark import process_on_spark  # pyspark loads only for a Spark run
 
@@ -194,8 +197,10 @@ def _process(
         record_progress(store, starts, progress, newest, chunk[-1].name)
         if not report.batches or report.batches[-1] < chunk[-1].name:  # a table retried alone reads them again
             report.batches.extend(m.name for m in chunk)
+        done = len(report.batches)
+        report_progress(Update(CHANGE_LOGS, done, len(manifests), "batches", report.rows_in, done))
         if log is not None:
-            log.info(f"change logs: {len(report.batches)} of {len(manifests)} batches done, {report.rows_in} rows")
+            log.info(f"change logs: {done} of {len(manifests)} batches done, {report.rows_in} rows")
 
 
 def _pieces(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Collection
 from typing import Any
@@ -15,6 +16,8 @@ from cdc_assets.core.arrow import release_unused_memory, runs, sorted_rows, wher
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import SCHEMA_OPS
 from cdc_assets.core.parallel import for_each_table
+from cdc_assets.core.progress import CURRENT_STATE, Update
+from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.change_rows import DDL_COLUMN
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
@@ -272,6 +275,8 @@ def _apply(
         return apply_keyless_changes(lakehouse, segment)  # no primary key: duplicates are counted, not keyed
 
     errors: dict[str, BaseException] = {}
+    chains = independent_chains(steps)
+    merged = _Count(len(chains))
 
     def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
         """One table's steps (with its rename partners'), in `_cdc_seq` order; a table's own error ends its chain
@@ -288,11 +293,26 @@ def _apply(
                 break
             failpoints.hit("current.table_merged")
             release_unused_memory()
+        merged.add()
         return done
 
-    record_outcomes(for_each_table(independent_chains(steps), run), report, dropped, log, len(steps), "arrow")
+    report_progress(Update(CURRENT_STATE, 0, len(chains), "tables"))
+    record_outcomes(for_each_table(chains, run), report, dropped, log, len(steps), "arrow")
     if errors:
         raise TablesFailed(errors)
+
+
+class _Count:
+    """Tables merged so far by the stage's threads, reported as they finish."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self._lock = total, 0, threading.Lock()
+
+    def add(self) -> None:
+        with self._lock:
+            self.done += 1
+            done = self.done
+        report_progress(Update(CURRENT_STATE, done, self.total, "tables"))
 
 
 def _created_with_its_rows(lakehouse: Lakehouse, step: Step, following: Step | None) -> bool:

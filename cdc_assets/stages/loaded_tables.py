@@ -9,14 +9,18 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow.compute as pc
+
 from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.layout import CAPTURE_LOCK, CHANGES_STAGE, CURRENT_STAGE
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.quarantine import CAPTURE, lift_after_snapshot, quarantined_tables, resume_capture_at
+from cdc_assets.lake.raw_batches import list_batches, read_manifest, read_rows
 from cdc_assets.lake.state import (
     TableProgress,
     load_checkpoint,
@@ -29,11 +33,83 @@ from cdc_assets.lake.state import (
     save_schemas,
 )
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.source.server import SnapshotPoint
 from cdc_assets.stages.history import seed_history
 
 # Consistent points a snapshot takes for keyless tables before giving up on those that changed between the
 # watermarks of each (docs/architecture.md, "Consistent points without a lock").
 KEYLESS_POINT_TRIES = 5
+
+
+def keyless_point_seq(
+    lakehouse: Lakehouse, table: TableRef, point: SnapshotPoint, low_seq: int, high_seq: int
+) -> int | None:
+    """The seq a keyless table read at `point` holds exactly (its copies are counted, so nothing may be replayed over
+    them), or None: its changes between the watermarks may or may not be in the snapshot. With `low_seq` and
+    `high_seq` the seqs of the point's watermarks (every change up to each captured):
+
+    - no change of the table between them: its rows are as at either, `low_seq`;
+    - on MySQL with GTIDs: its changes between them fall in two runs, those committed before the snapshot began
+      (seen) and then those committed after it (not seen), by the executed GTID sets read around its start
+      (`point.committed_before/after`): the seq of the last seen one;
+    - else None (a change that may or may not be seen, or a TRUNCATE or DDL of it): read it again at another point.
+    """
+    if point.exact:
+        return low_seq
+    changes = changes_between(lakehouse, table, low_seq, high_seq)
+    return seq_seen_at(changes, low_seq, point.committed_before, point.committed_after)
+
+
+def seq_seen_at(
+    changes: list[tuple[int, str | None]], low_seq: int, committed_before: str | None, committed_after: str | None
+) -> int | None:
+    """The seq of the last of `changes` (seq, GTID) a snapshot sees, when the ones it sees come first: a change whose
+    GTID is in `committed_before` is seen, one in neither set is not; None when one may or may not be (only in
+    `committed_after`, or no GTID known), or when a seen one follows one not seen."""
+    if not changes:
+        return low_seq
+    if committed_before is None or committed_after is None:
+        return None
+    seen, by_start = GtidState.parse(committed_before), GtidState.parse(committed_after)
+    seq, unseen = low_seq, False
+    for change_seq, gtid in sorted(changes, key=lambda c: c[0]):
+        if not gtid or (by_start.holds(gtid) and not seen.holds(gtid)):
+            return None  # seen or not: nobody can tell
+        if seen.holds(gtid):
+            if unseen:
+                return None  # a seen change after one not seen: not one point in the binlog's order
+            seq = change_seq
+        else:
+            unseen = True
+    return seq
+
+
+def changes_between(lakehouse: Lakehouse, table: TableRef, after: int, through: int) -> list[tuple[int, str | None]]:
+    """The seqs and GTIDs of the table's captured changes with a seq in (`after`, `through`], TRUNCATEs and DDL of
+    it too (their GTIDs unknown here: None)."""
+    store = lakehouse.store
+    found: list[str | None] = []
+    for name in reversed(list_batches(store)):
+        manifest = read_manifest(store, name)
+        if manifest.next_seq - 1 <= after:
+            break
+        if manifest.first_seq > through or str(table) not in manifest.tables():
+            continue
+        statements = [s for s in manifest.raw.get("statements", []) if after < int(s["seq"]) <= through]
+        found += [
+            (int(s["seq"]), None)
+            for s in statements
+            if str(table) in (s.get("table"), *(c.get("table") for c in s.get("changes", [])))
+        ]
+        rows = read_rows(store, manifest)
+        mine = rows.filter(
+            pc.and_(
+                pc.and_(pc.equal(rows.column("schema"), table.schema), pc.equal(rows.column("table"), table.table)),
+                pc.and_(pc.greater(rows.column("seq"), after), pc.less_equal(rows.column("seq"), through)),
+            )
+        )
+        found += list(zip(mine.column("seq").to_pylist(), mine.column("gtid").to_pylist(), strict=True))
+    return found
 
 
 def keyless_kept_changing(tables: list[TableRef]) -> CdcUserError:

@@ -31,6 +31,8 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.progress import SNAPSHOT, Update
+from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE
@@ -42,7 +44,6 @@ from cdc_assets.lake.layout import (
     SNAPSHOT_LOCK,
 )
 from cdc_assets.lake.locks import lakehouse_lock
-from cdc_assets.lake.raw_batches import tables_changed
 from cdc_assets.lake.state import (
     load_checkpoint,
 )
@@ -54,6 +55,7 @@ from cdc_assets.stages.loaded_tables import (
     KEYLESS_POINT_TRIES,
     SnapshotReport,
     keyless_kept_changing,
+    keyless_point_seq,
     record_loaded,
     register_loaded,
     resume_quarantined_capture,
@@ -154,6 +156,7 @@ def _read_tables(
                     raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
                 read.loaded[table] = (shape, spool.path / f"{n}.parquet")
                 report.rows[str(table)] = _spool_rows(conn, shape, read.loaded[table][1])
+                report_progress(Update(SNAPSHOT, n + 1, len(tables), "tables", sum(report.rows.values())))
                 if log is not None:
                     log.info(f"{table}: {report.rows[str(table)]} rows read at {point}")
             return read
@@ -194,12 +197,14 @@ def _take_snapshot(
         read = _read_tables(settings, lakehouse, requested, spool, report, log)
         seq = _capture_to(settings, lakehouse, read.point.low, report, log, owner)
         resume_quarantined_capture(lakehouse, list(read.loaded), read.point.low, owner, log)
+        seqs = dict.fromkeys(read.loaded, seq)  # a keyed table at the low watermark; a keyless one where it is exact
         keyless = {table for table, (shape, _) in read.loaded.items() if not shape.primary_key}
         if read.point.exact or not keyless:
             break
         high_seq = _capture_to(settings, lakehouse, read.point.high, report, log, owner)
-        changed = tables_changed(lakehouse.store, seq, high_seq)
-        moving = {t for t in keyless if str(t) in changed}
+        for table in keyless:
+            seqs[table] = keyless_point_seq(lakehouse, table, read.point, seq, high_seq)
+        moving = {t for t in keyless if seqs[t] is None}
         if not moving:
             break
         spool.remove()
@@ -213,10 +218,10 @@ def _take_snapshot(
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", owner, wait, log=log),
         lakehouse_lock(lakehouse, CURRENT_LOCK, "current-state update", owner, wait, log=log),
     ):
-        for shape, rows in read.loaded.values():
-            _load_current(lakehouse, shape, rows, seq, read.taken_at)
+        for table, (shape, rows) in read.loaded.items():
+            _load_current(lakehouse, shape, rows, seqs[table], read.taken_at)
             failpoints.hit("snapshot.overwritten")
-            record_loaded(lakehouse, shape, seq, read.taken_at, log)
+            record_loaded(lakehouse, shape, seqs[table], read.taken_at, log)
     spool.remove()
     register_loaded(lakehouse, [shape for shape, _ in read.loaded.values()], seq, owner, log)
     report.position, report.seq = str(read.point.low), seq

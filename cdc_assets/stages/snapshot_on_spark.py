@@ -50,6 +50,8 @@ from cdc_assets.capture.run import CaptureReport, capture
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.progress import SNAPSHOT, Update
+from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.lake.current_rows import current_configuration, current_schema
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY
@@ -62,7 +64,6 @@ from cdc_assets.lake.raw_batches import (
     read_manifest,
     seq_ceiling_at,
     seq_floor_at,
-    tables_changed,
 )
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.lake.store import Lakehouse
@@ -72,6 +73,7 @@ from cdc_assets.stages.loaded_tables import (
     KEYLESS_POINT_TRIES,
     SnapshotReport,
     keyless_kept_changing,
+    keyless_point_seq,
     record_loaded,
     register_loaded,
     resume_quarantined_capture,
@@ -258,6 +260,7 @@ def _progress(run: _Run, records: list[TableSnapshot]) -> None:
     rows = sum(r.rows for r in records)
     rate = rows / max(time.monotonic() - run.began, 1e-3)
     total = sum(r.chunks for r in records)
+    report_progress(Update(SNAPSHOT, done, total, "chunks", rows))
     run.info(f"snapshot: {done} of {total} chunks read, {rows:,} rows, {rate:,.0f} rows/s")
 
 
@@ -290,9 +293,10 @@ def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnaps
         moving = []
         for i in sorted(found):
             record, (files, point) = pending[i], found[i]
-            seq = seq_floor_at(names, manifest_at, point.low.in_epoch(epoch))
-            through = seq_ceiling_at(names, manifest_at, point.high.in_epoch(epoch))
-            if str(record.table) in tables_changed(store, seq, through):
+            low = seq_floor_at(names, manifest_at, point.low.in_epoch(epoch))  # whole batches: a wider window
+            high = seq_ceiling_at(names, manifest_at, point.high.in_epoch(epoch))
+            seq = keyless_point_seq(lakehouse, record.table, point, low, high)
+            if seq is None:
                 moving.append(record)
                 for f in files:  # read at a point the table was changing: never committed
                     fs.delete_file(access.path(f"{work[i].table_key}/{f['path']}"))

@@ -32,7 +32,9 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import UNLOGGED_ROWS
 from cdc_assets.core.parallel import TABLE_WORKERS, for_each_table
 from cdc_assets.core.positions import BinlogPosition
-from cdc_assets.core.settings import SourceSettings, TableFilter
+from cdc_assets.core.progress import COMPARE, Update
+from cdc_assets.core.progress import report as report_progress
+from cdc_assets.core.settings import MAX_SERVER_ID, SourceSettings, TableFilter
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.current_rows import DELETED_COLUMN, live_rows_sql
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, read_query, read_query_chunks, row_count
@@ -63,7 +65,6 @@ from cdc_assets.verification.compare import TableDiff, align_current, compare_ta
 from cdc_assets.verification.key_rows import keys_table, lake_rows_with_keys, with_keys
 from cdc_assets.verification.row_hashes import EMPTY_CHECKSUM, checksum_text, content_checksum
 
-MAX_SERVER_ID = (1 << 32) - 1
 # A table changed by DDL after the snapshot began: "Table definition has changed, please retry transaction"
 # (1412), a column or the table itself gone meanwhile (1054, 1146).
 DEFINITION_CHANGED_ERRORS = (1412, 1054, 1146)
@@ -730,9 +731,12 @@ def _compare_at_one_point(
             # source, table by table, inside the one snapshot.
             with ThreadPoolExecutor(TABLE_WORKERS, thread_name_prefix="cdc-lake") as pool:
                 lakes = [pool.submit(_read_lake, t) for t in targets]
-                results = [
-                    _compare_in_snapshot(conn, position, t, lake.result()) for t, lake in zip(targets, lakes, strict=True)
-                ]
+                results = []
+                report_progress(Update(COMPARE, 0, len(targets), "tables"))
+                for target, lake in zip(targets, lakes, strict=True):
+                    results.append(_compare_in_snapshot(conn, position, target, lake.result()))
+                    rows = sum(r.compared_rows for r in results)
+                    report_progress(Update(COMPARE, len(results), len(targets), "tables", rows))
             settled = source_shapes(conn, tables)
             return [
                 _nothing_compared(_unsettled(t, position) if settled[t.table] != shapes[t.table] and not t.missing else result)

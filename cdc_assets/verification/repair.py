@@ -31,6 +31,7 @@ import dataclasses
 import datetime as dt
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,16 +48,21 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import REPAIR, REPAIR_DELETE, UNLOGGED_ROWS
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.delta import row_count
+from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, BatchManifest, RawBatch
 from cdc_assets.lake.repair_marks import owing_repair, repaired
 from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_registry, load_schemas
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.foreign_keys import foreign_keys
+from cdc_assets.source.rows import source_shapes
+from cdc_assets.verification import digests
 from cdc_assets.verification.cascades import cascaded_keys, parents_before_changes
 from cdc_assets.verification.consistency import ConsistentComparison, compare_many, compare_to_repair
 
 Image = list[str | None]
+DIGEST_FROM_ROWS = 500_000  # a table this large is first narrowed by key-range digests, not compared row by row
 
 
 @dataclass
@@ -67,11 +73,13 @@ class RepairedTable:
     written: int = 0  # rows written as the source has them (missing or different in the lakehouse)
     removed: int = 0  # rows the source does not have, removed
     left: str | None = None  # why the table was not repaired (equal, in flight, not comparable)
+    narrowed: str | None = None  # how its rows to compare were found, when not by comparing every row
 
     def describe(self) -> str:
+        how = f" ({self.narrowed})" if self.narrowed else ""
         if self.left:
-            return f"{self.table}: {self.left}"
-        return f"{self.table}: {self.written} rows written as the source has them, {self.removed} removed"
+            return f"{self.table}: {self.left}{how}"
+        return f"{self.table}: {self.written} rows written as the source has them, {self.removed} removed{how}"
 
 
 @dataclass
@@ -172,8 +180,15 @@ def repair(
     known = load_schemas(lakehouse.store, load_checkpoint(lakehouse.store))
     captured_before = checkpoint_seq(lakehouse)  # every statement up to here is in the source the comparison reads
     unsuspected = [t for t in tables if t not in suspects]
-    first = compare_many(settings, lakehouse, unsuspected, repairing=True) if unsuspected else []
-    candidates = _candidates(first, known, report) | {t: keys for t, keys in suspects.items() if t in tables}
+    digested, narrowed = _digested(settings, lakehouse, unsuspected)  # large tables: the ranges whose digests differ
+    rest = [t for t in unsuspected if t not in digested]
+    first = compare_many(settings, lakehouse, rest, repairing=True) if rest else []
+    candidates = _candidates(first, known, report) | {t: keys for t, keys in digested.items() if keys}
+    candidates |= {t: keys for t, keys in suspects.items() if t in tables}
+    equal = [t for t, keys in digested.items() if not keys]
+    report.tables += [RepairedTable(str(t), left="equal to the source: nothing to repair", narrowed=narrowed[t]) for t in equal]
+    for table in equal:
+        repaired(lakehouse.store, str(table), captured_before)
     if not candidates:
         settle_marks(lakehouse, [c for c in first if c.ok], captured_before)
         report.seconds = time.monotonic() - began
@@ -203,11 +218,11 @@ def repair(
                 continue
             found = repair_changes(shape, *c.rows)
             if not found:
-                report.tables.append(RepairedTable(name, left="equal to the source at the repair's point"))
+                report.tables.append(RepairedTable(name, left="equal to the source at the repair's point", narrowed=narrowed.get(c.table)))
                 continue
             shapes[c.table], changes[c.table] = shape, found
             written = sum(1 for _, after in found if after is not None)
-            report.tables.append(RepairedTable(name, written, len(found) - written))
+            report.tables.append(RepairedTable(name, written, len(found) - written, narrowed=narrowed.get(c.table)))
         through = checkpoint.next_seq - 1  # every change up to the point
         if changes:
             batch = _repair_batch(checkpoint, shapes, changes, session.server.to_json(), spool)
@@ -221,6 +236,37 @@ def repair(
     report.tables.sort(key=lambda t: t.table)
     report.seconds = time.monotonic() - began
     return report
+
+
+def _digested(
+    settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]
+) -> tuple[dict[TableRef, set[tuple]], dict[TableRef, str]]:
+    """For each large table a digest can cover (verification/digests.py), the keys of the ranges whose digests
+    differ: the only rows that can differ (empty: the table is equal); and how many ranges those were. The source
+    computes its digests while this process computes the lakehouse's."""
+    found: dict[TableRef, set[tuple]] = {}
+    said: dict[TableRef, str] = {}
+    large = {t: current for t in tables if (current := lakehouse.open(CURRENT, t)) is not None and row_count(current) >= DIGEST_FROM_ROWS}
+    if not large:
+        return found, said
+    conn = source.connect(settings.url)
+    try:
+        shapes = source_shapes(conn, list(large))
+        for table, current in large.items():
+            shape = shapes.get(table)
+            lake_columns = [f.name for f in pa.schema(current.schema().to_arrow()) if not f.name.startswith("_cdc_")]
+            if shape is None or not digests.digestible(shape) or shape.column_names != lake_columns:
+                continue
+            bounds = digests.range_bounds(current, shape.primary_key[0])
+            with ThreadPoolExecutor(1) as pool:
+                theirs = pool.submit(digests.source_digests, conn, shape, bounds)
+                ours = digests.lake_digests(current, shape, bounds)
+                ranges = digests.differing_ranges(theirs.result(), ours, bounds)
+            found[table] = digests.keys_in_ranges(conn, current, table, shape.primary_key[0], ranges)
+            said[table] = f"{len(ranges)} of {len(bounds) + 1} key ranges differed by their digests"
+    finally:
+        conn.close()
+    return found, said
 
 
 def checkpoint_seq(lakehouse: Lakehouse) -> int:

@@ -1,0 +1,114 @@
+"""`make dev` (cdc_assets/local_dev.py) on a port of the user's choice, and what it leaves running when it ends (issue
+30: the 1 GB Spark Connect JVM and the demo source kept running after it, and only `make clean`, which deletes the
+data, stopped them). Run as `make dev` runs it, in a directory of its own, ended by Ctrl-C as at a terminal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from cdc_assets.defs.instance import HOME_MARK
+from cdc_assets.local_source import server
+from cdc_assets.local_source.processes import listening
+from cdc_assets.local_source.server import free_port
+
+START_SECONDS = 240
+
+
+def _dev(cwd: Path, port: int, connect_port: int, **env: str) -> subprocess.Popen[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("CDC_", "DAGSTER_HOME"))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "cdc_assets.local_dev", "--port", str(port), "--spark-connect-port", str(connect_port)],
+        cwd=cwd,
+        env={**environment, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, which Ctrl-C at a terminal reaches as a whole
+    )
+
+
+def _ui_answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as answer:
+            return answer.status == 200
+    except OSError:
+        return False
+
+
+def _wait_for_ui(dev: subprocess.Popen[str], port: int) -> None:
+    deadline = time.monotonic() + START_SECONDS
+    while not _ui_answers(port):
+        assert dev.poll() is None, dev.stdout.read() if dev.stdout else ""
+        assert time.monotonic() < deadline, "the UI did not answer"
+        time.sleep(1)
+
+
+def _ctrl_c(dev: subprocess.Popen[str]) -> str:
+    os.killpg(dev.pid, signal.SIGINT)
+    out, _ = dev.communicate(timeout=180)
+    return out
+
+
+def test_make_dev_serves_on_its_port_and_stops_what_it_started(tmp_path: Path) -> None:
+    port, connect_port = free_port(), free_port()
+    dev = _dev(tmp_path, port, connect_port)
+    try:
+        _wait_for_ui(dev, port)
+        source = server.running(tmp_path / ".local" / "mariadb")
+        assert source is not None and listening(connect_port)
+        # the demo lakehouse's runs are in its own Dagster home, the one `make dev` shows
+        assert (tmp_path / ".local" / "dagster_home" / HOME_MARK).read_text().strip() == str(tmp_path / "lakehouse")
+        out = _ctrl_c(dev)
+    finally:
+        if dev.poll() is None:
+            os.killpg(dev.pid, signal.SIGKILL)
+    assert dev.returncode is not None
+    assert not _ui_answers(port) and not listening(connect_port) and not listening(source.port)
+    assert "stopped the demo mariadb source" in out and "stopped the Spark Connect server" in out, out
+    assert (tmp_path / ".local" / "mariadb" / "data").is_dir()  # its data kept
+    assert "Traceback" not in out and "SupersessionWarning" not in out, out
+
+
+def test_make_dev_leaves_what_was_running_and_make_stop_stops_it_keeping_the_data(tmp_path: Path) -> None:
+    base = tmp_path / ".local" / "mariadb"
+    before = server.start(base)
+    port = free_port()
+    try:
+        with_spark = {"CDC_SPARK_MASTER": "local[1]"}  # a Spark of the user's: no Spark Connect server started
+        dev = _dev(tmp_path, port, free_port(), **with_spark)
+        try:
+            _wait_for_ui(dev, port)
+            out = _ctrl_c(dev)
+        finally:
+            if dev.poll() is None:
+                os.killpg(dev.pid, signal.SIGKILL)
+        assert "stopped" not in out, out
+        assert server.running(base) is not None  # it was up before `make dev`: still up
+        stop = subprocess.run(
+            [sys.executable, "-m", "cdc_assets.local_dev", "stop"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert stop.returncode == 0 and "stopped the demo mariadb source" in stop.stdout, stop.stdout + stop.stderr
+        assert server.running(base) is None and not listening(before.port)
+        assert (base / "data").is_dir()
+        again = server.start(base)  # the same server, its data, comes back
+        with again.admin_connection() as conn, conn.cursor() as cur:
+            cur.execute("SELECT 1")
+    finally:
+        server.stop(base)
+
+
+@pytest.mark.parametrize("port", ["0", "70000", "x"])
+def test_a_bad_port_is_refused(port: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cdc_assets.local_dev", "--port", port], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--port" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / ".local").exists()
