@@ -227,14 +227,19 @@ def _stage_holder(cdc: CdcEnv, lock: str, process: subprocess.Popen, timeout: fl
 _VARYING = ("seconds", "duration", "timestamp", "lag", "location")
 
 
-def _run_records(home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, list[tuple]]:
-    """The one sync run of Dagster home `home`, and what it recorded: every materialization and check evaluation,
-    in order, with their metadata but for what no two syncs share."""
+def _run_records(
+    home: Path, monkeypatch: pytest.MonkeyPatch, lakehouse: Path | None = None
+) -> tuple[str, list[tuple]]:
+    """The one sync run of Dagster home `home` (the home of `lakehouse`, the test's own unless named), and what it
+    recorded: every materialization and check evaluation, in order, with their metadata but for what no two syncs
+    share."""
     from dagster import DagsterEventType
 
     from cdc_assets.defs.runs import instance
 
     monkeypatch.setenv("DAGSTER_HOME", str(home))
+    if lakehouse is not None:
+        monkeypatch.setenv("CDC_LAKEHOUSE", str(lakehouse))  # a home holds the runs of one lakehouse only
     dagster = instance()
     (run,) = dagster.get_runs()
     kinds = {DagsterEventType.ASSET_MATERIALIZATION, DagsterEventType.ASSET_CHECK_EVALUATION}
@@ -303,12 +308,11 @@ def test_a_sync_whose_child_did_the_stages_records_what_a_sync_that_did_them_rec
     assert holder.owner == run_owner(forked_run)  # under the lock of the run that recorded it
 
     # the same binlog into a second lakehouse by a sync that runs every stage in its op
-    done = _sync_process(
-        {"DAGSTER_HOME": str(own_home), "CDC_LAKEHOUSE": str(tmp_path / "own_lakehouse"), "CDC_SYNC_FORK": "0"}
-    )
+    own_lakehouse = tmp_path / "own_lakehouse"
+    done = _sync_process({"DAGSTER_HOME": str(own_home), "CDC_LAKEHOUSE": str(own_lakehouse), "CDC_SYNC_FORK": "0"})
     out, err = done.communicate(timeout=300)
     assert done.returncode == 0, out + err
-    _, own = _run_records(own_home, monkeypatch)
+    _, own = _run_records(own_home, monkeypatch, own_lakehouse)
 
     assert [r[:-1] for r in forked] == [r[:-1] for r in own]  # the same events, in the same order
     assert _differences(forked, own) == []  # with the same metadata

@@ -398,7 +398,7 @@ def test_bad_sink_settings_end_in_one_sentence_and_leave_the_checkpoint(
          f"unroutable: no queue is bound to exchange '{unbound}' for it; bind a queue"),  # fmt: skip
         ("kinesis", {"AWS_ENDPOINT_URL_KINESIS": f"http://{closed}"}, "Cannot reach Kinesis at"),
         ("kinesis", ["--kinesis-stream", "no_such_stream"], "The Kinesis stream 'no_such_stream' does not exist"),
-        ("kinesis", ["--kinesis-stream", "my stream"], "CDC_KINESIS_STREAM='my stream' is not a Kinesis stream name: use"),
+        ("kinesis", ["--kinesis-stream", "my stream"], "--kinesis-stream 'my stream' is not a Kinesis stream name: use"),
         ("kinesis", {"AWS_ENDPOINT_URL_KINESIS": auth_url, "AWS_ACCESS_KEY_ID": auth_keys["AWS_ACCESS_KEY_ID"],
                      "AWS_SECRET_ACCESS_KEY": "wrong"}, "Kinesis refused the AWS credentials"),  # fmt: skip
     ]
