@@ -1,5 +1,6 @@
-"""A keyed table's copy on write on Arrow, as a Spark task applies a small table's changes whole: the newest change
-per key from change-log rows, the files a change may touch, and the merge (no server needed)."""
+"""The rules of applying changes, which both engines call on Arrow batches (the Arrow engine in the run's process,
+Spark in its tasks): the newest change per key, the seq guard of a keyed merge, a keyless table's copies, what a
+TRUNCATE leaves; and a keyed table's copy on write: the files a change may touch (no server needed)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import change_log_schema
 from cdc_assets.lake.current_rows import (
+    DUP_COLUMN,
+    OUTCOME_COLUMN,
+    copy_changes,
+    copy_moves,
     current_schema,
     home_files,
     merge_rows,
@@ -83,6 +88,52 @@ def test_after_a_truncate_only_later_changes_count_and_a_delete_of_nothing_does_
     merged, counts = merge_rows(_current([]), newest, ["id"])
     assert [(r["id"], r["v"]) for r in merged.to_pylist()] == [(2, "after")]
     assert counts == {"inserted": 1, "updated": 0, "deleted": 0}
+
+
+KEYLESS = TableShape(TableRef("s", "k"), (ColumnSpec("v", "varchar", length=10),), ())
+
+
+def _keyless_change(seq: int, op: str, v: str | None, before_v: str | None = None) -> dict:
+    return {
+        "v": v,
+        "_cdc_op": op,
+        "_cdc_seq": seq,
+        "_cdc_commit_ts": T0 + dt.timedelta(seconds=seq),
+        "_cdc_gtid": None,
+        "_cdc_batch": "b",
+        "_cdc_before": None if before_v is None else {"v": before_v},
+        "_cdc_key": None,
+        "_cdc_before_key": None,
+    }
+
+
+def test_a_keyless_table_keeps_as_many_copies_of_a_row_as_its_changes_leave() -> None:
+    existing = pa.Table.from_pylist(
+        [
+            {"v": v, "_cdc_seq": 1, "_cdc_commit_ts": T0, DUP_COLUMN: dup}
+            for v, dup in (("a", 0), ("a", 1), ("a", 2), ("b", 0), ("c", 0))
+        ],
+        schema=current_schema(KEYLESS),
+    )
+    changes = pa.Table.from_pylist(
+        [
+            _keyless_change(5, "delete", None, "a"),  # one copy of three goes
+            _keyless_change(6, "update", "b", "c"),  # c becomes a second b
+            _keyless_change(7, "insert", "d"),
+            _keyless_change(8, "insert", "d"),
+            _keyless_change(9, "delete", None, "d"),  # two written, one removed: one d
+            _keyless_change(10, "delete", None, "z"),  # a copy that is not there: none left, never fewer
+        ],
+        schema=change_log_schema(KEYLESS),
+    )
+    marked = copy_changes(existing, copy_moves(changes, KEYLESS), KEYLESS)
+    outcomes = sorted((r["v"], r[DUP_COLUMN], r[OUTCOME_COLUMN], r["_cdc_seq"]) for r in marked.to_pylist())
+    assert outcomes == [
+        ("a", 0, "kept", 1), ("a", 1, "kept", 1), ("a", 2, "deleted", 1),
+        ("b", 0, "kept", 1), ("b", 1, "inserted", 6),
+        ("c", 0, "deleted", 1),
+        ("d", 0, "inserted", 9),
+    ]  # fmt: skip
 
 
 def test_a_change_touches_the_files_whose_key_range_holds_its_key() -> None:

@@ -1,38 +1,12 @@
 """The stages' transforms: keying changes, the same on Spark (the change-log job's `keyed_frame`) and on Arrow
-(whichever engine wrote a change log, a key has one text), and the newest change per key on Arrow. The
-current-state job's own pick on Spark is proved end to end (test_spark_stages, test_spark_cluster)."""
+(whichever engine wrote a change log, a key has one text). The newest change per key is one function both engines
+call (test_current_rows), proved end to end on each (test_engines_agree)."""
 
 import pyarrow as pa
 
-from spark_resources.arrow_transforms import keyed_changes, latest_change_per_key
+from spark_resources.arrow_transforms import keyed_changes
 from spark_resources.engine import choose_transforms
 from spark_resources.transforms import arrow_frame, keyed_frame
-
-
-def _events(rows: list[tuple]) -> pa.Table:
-    names = ["table_id", "seq", "op", "key", "before_key"]
-    return pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
-
-
-def test_latest_change_per_key() -> None:
-    events = _events(
-        [
-            (0, 1, "insert", '["a"]', None),
-            (0, 2, "update", '["a"]', '["a"]'),  # same key: an upsert
-            (0, 3, "update", '["b"]', '["a"]'),  # the key moves from a to b
-            (0, 4, "insert", '["c"]', None),
-            (0, 5, "delete", '["c"]', '["c"]'),
-            (0, 6, "insert", '["a"]', None),  # a comes back
-            (1, 7, "insert", '["a"]', None),  # the same key in another table is another row
-        ]
-    )
-    latest = latest_change_per_key(events).to_pylist()
-    assert [(r["table_id"], r["key"], r["seq"], r["action"]) for r in latest] == [
-        (0, '["b"]', 3, "upsert"),
-        (0, '["c"]', 5, "delete"),
-        (0, '["a"]', 6, "upsert"),
-        (1, '["a"]', 7, "upsert"),
-    ]
 
 
 def _raw_rows() -> tuple[pa.Table, pa.Table]:

@@ -1,6 +1,5 @@
-"""The stages' set-based transforms on Arrow, in the run's process: keying changes (as Spark's `keyed_frame`
-does in the change-log job, to the same JSON texts) and picking the newest change per key (as the current-state
-job does on Spark). A Spark job costs seconds before it does any work, more than these take on Arrow for a few
+"""The change-log stage's keying of changes on Arrow, in the run's process, as Spark's `keyed_frame` does in the
+change-log job, to the same JSON texts. A Spark job costs seconds before it does any work, more than these take on Arrow for a few
 hundred thousand changes; `engine.choose_transforms` picks the engine by how many changes a stage processes.
 """
 
@@ -12,17 +11,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core.arrow import sorted_rows
-from cdc_assets.core.ops import REMOVES, UPDATE, WRITES
-
-KEY_EVENTS_SCHEMA = pa.schema(
-    [
-        pa.field("table_id", pa.int32(), nullable=False),
-        pa.field("seq", pa.int64(), nullable=False),
-        pa.field("op", pa.string(), nullable=False),
-        pa.field("key", pa.string()),
-        pa.field("before_key", pa.string()),
-    ]
-)
 
 _CONTROL = r"[\x00-\x1f]"
 
@@ -85,30 +73,3 @@ def keyed_changes(rows: pa.Table, table_keys: pa.Table) -> pa.Table:
         empty = rows.schema.append(pa.field("key", pa.string())).append(pa.field("before_key", pa.string()))
         return empty.empty_table()
     return sorted_rows(pa.concat_tables(parts), [("schema", "ascending"), ("table", "ascending"), ("seq", "ascending")])
-
-
-def latest_change_per_key(key_events: pa.Table) -> pa.Table:
-    """For every (table, key) touched, the newest change: `upsert` its row or `delete` it; an update that moves a
-    row to another key does both. Returns (table_id, key, seq, action) ordered by table_id and seq."""
-    events = key_events.cast(KEY_EVENTS_SCHEMA)
-    op = events.column("op")
-    upserts = events.filter(pc.is_in(op, pa.array(WRITES)))
-    moved = pc.and_kleene(pc.equal(op, UPDATE), pc.not_equal(events.column("before_key"), events.column("key")))
-    deletes = events.filter(pc.or_kleene(pc.is_in(op, pa.array(REMOVES)), moved))
-    changes = pa.concat_tables(
-        [
-            pa.table(
-                {
-                    "table_id": part.column("table_id"),
-                    "key": part.column(key),
-                    "seq": part.column("seq"),
-                    "action": pa.array([action] * part.num_rows, pa.string()),
-                }
-            )
-            for part, key, action in ((upserts, "key", "upsert"), (deletes, "before_key", "delete"))
-        ]
-    )
-    newest = changes.group_by(["table_id", "key"], use_threads=False).aggregate([("seq", "max")])
-    newest = newest.rename_columns(["table_id", "key", "seq"])
-    latest = newest.join(changes, keys=["table_id", "key", "seq"], join_type="inner", use_threads=False)
-    return latest.select(["table_id", "key", "seq", "action"]).sort_by([("table_id", "ascending"), ("seq", "ascending")])

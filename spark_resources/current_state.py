@@ -12,22 +12,31 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import reduce
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from cdc_assets.core.ops import REMOVES, ROW_OPS, SCHEMA_OPS, UPDATE, WRITES
+from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.current_rows import (
-    DUP_COLUMN,
+    ACTION_COLUMN,
+    KEY_COLUMN,
+    OUTCOME_COLUMN,
+    WEIGHT_COLUMN,
+    after_truncate,
+    copy_changes,
+    copy_moves,
     current_schema,
     file_ranges,
+    image_schema,
+    key_images,
     merge_rows,
+    merged_with_outcomes,
+    newest_per_key,
     newest_rows,
     touched_by,
 )
@@ -42,13 +51,14 @@ from cdc_assets.lake.files import (
 from spark_resources.transforms import arrow_frame, spark_schema
 
 SPARK_FILE_ROWS = FILE_ROWS
-ACTION = "_cdc_action"
-OUTCOME = "_cdc_outcome"  # kept, inserted, updated, deleted: counted by the writers, never written
+ACTION = ACTION_COLUMN
+OUTCOME = OUTCOME_COLUMN  # kept, inserted, updated, deleted: counted by the writers, never written
+BUCKET = "_cdc_bucket"  # a merge's group of rows: those of some keys (of some distinct rows, keyless), both sides
 WRITTEN_SCHEMA = pa.schema(
     list(FILE_ACTION_SCHEMA)
     + [pa.field(f"{o}_rows", pa.int64(), nullable=False) for o in ("inserted", "updated", "deleted")]
 )
-EVENT_OPS = (*SCHEMA_OPS, "truncate")
+EVENT_OPS = (*SCHEMA_OPS, TRUNCATE)
 
 
 def q(name: str) -> str:
@@ -93,50 +103,44 @@ class PendingSummary:
     max_seq: int | None = None
 
 
-# -- the newest change per key, in the current state's types ----------------------------------------------------
+# -- the rules, applied by tasks (lake.current_rows: the same functions the Arrow engine calls) ----------------------
 
 
-def _images(changes: DataFrame, shape: TableShape) -> tuple[DataFrame, DataFrame]:
-    """Row changes as the rows they write (`after`: inserts and updates) and remove (`before`: deletes, and
-    the old key of an update that moved a row), with the change's seq and time."""
-    names = shape.column_names
-    meta = [F.col("_cdc_seq"), F.col("_cdc_commit_ts")]
-    op = F.col("_cdc_op")
-    writes = changes.where(op.isin(*WRITES)).select(
-        F.col("_cdc_key").alias("_cdc_k"), *[_col(n).alias(n) for n in names], *meta
-    )
-    moved = (op == UPDATE) & (F.col("_cdc_before_key") != F.col("_cdc_key"))
-    removes = changes.where(op.isin(*REMOVES) | moved).select(
-        F.col("_cdc_before_key").alias("_cdc_k"), *[F.col("_cdc_before").getField(n).alias(n) for n in names], *meta
-    )
-    return writes, removes
+def _typed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Rows as Spark hands them to a task, in `schema`'s Arrow types (Spark has no unsigned or JSON types)."""
+    return pa.Table.from_arrays([cast_column(rows.column(f.name), f.type) for f in schema], schema=schema)
 
 
-def _typed(frame: DataFrame, schema: pa.Schema) -> DataFrame:
-    """A change-log frame in the current state's types (the log may hold a wider type: MODIFY COLUMN)."""
+def _whole_partition(rule: Callable[[pa.Table], pa.Table]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A task's function that applies `rule` to all of its partition's rows at once (a rule over groups of rows
+    needs every row of a group, and a partition arrives in batches)."""
 
-    def cast(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            rows = pa.Table.from_batches([batch])
-            arrays = [cast_column(rows.column(f.name), f.type) for f in schema]
-            yield from pa.Table.from_arrays(arrays, schema=schema).to_batches()
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = [pa.Table.from_batches([b]) for b in batches]
+        if rows:
+            yield from rule(pa.concat_tables(rows)).to_batches()
 
-    return frame.mapInArrow(cast, spark_schema(schema))
+    return run
 
 
 def latest_changes(changes: DataFrame, shape: TableShape, truncate_seq: int | None) -> DataFrame:
-    """Per key, the newest change: the row it upserts or the key it deletes (`_cdc_action`), in the current
-    state's types. After a TRUNCATE only the changes that follow it decide a key's row."""
-    if truncate_seq is not None:
-        changes = changes.where(F.col("_cdc_seq") > truncate_seq)
-    writes, removes = _images(changes.where(F.col("_cdc_op").isin(*ROW_OPS)), shape)
-    both = writes.withColumn(ACTION, F.lit("upsert")).unionByName(removes.withColumn(ACTION, F.lit("delete")))
-    newest_first = Window.partitionBy("_cdc_k").orderBy(F.col("_cdc_seq").desc())
-    latest = both.withColumn("_cdc_rank", F.row_number().over(newest_first)).where(F.col("_cdc_rank") == 1)
-    schema = pa.schema(
-        [f for f in current_schema(shape) if f.name != DUP_COLUMN] + [pa.field(ACTION, pa.string(), nullable=False)]
-    )
-    return _typed(latest.drop("_cdc_rank", "_cdc_k"), schema)
+    """Per key, the newest change (lake.current_rows.newest_rows): tasks turn changes into key images, Spark puts
+    every image of a key in one partition, and tasks keep the newest of each key."""
+    images = image_schema(shape).append(pa.field(KEY_COLUMN, pa.string())).append(pa.field(ACTION, pa.string()))
+
+    def imaged(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield from key_images(after_truncate(pa.Table.from_batches([batch]), truncate_seq), shape).to_batches()
+
+    newest = pa.schema([f for f in images if f.name != KEY_COLUMN])
+    keyed = changes.where(F.col("_cdc_op").isin(*ROW_OPS)).mapInArrow(imaged, spark_schema(images))
+    rule = _whole_partition(lambda rows: newest_per_key(_typed(rows, images)))
+    return keyed.repartition(KEY_COLUMN).mapInArrow(rule, spark_schema(newest))
+
+
+def _bucketed(frame: DataFrame, columns: list[str], buckets: int) -> DataFrame:
+    """The frame with the bucket of its rows' `columns` (their hash: equal values, equal bucket on either side)."""
+    return frame.withColumn(BUCKET, F.pmod(F.hash(*[_col(c) for c in columns]), F.lit(buckets)))
 
 
 # -- which files a change may touch -----------------------------------------------------------------------------
@@ -225,26 +229,19 @@ def merge_keyed(
     paths = actions.column("path").to_pylist() if actions.num_rows else []
     touched = paths if truncate_seq is not None else touched_files(latest, key, file_ranges(actions, key))
     existing = table_frame(spark, access, table_key, touched, schema)
-    if truncate_seq is not None:  # the rows written before the TRUNCATE go
-        existing = existing.where(F.col("_cdc_seq") > truncate_seq)
-    t, s = existing.alias("t"), latest.alias("s")
-    on = reduce(lambda a, b: a & b, [t[q(k)] == s[q(k)] for k in key])
-    joined = t.join(s, on, "full_outer")
-    absent, fresh = t[q(key[0])].isNull(), s[q(key[0])].isNull()
-    newer = ~absent & ~fresh & (s["_cdc_seq"] > t["_cdc_seq"])
-    take_change = absent | newer
-    outcome = (
-        F.when(fresh, F.lit("kept"))
-        .when(take_change & (s[ACTION] == "delete"), F.lit("deleted"))
-        .when(absent & (s[ACTION] == "upsert"), F.lit("inserted"))
-        .when(newer, F.lit("updated"))
-        .otherwise(F.lit("kept"))
-    )
-    columns = [F.when(take_change, s[q(f.name)]).otherwise(t[q(f.name)]).alias(f.name) for f in schema]
-    merged = joined.select(*columns, outcome.alias(OUTCOME)).where(
-        ~(absent & (s[ACTION] == "delete"))  # a delete of a row that is not there: nothing
-    )
     parts = max(1, min(64, len(touched) + expected_rows // SPARK_FILE_ROWS + 1))
+    newest = image_schema(shape).append(pa.field(ACTION, pa.string()))
+    marked = schema.append(pa.field(OUTCOME_COLUMN, pa.string()))
+
+    def merge(rows: pa.Table, changes: pa.Table) -> pa.Table:
+        kept = after_truncate(_typed(rows, schema), truncate_seq)  # the rows written before a TRUNCATE go
+        return merged_with_outcomes(kept, _typed(changes, newest), key)
+
+    merged = (
+        _bucketed(existing, key, parts).groupBy(BUCKET)
+        .cogroup(_bucketed(latest, key, parts).groupBy(BUCKET))
+        .applyInArrow(merge, spark_schema(marked))
+    )  # fmt: skip
     ordered = merged.repartitionByRange(parts, *[_col(k) for k in key]).sortWithinPartitions(*[_col(k) for k in key])
     written = ordered.mapInArrow(_write_counting(access, table_key, table_text), spark_schema(WRITTEN_SCHEMA))
     return _collect(written, touched)
@@ -267,58 +264,25 @@ def merge_keyless(
     names = shape.column_names
     paths = actions.column("path").to_pylist() if actions.num_rows else []
     existing = table_frame(spark, access, table_key, paths, schema)
-    if truncate_seq is not None:
-        existing = existing.where(F.col("_cdc_seq") > truncate_seq)
-        changes = changes.where(F.col("_cdc_seq") > truncate_seq)
-    writes, removes = _images(changes.where(F.col("_cdc_op").isin(*ROW_OPS)), shape)
-    image_schema = pa.schema([f for f in schema if f.name != DUP_COLUMN] + [pa.field("_cdc_weight", pa.int64())])
-    moves = _typed(writes.drop("_cdc_k").withColumn("_cdc_weight", F.lit(1)), image_schema).unionByName(
-        _typed(removes.drop("_cdc_k").withColumn("_cdc_weight", F.lit(-1)), image_schema)
-    )
-    net = moves.groupBy(*[_col(n) for n in names]).agg(
-        F.sum("_cdc_weight").alias("_cdc_net"),
-        F.max("_cdc_seq").alias("_cdc_new_seq"),
-        F.max("_cdc_commit_ts").alias("_cdc_new_ts"),
-    )
-    have = existing.groupBy(*[_col(n) for n in names]).agg(F.count(F.lit(1)).alias("_cdc_have"))
-    n_, h_ = net.alias("n"), have.alias("h")
-    counts = n_.join(h_, reduce(lambda a, b: a & b, [n_[q(c)].eqNullSafe(h_[q(c)]) for c in names]), "left").select(
-        *[n_[q(c)].alias(c) for c in names],
-        F.coalesce(h_["_cdc_have"], F.lit(0)).alias("_cdc_have"),
-        "_cdc_net",
-        "_cdc_new_seq",
-        "_cdc_new_ts",
-    )
-    counts = counts.withColumn("_cdc_want", F.greatest(F.col("_cdc_have") + F.col("_cdc_net"), F.lit(0)))
-    e_, c_ = existing.alias("e"), counts.alias("c")
-    matched = reduce(lambda a, b: a & b, [e_[q(c)].eqNullSafe(c_[q(c)]) for c in names])
-    kept = (
-        e_.join(c_, matched, "left")
-        .where(c_["_cdc_want"].isNull() | (e_[q(DUP_COLUMN)] < c_["_cdc_want"]))
-        .select(*[e_[q(f.name)].alias(f.name) for f in schema], F.lit("kept").alias(OUTCOME))
-    )
-    removed = (
-        e_.join(c_, matched, "inner")
-        .where(e_[q(DUP_COLUMN)] >= c_["_cdc_want"])
-        .select(*[e_[q(f.name)].alias(f.name) for f in schema], F.lit("deleted").alias(OUTCOME))
-    )
-    added = (
-        counts.where(F.col("_cdc_want") > F.col("_cdc_have"))
-        .withColumn("_cdc_new_dup", F.explode(F.sequence(F.col("_cdc_have"), F.col("_cdc_want") - 1)))
-        .withColumn(DUP_COLUMN, F.col("_cdc_new_dup").cast("int"))
-        .select(
-            *[_col(n) for n in names],
-            F.col("_cdc_new_seq").alias("_cdc_seq"),
-            F.col("_cdc_new_ts").alias("_cdc_commit_ts"),
-            _col(DUP_COLUMN),
-            F.lit("inserted").alias(OUTCOME),
-        )
-    )
-    merged = kept.unionByName(removed).unionByName(added)
+    moves_schema = image_schema(shape).append(pa.field(WEIGHT_COLUMN, pa.int64()))
+
+    def moved(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield from copy_moves(after_truncate(pa.Table.from_batches([batch]), truncate_seq), shape).to_batches()
+
+    moves = changes.where(F.col("_cdc_op").isin(*ROW_OPS)).mapInArrow(moved, spark_schema(moves_schema))
     parts = max(1, min(64, len(paths) + 1))
-    written = merged.repartition(parts).mapInArrow(
-        _write_counting(access, table_key, table_text), spark_schema(WRITTEN_SCHEMA)
-    )
+
+    def count(rows: pa.Table, changes: pa.Table) -> pa.Table:
+        kept = after_truncate(_typed(rows, schema), truncate_seq)  # the copies written before a TRUNCATE go
+        return copy_changes(kept, _typed(changes, moves_schema), shape)
+
+    merged = (
+        _bucketed(existing, names, parts).groupBy(BUCKET)
+        .cogroup(_bucketed(moves, names, parts).groupBy(BUCKET))
+        .applyInArrow(count, spark_schema(schema.append(pa.field(OUTCOME_COLUMN, pa.string()))))
+    )  # fmt: skip
+    written = merged.mapInArrow(_write_counting(access, table_key, table_text), spark_schema(WRITTEN_SCHEMA))
     return _collect(written, paths)
 
 

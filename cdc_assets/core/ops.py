@@ -25,3 +25,4 @@ ROWS_REMOVED = "rows_removed"
 ROWS_CHANGED = "rows_changed"
 UNLOGGED_ROWS = (ROWS_REMOVED, ROWS_CHANGED)  # rows changed without row events: the table owes a repair
 SCHEMA_OPS = ("create", "alter", "drop", *UNLOGGED_ROWS)
+TRUNCATE = "truncate"  # every row written before it goes

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core import failpoints
-from cdc_assets.core.arrow import release_unused_memory, runs, sorted_rows, where
+from cdc_assets.core.arrow import release_unused_memory, sorted_rows, where
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import SCHEMA_OPS
+from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.progress import CURRENT_STATE, Update
 from cdc_assets.core.progress import report as report_progress
-from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
+from cdc_assets.core.shapes import TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.change_rows import DDL_COLUMN
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_LOCK, CURRENT_STAGE
@@ -38,53 +38,41 @@ from cdc_assets.stages.current_state import (
     read_pending,
 )
 from cdc_assets.stages.history import keep_history
-from cdc_assets.stages.steps import CurrentReport, Step, independent_chains, record_outcomes
-from spark_resources.arrow_transforms import latest_change_per_key
+from cdc_assets.stages.steps import CurrentReport, SchemaStep, Step, independent_chains, record_outcomes, table_plan
 from spark_resources.engine import Transforms, TransformsFor
 
 
 def table_steps(pending: PendingTable) -> list[Step]:
-    """A table's pending changes split at its schema changes, each part under the version then in force."""
+    """A table's pending changes split at its schema changes, each part under the version then in force
+    (steps.table_plan, as on Spark)."""
     changes = sorted_rows(pending.changes, "_cdc_seq")
-    is_schema = pc.is_in(changes.column("_cdc_op"), pa.array(SCHEMA_OPS))
-    if not pc.any(is_schema).as_py():
-        return _segment_steps(pending, pending.shape, changes)
-    schema_rows = changes.filter(is_schema).to_pylist()
-    events = []
-    for row in schema_rows:
-        detail = json.loads(row[DDL_COLUMN])
-        events.append((row["_cdc_seq"], SchemaChange.from_json(detail), row["_cdc_commit_ts"]))
-    events.sort(key=lambda e: e[0])
-    data = where(changes, pc.invert(is_schema))
-    seqs = data.column("_cdc_seq")
-    steps = []
-    version = pending.shape
-    if events[0][1].before is not None:
-        version = events[0][1].before
-    bounds = [e[0] for e in events] + [None]
-    lower = None
-    for i, upper in enumerate(bounds):
-        mask = pc.less(seqs, upper) if upper is not None else pc.is_valid(seqs)
-        if lower is not None:
-            mask = pc.and_(mask, pc.greater(seqs, lower))
-        part = where(data, mask)
-        steps += _segment_steps(pending, version, part)
-        if i < len(events):
-            seq, change, commit_ts = events[i]
-            steps.append(Step(seq, pending.table, change=change, commit_ts=commit_ts))
-            if change.after is not None:
-                version = change.after
-            lower = seq
+    if DDL_COLUMN not in changes.column_names:  # a log that never saw a schema change
+        changes = changes.append_column(DDL_COLUMN, pa.nulls(changes.num_rows, pa.string()))
+    seqs = changes.column("_cdc_seq")
+    is_event = pc.is_in(changes.column("_cdc_op"), pa.array([*SCHEMA_OPS, TRUNCATE]))
+    events = where(changes, is_event).select(["_cdc_seq", "_cdc_op", "_cdc_commit_ts", DDL_COLUMN]).to_pylist()
+    data = where(changes, pc.invert(pc.is_in(changes.column("_cdc_op"), pa.array(SCHEMA_OPS))))
+    after = pending.applied_seq if pending.applied_seq is not None else -1
+    upto = int(pc.max(seqs).as_py()) if len(seqs) else after
+    steps: list[Step] = []
+    for item in table_plan(events, pending.shape, after, upto):
+        if isinstance(item, SchemaStep):
+            steps.append(Step(item.seq, pending.table, change=item.change, commit_ts=item.commit_ts))
+            continue
+        seq = data.column("_cdc_seq")
+        part = where(data, pc.and_(pc.greater(seq, item.after), pc.less_equal(seq, item.upto)))
+        steps += _segment_steps(pending, item.shape, part, item.after)
     return steps
 
 
-def _segment_steps(pending: PendingTable, version: TableShape, part: pa.Table) -> list[Step]:
-    """Changes under one version: one step, or (index only) one per MAX_CHANGES_PER_MERGE changes, read later."""
+def _segment_steps(pending: PendingTable, version: TableShape, part: pa.Table, after: int) -> list[Step]:
+    """Changes under one version: one step, or (index only) one per MAX_CHANGES_PER_MERGE changes, read later. A
+    step sorts just after the event before it, as on Spark (its changes all come after `after`)."""
     if not part.num_rows:
         return []
     if not pending.index_only:
         segment = PendingTable(pending.table, version, part, pending.applied_seq)
-        return [Step(int(part.column("_cdc_seq")[0].as_py()), pending.table, segment=segment)]
+        return [Step(after + 0.5, pending.table, segment=segment)]
     seqs = part.column("_cdc_seq")
     steps = []
     size = current_state.MAX_CHANGES_PER_MERGE
@@ -92,7 +80,7 @@ def _segment_steps(pending: PendingTable, version: TableShape, part: pa.Table) -
         window = seqs.slice(offset, size)
         low, high = int(window[0].as_py()), int(window[-1].as_py())
         segment = PendingTable(pending.table, version, part.slice(0, 0), pending.applied_seq, bounds=(low, high))
-        steps.append(Step(low, pending.table, segment=segment))
+        steps.append(Step(low - 0.5, pending.table, segment=segment))
     return steps
 
 
@@ -123,7 +111,8 @@ def apply_pending(
     log: Any | None = None,
     owner: str = "cdc-lakehouse",
 ) -> CurrentReport:
-    """Apply the newest pending change per key of `tables` (default: all); one Spark job picks them all.
+    """Apply the pending changes of `tables` (default: all) to their current state, on the engine their size
+    chooses.
 
     Holds the lakehouse's current-state lock so two runs never merge into the same table at once.
     A renamed table's rows move with it, so both sides of a RENAME are taken in together.
@@ -246,14 +235,6 @@ def _apply(
 ) -> None:
     steps = sorted((s for p in pending for s in table_steps(p)), key=lambda s: s.seq)
     segments = {i: s.segment for i, s in enumerate(steps) if s.segment is not None}
-    # One transform picks the newest change per key of every part already read; a part read later (a
-    # table with millions of pending changes) gets one of its own when its turn comes.
-    keyed = {i: p for i, p in segments.items() if p.shape.primary_key and p.bounds is None}
-    latest = (
-        _by_table_id(latest_change_per_key(pa.concat_tables([_key_events(i, p) for i, p in keyed.items()])))
-        if keyed
-        else {}
-    )
 
     def outcome(chain: list[tuple[int, Step]], n: int) -> str | ApplyResult:
         """What the chain's `n`th step does, committed."""
@@ -265,13 +246,9 @@ def _apply(
                 return "created"
             return apply_schema_change(lakehouse, step.change, step.seq, step.commit_ts)
         segment = segments[i]
-        if segment.bounds is not None:
-            segment = segment.load(lakehouse)
-            if segment.shape.primary_key:
-                return apply_changes(lakehouse, segment, latest_change_per_key(_key_events(i, segment)))
-            return apply_keyless_changes(lakehouse, segment)
+        segment = segment.load(lakehouse)  # a part of a table with millions pending is read when its turn comes
         if segment.shape.primary_key:
-            return apply_changes(lakehouse, segment, latest[i] if i in latest else _no_changes())
+            return apply_changes(lakehouse, segment)
         return apply_keyless_changes(lakehouse, segment)  # no primary key: duplicates are counted, not keyed
 
     errors: dict[str, BaseException] = {}
@@ -330,34 +307,6 @@ def _created_with_its_rows(lakehouse: Lakehouse, step: Step, following: Step | N
         and following.segment.shape.columns == change.after.columns
         and following.segment.shape.primary_key == change.after.primary_key
         and applied_seq(lakehouse, step.table) is None
-    )
-
-
-def _no_changes() -> pa.Table:
-    # made when needed: building a table makes pyarrow import pandas, half a second of every run's start
-    return pa.schema(
-        [("table_id", pa.int32()), ("key", pa.string()), ("seq", pa.int64()), ("action", pa.string())]
-    ).empty_table()
-
-
-def _by_table_id(latest: pa.Table) -> dict[int, pa.Table]:
-    """The newest changes split by `table_id`, without a filter per table."""
-    ordered = latest.sort_by([("table_id", "ascending"), ("seq", "ascending")])
-    return {ids[0]: ordered.slice(offset, length) for ids, offset, length in runs(ordered, ["table_id"])}
-
-
-def _key_events(table_id: int, pending: PendingTable) -> pa.Table:
-    """The part's changes as key events for latest_change_per_key. After a TRUNCATE only the changes that
-    follow it decide a key's row; the rows before it go."""
-    changes = where(pending.changes, pc.greater(pending.changes.column("_cdc_seq"), pending.truncate_seq or -1))
-    return pa.table(
-        {
-            "table_id": pa.array([table_id] * changes.num_rows, pa.int32()),
-            "seq": changes.column("_cdc_seq"),
-            "op": changes.column("_cdc_op"),
-            "key": changes.column("_cdc_key"),
-            "before_key": changes.column("_cdc_before_key"),
-        }
     )
 
 

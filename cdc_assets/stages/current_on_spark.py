@@ -21,7 +21,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import SCHEMA_OPS
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.current_rows import (
@@ -38,7 +37,15 @@ from cdc_assets.lake.locks import Lease
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.current_state import ApplyResult, applied_floor, settle_schema_change
-from cdc_assets.stages.steps import CurrentReport, SparkSegment, Step, independent_chains, record_outcomes
+from cdc_assets.stages.steps import (
+    CurrentReport,
+    SchemaStep,
+    SparkSegment,
+    Step,
+    independent_chains,
+    record_outcomes,
+    table_plan,
+)
 from spark_resources.current_state import (
     PendingFiles,
     Rewritten,
@@ -113,30 +120,15 @@ def _pending(lakehouse: Lakehouse, spark: Any, logs: dict[str, _LogFiles]) -> li
 
 
 def _steps(pending: _Pending) -> list[Step]:
-    """The table's segments and schema changes in `_cdc_seq` order. A segment sorts just after the event that
-    opens it (its changes all come after that event's seq and before the next one's)."""
-    schema_events = [e for e in pending.events if e["_cdc_op"] in SCHEMA_OPS]
-    truncates = [int(e["_cdc_seq"]) for e in pending.events if e["_cdc_op"] == "truncate"]
-    shape = pending.shape
-    if schema_events:
-        first = SchemaChange.from_json(json.loads(schema_events[0]["_cdc_ddl"]))
-        if first.before is not None:
-            shape = first.before
+    """The table's segments and schema changes in `_cdc_seq` order (steps.table_plan, as on Arrow)."""
+    after = pending.applied if pending.applied is not None else -1
     steps: list[Step] = []
-    lower = pending.applied if pending.applied is not None else 0
-    for event in [*schema_events, None]:
-        upper = int(event["_cdc_seq"]) - 1 if event is not None else pending.max_seq
-        if upper > lower:
-            within = [t for t in truncates if lower < t <= upper]
-            segment = SparkSegment(shape, pending.frame, lower, upper, max(within) if within else None, pending.changes)
-            steps.append(Step(lower + 0.5, pending.table, segment=segment))
-        if event is None:
-            break
-        change = SchemaChange.from_json(json.loads(event["_cdc_ddl"]))
-        steps.append(Step(int(event["_cdc_seq"]), pending.table, change=change, commit_ts=event["_cdc_commit_ts"]))
-        if change.after is not None:
-            shape = change.after
-        lower = int(event["_cdc_seq"])
+    for item in table_plan(pending.events, pending.shape, after, pending.max_seq):
+        if isinstance(item, SchemaStep):
+            steps.append(Step(item.seq, pending.table, change=item.change, commit_ts=item.commit_ts))
+        else:
+            segment = SparkSegment(item.shape, pending.frame, item.after, item.upto, item.truncate_seq, pending.changes)
+            steps.append(Step(item.after + 0.5, pending.table, segment=segment))
     return steps
 
 

@@ -1,8 +1,8 @@
 """Current-state tables: `current/<schema>/<table>`, one row per source row (CONTRACT §4, §6).
 
-A run applies, per key, only the newest pending change (chosen by one Spark job over all tables):
-upserts write the row, deletes remove it, a key-changing update does both. A change not newer
-than the row's `_cdc_seq` is ignored, so replaying changes is a no-op.
+A run applies, per key, only the newest pending change (lake.current_rows.newest_rows): upserts write the row,
+deletes remove it, a key-changing update does both. A change not newer than the row's `_cdc_seq` is ignored
+(lake.current_rows.merged_with_outcomes, the seq guard), so replaying changes is a no-op.
 """
 
 from __future__ import annotations
@@ -18,24 +18,30 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.table import TableMerger
 
 from cdc_assets.core import failpoints
-from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_by_key, where, whole, with_lists_as_bytes
+from cdc_assets.core.arrow import sorted_by_key, where
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, UNLOGGED_ROWS, WRITES
+from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE, UNLOGGED_ROWS
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape
-from cdc_assets.lake.change_rows import DDL_COLUMN, SEQ_TYPE, named_as
+from cdc_assets.lake.change_rows import DDL_COLUMN
 from cdc_assets.lake.current_rows import (
+    ACTION_COLUMN,
     CURRENT_FILE_BYTES,
     DELETED_COLUMN,
     DUP_COLUMN,
     LIVE_ROWS,
+    OUTCOME_COLUMN,
+    after_truncate,
+    copy_changes,
+    copy_moves,
     current_configuration,
     current_piece_bytes,
     current_schema,
     file_ranges,
     home_files,
     merge_rows,
+    newest_rows,
     pieces,
     range_groups,
     reshape_rows,
@@ -100,7 +106,7 @@ class PendingTable:
     @property
     def truncate_seq(self) -> int | None:
         """`_cdc_seq` of the last pending TRUNCATE: every row written before it goes."""
-        seqs = self.changes.filter(pc.equal(self.changes.column("_cdc_op"), "truncate")).column("_cdc_seq")
+        seqs = self.changes.filter(pc.equal(self.changes.column("_cdc_op"), TRUNCATE)).column("_cdc_seq")
         return None if len(seqs) == 0 else int(pc.max(seqs).as_py())
 
 
@@ -223,23 +229,6 @@ class ApplyResult:
         )
 
 
-def _rows_for(pending: PendingTable, seqs: pa.Array, image: str) -> pa.Table:
-    """Rows of the given changes: the changed row (`image="after"`) or its before-image."""
-    columns = [c.name for c in pending.shape.columns]
-    chosen = where(pending.changes, pc.is_in(pending.changes.column("_cdc_seq"), value_set=seqs.cast(SEQ_TYPE)))
-    chosen = named_as(chosen, columns)  # the log keeps its first name of a column renamed in case alone
-    if image == "after":
-        data = {c: chosen.column(c) for c in columns}
-    else:
-        before = chosen.column("_cdc_before").combine_chunks()
-        data = {c: before.field(c) for c in columns}
-    data["_cdc_seq"] = chosen.column("_cdc_seq")
-    data["_cdc_commit_ts"] = chosen.column("_cdc_commit_ts")
-    data["_cdc_action"] = pa.array(["upsert" if image == "after" else "delete"] * chosen.num_rows, pa.string())
-    schema = pa.schema(list(current_schema(pending.shape)) + [pa.field("_cdc_action", pa.string())])
-    return pa.table(data).cast(schema)
-
-
 def _open_or_create(lakehouse: Lakehouse, pending: PendingTable) -> DeltaTable:
     """The table's current state, created empty (with its statistics settings) the first time."""
     target = lakehouse.open(CURRENT, pending.table)
@@ -254,25 +243,23 @@ def _open_or_create(lakehouse: Lakehouse, pending: PendingTable) -> DeltaTable:
     return target
 
 
-def apply_changes(lakehouse: Lakehouse, pending: PendingTable, latest: pa.Table) -> ApplyResult:
-    """Merge the newest change per key (`latest`: key, seq, action for this table) into current state.
+def apply_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyResult:
+    """Merge the newest change per key (lake.current_rows.newest_rows) into current state.
 
     With soft deletes (CDC_SOFT_DELETES) a delete keeps the row, flagged `_cdc_deleted` with the delete's seq
     and time (a delete of a row not there yet writes it so), and a later write of the key revives it."""
     target = lakehouse.open(CURRENT, pending.table)
-    actions = latest.column("action")
-    upserts = _rows_for(pending, latest.filter(pc.equal(actions, "upsert")).column("seq"), "after")
-    deletes = _rows_for(pending, latest.filter(pc.equal(actions, "delete")).column("seq"), "before")
+    newest = newest_rows(pending.changes, pending.shape, pending.truncate_seq)
+    deleting = pc.equal(newest.column(ACTION_COLUMN), "delete")
+    upserts = where(newest, pc.invert(deleting))
+    deletes = where(newest, deleting)
     soft = pending.table in lakehouse.soft_deletes
-    if soft:
-        upserts = upserts.append_column(DELETED_COLUMN, pa.array([False] * upserts.num_rows, pa.bool_()))
-        deletes = deletes.append_column(DELETED_COLUMN, pa.array([True] * deletes.num_rows, pa.bool_()))
-    source = pa.concat_tables([upserts, deletes])
+    source = newest.append_column(DELETED_COLUMN, deleting) if soft else newest
     new_applied = int(pc.max(pending.changes.column("_cdc_seq")).as_py())
     keys = list(pending.shape.primary_key)
     if target is None or not target.file_uris():  # a new or empty table: no row to match, each upsert is a new row
         written = source if soft else upserts
-        rows = sorted_by_key(written.drop_columns(["_cdc_action"]), keys)
+        rows = sorted_by_key(written.drop_columns([ACTION_COLUMN]), keys)
         landed = seq_landed(lakehouse.table_uri(CURRENT, pending.table), lakehouse.storage_options(), APPLIED_SEQ_KEY, new_applied)
         with fenced(lakehouse.table_key(CURRENT, pending.table), landed):
             write_deltalake(
@@ -446,24 +433,6 @@ def _execute(
     return metrics
 
 
-def _images(changes: pa.Table, columns: list[str], image: str, weight: int) -> pa.Table:
-    """Row images of changes with a weight: +1 for each row an insert or update writes, -1 for each it removes."""
-    if image == "after":
-        chosen = where(changes, pc.is_in(changes.column("_cdc_op"), pa.array(WRITES)))
-        data = {c: chosen.column(c) for c in columns}
-    else:
-        # every row a change replaces or removes: an update's, a delete's, and the lakehouse's row a repair replaced
-        chosen = where(
-            changes, pc.and_(pc.is_in(changes.column("_cdc_op"), pa.array(ROW_OPS)), pc.is_valid(changes.column("_cdc_before")))
-        )
-        before = whole(chosen.column("_cdc_before"))
-        data = {c: before.field(c) for c in columns}
-    data["_cdc_weight"] = pa.array([weight] * chosen.num_rows, pa.int64())
-    data["_cdc_seq"] = chosen.column("_cdc_seq")
-    data["_cdc_commit_ts"] = chosen.column("_cdc_commit_ts")
-    return pa.table(data)
-
-
 def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyResult:
     """Apply a keyless table's changes with duplicates kept as the source keeps them.
 
@@ -487,34 +456,22 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
         )
         if not pending.changes.num_rows:
             return ApplyResult(pending.table, 0, 0, 0, 0, 0, 0, done)
-    columns = [c.name for c in pending.shape.columns]
+    columns = pending.shape.column_names
     truncated = pending.truncate_seq
-    changes = pending.changes
-    if truncated is not None:
-        changes = where(changes, pc.greater(changes.column("_cdc_seq"), truncated))
-    moves = pa.concat_tables([_images(changes, columns, "after", 1), _images(changes, columns, "before", -1)])
-    net = with_lists_as_bytes(moves).group_by(columns, use_threads=False).aggregate(  # Arrow groups by no list
-        [("_cdc_weight", "sum"), ("_cdc_seq", "max"), ("_cdc_commit_ts", "max")]
+    moves = copy_moves(after_truncate(pending.changes, truncated), pending.shape)
+    existing = schema.empty_table()
+    if truncated is None and moves.num_rows:  # after a TRUNCATE no copy before it counts (the merge removes them)
+        existing = read_query(target, f"SELECT {', '.join(quote(f.name) for f in schema)} FROM current", "current")
+    marked = copy_changes(existing, moves, pending.shape)
+    outcome = marked.column(OUTCOME_COLUMN)
+    inserts = where(marked, pc.equal(outcome, "inserted"))
+    deletes = where(marked, pc.equal(outcome, "deleted"))
+    source = pa.concat_tables(
+        [
+            part.drop_columns([OUTCOME_COLUMN]).append_column(ACTION_COLUMN, pa.array([action] * part.num_rows, pa.string()))
+            for part, action in ((inserts, "upsert"), (deletes, "delete"))
+        ]
     )
-    net = lists_from_bytes(net, schema)
-    existing: dict[tuple, int] = {}
-    if truncated is None and net.num_rows:
-        current = read_query(target, f"SELECT {', '.join(quote(c) for c in columns)} FROM current", "current")
-        for values in zip(*(current.column(c).to_pylist() for c in columns), strict=True) if current.num_rows else []:
-            values = hashable(values)
-            existing[values] = existing.get(values, 0) + 1
-    inserts: list[dict] = []
-    deletes: list[dict] = []
-    for row in net.to_pylist():
-        values = hashable(tuple(row[c] for c in columns))
-        have = existing.get(values, 0)
-        want = max(have + int(row["_cdc_weight_sum"]), 0)
-        image = {c: row[c] for c in columns}
-        meta = {"_cdc_seq": row["_cdc_seq_max"], "_cdc_commit_ts": row["_cdc_commit_ts_max"]}
-        inserts += [{**image, **meta, DUP_COLUMN: n, "_cdc_action": "upsert"} for n in range(have, want)]
-        deletes += [{**image, **meta, DUP_COLUMN: n, "_cdc_action": "delete"} for n in range(want, have)]
-    source_schema = pa.schema(list(schema) + [pa.field("_cdc_action", pa.string())])
-    source = pa.Table.from_pylist(inserts + deletes, schema=source_schema)
     new_applied = int(pc.max(pending.changes.column("_cdc_seq")).as_py())
     # each term in parentheses: DataFusion would otherwise parse `a IS NOT DISTINCT FROM b AND c ...` wrongly
     same_row = " AND ".join(f"(t.{quote(c)} IS NOT DISTINCT FROM s.{quote(c)})" for c in columns)
@@ -535,8 +492,8 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
     return ApplyResult(
         table=pending.table,
         changes_in=pending.changes.num_rows,
-        upserted=len(inserts),
-        deleted=len(deletes),
+        upserted=inserts.num_rows,
+        deleted=deletes.num_rows,
         inserted=int(metrics.get("num_target_rows_inserted", 0)),
         updated=0,
         removed=int(metrics.get("num_target_rows_deleted", 0)),

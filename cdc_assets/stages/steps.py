@@ -4,10 +4,12 @@ the report of what was done."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.quarantine import Quarantine
 from cdc_assets.stages.current_state import ApplyResult, PendingTable
@@ -20,6 +22,53 @@ class CurrentReport:
     schema_changes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     quarantined: dict[str, Quarantine] = field(default_factory=dict)  # tables held back this run (lake/quarantine)
+
+
+@dataclass(frozen=True)
+class Span:
+    """A table's changes with a seq in (`after`, `upto`]: all under one shape, with no schema change among them.
+    After `truncate_seq` (the last TRUNCATE among them) only the changes that follow it count, and every row
+    written before it goes."""
+
+    shape: TableShape
+    after: int
+    upto: int
+    truncate_seq: int | None
+
+
+@dataclass(frozen=True)
+class SchemaStep:
+    seq: int
+    change: SchemaChange
+    commit_ts: dt.datetime
+
+
+def table_plan(events: list[dict[str, Any]], shape: TableShape, after: int, upto: int) -> list[Span | SchemaStep]:
+    """What is done to one table, in `_cdc_seq` order, on either engine: its pending changes in (`after`, `upto`]
+    cut into spans at its schema changes, each span under the shape then in force (the shape before the first
+    schema change, else `shape`), with the last TRUNCATE inside it. `events` are the pending TRUNCATE and schema
+    change rows (`_cdc_seq`, `_cdc_op`, `_cdc_commit_ts`, `_cdc_ddl`) in seq order."""
+    changes = [e for e in events if e["_cdc_op"] in SCHEMA_OPS]
+    truncates = [int(e["_cdc_seq"]) for e in events if e["_cdc_op"] == TRUNCATE]
+    if changes:
+        first = SchemaChange.from_json(json.loads(changes[0]["_cdc_ddl"]))
+        if first.before is not None:
+            shape = first.before
+    plan: list[Span | SchemaStep] = []
+    lower = after
+    for event in [*changes, None]:
+        upper = int(event["_cdc_seq"]) - 1 if event is not None else upto
+        if upper > lower:
+            within = [t for t in truncates if lower < t <= upper]
+            plan.append(Span(shape, lower, upper, max(within) if within else None))
+        if event is None:
+            break
+        change = SchemaChange.from_json(json.loads(event["_cdc_ddl"]))
+        plan.append(SchemaStep(int(event["_cdc_seq"]), change, event["_cdc_commit_ts"]))
+        if change.after is not None:
+            shape = change.after
+        lower = int(event["_cdc_seq"])
+    return plan
 
 
 @dataclass(frozen=True)
