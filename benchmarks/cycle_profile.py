@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
-import cdc_assets.stages.current_state as current_state
+import cdc_assets.stages.current.apply as current_state
 import cdc_assets.stages.follow as follow_module
 from benchmarks.large_table import make_table
 from benchmarks.steady_load import SCHEMA, BigTable, _prepare, _write, pipeline_env

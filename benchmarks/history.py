@@ -5,13 +5,13 @@
     .venv/bin/python -m benchmarks.history --seed-rows 1000000 [--runs 3]
 
 Workload (a) is captured once and taken into the change logs once per run, in a fresh lakehouse; then the
-apply run (`stages.current.apply_pending` on Arrow, as `sync` runs it for this workload) is timed in a process of
+apply run (`stages.current.run.apply_pending` on Arrow, as `sync` runs it for this workload) is timed in a process of
 its own, once with no history and once with every table's history kept. Then `--more-oltp` more transactions
 are written and each lakehouse takes them in: the later, incremental apply, where history closes versions in
 tables that already hold some. Figures are medians of `--runs`.
 
 `--seed-rows N` measures instead what a snapshot adds when CDC_HISTORY_TABLES selects its table
-(`stages.history.seed_history`), with no source: a current-state table of N rows (5 columns: BIGINT key, INT,
+(`stages.current.history.seed_history`), with no source: a current-state table of N rows (5 columns: BIGINT key, INT,
 DECIMAL(12,2), VARCHAR, DATETIME) is written in a process of its own, then seeded into an empty history in
 another (time, and peak RSS above the process's RSS before the seed), then the table is rewritten with 1% of its
 rows changed and 1% gone and seeded again, as a re-snapshot would (the join against N open versions).
@@ -35,7 +35,7 @@ PREPARE = (
     "from cdc_assets.capture.run import capture\n"
     "from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter\n"
     "from cdc_assets.lake.store import Lakehouse\n"
-    "from cdc_assets.stages.changes import process_new_batches\n"
+    "from cdc_assets.stages.changes.run import process_new_batches\n"
     "from spark_resources.engine import Transforms\n"
     "settings = SourceSettings(MySQLUrl.parse(os.environ['CDC_MYSQL_URL']), {server_id}, TableFilter(('{schema}.*',)))\n"
     "lakehouse = Lakehouse(os.environ['OUT_DIR'])\n"
@@ -47,7 +47,7 @@ APPLY = (
     "import os, time\n"
     "from cdc_assets.core.settings import TableSelection\n"
     "from cdc_assets.lake.store import Lakehouse\n"
-    "from cdc_assets.stages.current import apply_pending\n"
+    "from cdc_assets.stages.current.run import apply_pending\n"
     "from spark_resources.engine import Transforms\n"
     "history = TableSelection(('{schema}.*',) if {history} else ())\n"
     "lakehouse = Lakehouse(os.environ['OUT_DIR'], history=history)\n"
@@ -69,7 +69,7 @@ SEED_SETUP = (
     "from cdc_assets.lake.current_rows import current_configuration, current_schema\n"
     "from cdc_assets.lake.layout import CURRENT\n"
     "from cdc_assets.lake.store import Lakehouse\n"
-    "from cdc_assets.stages.history import seed_history\n"
+    "from cdc_assets.stages.current.history import seed_history\n"
     "ref = TableRef('bench', 'orders')\n"
     "shape = TableShape(ref, (ColumnSpec('id', 'bigint'), ColumnSpec('customer', 'int'),\n"
     "    ColumnSpec('amount', 'decimal', precision=12, scale=2), ColumnSpec('status', 'varchar'),\n"

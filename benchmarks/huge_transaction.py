@@ -35,14 +35,14 @@ STAGES = {
         "out = {{'batches': len(report.batches), 'rows': report.rows}}\n"
     ),
     "changes": (
-        "from cdc_assets.stages.changes import process_new_batches\n"
+        "from cdc_assets.stages.changes.run import process_new_batches\n"
         "from cdc_assets.defs.resources import initialized_resources\n"
         "resources = initialized_resources()\n"
         "report = process_new_batches(resources.lakehouse.get(), resources.transforms.for_changes)\n"
         "out = {{'rows_out': report.rows_out}}\n"
     ),
     "current": (
-        "from cdc_assets.stages.current import apply_pending\n"
+        "from cdc_assets.stages.current.run import apply_pending\n"
         "from cdc_assets.defs.resources import initialized_resources\n"
         "resources = initialized_resources()\n"
         "report = apply_pending(resources.lakehouse.get(), resources.transforms.for_changes)\n"

@@ -16,9 +16,9 @@ from cdc_assets.capture.run import CaptureReport, capture
 from cdc_assets.core.names import TableRef
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_table, source_shapes
-from cdc_assets.stages.changes import process_new_batches
-from cdc_assets.stages.current import apply_pending
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.apply import read_current
+from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv
 from spark_resources.engine import Transforms, TransformsFor
 

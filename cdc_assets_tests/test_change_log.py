@@ -25,7 +25,7 @@ from cdc_assets.lake.delta import (
 from cdc_assets.lake.files import add_actions, commit_files, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.change_log import append_changes
+from cdc_assets.stages.changes.log import append_changes
 
 
 def test_small_files_are_compacted_once_there_are_enough_and_nothing_else_changes(tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_the_watermark_survives_any_number_of_commits_that_are_not_the_pipelines
 
 def test_a_copy_on_write_whose_files_an_optimize_replaced_is_refused_with_one_sentence(tmp_path: Path) -> None:
     """A Spark merge read the table at one version and rewrote two of its files; a user's OPTIMIZE compacted
-    them meanwhile. Committing the rewrite's removes and adds (as stages/current_on_spark.py does) is refused by
+    them meanwhile. Committing the rewrite's removes and adds (as stages/current/on_spark.py does) is refused by
     Delta's conflict check, with one sentence, and the table keeps the OPTIMIZE's files and the same rows."""
     lakehouse = Lakehouse(str(tmp_path / "lake"))
     table = TableRef("s", "t")

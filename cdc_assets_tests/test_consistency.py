@@ -23,9 +23,9 @@ from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.source.rows import read_source_table, source_shapes
-from cdc_assets.stages.changes import process_new_batches
-from cdc_assets.stages.current import apply_pending
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.apply import read_current
+from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.verification import buckets as bucketed_compare
 from cdc_assets.verification.compare import compare_tables
 from cdc_assets.verification.consistency import (

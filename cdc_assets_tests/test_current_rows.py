@@ -15,16 +15,18 @@ from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import change_log_schema
 from cdc_assets.lake.current_rows import (
     DUP_COLUMN,
-    OUTCOME_COLUMN,
-    copy_changes,
-    copy_moves,
     current_schema,
     home_files,
-    merge_rows,
-    newest_rows,
     pieces,
     range_groups,
     touched_by,
+)
+from cdc_assets.stages.current.rules import (
+    OUTCOME_COLUMN,
+    copy_changes,
+    copy_moves,
+    merge_rows,
+    newest_rows,
 )
 
 SHAPE = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"), ColumnSpec("v", "varchar", length=10)), ("id",))

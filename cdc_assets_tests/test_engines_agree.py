@@ -19,9 +19,10 @@ from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
-from cdc_assets.stages import current_on_spark, current_state
-from cdc_assets.stages.changes import process_new_batches
-from cdc_assets.stages.current import apply_pending
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current import apply as current_state
+from cdc_assets.stages.current import on_spark as current_on_spark
+from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv, on_spark
 from cdc_assets_tests.stage_runs import source_and_current
 from spark_resources.engine import Transforms

@@ -28,9 +28,9 @@ from cdc_assets.defs.resources import BinlogResource
 from cdc_assets.lake.current_rows import CURRENT_PIECE_BYTES
 from cdc_assets.lake.delta import SMALL_FILES_BEFORE_COMPACTION
 from cdc_assets.lake.layout import CHANGES, CURRENT
-from cdc_assets.stages.change_log import CHANGE_LOG_FILE_BYTES
-from cdc_assets.stages.changes import process_new_batches
-from cdc_assets.stages.current import apply_pending
+from cdc_assets.stages.changes.log import CHANGE_LOG_FILE_BYTES
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.exactly_once import check_exactly_once
 from spark_resources.engine import Transforms

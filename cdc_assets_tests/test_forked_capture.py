@@ -413,7 +413,7 @@ def test_a_duplicate_seq_the_child_finds_blocks_current_state_as_the_run_would(c
 
     from cdc_assets.core.names import TableRef
     from cdc_assets.lake.layout import CHANGES
-    from cdc_assets.stages.current_state import read_current
+    from cdc_assets.stages.current.apply import read_current
 
     _create_tables(cdc)
     _write_tables(cdc, transactions=20)

@@ -16,7 +16,7 @@ import pytest
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import open_table, read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT, DELTA_LOG
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 pytestmark = pytest.mark.both_sources

@@ -13,7 +13,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.local_source import server as local_server
 from cdc_assets.source.rows import query_columns
 from cdc_assets.source.server import binlog_end
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 on_mysql = pytest.mark.parametrize("source", [local_server.MYSQL], indirect=True)

@@ -12,7 +12,7 @@ import pytest
 
 from cdc_assets.cli import main
 from cdc_assets.core.names import TableRef
-from cdc_assets.stages.loaded_tables import seq_seen_at
+from cdc_assets.stages.snapshot.loaded_tables import seq_seen_at
 from cdc_assets_tests.conftest import CdcEnv
 
 pytestmark = pytest.mark.both_sources

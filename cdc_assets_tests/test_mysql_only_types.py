@@ -17,8 +17,8 @@ from cdc_assets.lake.layout import CHANGES
 from cdc_assets.sinks.events import json_values
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import source_shapes
-from cdc_assets.stages.current_state import read_current
-from cdc_assets.stages.snapshot import take_snapshot
+from cdc_assets.stages.current.apply import read_current
+from cdc_assets.stages.snapshot.run import take_snapshot
 from cdc_assets.verification.compare import compare_tables
 from cdc_assets.verification.row_hashes import content_checksum
 from cdc_assets_tests.conftest import CdcEnv, on_spark

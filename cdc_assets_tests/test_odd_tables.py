@@ -8,7 +8,7 @@ import pytest
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.quarantine import quarantined_tables
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 

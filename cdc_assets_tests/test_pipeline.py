@@ -20,7 +20,7 @@ from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.raw_batches import list_batches, read_manifest, read_rows
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.local_source import Workload, load_sample_schema
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv
 

@@ -14,7 +14,7 @@ from cdc_assets.defs.runs import collect_status
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.quarantine import CAPTURE, quarantined_tables
 from cdc_assets.lake.state import load_checkpoint
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 

@@ -16,7 +16,7 @@ import pytest
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, HISTORY
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 README = Path(__file__).resolve().parent.parent / "README.md"

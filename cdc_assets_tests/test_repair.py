@@ -16,7 +16,7 @@ from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
 from cdc_assets.lake.raw_batches import list_batches
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets.verification.repair import repair_changes
 from cdc_assets_tests.conftest import CdcEnv

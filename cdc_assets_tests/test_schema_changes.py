@@ -10,7 +10,7 @@ import pytest
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import open_table, read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 pytestmark = pytest.mark.both_sources
@@ -228,7 +228,8 @@ def test_snapshot_table_altered_before_its_first_row_change(cdc: CdcEnv) -> None
 def test_a_transaction_larger_than_a_spark_job_and_a_merge_is_taken_in_parts(cdc: CdcEnv, monkeypatch) -> None:
     """Item 5 at a small scale: one transaction larger than what capture keeps in memory, than one Spark
     job of the change-log stage and than one merge of the current-state stage."""
-    from cdc_assets.stages import changes, current_state
+    from cdc_assets.stages.changes import run as changes
+    from cdc_assets.stages.current import apply as current_state
 
     monkeypatch.setattr(changes, "MAX_ROWS_PER_ARROW_JOB", 7)
     monkeypatch.setattr(current_state, "MAX_CHANGES_PER_MERGE", 5)

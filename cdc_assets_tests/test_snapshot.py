@@ -10,7 +10,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.defs.runs import instance
 from cdc_assets.lake.state import load_checkpoint
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_cli import _assert_user_error, _run
 
@@ -109,7 +109,7 @@ def test_snapshot_streams_a_table_in_key_order_a_chunk_at_a_time(cdc: CdcEnv, mo
     from deltalake import DeltaTable
 
     from cdc_assets.lake.layout import CURRENT
-    from cdc_assets.stages import snapshot
+    from cdc_assets.stages.snapshot import run as snapshot
 
     monkeypatch.setattr(snapshot, "SNAPSHOT_CHUNK_ROWS", 7)
     db = cdc.database

@@ -15,7 +15,7 @@ import pytest
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.layout import CURRENT
-from cdc_assets.stages.snapshot_records import snapshots_in_progress
+from cdc_assets.stages.snapshot.records import snapshots_in_progress
 from cdc_assets_tests.conftest import CdcEnv, run_cli, use_s3
 from cdc_assets_tests.test_spark_snapshot import (
     assert_resumed,

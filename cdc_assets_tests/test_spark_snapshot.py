@@ -23,7 +23,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.delta import SEED_SEQ_KEY, read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
-from cdc_assets.stages.snapshot_records import TableSnapshot, decode_key, encode_key, snapshots_in_progress
+from cdc_assets.stages.snapshot.records import TableSnapshot, decode_key, encode_key, snapshots_in_progress
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 from cdc_assets_tests.test_cli import _run
 

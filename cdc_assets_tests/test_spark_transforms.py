@@ -4,9 +4,10 @@ call (test_current_rows), proved end to end on each (test_engines_agree)."""
 
 import pyarrow as pa
 
-from spark_resources.arrow_transforms import keyed_changes
+from cdc_assets.stages.changes.keys import keyed_changes
+from cdc_assets.stages.changes.spark_tasks import keyed_frame
 from spark_resources.engine import choose_transforms
-from spark_resources.transforms import arrow_frame, keyed_frame
+from spark_resources.transforms import arrow_frame
 
 
 def _raw_rows() -> tuple[pa.Table, pa.Table]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.stages.current_state import read_current
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
 pytestmark = pytest.mark.both_sources

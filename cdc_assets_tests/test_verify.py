@@ -29,8 +29,8 @@ def test_tables_without_a_key_compare_duplicates() -> None:
 def test_verify_consistent_reports_every_table_at_one_point(cdc, spark) -> None:
     from cdc_assets.capture.run import capture
     from cdc_assets.defs.resources import BinlogResource
-    from cdc_assets.stages.changes import process_new_batches
-    from cdc_assets.stages.current import apply_pending
+    from cdc_assets.stages.changes.run import process_new_batches
+    from cdc_assets.stages.current.run import apply_pending
     from cdc_assets.verification.consistency import verify_tables
     from cdc_assets_tests.conftest import on_spark
 

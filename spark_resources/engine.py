@@ -12,7 +12,7 @@ DEFAULT_SPARK_MIN_ROWS = 1_000_000  # changes in one stage run from which it goe
 @dataclass(frozen=True)
 class Transforms:
     """The engine of one stage run: Spark when `session` is given (asked for only then: a JVM started, or a
-    Connect server reached), else Arrow in the run's process (spark_resources.arrow_transforms)."""
+    Connect server reached), else Arrow in the run's process (cdc_assets.stages.changes.keys)."""
 
     session: Callable[[], Any] | None = None
 

@@ -42,14 +42,14 @@ FAILPOINTS = frozenset(
         "capture.registry_saved",  # the registry names the batch's tables, the checkpoint is not past it
         "capture.schemas_written",  # the table shapes at the batch's end are written, the checkpoint names the old
         "capture.checkpoint_saved",  # the checkpoint is past a batch, the next batch is not read yet
-        # change-log stage (cdc_assets/stages/changes.py, change_log.py, change_plan.py)
+        # change-log stage (cdc_assets/stages/changes/run.py, change_log.py, change_plan.py)
         "changes.before_commit",  # a table's append: watermark read, commit not yet made
         "changes.log_rewritten",  # a column's type changed: the log is rewritten to the wider type, not appended to
         "changes.table_appended",  # one table's append is committed, other tables of the run not yet
         "changes.appended_before_progress",  # every table's append of a chunk is committed, no progress saved
         "changes.progress_partly_saved",  # one table's change-log progress is saved, others not yet
         "changes.compacting",  # a change log's append is committed, its small files not compacted yet
-        # current-state stage (cdc_assets/stages/current.py, current_state.py)
+        # current-state stage (cdc_assets/stages/current/run.py, apply.py)
         "current.table_merged",  # one table's merge is committed, other tables' steps not yet
         "current.keyless_before_commit",  # a keyless table's copies are counted against a version, not committed
         "current.truncate_before_commit",  # a merge that also removes the rows before a TRUNCATE, not committed
@@ -61,7 +61,7 @@ FAILPOINTS = frozenset(
         "current.progress_partly_saved",  # one table's current-state progress is saved, others not yet
         "history.before_commit",  # a history table's new versions are computed, their commit not yet made
         "history.before_seed_commit",  # a snapshot's rows compared with the open versions, a seed commit not yet made
-        # snapshots (cdc_assets/stages/snapshot.py on Arrow; snapshot_on_spark.py, spark_resources/snapshots.py)
+        # snapshots (cdc_assets/stages/snapshot/run.py on Arrow; on_spark.py and spark_tasks.py there on Spark)
         "snapshot.reading",  # a snapshot has spooled a chunk of a table's rows, the rest is unread
         "snapshot.captured",  # the rows are read and capture has reached the snapshot's position, nothing loaded
         "snapshot.overwritten",  # a table's current state is overwritten at the snapshot's seq, its progress not saved

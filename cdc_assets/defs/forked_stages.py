@@ -31,9 +31,9 @@ from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.lake.table_facts import table_facts
-from cdc_assets.stages.changes import missing_change_logs, process_new_batches
-from cdc_assets.stages.current import apply_pending
-from cdc_assets.stages.current_state import missing_current_tables
+from cdc_assets.stages.changes.run import missing_change_logs, process_new_batches
+from cdc_assets.stages.current.apply import missing_current_tables
+from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets.verification.lag import lags_now

@@ -41,7 +41,7 @@ from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.table_checks import equality_verdicts
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables
-from cdc_assets.stages.snapshot import take_snapshot
+from cdc_assets.stages.snapshot.run import take_snapshot
 from cdc_assets.verification.changed_keys import compare_every_row
 from spark_resources.resources import TransformsResource
 

@@ -41,7 +41,7 @@ from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
 from cdc_assets.stages.follow import continuous_holder, continuous_owner, refuse_beside_continuous
-from cdc_assets.stages.snapshot_records import snapshots_in_progress
+from cdc_assets.stages.snapshot.records import snapshots_in_progress
 from cdc_assets.verification.compare import tables_to_verify
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables
 from cdc_assets.verification.lag import table_lags

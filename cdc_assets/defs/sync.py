@@ -61,8 +61,8 @@ from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.changes import process_new_batches
-from cdc_assets.stages.current import apply_pending
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.verification.repair import repair, repaired_after
 from spark_resources.resources import TransformsResource
 

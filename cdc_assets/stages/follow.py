@@ -33,10 +33,10 @@ from cdc_assets.lake.locks import LockHolder, lakehouse_lock, read_holder
 from cdc_assets.lake.state import load_checkpoint, tables_behind
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
-from cdc_assets.stages.change_plan import ChangesReport
-from cdc_assets.stages.changes import process_new_batches
-from cdc_assets.stages.current import apply_pending
-from cdc_assets.stages.steps import CurrentReport
+from cdc_assets.stages.changes.plan import ChangesReport
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.run import apply_pending
+from cdc_assets.stages.current.steps import CurrentReport
 from spark_resources.engine import TransformsFor
 
 CONTINUOUS_OWNER = "continuous mode"  # how the locks name the follower: what `sync` and the sensors look for

@@ -26,7 +26,7 @@ from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import BatchManifest, read_rows
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source.foreign_keys import ForeignKey
-from cdc_assets.stages.current_state import quote
+from cdc_assets.stages.current.apply import quote
 
 MAX_DEPTH = 16  # levels of children followed (InnoDB itself stops cascading at 15)
 

@@ -59,7 +59,7 @@ from cdc_assets.source.rows import (
     source_row_estimates,
     source_shapes,
 )
-from cdc_assets.stages.current_state import current_expected
+from cdc_assets.stages.current.apply import current_expected
 from cdc_assets.verification import buckets as bucketed
 from cdc_assets.verification.compare import TableDiff, align_current, compare_tables, tables_to_verify
 from cdc_assets.verification.key_rows import keys_table, lake_rows_with_keys, with_keys
@@ -405,7 +405,7 @@ def _open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | N
 
 
 def _absence(lakehouse: Lakehouse, target: _Target) -> tuple[str | None, int | None]:
-    """For a table without current state: why it should have one (see current_state.current_expected), or
+    """For a table without current state: why it should have one (see stages.current.apply.current_expected), or
     None; and the seq of the applied DROP that removed it, if one did (changes up to it are not in flight)."""
     progress = load_progress(lakehouse.store, CURRENT_STAGE, str(target.table))
     if not current_expected(lakehouse, target.table, progress):

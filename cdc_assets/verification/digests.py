@@ -31,7 +31,7 @@ from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.current_rows import DELETED_COLUMN
 from cdc_assets.lake.delta import read_query, read_query_chunks
 from cdc_assets.source.rows import quote_identifier
-from cdc_assets.stages.current_state import quote
+from cdc_assets.stages.current.apply import quote
 
 ROWS_PER_RANGE = 20_000  # rows a range holds, about: what one differing range costs to compare row by row
 STREAM_ROWS = 100_000  # lakehouse rows hashed at a time

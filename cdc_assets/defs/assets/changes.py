@@ -1,4 +1,4 @@
-"""The per-table change logs asset: new raw batches split into `changes/<schema>/<table>` (stages/changes.py)."""
+"""The per-table change logs asset: new raw batches split into `changes/<schema>/<table>` (stages/changes/run.py)."""
 
 from dagster import AssetExecutionContext, BackfillPolicy, MaterializeResult, asset
 
@@ -7,8 +7,8 @@ from cdc_assets.defs.keys import CHANGES_ASSET, RAW_ASSET
 from cdc_assets.defs.partitions import tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.lake.locks import run_owner
-from cdc_assets.stages.change_plan import ChangesReport
-from cdc_assets.stages.changes import process_new_batches
+from cdc_assets.stages.changes.plan import ChangesReport
+from cdc_assets.stages.changes.run import process_new_batches
 from spark_resources.resources import TransformsResource
 
 

@@ -1,4 +1,4 @@
-"""The current-state asset: each table's pending changes applied to `current/<schema>/<table>` (stages/current.py)."""
+"""The current-state asset: each table's pending changes applied to `current/<schema>/<table>` (stages/current/run.py)."""
 
 from dagster import AssetExecutionContext, AssetMaterialization, BackfillPolicy, MaterializeResult, asset
 
@@ -11,8 +11,8 @@ from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.lake.table_facts import TableFacts
-from cdc_assets.stages.current import apply_pending
-from cdc_assets.stages.steps import CurrentReport
+from cdc_assets.stages.current.run import apply_pending
+from cdc_assets.stages.current.steps import CurrentReport
 from spark_resources.resources import TransformsResource
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dagster import MetadataValue
 
 from cdc_assets.capture.run import CaptureReport
-from cdc_assets.stages.current_state import ApplyResult
+from cdc_assets.stages.current.apply import ApplyResult
 
 PER_TABLE_SHOWN = 25
 

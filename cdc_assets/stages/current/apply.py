@@ -26,22 +26,15 @@ from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import DDL_COLUMN
 from cdc_assets.lake.current_rows import (
-    ACTION_COLUMN,
     CURRENT_FILE_BYTES,
     DELETED_COLUMN,
     DUP_COLUMN,
     LIVE_ROWS,
-    OUTCOME_COLUMN,
-    after_truncate,
-    copy_changes,
-    copy_moves,
     current_configuration,
     current_piece_bytes,
     current_schema,
     file_ranges,
     home_files,
-    merge_rows,
-    newest_rows,
     pieces,
     range_groups,
     reshape_rows,
@@ -63,6 +56,15 @@ from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.repair_marks import mark_for_repair
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.current.rules import (
+    ACTION_COLUMN,
+    OUTCOME_COLUMN,
+    after_truncate,
+    copy_changes,
+    copy_moves,
+    merge_rows,
+    newest_rows,
+)
 
 
 def quote(name: str) -> str:

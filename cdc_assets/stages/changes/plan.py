@@ -18,7 +18,7 @@ from cdc_assets.lake.quarantine import Quarantine
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, BatchManifest
 from cdc_assets.lake.state import TableProgress, save_progress
 from cdc_assets.lake.store import ObjectStore
-from cdc_assets.stages.change_log import AppendResult
+from cdc_assets.stages.changes.log import AppendResult
 
 TABLE_KEYS_SCHEMA = pa.schema(
     [

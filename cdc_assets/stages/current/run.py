@@ -26,8 +26,8 @@ from cdc_assets.lake.locks import Lease, lakehouse_lock
 from cdc_assets.lake.quarantine import TablesFailed, of_the_table, quarantined_tables, run_isolated, settle
 from cdc_assets.lake.state import TableProgress, known_tables, load_progress, save_progress
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages import current_state
-from cdc_assets.stages.current_state import (
+from cdc_assets.stages.current import apply as current_state
+from cdc_assets.stages.current.apply import (
     ApplyResult,
     PendingTable,
     applied_seq,
@@ -37,8 +37,15 @@ from cdc_assets.stages.current_state import (
     pending_at_most,
     read_pending,
 )
-from cdc_assets.stages.history import keep_history
-from cdc_assets.stages.steps import CurrentReport, SchemaStep, Step, independent_chains, record_outcomes, table_plan
+from cdc_assets.stages.current.history import keep_history
+from cdc_assets.stages.current.steps import (
+    CurrentReport,
+    SchemaStep,
+    Step,
+    independent_chains,
+    record_outcomes,
+    table_plan,
+)
 from spark_resources.engine import Transforms, TransformsFor
 
 
@@ -182,7 +189,7 @@ def _apply_to(
         if log is not None:
             log.info("current state: on Arrow, as CDC_SOFT_DELETES selects some of the run's tables")
     if engine.session is not None:  # on Spark no pending row is read here
-        from cdc_assets.stages.current_on_spark import apply_on_spark  # pyspark loads only for a Spark run
+        from cdc_assets.stages.current.on_spark import apply_on_spark  # pyspark loads only for a Spark run
 
         apply_on_spark(lakehouse, engine.session, targets, reached, current, report, lease, log, dropped)
         return

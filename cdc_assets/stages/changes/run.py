@@ -35,9 +35,9 @@ from cdc_assets.lake.raw_batches import (
 )
 from cdc_assets.lake.state import known_tables, load_progress, load_registry
 from cdc_assets.lake.store import Lakehouse, ObjectStore
-from cdc_assets.stages.change_log import AppendResult, append_changes
-from cdc_assets.stages.change_plan import ChangePlan, ChangesReport, Piece, plan_piece, record_progress
-from spark_resources.arrow_transforms import keyed_changes
+from cdc_assets.stages.changes.keys import keyed_changes
+from cdc_assets.stages.changes.log import AppendResult, append_changes
+from cdc_assets.stages.changes.plan import ChangePlan, ChangesReport, Piece, plan_piece, record_progress
 from spark_resources.engine import TransformsFor
 
 MAX_ROWS_PER_ARROW_JOB = 500_000  # row changes keyed at once on Arrow: bounds the memory of the stage
@@ -183,7 +183,7 @@ def _process(
         log.info(f"change logs: {len(manifests)} batches, {rows} rows, on {engine.engine}")
     report_progress(Update(CHANGE_LOGS, 0, len(manifests), "batches"))
     if engine.session is not None:
-        from cdc_assets.stages.changes_on_spark import process_on_spark  # pyspark loads only for a Spark run
+        from cdc_assets.stages.changes.on_spark import process_on_spark  # pyspark loads only for a Spark run
 
         process_on_spark(lakehouse, engine.session, manifests, starts, progress, report, lease, log)
         return

@@ -12,7 +12,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.quarantine import Quarantine
-from cdc_assets.stages.current_state import ApplyResult, PendingTable
+from cdc_assets.stages.current.apply import ApplyResult, PendingTable
 
 
 @dataclass

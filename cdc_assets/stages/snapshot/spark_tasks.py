@@ -1,6 +1,6 @@
 """Snapshots on Spark: tasks read a table's rows from the source one primary-key range at a time (each task its
 own PyMySQL connection) and write them as current-state files; the run process only plans the ranges and
-commits (cdc_assets/stages/snapshot_on_spark.py). No task takes a lock on the source."""
+commits (cdc_assets/stages/snapshot/on_spark.py). No task takes a lock on the source."""
 
 from __future__ import annotations
 

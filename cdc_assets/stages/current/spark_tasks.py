@@ -4,7 +4,7 @@ Tasks read a table's pending change-log rows from its files; Spark picks the new
 the current-state files whose key range holds a changed key, join them with those changes and write the
 result sorted by key (copy on write, as delta-rs's own MERGE does); the run process gets back the files' add
 actions and commits them with the removes of the files they replace, in one Delta commit
-(cdc_assets/stages/current.py). A keyless table is rewritten whole: its copies of a row are counted across
+(cdc_assets/stages/current/run.py). A keyless table is rewritten whole: its copies of a row are counted across
 all of its files.
 """
 
@@ -23,21 +23,8 @@ from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.current_rows import (
-    ACTION_COLUMN,
-    KEY_COLUMN,
-    OUTCOME_COLUMN,
-    WEIGHT_COLUMN,
-    after_truncate,
-    copy_changes,
-    copy_moves,
     current_schema,
     file_ranges,
-    image_schema,
-    key_images,
-    merge_rows,
-    merged_with_outcomes,
-    newest_per_key,
-    newest_rows,
     touched_by,
 )
 from cdc_assets.lake.files import (
@@ -47,6 +34,21 @@ from cdc_assets.lake.files import (
     conformed,
     read_files,
     write_files,
+)
+from cdc_assets.stages.current.rules import (
+    ACTION_COLUMN,
+    KEY_COLUMN,
+    OUTCOME_COLUMN,
+    WEIGHT_COLUMN,
+    after_truncate,
+    copy_changes,
+    copy_moves,
+    image_schema,
+    key_images,
+    merge_rows,
+    merged_with_outcomes,
+    newest_per_key,
+    newest_rows,
 )
 from spark_resources.transforms import arrow_frame, spark_schema
 

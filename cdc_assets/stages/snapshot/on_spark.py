@@ -69,7 +69,7 @@ from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_boundaries, source_row_estimates, source_shapes
-from cdc_assets.stages.loaded_tables import (
+from cdc_assets.stages.snapshot.loaded_tables import (
     KEYLESS_POINT_TRIES,
     SnapshotReport,
     keyless_kept_changing,
@@ -78,7 +78,7 @@ from cdc_assets.stages.loaded_tables import (
     register_loaded,
     resume_quarantined_capture,
 )
-from cdc_assets.stages.snapshot_records import (
+from cdc_assets.stages.snapshot.records import (
     TableSnapshot,
     chunk_done_key,
     chunks_written,
@@ -86,8 +86,8 @@ from cdc_assets.stages.snapshot_records import (
     load_record,
     save_record,
 )
+from cdc_assets.stages.snapshot.spark_tasks import ChunkRead, read_chunks, read_whole_tables, with_seq
 from spark_resources.files_job import rewrite_files
-from spark_resources.snapshots import ChunkRead, read_chunks, read_whole_tables, with_seq
 
 PROGRESS_EVERY_SECONDS = 5.0  # how often a snapshot logs its progress while its chunks are read
 

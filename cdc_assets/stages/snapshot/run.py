@@ -50,8 +50,8 @@ from cdc_assets.lake.state import (
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_chunks, source_row_estimates, source_shapes
-from cdc_assets.stages.current_state import replace_current, replace_current_in_pieces
-from cdc_assets.stages.loaded_tables import (
+from cdc_assets.stages.current.apply import replace_current, replace_current_in_pieces
+from cdc_assets.stages.snapshot.loaded_tables import (
     KEYLESS_POINT_TRIES,
     SnapshotReport,
     keyless_kept_changing,
@@ -90,13 +90,13 @@ def take_snapshot(
 ) -> SnapshotReport:
     """Load the tables' existing rows into current state, consistently with the binlog. On the Arrow engine
     (the default below CDC_SPARK_MIN_ROWS rows) in this process inside one consistent snapshot; on Spark by
-    parallel tasks a key range at a time, without a lock on the source (stages/snapshot_on_spark.py)."""
+    parallel tasks a key range at a time, without a lock on the source (stages/snapshot/on_spark.py)."""
     wait = lakehouse.lock_wait_seconds
     with lakehouse.faults_are_user_errors(), lakehouse_lock(lakehouse, SNAPSHOT_LOCK, "snapshot", owner, wait, log=log):
         if transforms is not None:
             engine = transforms(_rows_estimate(settings, requested))
             if engine.session is not None:
-                from cdc_assets.stages.snapshot_on_spark import snapshot_on_spark  # pyspark loads only for Spark
+                from cdc_assets.stages.snapshot.on_spark import snapshot_on_spark  # pyspark loads only for Spark
 
                 tables = _requested_tables(settings, requested)
                 return snapshot_on_spark(settings, lakehouse, tables, engine.session, log, owner)

@@ -2,10 +2,10 @@
 
 Per table, tasks read the pending part of its change log (the files past its applied seq); the run process
 learns only the pending events (TRUNCATE and schema changes, one row each) and the count and highest seq of
-the changes. The changes between two schema changes are one segment, applied by spark_resources.current_state
+the changes. The changes between two schema changes are one segment, applied by cdc_assets.stages.current.spark_tasks
 (copy on write of the files their keys fall in) and committed in one Delta commit whose app transaction is the
 segment's last seq; schema changes are applied in `_cdc_seq` order between them. Tables are applied side by
-side, the two sides of a RENAME together, as on the Arrow engine (stages/current.py).
+side, the two sides of a RENAME together, as on the Arrow engine (stages/current/run.py).
 """
 
 from __future__ import annotations
@@ -36,17 +36,8 @@ from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_STAG
 from cdc_assets.lake.locks import Lease
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.current_state import ApplyResult, applied_floor, settle_schema_change
-from cdc_assets.stages.steps import (
-    CurrentReport,
-    SchemaStep,
-    SparkSegment,
-    Step,
-    independent_chains,
-    record_outcomes,
-    table_plan,
-)
-from spark_resources.current_state import (
+from cdc_assets.stages.current.apply import ApplyResult, applied_floor, settle_schema_change
+from cdc_assets.stages.current.spark_tasks import (
     PendingFiles,
     Rewritten,
     SmallMerge,
@@ -57,6 +48,15 @@ from spark_resources.current_state import (
     merge_small_tables,
     summarize_tables,
     table_frame,
+)
+from cdc_assets.stages.current.steps import (
+    CurrentReport,
+    SchemaStep,
+    SparkSegment,
+    Step,
+    independent_chains,
+    record_outcomes,
+    table_plan,
 )
 from spark_resources.files_job import compact_table, rewrite_files
 
@@ -248,7 +248,7 @@ def _apply_small(
     lakehouse: Lakehouse, spark: Any, steps: list[tuple[Step, Any]], pending: list[_Pending]
 ) -> list[list[tuple[Step, str | ApplyResult]]]:
     """Small tables' segments (each with its table as read) applied in one Spark job, a task each
-    (spark_resources.current_state.merge_small_tables), then committed here, each in one Delta commit from the
+    (cdc_assets.stages.current.spark_tasks.merge_small_tables), then committed here, each in one Delta commit from the
     version its task read."""
     if not steps:
         return []
@@ -279,7 +279,7 @@ def _apply_small(
 def _apply_schema_change(
     lakehouse: Lakehouse, spark: SparkSession, change: SchemaChange, seq: int, commit_ts: dt.datetime
 ) -> str:
-    """`current_state.apply_schema_change` with the rows reshaped by Spark tasks: an ALTER rewrites
+    """`apply.apply_schema_change` with the rows reshaped by Spark tasks: an ALTER rewrites
     every file of the table, a RENAME's new table is written from the old one's files; the run process commits.
     Idempotent in the same way: a table that has taken in `seq` already is left alone."""
     done, existing = settle_schema_change(lakehouse, change, seq)

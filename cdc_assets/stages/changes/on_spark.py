@@ -1,5 +1,5 @@
 """The change-log stage on Spark: tasks read the raw batches, key, type and write each table's new change-log
-files (spark_resources/change_logs.py); this process only plans from the manifests and commits each table's
+files (cdc_assets/stages/changes/spark_tasks.py); this process only plans from the manifests and commits each table's
 files in one Delta commit. Imported only when a run takes Spark, so an Arrow run never loads pyspark."""
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from cdc_assets.lake.locks import Lease
 from cdc_assets.lake.raw_batches import BatchManifest
 from cdc_assets.lake.state import TableProgress
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.change_log import CHANGE_LOG_FILE_BYTES, AppendResult
-from cdc_assets.stages.change_plan import ChangesReport, plan_piece, record_progress
-from spark_resources.change_logs import ChangeLogTargets, raw_changes, write_change_logs
+from cdc_assets.stages.changes.log import CHANGE_LOG_FILE_BYTES, AppendResult
+from cdc_assets.stages.changes.plan import ChangesReport, plan_piece, record_progress
+from cdc_assets.stages.changes.spark_tasks import ChangeLogTargets, raw_changes, write_change_logs
 from spark_resources.files_job import compact_table, rewrite_files
 
 

@@ -3,7 +3,7 @@
 Spark tasks read the raw batches' data files from the lakehouse themselves (pyarrow's filesystems: a local
 directory or S3, no Hadoop jars), key the changes in one job over every table, type them per table and write
 each table's new change-log files; the run process gets back only the files' add actions and commits them,
-one Delta commit per table (cdc_assets/stages/changes.py).
+one Delta commit per table (cdc_assets/stages/changes/run.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
@@ -24,7 +25,29 @@ from cdc_assets.lake.change_rows import conform_to_log, rows_for_tables, typed_c
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, write_files
 from cdc_assets.lake.layout import CHANGES, RAW
 from cdc_assets.lake.raw_batches import DATA_FILE, RAW_ROWS_SCHEMA
-from spark_resources.transforms import arrow_frame, keyed_frame, spark_schema
+from spark_resources.transforms import arrow_frame, spark_schema
+
+# Keying over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical texts, keys as JSON
+# texts), so one job covers every table whatever its columns. stages.changes.keys does the same on Arrow: both must
+# key a change identically, since a change log may be written by either engine over time (test_spark_transforms).
+
+
+def _key_json(image: Column) -> Column:
+    """The row's key as a JSON array of canonical texts: equal keys, equal text."""
+    return F.when(image.isNull(), F.lit(None)).otherwise(
+        F.to_json(F.transform(F.col("key_idx"), lambda i: F.element_at(image, i + 1)))
+    )
+
+
+def keyed_frame(changes: DataFrame, table_keys: DataFrame) -> DataFrame:
+    """Raw rows (the raw batch columns plus `batch`) with `key` / `before_key`: `table_keys` maps (batch,
+    table_version) to the 0-based positions of the key columns (`key_idx`)."""
+    return changes.join(F.broadcast(table_keys), on=["batch", "table_version"], how="inner").select(
+        *[F.col(c) for c in changes.columns],
+        _key_json(F.coalesce(F.col("after"), F.col("before"))).alias("key"),
+        _key_json(F.col("before")).alias("before_key"),
+    )
+
 
 RAW_WITH_BATCH = pa.schema(list(RAW_ROWS_SCHEMA) + [pa.field("batch", pa.string(), nullable=False)])
 WRITTEN_SCHEMA = pa.schema(

@@ -1,7 +1,7 @@
-"""The change-log stage's keying of changes on Arrow, in the run's process, as Spark's `keyed_frame` does in the
-change-log job, to the same JSON texts. A Spark job costs seconds before it does any work, more than these take on Arrow for a few
-hundred thousand changes; `engine.choose_transforms` picks the engine by how many changes a stage processes.
-"""
+"""The change-log stage's keying of changes on Arrow, in the run's process, to the same JSON texts as Spark's
+`spark_tasks.keyed_frame`. A Spark job costs seconds before it does any work, more than this takes on Arrow for a few
+hundred thousand changes; `spark_resources.engine.choose_transforms` picks the engine by how many changes a stage
+processes."""
 
 from __future__ import annotations
 

@@ -1,0 +1,3 @@
+"""The change-log stage (`changes/<schema>/<table>`): raw batches split into per-table change logs. `run` plans,
+locks and commits; `plan` and `log` say what goes into each log; `keys` keys changes on Arrow; `on_spark` is the
+Spark half's driver side and `spark_tasks` the functions its tasks run."""
