@@ -65,7 +65,7 @@ def continuous_p95(tree: Path, seconds: float, rate: int) -> tuple[float, str]:
     done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True, timeout=7200)
     if done.returncode != 0:
         raise SystemExit(f"the continuous benchmark with {tree.name} failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
-    row = next((line for line in done.stdout.splitlines() if re.match(rf"\|\s*{rate}\s*\|", line)), None)
+    row = next((line for line in done.stdout.splitlines() if re.match(rf"\|\s*{rate:,}\s*\|", line)), None)
     if row is None:
         raise SystemExit(f"no figures for {rate} changes/s in:\n{done.stdout[-2000:]}")
     cells = [c.strip() for c in row.strip("|").split("|")]
