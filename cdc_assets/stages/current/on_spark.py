@@ -72,6 +72,8 @@ class _Pending:
     shape: TableShape
     log: PendingFiles
     log_schema: pa.Schema
+    first_change: int | None = None
+    last_change: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ def _pending(lakehouse: Lakehouse, spark: Any, logs: dict[str, _LogFiles]) -> li
         found.append(
             _Pending(
                 TableRef.parse(name), frame, summary.events, summary.changes, int(summary.max_seq or 0),
-                log.applied, log.shape, log.files, log.schema,
+                log.applied, log.shape, log.files, log.schema, summary.first_change, summary.last_change,
             )  # fmt: skip
         )
     return found
@@ -123,7 +125,12 @@ def _steps(pending: _Pending) -> list[Step]:
     """The table's segments and schema changes in `_cdc_seq` order (steps.table_plan, as on Arrow)."""
     after = pending.applied if pending.applied is not None else -1
     steps: list[Step] = []
-    for item in table_plan(pending.events, pending.shape, after, pending.max_seq):
+    first, last = pending.first_change, pending.last_change
+
+    def holds_changes(lower: int, upper: int) -> bool:  # what the summary knows: the range of the table's changes
+        return first is not None and last is not None and lower < last and upper >= first
+
+    for item in table_plan(pending.events, pending.shape, after, pending.max_seq, holds_changes):
         if isinstance(item, SchemaStep):
             steps.append(Step(item.seq, pending.table, change=item.change, commit_ts=item.commit_ts))
         else:
@@ -198,10 +205,15 @@ def apply_on_spark(
     with_rename_partners(targets, take_in)
     steps = sorted((s for p in pending for s in _steps(p)), key=lambda s: s.seq)
     chains = independent_chains(steps)
-    candidates = [c[0][1] for c in chains if _small_segment(c)]
-    opened = for_each_table(candidates, lambda step: lakehouse.open(CURRENT, step.table))
-    small = {id(s): t for s, t in zip(candidates, opened, strict=True) if t is None or row_count(t) <= SMALL_TABLE_ROWS}
-    merged = _apply_small(lakehouse, spark, [(s, t) for s, t in zip(candidates, opened, strict=True) if id(s) in small], pending)
+    candidates = [c for c in chains if _small_chain(c)]
+    opened = for_each_table(candidates, lambda chain: lakehouse.open(CURRENT, chain[-1][1].table))
+    small = [
+        (chain, table)
+        for chain, table in zip(candidates, opened, strict=True)
+        if (table is None or row_count(table) <= SMALL_TABLE_ROWS) and (len(chain) == 1 or table is None)
+    ]  # a chain that opens with a CREATE is small only when the table is new: its first commit creates it
+    merged = _apply_small(lakehouse, spark, small, pending)
+    taken = {id(chain) for chain, _ in small}
 
     def run(chain: list[tuple[int, Step]]) -> list[tuple[Step, str | ApplyResult]]:
         done: list[tuple[Step, str | ApplyResult]] = []
@@ -218,43 +230,48 @@ def apply_on_spark(
                 compact_table(lakehouse, spark, CURRENT, TableRef.parse(table), current_piece_bytes() // 2, APPLIED_SEQ_KEY)
         return done
 
-    rest = [c for c in chains if not (len(c) == 1 and id(c[0][1]) in small)]
+    rest = [c for c in chains if id(c) not in taken]
     record_outcomes(merged + for_each_table(rest, run), report, dropped, log, len(steps), "spark")
 
 
 # Compaction bins only fragments, as on Arrow: the key-range pieces of current_piece_bytes() an Arrow snapshot or merge
 # wrote are not small, and binning them (in path order) would make every file span the whole key range.
 
-# Tables whose pending changes one task applies whole (one job for all of them): a keyed table, changes under one
-# shape with no TRUNCATE among them, at most this many, into at most this many rows. Others get jobs of their own.
+# Tables whose pending changes one task applies whole (one job for all of them, however many tables): changes under
+# one shape (after any CREATE of the table itself), at most this many, into at most this many rows. Others get jobs of
+# their own (an ALTER, a RENAME, a large table).
 SMALL_TABLE_CHANGES = 200_000
 SMALL_TABLE_ROWS = 2_000_000
 
 
-def _small_segment(chain: list[tuple[int, Step]]) -> bool:
-    """A chain of one keyed segment with no TRUNCATE in it and few enough changes (the table's size is asked next)."""
-    if len(chain) != 1:
-        return False
-    segment = chain[0][1].segment
+def _small_chain(chain: list[tuple[int, Step]]) -> bool:
+    """A chain of one segment with few enough changes, maybe after CREATEs of the table (not a RENAME's): the
+    table's size is asked next."""
+    *creates, (_, last) = chain
+    segment = last.segment
     return (
         isinstance(segment, SparkSegment)
-        and bool(segment.shape.primary_key)
-        and segment.truncate_seq is None
         and segment.changes <= SMALL_TABLE_CHANGES
-    )
+        and all(
+            step.change is not None and step.change.action == "create" and step.change.renamed_from is None
+            and step.change.after == segment.shape
+            for _, step in creates
+        )
+    )  # fmt: skip
 
 
 def _apply_small(
-    lakehouse: Lakehouse, spark: Any, steps: list[tuple[Step, Any]], pending: list[_Pending]
+    lakehouse: Lakehouse, spark: Any, chains: list[tuple[list[tuple[int, Step]], Any]], pending: list[_Pending]
 ) -> list[list[tuple[Step, str | ApplyResult]]]:
     """Small tables' segments (each with its table as read) applied in one Spark job, a task each
-    (cdc_assets.stages.current.spark_tasks.merge_small_tables), then committed here, each in one Delta commit from the
-    version its task read."""
-    if not steps:
+    (stages.current.spark_tasks.merge_small_tables), then committed here, each in one Delta commit from the
+    version its task read (a new table's first commit creates it: its CREATE is done by it)."""
+    if not chains:
         return []
     logs = {p.table: p for p in pending}
     work = []
-    for step, existing in steps:
+    for chain, existing in chains:
+        step = chain[-1][1]
         segment, table = step.segment, step.table
         assert isinstance(segment, SparkSegment)
         actions = pa.table(existing.get_add_actions(flatten=True)) if existing is not None else None
@@ -262,18 +279,21 @@ def _apply_small(
         log = logs[table]
         files = PendingFiles(log.log.table_key, log.log.paths, segment.after)
         current_key = lakehouse.table_key(CURRENT, table)
-        work.append(SmallMerge(str(table), segment.shape, files, log.log_schema, segment.upto, current_key, ranges))
+        work.append(
+            SmallMerge(str(table), segment.shape, files, log.log_schema, segment.upto, current_key, ranges, segment.truncate_seq)
+        )
     rewritten = merge_small_tables(spark, lakehouse.file_access(), work)
 
-    def commit(item: tuple[tuple[Step, Any], Rewritten]) -> list[tuple[Step, str | ApplyResult]]:
-        (step, existing), done = item
+    def commit(item: tuple[tuple[list[tuple[int, Step]], Any], Rewritten]) -> list[tuple[Step, str | ApplyResult]]:
+        (chain, existing), done = item
+        step = chain[-1][1]
         segment = step.segment
         assert isinstance(segment, SparkSegment)
         _commit_segment(lakehouse, step.table, segment, existing, done)
         compact_table(lakehouse, spark, CURRENT, step.table, current_piece_bytes() // 2, APPLIED_SEQ_KEY)
-        return [(step, _result(step.table, segment, done))]
+        return [*((create, "created") for _, create in chain[:-1]), (step, _result(step.table, segment, done))]
 
-    return for_each_table(list(zip(steps, rewritten, strict=True)), commit)
+    return for_each_table(list(zip(chains, rewritten, strict=True)), commit)
 
 
 def _apply_schema_change(

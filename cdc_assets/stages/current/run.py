@@ -62,7 +62,12 @@ def table_steps(pending: PendingTable) -> list[Step]:
     after = pending.applied_seq if pending.applied_seq is not None else -1
     upto = int(pc.max(seqs).as_py()) if len(seqs) else after
     steps: list[Step] = []
-    for item in table_plan(events, pending.shape, after, upto):
+    data_seqs = data.column("_cdc_seq")
+
+    def holds_changes(lower: int, upper: int) -> bool:
+        return bool(pc.any(pc.and_(pc.greater(data_seqs, lower), pc.less_equal(data_seqs, upper))).as_py() or False)
+
+    for item in table_plan(events, pending.shape, after, upto, holds_changes):
         if isinstance(item, SchemaStep):
             steps.append(Step(item.seq, pending.table, change=item.change, commit_ts=item.commit_ts))
             continue

@@ -103,6 +103,8 @@ class PendingSummary:
     events: list[dict[str, Any]] = field(default_factory=list)  # _cdc_seq, _cdc_op, _cdc_commit_ts, _cdc_ddl
     changes: int = 0
     max_seq: int | None = None
+    first_change: int | None = None  # the lowest and highest seq of a row change or TRUNCATE: spans outside
+    last_change: int | None = None  # them hold nothing to apply
 
 
 # -- the rules, applied by tasks (lake.current_rows: the same functions the Arrow engine calls) ----------------------
@@ -302,6 +304,8 @@ SUMMARY_SCHEMA = pa.schema(
         pa.field("_cdc_ddl", pa.string()),
         pa.field("changes", pa.int64()),  # a file's count of pending changes (NULL on an event row)
         pa.field("max_seq", pa.int64()),
+        pa.field("first_change", pa.int64()),
+        pa.field("last_change", pa.int64()),
     ]
 )
 
@@ -346,7 +350,13 @@ def summarize_tables(spark: SparkSession, access: FileAccess, tables: dict[str, 
                         for e in events.to_pylist()
                     ]
                     seqs = rows.column("_cdc_seq")
-                    out.append({"table": table, "changes": rows.num_rows, "max_seq": pc.max(seqs).as_py()})
+                    applied = rows.filter(pc.invert(pc.is_in(rows.column("_cdc_op"), pa.array(SCHEMA_OPS)))).column("_cdc_seq")
+                    out.append(
+                        {
+                            "table": table, "changes": rows.num_rows, "max_seq": pc.max(seqs).as_py(),
+                            "first_change": pc.min(applied).as_py(), "last_change": pc.max(applied).as_py(),
+                        }
+                    )  # fmt: skip
                     yield pa.RecordBatch.from_pylist(out, schema=SUMMARY_SCHEMA)
 
     frame = arrow_frame(spark, pa.table({"table": [t for t, _ in work], "path": [p for _, p in work]}))
@@ -356,6 +366,10 @@ def summarize_tables(spark: SparkSession, access: FileAccess, tables: dict[str, 
         if row["changes"] is not None:
             summary.changes += int(row["changes"])
             summary.max_seq = max(summary.max_seq or 0, int(row["max_seq"]))
+            if row["first_change"] is not None:
+                low, high = int(row["first_change"]), int(row["last_change"])
+                summary.first_change = low if summary.first_change is None else min(summary.first_change, low)
+                summary.last_change = high if summary.last_change is None else max(summary.last_change, high)
         else:
             summary.events.append({k: row[k] for k in ("_cdc_seq", "_cdc_op", "_cdc_commit_ts", "_cdc_ddl")})
     for summary in found.values():
@@ -365,8 +379,9 @@ def summarize_tables(spark: SparkSession, access: FileAccess, tables: dict[str, 
 
 @dataclass(frozen=True)
 class SmallMerge:
-    """A keyed table whose pending changes (in (`after`, `upto`], under one shape, no TRUNCATE among them) one
-    task applies whole, on Arrow: its change-log files, and its current-state files with their key ranges."""
+    """A table whose pending changes (in (`after`, `upto`], under one shape, the last TRUNCATE among them at
+    `truncate_seq`) one task applies whole, with the rules' Arrow functions: its change-log files, and its
+    current-state files with their key ranges."""
 
     table_text: str
     shape: TableShape
@@ -375,6 +390,7 @@ class SmallMerge:
     upto: int
     current_key: str
     ranges: list[dict[str, Any]]
+    truncate_seq: int | None = None
 
 
 MERGED_SCHEMA = pa.schema(
@@ -387,9 +403,31 @@ MERGED_SCHEMA = pa.schema(
 )
 
 
+def _merged_whole(access: FileAccess, w: SmallMerge, changes: pa.Table) -> tuple[pa.Table, dict[str, int], list[str]]:
+    """A small table's changes applied in one task, by the rules both engines share: a keyed table's files that
+    hold a changed key (all of them after a TRUNCATE) merged with the newest change per key; a keyless table's
+    files all rewritten with its copies counted. Returns the rows to write, the counts and the files replaced."""
+    schema = current_schema(w.shape)
+    key = list(w.shape.primary_key)
+    every = [r["path"] for r in w.ranges]
+    if key:
+        newest = newest_rows(changes, w.shape, w.truncate_seq)
+        touched = every if w.truncate_seq is not None else sorted(touched_by(newest.select(key), w.ranges))
+    else:
+        touched = every
+    parts = [conformed(p, schema) for p in read_files(access, w.current_key, touched)]
+    existing = after_truncate(pa.concat_tables(parts) if parts else schema.empty_table(), w.truncate_seq)
+    if key:
+        merged, counts = merge_rows(existing, newest, key)
+        return merged, counts, touched
+    marked = copy_changes(existing, copy_moves(after_truncate(changes, w.truncate_seq), w.shape), w.shape)
+    outcome = marked.column(OUTCOME_COLUMN)
+    counts = {name: int(pc.sum(pc.equal(outcome, name)).as_py() or 0) for name in ("inserted", "updated", "deleted")}
+    return marked.filter(pc.not_equal(outcome, "deleted")).drop_columns([OUTCOME_COLUMN]), counts, touched
+
+
 def merge_small_tables(spark: SparkSession, access: FileAccess, work: list[SmallMerge]) -> list[Rewritten]:
-    """Each table's copy on write in one task of one Spark job (lake.current_rows: the newest change per key,
-    the files it touches, the merge): a job per table costs its fixed overhead hundreds of times over when a
+    """Each table's changes applied in one task of one Spark job (`_merged_whole`, by stages.current.rules): a job per table costs its fixed overhead hundreds of times over when a
     run touches hundreds of small tables. Returns each table's new files, the files they replace and counts."""
     if not work:
         return []
@@ -404,12 +442,7 @@ def merge_small_tables(spark: SparkSession, access: FileAccess, work: list[Small
                 window = pc.less_equal(seqs, w.upto)
                 if w.log.after is not None:
                     window = pc.and_(window, pc.greater(seqs, w.log.after))
-                newest = newest_rows(changes.filter(window), w.shape, None)
-                key = list(w.shape.primary_key)
-                touched = sorted(touched_by(newest.select(key), w.ranges))
-                schema = current_schema(w.shape)
-                existing = [conformed(p, schema) for p in read_files(access, w.current_key, touched)]
-                merged, counts = merge_rows(pa.concat_tables(existing) if existing else schema.empty_table(), newest, key)
+                merged, counts, touched = _merged_whole(access, w, changes.filter(window))
                 actions = list(write_files(access, w.current_key, w.table_text, [merged]))
                 none = {"table": w.table_text, "path": "", "size": 0, "rows": 0, "stats": "", "modification_time": 0}
                 for n, action in enumerate(actions or [none]):

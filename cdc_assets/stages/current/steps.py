@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,11 +44,14 @@ class SchemaStep:
     commit_ts: dt.datetime
 
 
-def table_plan(events: list[dict[str, Any]], shape: TableShape, after: int, upto: int) -> list[Span | SchemaStep]:
+def table_plan(
+    events: list[dict[str, Any]], shape: TableShape, after: int, upto: int, holds_changes: Callable[[int, int], bool]
+) -> list[Span | SchemaStep]:
     """What is done to one table, in `_cdc_seq` order, on either engine: its pending changes in (`after`, `upto`]
     cut into spans at its schema changes, each span under the shape then in force (the shape before the first
     schema change, else `shape`), with the last TRUNCATE inside it. `events` are the pending TRUNCATE and schema
-    change rows (`_cdc_seq`, `_cdc_op`, `_cdc_commit_ts`, `_cdc_ddl`) in seq order."""
+    change rows (`_cdc_seq`, `_cdc_op`, `_cdc_commit_ts`, `_cdc_ddl`) in seq order; a span for which
+    `holds_changes(lower, upper)` says no row change or TRUNCATE lies in (lower, upper] is left out."""
     changes = [e for e in events if e["_cdc_op"] in SCHEMA_OPS]
     truncates = [int(e["_cdc_seq"]) for e in events if e["_cdc_op"] == TRUNCATE]
     if changes:
@@ -58,7 +62,7 @@ def table_plan(events: list[dict[str, Any]], shape: TableShape, after: int, upto
     lower = after
     for event in [*changes, None]:
         upper = int(event["_cdc_seq"]) - 1 if event is not None else upto
-        if upper > lower:
+        if upper > lower and holds_changes(lower, upper):
             within = [t for t in truncates if lower < t <= upper]
             plan.append(Span(shape, lower, upper, max(within) if within else None))
         if event is None:

@@ -1,0 +1,93 @@
+"""How many Spark jobs each stage runs, and how long each phase takes, for a few tables and for many.
+
+    .venv/bin/python -m benchmarks.spark_jobs [--tables 2,20,200] [--rows-per-table 200] [--oltp 2000]
+        [--master local[2]]
+
+For each table count, workload (a)'s shape (benchmarks.workloads.mixed_tables: a bulk load, then single-row OLTP
+transactions over every table) is written to a fresh MariaDB, captured, and taken through the change-log and
+current-state stages on Spark (every stage run pinned to Spark, whatever its size), from an empty lakehouse and
+then once more for a second round of transactions (an incremental run). The job counts are Spark's own: the jobs
+its status tracker knows of after each phase, less those before it (every job the run submits, from any thread).
+A stage whose job count grows with the number of tables pays Spark's fixed cost per job that many times over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.workloads import SCHEMA, fresh_server, mixed_tables, more_oltp, remove_work
+
+READER_SERVER_ID = 4444
+
+
+def jobs_so_far(spark: Any) -> int:
+    """Every job the application has run (status tracker: jobs of no job group, which ours all are)."""
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
+def measured(tables: int, rows_per_table: int, oltp: int, spark: Any, work: Path) -> list[tuple[str, int, float]]:
+    """(phase, jobs, seconds) of each stage run for `tables` tables."""
+    from cdc_assets.capture.run import capture
+    from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter
+    from cdc_assets.lake.store import Lakehouse
+    from cdc_assets.stages.changes.run import process_new_batches
+    from cdc_assets.stages.current.run import apply_pending
+    from spark_resources.engine import Transforms
+
+    server = fresh_server(work / f"server-{tables}")
+    mixed_tables(server, tables, rows_per_table, oltp)
+    settings = SourceSettings(MySQLUrl.parse(server.reader_url()), READER_SERVER_ID, TableFilter((f"{SCHEMA}.*",)))
+    lakehouse = Lakehouse(str(work / f"lakehouse-{tables}"))
+    engine = lambda changes: Transforms(lambda: spark)  # noqa: E731 (every stage run on Spark)
+    found = []
+    for round_name in ("from empty", "incremental"):
+        if round_name == "incremental":
+            more_oltp(server, tables, oltp // 2)
+        capture(settings, lakehouse)
+        for phase, run in (("change logs", process_new_batches), ("current state", apply_pending)):
+            before, began = jobs_so_far(spark), time.monotonic()
+            run(lakehouse, engine)
+            found.append((f"{phase}, {round_name}", jobs_so_far(spark) - before, time.monotonic() - began))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tables", default="2,20,200")
+    parser.add_argument("--rows-per-table", type=int, default=200)
+    parser.add_argument("--oltp", type=int, default=2000)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+    from pyspark.sql import SparkSession
+
+    from spark_resources.session import spark_config
+
+    builder = SparkSession.builder
+    for key, value in spark_config(args.master).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    counts = [int(n) for n in args.tables.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="cdc-spark-jobs-"))
+    failed = None
+    try:
+        results = {n: measured(n, args.rows_per_table, args.oltp, spark, work) for n in counts}
+    except BaseException as exc:
+        failed = f"the measurement failed ({type(exc).__name__})"
+        raise
+    finally:
+        spark.stop()
+        remove_work(work, failed)
+    print(f"\nSpark jobs per stage run on {args.master} (workload (a)'s shape, {args.rows_per_table} rows a table, "
+          f"{args.oltp} transactions, then {args.oltp // 2} more)")  # fmt: skip
+    print("| stage run | " + " | ".join(f"{n} tables: jobs, s" for n in counts) + " |")
+    print("|---|" + "---|" * len(counts))
+    for i, (phase, _, _) in enumerate(results[counts[0]]):
+        print(f"| {phase} | " + " | ".join(f"{results[n][i][1]}, {results[n][i][2]:.1f}" for n in counts) + " |")
+
+
+if __name__ == "__main__":
+    main()
