@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml constraints.txt
 ## (nothing of the system changes; about 50 MB, once). See cdc_assets/local_source/mysql_dist.py.
 install: system-deps $(STAMP)
 	@$(BIN)/python -m compileall -q -j 0 cdc_assets spark_resources >/dev/null
-	@$(BIN)/python -m cdc_assets.defs.instance >/dev/null
+	@$(BIN)/python -m cdc_assets.runtime.instance >/dev/null
 	@$(BIN)/python -m cdc_assets.local_source install-mysql
 
 ## `make demo SINKS=1` also publishes every change to a local RabbitMQ and a local Kinesis and reads them back.

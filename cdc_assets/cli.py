@@ -24,8 +24,8 @@ from cdc_assets.cli_progress import ProgressDisplay
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, check_numeric_settings
 from cdc_assets.defs import forked_capture
-from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
+from cdc_assets.runtime.instance import ensure_dagster_home
 
 if TYPE_CHECKING:
     from cdc_assets.defs.runs import RunOutcome

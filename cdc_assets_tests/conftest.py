@@ -166,7 +166,7 @@ def cdc(
     monkeypatch.setenv("CDC_LAKEHOUSE", str(env.lakehouse_dir))
     monkeypatch.setenv("CDC_TABLES", f"{database}.*")
     monkeypatch.setenv("CDC_SPARK_MASTER", "local[2]")
-    # a lakehouse's runs have a Dagster home of their own (defs/instance.py): the test's, beside its lakehouse
+    # a lakehouse's runs have a Dagster home of their own (runtime/instance.py): the test's, beside its lakehouse
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     for name in ("CDC_EXCLUDE_TABLES", "CDC_SERVER_ID", "CDC_MAX_BATCH_ROWS"):
         monkeypatch.delenv(name, raising=False)

@@ -86,7 +86,7 @@ def _env(server: local_server.LocalServer, lakehouse: Path, monkeypatch: pytest.
     monkeypatch.setenv("CDC_LAKEHOUSE", str(lakehouse))
     monkeypatch.setenv("CDC_TABLES", f"{DATABASE}.*")
     monkeypatch.setenv("CDC_MYSQL_URL", server.reader_url())
-    # a lakehouse's runs have a Dagster home of their own (defs/instance.py): the test's, beside its lakehouse
+    # a lakehouse's runs have a Dagster home of their own (runtime/instance.py): the test's, beside its lakehouse
     monkeypatch.setenv("DAGSTER_HOME", str(lakehouse.parent / "dagster_home"))
     for name in ("CDC_EXCLUDE_TABLES", "CDC_SERVER_ID", "CDC_MAX_BATCH_ROWS"):
         monkeypatch.delenv(name, raising=False)

@@ -52,7 +52,6 @@ from cdc_assets.defs.checks import (
     seq_uniqueness,
     uniqueness_of,
 )
-from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.forked_stages import pending_tables
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, REPAIR_JOB, STAGE_TAG, SYNC_JOB
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
@@ -61,6 +60,7 @@ from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.stages.changes import process_new_batches
 from cdc_assets.stages.current import apply_pending
 from cdc_assets.verification.repair import repair, repaired_after

@@ -60,7 +60,7 @@ from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, StaticPool
 
-from cdc_assets.defs.empty_home import RUN_DATABASE, cache_complete, cache_dir, place
+from cdc_assets.runtime.empty_home import RUN_DATABASE, cache_complete, cache_dir, place
 
 OPEN_DATABASES = 8  # connections kept open per storage: the index and the most recently used runs' databases
 
@@ -102,7 +102,7 @@ CHECK_EVALUATION = DagsterEventType.ASSET_CHECK_EVALUATION
 
 
 def _seed_run_database(path: Path) -> None:
-    """A new run's database as a copy of the cached empty one (defs/instance.py), when there is one: Dagster's
+    """A new run's database as a copy of the cached empty one (runtime/instance.py), when there is one: Dagster's
     set-up then finds its tables and revision in place."""
     if path.exists() or path.stem == INDEX_SHARD_NAME:
         return

@@ -31,19 +31,19 @@ from pathlib import Path
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, LAKEHOUSE_ENV
-from cdc_assets.defs.empty_home import DATABASES, RUN_DATABASE, cache_complete, cache_dir, place
+from cdc_assets.runtime.empty_home import DATABASES, RUN_DATABASE, cache_complete, cache_dir, place
 
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
 HOME_MARK = "cdc_lakehouse"  # in a Dagster home: the lakehouse whose runs it holds
 _chosen_here: set[str] = set()  # homes this process chose itself (from the lakehouse), not the user's DAGSTER_HOME
 LEGACY_YAML = "telemetry:\n  enabled: false\n"  # what earlier versions wrote
-EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch (cdc_assets.defs.event_log)
+EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch (cdc_assets.runtime.event_log)
 MANAGED_HEADER = "# Written by cdc-lakehouse; delete this line to keep your own edits to this file.\n"
 
 
 def instance_yaml(home: Path) -> str:
     """Our dagster.yaml: the run queue's limits (looked at every second, not every five: queued runs start
-    sooner), and the event log that writes batches of events at once (cdc_assets.defs.event_log), over the same
+    sooner), and the event log that writes batches of events at once (cdc_assets.runtime.event_log), over the same
     files as Dagster's default SQLite storage."""
     return (
         MANAGED_HEADER
@@ -70,7 +70,7 @@ run_queue:
   dequeue_interval_seconds: 1
   dequeue_use_threads: true
 event_log_storage:
-  module: cdc_assets.defs.event_log
+  module: cdc_assets.runtime.event_log
   class: BatchingSqliteEventLogStorage
   config:
     base_dir: {json.dumps(str(home / "history" / "runs"))}
@@ -201,7 +201,7 @@ def remember_new_home(dagster: object, home: Path) -> None:
     """After Dagster created the databases of a new home itself (no cache yet): keep them, still empty, as the cache."""
     if cache_complete():
         return
-    from cdc_assets.defs.event_log import empty_run_database
+    from cdc_assets.runtime.event_log import empty_run_database
 
     with tempfile.TemporaryDirectory() as tmp:
         run = empty_run_database(dagster, Path(tmp) / RUN_DATABASE)
@@ -214,7 +214,7 @@ def build_cache() -> Path:
         return cache_dir()
     from dagster import DagsterInstance
 
-    from cdc_assets.defs.event_log import share_alembic_scripts
+    from cdc_assets.runtime.event_log import share_alembic_scripts
 
     share_alembic_scripts()
     with tempfile.TemporaryDirectory() as tmp:
