@@ -23,8 +23,8 @@ from urllib.parse import urlparse
 from cdc_assets.cli_progress import ProgressDisplay
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, check_numeric_settings
-from cdc_assets.defs import forked_capture
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
+from cdc_assets.runtime import forked_capture
 from cdc_assets.runtime.instance import ensure_dagster_home
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from cdc_assets.verification.consistency import ConsistentComparison
 
 # Dagster and the definitions are imported by each command when it runs (`_runs()`), not with this module: a sync
-# from the command line forks its capture before (cdc_assets.defs.forked_capture).
+# from the command line forks its capture before (cdc_assets.runtime.forked_capture).
 
 _IMPORTED = time.time()  # when /proc cannot say when the process started
 

@@ -1,5 +1,5 @@
 """`cdc-lakehouse sync` from the command line captures in a child process begun before Dagster is imported
-(cdc_assets/defs/forked_capture.py), and its run records the batches. Whichever of the two processes dies, nothing
+(cdc_assets/runtime/forked_capture.py), and its run records the batches. Whichever of the two processes dies, nothing
 is lost or doubled, in the lakehouse or in what Dagster recorded, and the next sync goes on."""
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def test_a_run_that_recorded_its_batches_and_died_before_its_journal_went_is_not
 
 
 # The child goes on, once its capture is durable, with the change logs, current state and the checks' comparisons
-# (cdc_assets/defs/forked_stages.py); the run records its reports. The tests below hold it to a sync that ran them.
+# (cdc_assets/runtime/forked_stages.py); the run records its reports. The tests below hold it to a sync that ran them.
 
 TABLES = ("acct", "ledger", "items")
 

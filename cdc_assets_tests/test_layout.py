@@ -57,8 +57,20 @@ ALLOWED = {
         "cdc_assets.runtime",
         "spark_resources",
     },
-    # what the definitions run on: the Dagster home and its event log; never a definition
-    "cdc_assets.runtime": {"cdc_assets.core", "cdc_assets.runtime"},
+    # what the definitions run on, never a definition: the Dagster home and its event log, and the processes a run
+    # starts (a sync's forked child runs capture, both stages and the checks before Dagster is imported)
+    "cdc_assets.runtime": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.capture",
+        "cdc_assets.stages",
+        "cdc_assets.verification",
+        "cdc_assets.runtime",
+        # the forked child takes a stage only when the run would take Arrow too: the engine choice and its defaults
+        "spark_resources.engine",
+        "spark_resources.session",
+    },
     "spark_resources.engine": set(),
     "spark_resources.arrow_transforms": {"cdc_assets.core"},  # the change operations' vocabulary (core.ops)
     "spark_resources.transforms": set(),

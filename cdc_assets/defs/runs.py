@@ -227,7 +227,7 @@ def run_job(
 def run_sync(verbose: bool = False, run_id: str | None = None) -> RunOutcome:
     """One run of the `sync` job (capture, then the touched tables' change logs and current state, with the checks
     of all three), then a publish run per configured sink. `run_id`: the sync run's id, chosen before a capture
-    was forked for it (cdc_assets.defs.forked_capture)."""
+    was forked for it (cdc_assets.runtime.forked_capture)."""
     lakehouse = initialized_resources().lakehouse.get()
     refuse_beside_continuous(lakehouse)
     outcome = run_job(SYNC_JOB, verbose, run_id=run_id)
