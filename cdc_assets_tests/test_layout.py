@@ -127,6 +127,7 @@ MAY_IMPORT_DAGSTER = (
     "spark_resources.resources",
     "cdc_assets.runtime.instance",
     "cdc_assets.runtime.event_log",
+    "cdc_assets.runtime.queue",
 )
 
 

@@ -54,13 +54,13 @@ from cdc_assets.defs.checks import (
 from cdc_assets.defs.freshness import confirm_every_seconds
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
-from cdc_assets.defs.queue import WAITING_STATUSES
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.table_checks import equality_severity, equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.runtime.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
 from cdc_assets.runtime.event_log import log_batch
+from cdc_assets.runtime.queue import WAITING_STATUSES
 from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
 from cdc_assets.verification.consistency import ConsistentComparison
 from spark_resources.resources import TransformsResource

@@ -39,6 +39,9 @@ _chosen_here: set[str] = set()  # homes this process chose itself (from the lake
 LEGACY_YAML = "telemetry:\n  enabled: false\n"  # what earlier versions wrote
 EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch (cdc_assets.runtime.event_log)
 MANAGED_HEADER = "# Written by cdc-lakehouse; delete this line to keep your own edits to this file.\n"
+# the tags the run queue limits (dagster.yaml below); the definitions put them on their runs (defs/keys.py)
+SINK_TAG = "cdc/sink"  # the sink a publish run serves: the run queue lets one run per sink go at a time
+STAGE_TAG = "cdc/stage"  # capture, apply, sync or check: the run queue lets one capture and one apply run go at a time
 
 
 def instance_yaml(home: Path) -> str:
@@ -53,16 +56,16 @@ concurrency:
   runs:
     max_concurrent_runs: 4
     tag_concurrency_limits:
-      - key: cdc/stage
+      - key: {STAGE_TAG}
         value: capture
         limit: 1
-      - key: cdc/stage
+      - key: {STAGE_TAG}
         value: apply
         limit: 1
-      - key: cdc/stage
+      - key: {STAGE_TAG}
         value: sync
         limit: 1
-      - key: cdc/sink
+      - key: {SINK_TAG}
         value:
           applyLimitPerUniqueValue: true
         limit: 1
