@@ -127,7 +127,7 @@ class CdcEnv:
         return main(["sync", *extra])
 
     def verify(self) -> list:
-        from cdc_assets.defs.runs import run_verify
+        from cdc_assets.commands.runs import run_verify
 
         return run_verify()
 

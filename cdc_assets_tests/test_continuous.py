@@ -24,11 +24,11 @@ from dagster import (
 )
 from deltalake import DeltaTable
 
+from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.continuous import build_continuous_sensor
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, table_asset_key
 from cdc_assets.defs.resources import LakehouseResource
-from cdc_assets.defs.runs import instance
 from cdc_assets.defs.sensors import raw_batch_sensor
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import list_batches

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from cdc_assets.cli import main
+from cdc_assets.commands.runs import run_verify
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.runs import run_verify
 from cdc_assets.lake.layout import ARCHIVE
 from cdc_assets.lake.raw_batches import MANIFEST_FILE, list_batches, read_manifest, read_rows
 from cdc_assets.lake.state import load_checkpoint

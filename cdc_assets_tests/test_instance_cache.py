@@ -35,7 +35,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _open(home: Path, monkeypatch: pytest.MonkeyPatch):
-    from cdc_assets.defs.runs import instance
+    from cdc_assets.commands.runs import instance
 
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return instance()

@@ -42,7 +42,8 @@ ALLOWED = {
     "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.sinks"},
     # the local brokers share the local servers' process helpers (ports, pid files, a clean stop)
     "cdc_assets.local_brokers": {"cdc_assets.local_source", "cdc_assets.local_brokers"},
-    # the Dagster layer: everything below it, never the code location or the CLI above it
+    # the Dagster layer: everything below it but the local servers (the demo starts them, in commands/), never the
+    # commands, the code location or the CLI above it
     "cdc_assets.defs": {
         "cdc_assets.core",
         "cdc_assets.lake",
@@ -50,9 +51,7 @@ ALLOWED = {
         "cdc_assets.capture",
         "cdc_assets.stages",
         "cdc_assets.verification",
-        "cdc_assets.local_source",
         "cdc_assets.sinks",
-        "cdc_assets.local_brokers",
         "cdc_assets.defs",
         "cdc_assets.runtime",
         "spark_resources",
@@ -101,8 +100,24 @@ ALLOWED = {
         "spark_resources.transforms",
     },
     "spark_resources.resources": {"spark_resources.engine"},
+    # what the commands do, above the definitions: runs of their jobs on the instance, verify, status, the demo
+    "cdc_assets.commands": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.capture",
+        "cdc_assets.stages",
+        "cdc_assets.verification",
+        "cdc_assets.local_source",
+        "cdc_assets.sinks",
+        "cdc_assets.local_brokers",
+        "cdc_assets.defs",
+        "cdc_assets.runtime",
+        "cdc_assets.commands",
+    },
     "cdc_assets.definitions": {"cdc_assets.defs", "cdc_assets.runtime.instance"},
     "cdc_assets.cli": {
+        "cdc_assets.commands",
         "cdc_assets.defs",
         "cdc_assets.runtime",
         "cdc_assets.core",
@@ -128,6 +143,7 @@ MAY_IMPORT_DAGSTER = (
     "cdc_assets.runtime.instance",
     "cdc_assets.runtime.event_log",
     "cdc_assets.runtime.queue",
+    "cdc_assets.commands.runs",
 )
 
 
