@@ -23,8 +23,8 @@ from pathlib import Path
 from cdc_assets.local_brokers import destinations, kinesis, rabbitmq
 from cdc_assets.local_source import DEMO_HISTORY_TABLES, server
 from cdc_assets.local_source.processes import listening
+from cdc_assets.local_spark import cluster, connect_server
 from cdc_assets.runtime.instance import ensure_dagster_home
-from spark_resources import cluster, connect_server
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 WORKSPACE = PROJECT_ROOT / "workspace.yaml"

@@ -263,7 +263,7 @@ def s3_faults(_s3_proxy: S3Faults) -> Iterator[S3Faults]:
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A Spark standalone master and two workers (one core each) from the pyspark wheel, on 127.0.0.1."""
-    from spark_resources import cluster
+    from cdc_assets.local_spark import cluster
 
     state = tmp_path_factory.mktemp("spark_cluster")
     started = cluster.start(state, workers=2)

@@ -42,6 +42,9 @@ ALLOWED = {
     "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.sinks"},
     # the local brokers share the local servers' process helpers (ports, pid files, a clean stop)
     "cdc_assets.local_brokers": {"cdc_assets.local_source", "cdc_assets.local_brokers"},
+    # the local Spark servers (a standalone cluster, a Spark Connect server) for `make dev`, the tests and the
+    # benchmarks share them too; nothing of the pipeline starts them
+    "cdc_assets.local_spark": {"cdc_assets.local_source.processes", "cdc_assets.local_spark"},
     # the Dagster layer: everything below it but the local servers (the demo starts them, in commands/), never the
     # commands, the code location or the CLI above it
     "cdc_assets.defs": {
@@ -74,9 +77,6 @@ ALLOWED = {
     "spark_resources.arrow_transforms": {"cdc_assets.core"},  # the change operations' vocabulary (core.ops)
     "spark_resources.transforms": set(),
     "spark_resources.session": set(),
-    # local Spark processes for tests, `make dev` and the benchmarks: the local servers' process helpers
-    "spark_resources.connect_server": {"cdc_assets.local_source"},
-    "spark_resources.cluster": {"cdc_assets.local_source"},
     # the Spark jobs: they run the lakehouse's pure row functions (lake.change_rows, lake.current_rows) on the
     # executors, never a stage (the stages call them)
     "spark_resources.files_job": {"cdc_assets.core", "cdc_assets.lake", "spark_resources.transforms"},
@@ -130,8 +130,7 @@ ALLOWED = {
     "cdc_assets.local_dev": {
         "cdc_assets.local_source",
         "cdc_assets.local_brokers",
-        "spark_resources.connect_server",
-        "spark_resources.cluster",
+        "cdc_assets.local_spark",
         "cdc_assets.runtime.instance",
     },
 }
