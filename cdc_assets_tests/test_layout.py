@@ -268,10 +268,9 @@ def test_runtime_is_below_the_definitions() -> None:
     assert below == [], below
 
 
-def test_spark_resources_holds_the_spark_side_only() -> None:
-    """spark_resources/ imports nothing of cdc_assets beyond `core` and `lake` (the files still moving out under
-    issue 28 item 1 aside, while they are there); the local Spark servers live in cdc_assets/local_spark/, beside the
-    other local servers, and only `make dev` starts them."""
+def test_spark_resources_imports_only_core_and_lake_of_cdc_assets() -> None:
+    """spark_resources/ is Spark's side: of cdc_assets it imports `core` and `lake` only (the files still moving out
+    under issue 28 item 1 aside, while they are there)."""
     modules = _modules()
     gone = sorted(SPARK_RESOURCES_MOVING - set(modules))
     assert gone == [], f"{gone} left spark_resources/: remove them from SPARK_RESOURCES_MOVING (issue 28 item 1)"
@@ -283,6 +282,12 @@ def test_spark_resources_holds_the_spark_side_only() -> None:
         if _project(i, modules) and _within(i, ("cdc_assets",)) and not _within(i, SPARK_RESOURCES_MAY_IMPORT)
     )
     assert beyond == [], beyond
+
+
+def test_only_make_dev_starts_the_local_spark_servers() -> None:
+    """The local Spark servers live in cdc_assets/local_spark/, beside the other local servers: `make dev` starts
+    them (and the tests and the benchmarks), never the pipeline, the definitions or spark_resources/."""
+    modules = _modules()
     starters = sorted(
         f"{m} imports {i}"
         for m, imports in modules.items()
