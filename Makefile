@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml constraints.txt
 ## (nothing of the system changes; about 50 MB, once). See cdc_assets/local_source/mysql_dist.py.
 install: system-deps $(STAMP)
 	@$(BIN)/python -m compileall -q -j 0 cdc_assets spark_resources >/dev/null
-	@$(BIN)/python -m cdc_assets.defs.instance >/dev/null
+	@$(BIN)/python -m cdc_assets.runtime.instance >/dev/null
 	@$(BIN)/python -m cdc_assets.local_source install-mysql
 
 ## `make demo SINKS=1` also publishes every change to a local RabbitMQ and a local Kinesis and reads them back.
@@ -93,10 +93,10 @@ stop: install
 ## CDC_SPARK_MASTER (`CDC_SPARK_MASTER=spark://127.0.0.1:7077 make dev`). Logs under .local/spark_cluster/.
 SPARK_WORKERS ?= 2
 spark-cluster-start: install
-	$(BIN)/python -m spark_resources.cluster start --workers $(SPARK_WORKERS)
+	$(BIN)/python -m cdc_assets.local_spark cluster start --workers $(SPARK_WORKERS)
 
 spark-cluster-stop: install
-	$(BIN)/python -m spark_resources.cluster stop
+	$(BIN)/python -m cdc_assets.local_spark cluster stop
 
 ## The demo's live workload against the local source, until Ctrl-C (run it beside `make dev`).
 workload: install
@@ -113,8 +113,8 @@ local-source-stop: install
 
 clean: install
 	-$(BIN)/python -m cdc_assets.local_source stop-all
-	-$(BIN)/python -m spark_resources.connect_server stop --port $(SPARK_CONNECT_PORT)
-	-$(BIN)/python -m spark_resources.cluster stop
+	-$(BIN)/python -m cdc_assets.local_spark connect stop --port $(SPARK_CONNECT_PORT)
+	-$(BIN)/python -m cdc_assets.local_spark cluster stop
 	-$(BIN)/python -m cdc_assets.local_brokers stop
 	rm -rf .local lakehouse lakehouse-mysql
 

@@ -12,7 +12,7 @@ a thread, as in the continuous op; two phases of `--seconds` each, on the same l
           the equality check in a thread of the follower's process (as the op ran it), comparing every row of
           every table every `--check-every` seconds;
   after   the tables kept open (Lakehouse.keeping_tables_open); the ranges read column by column; the same check
-          in its child process (defs/check_process.py).
+          in its child process (runtime/check_process.py).
 
 Per phase it prints the cycles' count, the median and p95 cycle, and per cycle (median) the seconds of its parts:
 capture, change logs, current state; and, summed over the threads that did them, opening Delta tables and reading
@@ -43,10 +43,10 @@ from benchmarks.steady_load import SCHEMA, BigTable, _prepare, _write, pipeline_
 from benchmarks.workloads import CLI, fresh_server, remove_work
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter
-from cdc_assets.defs.check_process import ChildChecks, Request
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.local_source import server as local_server
+from cdc_assets.runtime.check_process import ChildChecks, Request
 from cdc_assets.stages.follow import Cycle, follow
 from cdc_assets.verification.changed_keys import compare_every_row
 from spark_resources.resources import LazySparkResource, TransformsResource

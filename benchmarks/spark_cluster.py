@@ -29,7 +29,7 @@ from benchmarks.large_table import SCHEMA, make_table, write_changes
 from benchmarks.memory import Watched, watch
 from benchmarks.workloads import BENCH_DIR, CLI, fresh_server, mixed_tables
 from benchmarks.workloads import SCHEMA as WORKLOAD_A_SCHEMA
-from spark_resources import cluster as spark_cluster
+from cdc_assets.local_spark import cluster as spark_cluster
 
 READER_SERVER_ID = 4244
 NO_SPARK = str(10**15)  # CDC_SPARK_MIN_ROWS that keeps every run on Arrow

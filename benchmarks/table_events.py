@@ -23,12 +23,12 @@ def main(tables: int = 200) -> dict[str, Any]:
     from dagster import AssetCheckEvaluation, DagsterInstance, in_process_executor, job, op
 
     from cdc_assets.defs.assets.tables import confirmations, table_materializations
-    from cdc_assets.defs.event_log import log_batch
-    from cdc_assets.defs.instance import ensure_dagster_home
     from cdc_assets.defs.keys import table_asset_key
     from cdc_assets.lake.layout import CURRENT_STAGE
     from cdc_assets.lake.state import TableProgress, save_progress, save_registry
     from cdc_assets.lake.store import Lakehouse
+    from cdc_assets.runtime.event_log import log_batch
+    from cdc_assets.runtime.instance import ensure_dagster_home
 
     ensure_dagster_home()
     house = Lakehouse(str(base / "lake"))

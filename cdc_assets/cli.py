@@ -1,5 +1,5 @@
 """`cdc-lakehouse`: sync, verify, status, snapshot, publish, export and demo. It parses and prints; the runs are the Dagster
-definitions' own (cdc_assets/defs/runs.py), on the persistent instance in DAGSTER_HOME (default
+definitions' own (cdc_assets/commands/runs.py), on the persistent instance in DAGSTER_HOME (default
 `.local/dagster_home`), so `make dev` shows them. Errors a user can fix end with one sentence and exit code 2,
 never a traceback.
 """
@@ -23,16 +23,16 @@ from urllib.parse import urlparse
 from cdc_assets.cli_progress import ProgressDisplay
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, check_numeric_settings
-from cdc_assets.defs import forked_capture
-from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
+from cdc_assets.runtime import forked_capture
+from cdc_assets.runtime.instance import ensure_dagster_home
 
 if TYPE_CHECKING:
-    from cdc_assets.defs.runs import RunOutcome
+    from cdc_assets.commands.runs import RunOutcome
     from cdc_assets.verification.consistency import ConsistentComparison
 
 # Dagster and the definitions are imported by each command when it runs (`_runs()`), not with this module: a sync
-# from the command line forks its capture before (cdc_assets.defs.forked_capture).
+# from the command line forks its capture before (cdc_assets.runtime.forked_capture).
 
 _IMPORTED = time.time()  # when /proc cannot say when the process started
 
@@ -218,7 +218,7 @@ def _shows_progress(args: argparse.Namespace) -> bool:
 
 
 def _runs() -> ModuleType:
-    from cdc_assets.defs import runs
+    from cdc_assets.commands import runs
 
     return runs
 
@@ -414,7 +414,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cdc_assets.defs import demo  # the local brokers' and source's clients: only the demo pays for them
+    from cdc_assets.commands import demo  # the local brokers' and source's clients: only the demo pays for them
 
     began = time.monotonic()
     result = demo.run_demo(args.seconds, args.seed, args.verbose, say=print, synced=_print_progress, sinks=args.sinks)
@@ -445,7 +445,7 @@ def _print_progress(outcome: RunOutcome) -> None:
 
 
 def _demo_summary(diffs: list[ConsistentComparison], syncs: int, seconds: float) -> None:
-    from cdc_assets.defs import demo
+    from cdc_assets.commands import demo
 
     lakehouse = demo.lakehouse_location()
     print()

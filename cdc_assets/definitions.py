@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cdc_assets.defs.code_location import build_definitions
-from cdc_assets.defs.instance import enable_event_batches
+from cdc_assets.runtime.instance import enable_event_batches
 
 # Runs launched from the UI or the daemon load this module: their partition-range events go in batches too.
 enable_event_batches()

@@ -20,11 +20,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.local_brokers import destinations, kinesis, rabbitmq
 from cdc_assets.local_source import DEMO_HISTORY_TABLES, server
 from cdc_assets.local_source.processes import listening
-from spark_resources import cluster, connect_server
+from cdc_assets.local_spark import cluster, connect_server
+from cdc_assets.runtime.instance import ensure_dagster_home
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 WORKSPACE = PROJECT_ROOT / "workspace.yaml"

@@ -127,7 +127,7 @@ class CdcEnv:
         return main(["sync", *extra])
 
     def verify(self) -> list:
-        from cdc_assets.defs.runs import run_verify
+        from cdc_assets.commands.runs import run_verify
 
         return run_verify()
 
@@ -166,7 +166,7 @@ def cdc(
     monkeypatch.setenv("CDC_LAKEHOUSE", str(env.lakehouse_dir))
     monkeypatch.setenv("CDC_TABLES", f"{database}.*")
     monkeypatch.setenv("CDC_SPARK_MASTER", "local[2]")
-    # a lakehouse's runs have a Dagster home of their own (defs/instance.py): the test's, beside its lakehouse
+    # a lakehouse's runs have a Dagster home of their own (runtime/instance.py): the test's, beside its lakehouse
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     for name in ("CDC_EXCLUDE_TABLES", "CDC_SERVER_ID", "CDC_MAX_BATCH_ROWS"):
         monkeypatch.delenv(name, raising=False)
@@ -263,7 +263,7 @@ def s3_faults(_s3_proxy: S3Faults) -> Iterator[S3Faults]:
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A Spark standalone master and two workers (one core each) from the pyspark wheel, on 127.0.0.1."""
-    from spark_resources import cluster
+    from cdc_assets.local_spark import cluster
 
     state = tmp_path_factory.mktemp("spark_cluster")
     started = cluster.start(state, workers=2)

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from dagster import AssetCheckKey, DagsterEventType
 
+from cdc_assets.commands.runs import instance as _instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import CURRENT_ASSET, EQUALITY_JOB
-from cdc_assets.defs.runs import instance as _instance
 from cdc_assets.verification.changed_keys import compare_changed, compare_every_row, load_checked
 from cdc_assets.verification.consistency import ConsistentComparison
 from cdc_assets_tests.conftest import CdcEnv

@@ -10,14 +10,14 @@ from dagster import AssetCheckEvaluation
 from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.capture.run import capture
+from cdc_assets.commands.runs import instance as _instance
+from cdc_assets.commands.runs import run_sync
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
 from cdc_assets.defs.keys import LAG_JOB as LAG_JOB_NAME
 from cdc_assets.defs.resources import BinlogResource
-from cdc_assets.defs.runs import instance as _instance
-from cdc_assets.defs.runs import run_sync
 from cdc_assets.lake.layout import CURRENT, RAW
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv

@@ -24,15 +24,15 @@ from dagster import (
 )
 from deltalake import DeltaTable
 
+from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.continuous import build_continuous_sensor
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, table_asset_key
-from cdc_assets.defs.queue import capture_in_progress
 from cdc_assets.defs.resources import LakehouseResource
-from cdc_assets.defs.runs import instance
 from cdc_assets.defs.sensors import raw_batch_sensor
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.runtime.queue import capture_in_progress
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 from cdc_assets_tests.test_pipeline import _all_change_seqs, _raw_seqs

@@ -12,8 +12,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from cdc_assets.defs.instance import ensure_dagster_home
 from cdc_assets.defs.keys import CONTINUOUS_JOB
+from cdc_assets.runtime.instance import ensure_dagster_home
 from cdc_assets.stages.follow import continuous_holder
 from cdc_assets.verification.integrity import duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv, run_cli

@@ -6,11 +6,11 @@ from __future__ import annotations
 from dagster import AssetCheckKey, AssetKey, DagsterEventType, EventRecordsFilter
 
 from cdc_assets.cli import main
-from cdc_assets.defs.event_log import BatchingSqliteEventLogStorage
+from cdc_assets.commands.runs import instance as _instance
+from cdc_assets.commands.runs import run_job
 from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, SYNC_JOB
-from cdc_assets.defs.runs import instance as _instance
-from cdc_assets.defs.runs import run_job
 from cdc_assets.defs.sensors import apply_run_request
+from cdc_assets.runtime.event_log import BatchingSqliteEventLogStorage
 from cdc_assets_tests.conftest import CdcEnv
 
 CHECKS = [

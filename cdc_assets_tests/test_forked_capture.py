@@ -1,5 +1,5 @@
 """`cdc-lakehouse sync` from the command line captures in a child process begun before Dagster is imported
-(cdc_assets/defs/forked_capture.py), and its run records the batches. Whichever of the two processes dies, nothing
+(cdc_assets/runtime/forked_capture.py), and its run records the batches. Whichever of the two processes dies, nothing
 is lost or doubled, in the lakehouse or in what Dagster recorded, and the next sync goes on."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _sync_process(env: dict[str, str] | None = None) -> subprocess.Popen:
 
 def _recorded_batches() -> list[str]:
     """Every raw batch the sync runs recorded as the raw asset's materializations, each as often as recorded."""
-    from cdc_assets.defs.runs import instance
+    from cdc_assets.commands.runs import instance
 
     names = []
     for record in instance().fetch_materializations(RAW_ASSET, limit=10_000).records:
@@ -94,7 +94,7 @@ def test_the_capture_runs_in_a_child_under_the_lock_of_the_run_that_records_it(c
     assert process.returncode == 0, out + err
     assert holder.pid != process.pid  # the child captured, the command's own process did not
 
-    from cdc_assets.defs.runs import instance
+    from cdc_assets.commands.runs import instance
 
     runs = instance().get_runs()
     assert [r.job_name for r in runs] == [SYNC_JOB]
@@ -159,7 +159,7 @@ def test_a_run_that_recorded_its_batches_and_died_before_its_journal_went_is_not
     monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "100")
     assert cdc.sync() == 0
     from cdc_assets.capture.journal import CaptureJournal, Recorder
-    from cdc_assets.defs.runs import instance
+    from cdc_assets.commands.runs import instance
 
     # what a recorder killed right after logging the materialization leaves: its journal, naming a dead process
     run = instance().get_runs()[0]
@@ -174,7 +174,7 @@ def test_a_run_that_recorded_its_batches_and_died_before_its_journal_went_is_not
 
 
 # The child goes on, once its capture is durable, with the change logs, current state and the checks' comparisons
-# (cdc_assets/defs/forked_stages.py); the run records its reports. The tests below hold it to a sync that ran them.
+# (cdc_assets/runtime/forked_stages.py); the run records its reports. The tests below hold it to a sync that ran them.
 
 TABLES = ("acct", "ledger", "items")
 
@@ -235,7 +235,7 @@ def _run_records(
     share."""
     from dagster import DagsterEventType
 
-    from cdc_assets.defs.runs import instance
+    from cdc_assets.commands.runs import instance
 
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     if lakehouse is not None:
@@ -269,7 +269,7 @@ def _without_varying(value: object) -> object:
 
 def _run_messages() -> list[str]:
     """What the one sync run of the test's Dagster home logged."""
-    from cdc_assets.defs.runs import instance
+    from cdc_assets.commands.runs import instance
 
     (run,) = instance().get_runs()
     return [e.user_message or "" for e in instance().all_logs(run.run_id)]
@@ -430,7 +430,7 @@ def test_a_duplicate_seq_the_child_finds_blocks_current_state_as_the_run_would(c
     assert holder.pid != process.pid  # the child took the change logs, and found the duplicate
     assert process.returncode == 1, out + err
     assert "change_log_seq_unique" in out + err
-    from cdc_assets.defs.runs import instance
+    from cdc_assets.commands.runs import instance
 
     last = instance().get_runs(limit=1)[0]
     said = [e.user_message or "" for e in instance().all_logs(last.run_id)]

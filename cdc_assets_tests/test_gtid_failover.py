@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from cdc_assets.cli import main
+from cdc_assets.commands.runs import run_verify
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.runs import run_verify
 from cdc_assets.lake.layout import ARCHIVE
 from cdc_assets.lake.raw_batches import MANIFEST_FILE, list_batches, read_manifest, read_rows
 from cdc_assets.lake.state import load_checkpoint
@@ -86,7 +86,7 @@ def _env(server: local_server.LocalServer, lakehouse: Path, monkeypatch: pytest.
     monkeypatch.setenv("CDC_LAKEHOUSE", str(lakehouse))
     monkeypatch.setenv("CDC_TABLES", f"{DATABASE}.*")
     monkeypatch.setenv("CDC_MYSQL_URL", server.reader_url())
-    # a lakehouse's runs have a Dagster home of their own (defs/instance.py): the test's, beside its lakehouse
+    # a lakehouse's runs have a Dagster home of their own (runtime/instance.py): the test's, beside its lakehouse
     monkeypatch.setenv("DAGSTER_HOME", str(lakehouse.parent / "dagster_home"))
     for name in ("CDC_EXCLUDE_TABLES", "CDC_SERVER_ID", "CDC_MAX_BATCH_ROWS"):
         monkeypatch.delenv(name, raising=False)

@@ -14,7 +14,7 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance
 from dagster._core.definitions.freshness import FreshnessState
 
-from cdc_assets.defs.instance import ensure_dagster_home
+from cdc_assets.runtime.instance import ensure_dagster_home
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.dagster_dev import DAGSTER, REPO, dagster_dev
 

@@ -11,9 +11,9 @@ import boto3
 import pytest
 
 from cdc_assets.cli import main
+from cdc_assets.commands.runs import run_sync
 from cdc_assets.core.names import TableRef, name_of_segment, path_segment
 from cdc_assets.defs.resources import initialized_resources
-from cdc_assets.defs.runs import run_sync
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets_tests.conftest import CdcEnv, use_s3
 
@@ -72,7 +72,7 @@ def _change_everything(cdc: CdcEnv, tables: list[TableRef]) -> None:
 
 
 def _assert_all_equal(tables: list[TableRef], dropped: tuple[TableRef, ...] = ()) -> None:
-    from cdc_assets.defs.runs import run_verify
+    from cdc_assets.commands.runs import run_verify
 
     results = run_verify()
     assert sorted(r.table for r in results) == sorted([*tables, *dropped])

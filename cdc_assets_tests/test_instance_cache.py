@@ -1,4 +1,4 @@
-"""A new DAGSTER_HOME starts from copies of the empty databases Dagster built once (cdc_assets/defs/instance.py):
+"""A new DAGSTER_HOME starts from copies of the empty databases Dagster built once (cdc_assets/runtime/instance.py):
 the copies must be what Dagster itself builds, and a sync must run on such a home."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc_assets.defs import empty_home
-from cdc_assets.defs import instance as home_setup
 from cdc_assets.defs.keys import RAW_ASSET
+from cdc_assets.runtime import empty_home
+from cdc_assets.runtime import instance as home_setup
 from cdc_assets_tests.conftest import CdcEnv
 
 
@@ -35,7 +35,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _open(home: Path, monkeypatch: pytest.MonkeyPatch):
-    from cdc_assets.defs.runs import instance
+    from cdc_assets.commands.runs import instance
 
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     return instance()
@@ -63,7 +63,7 @@ def test_a_new_home_gets_copies_of_what_dagster_builds_and_a_sync_runs_on_it(
     assert len(runs) == 1 and runs[0].is_success
     run_db = tmp_path / "fresh" / "history" / "runs" / f"{runs[0].run_id}.db"
     dagster_built_run_db = tmp_path / "built" / "history" / "runs" / "dagster-built.db"
-    from cdc_assets.defs.event_log import empty_run_database
+    from cdc_assets.runtime.event_log import empty_run_database
 
     empty_run_database(dagster, dagster_built_run_db)
     assert _shape(run_db)["schema"] == _shape(dagster_built_run_db)["schema"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# what each part may import of the project; Dagster only in the Dagster layer (and spark_resources.resources)
+# what each part may import of the project; Dagster only where MAY_IMPORT_DAGSTER says
 ALLOWED = {
     "cdc_assets": set(),  # the package itself: a docstring
     "spark_resources": set(),
@@ -40,8 +40,45 @@ ALLOWED = {
     "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.sinks"},
     # the local brokers share the local servers' process helpers (ports, pid files, a clean stop)
     "cdc_assets.local_brokers": {"cdc_assets.local_source", "cdc_assets.local_brokers"},
-    # the Dagster layer: everything below it, never the code location or the CLI above it
+    # the local Spark servers (a standalone cluster, a Spark Connect server) for `make dev`, the tests and the
+    # benchmarks share them too; nothing of the pipeline starts them
+    "cdc_assets.local_spark": {"cdc_assets.local_source.processes", "cdc_assets.local_spark"},
+    # the Dagster layer: everything below it but the local servers (the demo starts them, in commands/), never the
+    # commands, the code location or the CLI above it
     "cdc_assets.defs": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.capture",
+        "cdc_assets.stages",
+        "cdc_assets.verification",
+        "cdc_assets.sinks",
+        "cdc_assets.defs",
+        "cdc_assets.runtime",
+        "spark_resources",
+    },
+    # what the definitions run on, never a definition: the Dagster home and its event log, and the processes a run
+    # starts (a sync's forked child runs capture, both stages and the checks before Dagster is imported)
+    "cdc_assets.runtime": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.capture",
+        "cdc_assets.stages",
+        "cdc_assets.verification",
+        "cdc_assets.runtime",
+        # the forked child takes a stage only when the run would take Arrow too: the engine choice and its defaults
+        "spark_resources.engine",
+        "spark_resources.session",
+    },
+    "spark_resources.engine": set(),
+    "spark_resources.transforms": set(),
+    "spark_resources.session": set(),
+    # generic Spark jobs over a table's files (rewrite, compact), run by every stage's Spark half
+    "spark_resources.files_job": {"cdc_assets.core", "cdc_assets.lake", "spark_resources.transforms"},
+    "spark_resources.resources": {"spark_resources.engine"},
+    # what the commands do, above the definitions: runs of their jobs on the instance, verify, status, the demo
+    "cdc_assets.commands": {
         "cdc_assets.core",
         "cdc_assets.lake",
         "cdc_assets.source",
@@ -52,20 +89,14 @@ ALLOWED = {
         "cdc_assets.sinks",
         "cdc_assets.local_brokers",
         "cdc_assets.defs",
-        "spark_resources",
+        "cdc_assets.runtime",
+        "cdc_assets.commands",
     },
-    "spark_resources.engine": set(),
-    "spark_resources.transforms": set(),
-    "spark_resources.session": set(),
-    # local Spark processes for tests, `make dev` and the benchmarks: the local servers' process helpers
-    "spark_resources.connect_server": {"cdc_assets.local_source"},
-    "spark_resources.cluster": {"cdc_assets.local_source"},
-    # generic Spark jobs over a table's files (rewrite, compact), run by every stage's Spark half
-    "spark_resources.files_job": {"cdc_assets.core", "cdc_assets.lake", "spark_resources.transforms"},
-    "spark_resources.resources": {"spark_resources.engine"},
-    "cdc_assets.definitions": {"cdc_assets.defs"},
+    "cdc_assets.definitions": {"cdc_assets.defs", "cdc_assets.runtime.instance"},
     "cdc_assets.cli": {
+        "cdc_assets.commands",
         "cdc_assets.defs",
+        "cdc_assets.runtime",
         "cdc_assets.core",
         "cdc_assets.lake.layout",
         "cdc_assets.verification",
@@ -76,16 +107,26 @@ ALLOWED = {
     "cdc_assets.local_dev": {
         "cdc_assets.local_source",
         "cdc_assets.local_brokers",
-        "spark_resources.connect_server",
-        "spark_resources.cluster",
-        "cdc_assets.defs.instance",
+        "cdc_assets.local_spark",
+        "cdc_assets.runtime.instance",
     },
 }
 DAGSTER = ("dagster", "dagster_pyspark")
-# modules a move in progress still leaves where they were: the local Spark servers, which go beside the other local
-# servers (issue 28, item 3)
-ALLOWANCES: set[str] = {"spark_resources.cluster", "spark_resources.connect_server"}
-MAY_IMPORT_DAGSTER = ("cdc_assets.defs", "cdc_assets.definitions", "spark_resources.resources")
+# The Dagster layer and what must touch Dagster's own storage: in runtime/ the instance, its event log and the run
+# queue's view; the CLI's runs. The rest of runtime/ (a sync's forked child, the checks' child) never imports it.
+MAY_IMPORT_DAGSTER = (
+    "cdc_assets.defs",
+    "cdc_assets.definitions",
+    "spark_resources.resources",
+    "cdc_assets.runtime.instance",
+    "cdc_assets.runtime.event_log",
+    "cdc_assets.runtime.queue",
+    "cdc_assets.commands.runs",
+)
+# What runtime/ is below: it never imports them (they import it).
+ABOVE_RUNTIME = ("cdc_assets.defs", "cdc_assets.commands", "cdc_assets.definitions", "cdc_assets.cli")
+# Who starts the local Spark servers: `make dev` / `make stop` (the tests and the benchmarks aside).
+LOCAL_SPARK_STARTED_BY = ("cdc_assets.local_dev", "cdc_assets.local_spark")
 
 
 def _module_name(path: Path) -> str:
@@ -140,7 +181,7 @@ def test_spark_resources_holds_the_spark_side_only() -> None:
     modules = _modules()
     found = []
     for module, imports in modules.items():
-        if module.split(".")[0] != "spark_resources" or module in ALLOWANCES:
+        if module.split(".")[0] != "spark_resources":
             continue
         if module not in SPARK_SETTINGS and not any(i.split(".")[0] in SPARK for i in imports):
             found.append(f"{module} does not use Spark")
@@ -169,6 +210,83 @@ def test_each_stage_is_one_folder_with_its_spark_half_apart() -> None:
     assert {f"cdc_assets.stages.{s}.spark_tasks" for s in STAGES} <= set(spark_users)
 
 
+def _project(name: str, modules: dict[str, set[str]]) -> bool:
+    return name in modules and "." in name  # a package's own name (`from cdc_assets import x`) says nothing
+
+
+def _within(module: str, parts: tuple[str, ...]) -> bool:
+    return any(module == part or module.startswith(part + ".") for part in parts)
+
+
+def _imports_dagster_at_module_level(path: Path) -> bool:
+    """Dagster's public API imported by the module's own body (not only inside a function, nor for type checking)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        if any(n.split(".")[0] in DAGSTER and not n.startswith("dagster._") for n in names):
+            return True
+    return False
+
+
+def test_defs_holds_dagster_definitions_only() -> None:
+    """A module of defs/ builds Dagster objects (assets, checks, jobs, schedules, sensors, resources, partitions,
+    freshness, keys, the Definitions), so it imports Dagster; one that needs no Dagster is plumbing (runtime/) or
+    belongs to a layer below. Dagster's storage is runtime/'s: defs/ neither opens an instance nor reaches past
+    Dagster's public API."""
+    plumbing, storage = [], []
+    for path in sorted((ROOT / "cdc_assets" / "defs").rglob("*.py")):
+        module = _module_name(path)
+        empty_package = path.name == "__init__.py" and not _imports(path)
+        if not empty_package and not _imports_dagster_at_module_level(path):
+            plumbing.append(module)
+        storage += [f"{module} imports {i}" for i in _imports(path) if i.startswith("dagster._") or i == "dagster.DagsterInstance"]
+    assert plumbing == [], f"these modules of defs/ import no Dagster: move them to cdc_assets/runtime/ (or below): {plumbing}"
+    assert storage == [], f"Dagster's instance and storage are runtime/'s, not the definitions': {storage}"
+
+
+def test_runtime_is_below_the_definitions() -> None:
+    """runtime/ is what the definitions run on: defs/, the commands, the code location and the CLI import it, never
+    the reverse, and nothing below the definitions (core, lake, source, capture, stages, verification, sinks, the local
+    servers, spark_resources) imports it."""
+    modules = _modules()
+    up = sorted(
+        f"{m} imports {i}"
+        for m, imports in modules.items()
+        if _within(m, ("cdc_assets.runtime",))
+        for i in imports
+        if _project(i, modules) and _within(i, ABOVE_RUNTIME)
+    )
+    assert up == [], up
+    may_use_runtime = ("cdc_assets.runtime", *ABOVE_RUNTIME, "cdc_assets.local_dev")
+    below = sorted(
+        f"{m} imports {i}"
+        for m, imports in modules.items()
+        if not _within(m, may_use_runtime)
+        for i in imports
+        if _project(i, modules) and _within(i, ("cdc_assets.runtime",))
+    )
+    assert below == [], below
+
+
+
+def test_only_make_dev_starts_the_local_spark_servers() -> None:
+    """The local Spark servers live in cdc_assets/local_spark/, beside the other local servers: `make dev` starts
+    them (and the tests and the benchmarks), never the pipeline, the definitions or spark_resources/."""
+    modules = _modules()
+    starters = sorted(
+        f"{m} imports {i}"
+        for m, imports in modules.items()
+        if not _within(m, LOCAL_SPARK_STARTED_BY)
+        for i in imports
+        if _project(i, modules) and _within(i, ("cdc_assets.local_spark",))
+    )
+    assert starters == [], f"only `make dev` (cdc_assets.local_dev) starts the local Spark servers: {starters}"
+
+
 def test_no_import_cycle_and_no_private_dagster_api_but_the_event_log() -> None:
     modules = _modules()
     graph = {m: {i for i in imports if i in modules and i != m} for m, imports in modules.items()}
@@ -193,7 +311,7 @@ def test_no_import_cycle_and_no_private_dagster_api_but_the_event_log() -> None:
     private = sorted(
         f"{m} imports {i}" for m, imports in modules.items() for i in imports if i.startswith("dagster._")
     )
-    assert all(line.startswith("cdc_assets.defs.event_log ") for line in private), private
+    assert all(line.startswith("cdc_assets.runtime.event_log ") for line in private), private
 
 
 def _package(module: str) -> str:

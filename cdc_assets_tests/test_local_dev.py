@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cdc_assets.defs.instance import HOME_MARK
 from cdc_assets.local_source import server
 from cdc_assets.local_source.processes import listening
 from cdc_assets.local_source.server import free_port
+from cdc_assets.runtime.instance import HOME_MARK
 
 START_SECONDS = 240
 

@@ -13,8 +13,8 @@ import pytest
 from dagster import DagsterInstance
 
 from cdc_assets.cli import main
-from cdc_assets.defs.instance import HOME_MARK, home_for
 from cdc_assets.local_source import server
+from cdc_assets.runtime.instance import HOME_MARK, home_for
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
 

@@ -9,9 +9,9 @@ from dagster import AssetCheckSeverity
 from deltalake import DeltaTable
 
 from cdc_assets.cli import main
+from cdc_assets.commands.runs import run_sync
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.runs import run_sync
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 from cdc_assets_tests.test_table_checks import _latest_check

@@ -10,10 +10,10 @@ from dagster import AssetCheckSeverity
 from deltalake import DeltaTable
 
 from cdc_assets.cli import main
+from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import APPLY_JOB
-from cdc_assets.defs.runs import instance
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.repair_marks import owing_repair

@@ -9,8 +9,8 @@ import pytest
 from deltalake import write_deltalake
 
 from cdc_assets.cli import main
+from cdc_assets.commands.runs import collect_status
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.runs import collect_status
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.quarantine import CAPTURE, quarantined_tables
 from cdc_assets.lake.state import load_checkpoint

@@ -12,12 +12,12 @@ from dagster import DagsterInstance, DagsterRunStatus, RunRequest, build_schedul
 from dagster._core.definitions.schedule_definition import ScheduleExecutionData
 from dagster._core.test_utils import create_run_for_test
 
+from cdc_assets.commands.runs import instance as _instance
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import CAPTURE_JOB as CAPTURE_JOB_NAME
 from cdc_assets.defs.keys import STAGE_TAG
 from cdc_assets.defs.resources import LakehouseResource
-from cdc_assets.defs.runs import instance as _instance
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule
 from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
 from cdc_assets.lake.locks import lakehouse_lock

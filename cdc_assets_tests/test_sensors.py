@@ -8,12 +8,12 @@ import pytest
 from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
 from cdc_assets.capture.run import capture
+from cdc_assets.commands.runs import instance as _instance
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
 from cdc_assets.defs.keys import PARTITION_RANGE_END_TAG, PARTITION_RANGE_START_TAG, PARTITION_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
-from cdc_assets.defs.runs import instance as _instance
 from cdc_assets.defs.sensors import raw_batch_sensor
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv, use_s3
@@ -126,8 +126,8 @@ def test_sensor_on_s3(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch, s3_endpoint:
 def test_sensor_confirms_current_state_when_capture_finds_nothing(cdc: CdcEnv, monkeypatch) -> None:
     """Freshness follows the current-state layer's materializations; a quiet source must not look stale while
     capture keeps succeeding, so the sensor confirms every table after a capture that found nothing."""
+    from cdc_assets.commands.runs import run_job
     from cdc_assets.defs.keys import CAPTURE_JOB as CAPTURE_JOB_NAME
-    from cdc_assets.defs.runs import run_job
 
     monkeypatch.setenv("CDC_LAG_WARN_SECONDS", "0.1")
     monkeypatch.setenv("CDC_LAG_FAIL_SECONDS", "0.5")

@@ -152,8 +152,8 @@ def test_the_forked_stages_choose_the_engine_the_run_would(
 ) -> None:
     """A sync's forked child takes the stages only where the run would take them on Arrow: its threshold is the
     run's, read without Dagster; at or above it the child leaves the stage to the run."""
-    from cdc_assets.defs.forked_stages import LeftToRun, arrow_only, run_min_rows
     from cdc_assets.defs.resources import initialized_resources
+    from cdc_assets.runtime.forked_stages import LeftToRun, arrow_only, run_min_rows
 
     monkeypatch.setenv("CDC_SPARK_MASTER", master)
     if min_rows is None:
@@ -179,7 +179,7 @@ def test_the_forked_child_imports_no_dagster() -> None:
     import sys
 
     code = (
-        "import sys, cdc_assets.defs.forked_capture, cdc_assets.defs.forked_stages; "
+        "import sys, cdc_assets.runtime.forked_capture, cdc_assets.runtime.forked_stages; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dagster', 'dagster_pyspark', 'pyspark')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -22,11 +22,11 @@ import pytest
 from dagster import AssetCheckSeverity, DagsterInstance, build_sensor_context
 
 from cdc_assets.cli import main
+from cdc_assets.commands.runs import instance
 from cdc_assets.core import failpoints
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import LAG_JOB, sink_asset_key
 from cdc_assets.defs.resources import initialized_resources
-from cdc_assets.defs.runs import instance
 from cdc_assets.local_brokers import rabbitmq as local_rabbitmq
 from cdc_assets.local_source.server import free_port
 from cdc_assets.sinks.checkpoint import checkpoint_key, load_checkpoint

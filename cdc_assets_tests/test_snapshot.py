@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
+from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.keys import table_asset_key
-from cdc_assets.defs.runs import instance
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from cdc_assets.local_source.server import free_port
+from cdc_assets.local_spark import connect_server
 from cdc_assets_tests.conftest import CdcEnv
-from spark_resources import connect_server
 
 
 @pytest.fixture(scope="module")

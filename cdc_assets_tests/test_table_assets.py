@@ -9,13 +9,13 @@ import pyarrow as pa
 from dagster import AssetKey, DefaultSensorStatus, TableSchema, materialize
 from deltalake import write_deltalake
 
+from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.tables import column_schema
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.examples import EXAMPLES_SENSOR, ORDERS_TABLE, build_orders_summary, example_assets
 from cdc_assets.defs.keys import CHANGES_ASSET, SYNC_JOB, table_asset_key
 from cdc_assets.defs.resources import initialized_resources
-from cdc_assets.defs.runs import instance
 from cdc_assets.lake.state import save_registry
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets_tests.conftest import CdcEnv

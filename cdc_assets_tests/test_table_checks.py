@@ -10,13 +10,13 @@ from dagster import AssetCheckEvaluation, AssetCheckKey, AssetCheckSeverity
 from deltalake import DeltaTable
 
 from cdc_assets.capture.run import capture
+from cdc_assets.commands.runs import instance, run_sync
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets import raw
 from cdc_assets.defs.assets.tables import DATA_VERSION_TAG, due_for_confirmation
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import LAG_JOB, table_asset_key
 from cdc_assets.defs.resources import BinlogResource
-from cdc_assets.defs.runs import instance, run_sync
 from cdc_assets.defs.table_checks import EQUALITY_CHECK, LAG_CHECK, SCHEMA_CHECK
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets_tests.conftest import CdcEnv

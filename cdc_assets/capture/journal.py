@@ -1,7 +1,7 @@
 """The raw batches a run has captured and not yet recorded: `_state/unrecorded/<run id>.json`.
 
 A `sync` records its raw batches as the raw asset's materialization in its Dagster run, after the capture. Its
-capture may run in another process than the one that records it (cdc_assets.defs.forked_capture: the capture
+capture may run in another process than the one that records it (cdc_assets.runtime.forked_capture: the capture
 starts before Dagster is even imported), and either process may die in between. So the capture lists each batch
 here, under the capture lock, before the checkpoint passes it, together with the process that will record it
 (host, pid and that pid's start time, so a reused pid is not taken for it). The recording run deletes its file once

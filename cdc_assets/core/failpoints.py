@@ -13,7 +13,7 @@ Off, a failpoint costs one dict lookup. On, it does what it was armed with:
 
 `CDC_FAILPOINTS="name=action,name=action@N"` arms them for a process (so tests arm a `cdc-lakehouse` child);
 `@N` fires on the Nth time the point is reached (default the first). `arm()` arms one in this process.
-`CDC_CHILD_FAILPOINTS` arms more, the same way, in a `sync`'s forked child only (cdc_assets/defs/forked_capture.py),
+`CDC_CHILD_FAILPOINTS` arms more, the same way, in a `sync`'s forked child only (cdc_assets/runtime/forked_capture.py),
 so a test can kill the child at a point its parent then passes too.
 Every name is listed in FAILPOINTS, each documented in docs/architecture.md with why recovery is correct.
 """

@@ -3,7 +3,7 @@
 The work reports plain updates where it passes a milestone (a raw batch written, a chunk of batches appended, a table
 merged); whoever listens shows them: the `cdc-lakehouse` command's progress display (cdc_assets/cli_progress.py).
 Nobody listens in runs the UI or the daemon launch (their run logs say the same), and there a report costs one look
-at an empty list. A `sync`'s child, forked before Dagster is imported (defs/forked_capture.py), passes its updates to
+at an empty list. A `sync`'s child, forked before Dagster is imported (runtime/forked_capture.py), passes its updates to
 the parent through a pipe (`Relay`), where they reach the same display.
 """
 

@@ -17,7 +17,6 @@ from dagster import (
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import SourceSettings
-from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
@@ -25,6 +24,7 @@ from cdc_assets.defs.table_checks import equality_severity, equality_verdicts, l
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.consistency import ConsistentComparison
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs

@@ -5,7 +5,7 @@ the UI, `cdc-lakehouse stop`, Ctrl-C or SIGTERM). A sensor starts it, and starts
 
 The follower runs in a thread of the op; the op's own thread turns what it did into Dagster events (a generator
 yields only in the thread that runs it), watches the run's status for a termination and runs the checks. The
-checks' equality comparisons run in a child process (defs/check_process.py; in process for an S3 lakehouse): the
+checks' equality comparisons run in a child process (runtime/check_process.py; in process for an S3 lakehouse): the
 row-for-row comparison of a large table would otherwise hold the GIL for tens of seconds against the follower.
 One check at a time; a stop waits for the one in progress (up to STOP_CHECK_WAIT_SECONDS) and records it.
 """
@@ -43,7 +43,6 @@ from pydantic import Field
 from cdc_assets.core.settings import check_interval, full_check_interval
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
-from cdc_assets.defs.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
 from cdc_assets.defs.checks import (
     current_matches_source,
     current_schema_matches_source,
@@ -52,15 +51,16 @@ from cdc_assets.defs.checks import (
     schema_match,
     table_lag,
 )
-from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import confirm_every_seconds
 from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
-from cdc_assets.defs.queue import WAITING_STATUSES
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.table_checks import equality_severity, equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.runtime.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
+from cdc_assets.runtime.event_log import log_batch
+from cdc_assets.runtime.queue import WAITING_STATUSES
 from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
 from cdc_assets.verification.consistency import ConsistentComparison
 from spark_resources.resources import TransformsResource
@@ -339,7 +339,7 @@ def _table_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
 
 
 def _submit_check(house: Lakehouse, checks: _Checks, kind: str, tables: list[str]) -> None:
-    """Hand the equality comparison of a due check to the check process (defs/check_process.py); its answer is
+    """Hand the equality comparison of a due check to the check process (runtime/check_process.py); its answer is
     turned into the check evaluations when it comes (`_check_answered`)."""
     checks.runner.submit(Request(kind, known_tables(house.store, tables or None)))
 

@@ -25,7 +25,6 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.metadata import capture_metadata
 from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.checks import comparison_figures, log_comparisons
-from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
@@ -41,6 +40,7 @@ from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.table_checks import equality_verdicts
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables
+from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.stages.snapshot.run import take_snapshot
 from cdc_assets.verification.changed_keys import compare_every_row
 from spark_resources.resources import TransformsResource

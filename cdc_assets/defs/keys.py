@@ -3,6 +3,8 @@
 from dagster import AssetKey
 
 from cdc_assets.core.names import TableRef, path_segment
+from cdc_assets.runtime.instance import SINK_TAG as SINK_TAG  # the run queue's tags: dagster.yaml limits them
+from cdc_assets.runtime.instance import STAGE_TAG as STAGE_TAG
 
 RAW_ASSET = AssetKey("raw_binlog_batches")
 CHANGES_ASSET = AssetKey("table_changes")
@@ -29,8 +31,6 @@ CONTINUOUS_JOB = "continuous"
 SYNC_JOB = "sync"  # `cdc-lakehouse sync` in one run: capture, apply and checks (defs/sync.py)
 REPAIR_JOB = "repair"  # `cdc-lakehouse repair TABLE…`: the sync job's op with the tables to repair in its config
 
-SINK_TAG = "cdc/sink"  # the sink a publish run serves: the run queue lets one run per sink go at a time
-STAGE_TAG = "cdc/stage"  # capture, apply, sync or check: the run queue lets one capture and one apply run go at a time
 # Dagster's own tags of a run over one partition or a range of them (documented system tags)
 PARTITION_TAG = "dagster/partition"
 PARTITION_RANGE_START_TAG = "dagster/asset_partition_range_start"

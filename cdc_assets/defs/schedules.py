@@ -19,8 +19,8 @@ from dagster import (
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import DEFAULT_CAPTURE_CRON, DEFAULT_FULL_CHECK_CRON
 from cdc_assets.defs.keys import CAPTURE_JOB, EQUALITY_JOB, LAG_JOB
-from cdc_assets.defs.queue import capture_in_progress, capture_interval
 from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.runtime.queue import capture_in_progress, capture_interval
 
 CAPTURE_SCHEDULE = "capture_schedule"
 FULL_CHECK_SCHEDULE = "full_equality_schedule"

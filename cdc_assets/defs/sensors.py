@@ -27,12 +27,12 @@ from cdc_assets.defs.keys import (
     RAW_ASSET,
 )
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, tables_partitions, touched_ranges, with_new_tables
-from cdc_assets.defs.queue import WAITING_STATUSES, capture_in_progress, capture_interval
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
 from cdc_assets.lake.state import load_registry, tables_behind
 from cdc_assets.lake.store import ObjectStore
+from cdc_assets.runtime.queue import WAITING_STATUSES, capture_in_progress, capture_interval
 from cdc_assets.stages.follow import continuous_holder
 
 MAX_BATCHES_PER_TICK = 500

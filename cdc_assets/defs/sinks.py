@@ -37,9 +37,9 @@ from dagster import (
 from cdc_assets.defs.assets.metadata import per_table_metadata
 from cdc_assets.defs.freshness import freshness_windows, sink_lag_thresholds
 from cdc_assets.defs.keys import CHANGES_ASSET, SINK_TAG, publish_job_name, sink_asset_key
-from cdc_assets.defs.queue import WAITING_STATUSES
 from cdc_assets.defs.resources import LakehouseResource, SinksResource
 from cdc_assets.lake.locks import read_holder, run_owner
+from cdc_assets.runtime.queue import WAITING_STATUSES
 from cdc_assets.sinks.checkpoint import load_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import WINDOW_MESSAGES, publish, publisher_for, sink_lock_name

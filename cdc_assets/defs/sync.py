@@ -13,7 +13,7 @@ fail, as in the asset jobs), written in three batches of events (`event_log.log_
 sensors keep their asset jobs.
 
 From the command line, a child forked before Dagster's import has usually done the capture, the stages and the checks'
-comparisons by the time the op asks (defs/forked_capture.py, defs/forked_stages.py): the op then records the child's
+comparisons by the time the op asks (runtime/forked_capture.py, runtime/forked_stages.py): the op then records the child's
 reports in the same events, and calls the functions itself only for the steps the child did not report.
 """
 
@@ -37,7 +37,6 @@ from pydantic import Field
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.run import CaptureReport, capture
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.defs import forked_capture
 from cdc_assets.defs.assets.changes import changes_metadata
 from cdc_assets.defs.assets.current import current_events
 from cdc_assets.defs.assets.raw import capture_events
@@ -52,8 +51,6 @@ from cdc_assets.defs.checks import (
     seq_uniqueness,
     uniqueness_of,
 )
-from cdc_assets.defs.event_log import log_batch
-from cdc_assets.defs.forked_stages import pending_tables
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, REPAIR_JOB, STAGE_TAG, SYNC_JOB
 from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
@@ -61,6 +58,9 @@ from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.runtime import forked_capture
+from cdc_assets.runtime.event_log import log_batch
+from cdc_assets.runtime.forked_stages import pending_tables
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.verification.repair import repair, repaired_after

@@ -1,5 +1,5 @@
 """What a current-state table's own asset records about it, from its Delta log alone (no data read), as plain values:
-so a sync's forked child can read them for the run that records them (cdc_assets.defs.forked_stages), off the run's
+so a sync's forked child can read them for the run that records them (cdc_assets.runtime.forked_stages), off the run's
 path."""
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ from dagster import AssetExecutionContext, AssetMaterialization, BackfillPolicy,
 
 from cdc_assets.defs.assets.metadata import applied_figures, per_table_metadata
 from cdc_assets.defs.assets.tables import table_materializations
-from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET
 from cdc_assets.defs.partitions import tables_partitions
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.lake.table_facts import TableFacts
+from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.stages.current.steps import CurrentReport
 from spark_resources.resources import TransformsResource

@@ -10,12 +10,12 @@ from cdc_assets.capture.run import CaptureReport, capture
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.assets.metadata import capture_metadata
 from cdc_assets.defs.assets.tables import confirmations
-from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.freshness import confirm_every_seconds
 from cdc_assets.defs.keys import RAW_ASSET
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.runtime.event_log import log_batch
 
 
 @asset(

@@ -1,6 +1,6 @@
 """What a `cdc-lakehouse sync`'s forked child does once its capture is durable: the change logs and current state of
 the tables pending, and the Dagster-free halves of their checks, while the parent is still importing Dagster and
-starting the run (cdc_assets.defs.forked_capture). This module imports nothing of Dagster.
+starting the run (cdc_assets.runtime.forked_capture). This module imports nothing of Dagster.
 
 Each step is the very function the run's op would call, with the same tables, the same locks and the run as their
 owner; the child sends the op each step's report as soon as the step is done (kinds `tables`, `changes`, `current` with each table's facts for its own asset, `checks`), and the op records

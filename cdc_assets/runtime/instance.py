@@ -31,19 +31,22 @@ from pathlib import Path
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, LAKEHOUSE_ENV
-from cdc_assets.defs.empty_home import DATABASES, RUN_DATABASE, cache_complete, cache_dir, place
+from cdc_assets.runtime.empty_home import DATABASES, RUN_DATABASE, cache_complete, cache_dir, place
 
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
 HOME_MARK = "cdc_lakehouse"  # in a Dagster home: the lakehouse whose runs it holds
 _chosen_here: set[str] = set()  # homes this process chose itself (from the lakehouse), not the user's DAGSTER_HOME
 LEGACY_YAML = "telemetry:\n  enabled: false\n"  # what earlier versions wrote
-EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch (cdc_assets.defs.event_log)
+EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch (cdc_assets.runtime.event_log)
 MANAGED_HEADER = "# Written by cdc-lakehouse; delete this line to keep your own edits to this file.\n"
+# the tags the run queue limits (dagster.yaml below); the definitions put them on their runs (defs/keys.py)
+SINK_TAG = "cdc/sink"  # the sink a publish run serves: the run queue lets one run per sink go at a time
+STAGE_TAG = "cdc/stage"  # capture, apply, sync or check: the run queue lets one capture and one apply run go at a time
 
 
 def instance_yaml(home: Path) -> str:
     """Our dagster.yaml: the run queue's limits (looked at every second, not every five: queued runs start
-    sooner), and the event log that writes batches of events at once (cdc_assets.defs.event_log), over the same
+    sooner), and the event log that writes batches of events at once (cdc_assets.runtime.event_log), over the same
     files as Dagster's default SQLite storage."""
     return (
         MANAGED_HEADER
@@ -53,16 +56,16 @@ concurrency:
   runs:
     max_concurrent_runs: 4
     tag_concurrency_limits:
-      - key: cdc/stage
+      - key: {STAGE_TAG}
         value: capture
         limit: 1
-      - key: cdc/stage
+      - key: {STAGE_TAG}
         value: apply
         limit: 1
-      - key: cdc/stage
+      - key: {STAGE_TAG}
         value: sync
         limit: 1
-      - key: cdc/sink
+      - key: {SINK_TAG}
         value:
           applyLimitPerUniqueValue: true
         limit: 1
@@ -70,7 +73,7 @@ run_queue:
   dequeue_interval_seconds: 1
   dequeue_use_threads: true
 event_log_storage:
-  module: cdc_assets.defs.event_log
+  module: cdc_assets.runtime.event_log
   class: BatchingSqliteEventLogStorage
   config:
     base_dir: {json.dumps(str(home / "history" / "runs"))}
@@ -201,7 +204,7 @@ def remember_new_home(dagster: object, home: Path) -> None:
     """After Dagster created the databases of a new home itself (no cache yet): keep them, still empty, as the cache."""
     if cache_complete():
         return
-    from cdc_assets.defs.event_log import empty_run_database
+    from cdc_assets.runtime.event_log import empty_run_database
 
     with tempfile.TemporaryDirectory() as tmp:
         run = empty_run_database(dagster, Path(tmp) / RUN_DATABASE)
@@ -214,7 +217,7 @@ def build_cache() -> Path:
         return cache_dir()
     from dagster import DagsterInstance
 
-    from cdc_assets.defs.event_log import share_alembic_scripts
+    from cdc_assets.runtime.event_log import share_alembic_scripts
 
     share_alembic_scripts()
     with tempfile.TemporaryDirectory() as tmp:

@@ -21,7 +21,7 @@ What keeps it as safe as a capture inside the run:
   process it stands for would have.
 
 Once its capture is durable, the child goes on with the change logs, current state and the checks' comparisons of
-the tables pending (cdc_assets.defs.forked_stages), sending each step's report as it is done; the op records them
+the tables pending (cdc_assets.runtime.forked_stages), sending each step's report as it is done; the op records them
 instead of running those steps (`ForkedCapture.reported`), and does itself any step the child did not report.
 `CDC_SYNC_FORK=capture` keeps the child to the capture.
 
@@ -270,7 +270,7 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
         with _Sender(write_fd, messages) as send:
             send(*said)
             if said[0] == "report" and stages_wanted():
-                from cdc_assets.defs.forked_stages import run_stages
+                from cdc_assets.runtime.forked_stages import run_stages
 
                 run_stages(settings, house, report, _owner(run_id), messages, send)
         return 0

@@ -11,9 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc_assets.commands.runs import RunOutcome, run_sync, run_verify
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.resources import initialized_resources
-from cdc_assets.defs.runs import RunOutcome, run_sync, run_verify
 from cdc_assets.lake.layout import STATE
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.lake.store import Lakehouse, MissingObject

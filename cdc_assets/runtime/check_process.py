@@ -4,7 +4,7 @@ Comparing a table row for row hashes every row in Python and Arrow: for a 10M-ro
 that, in the follower's process, holds the GIL against the follower's thread, so every table's capture and apply
 waits behind it. The continuous mode hands each comparison (`compare_changed` or `compare_every_row`, the very
 functions the batch runs call) to one child process instead, started once (a fresh interpreter running this module,
-`python -m cdc_assets.defs.check_process`, deaf to the run's signals: the op ends it) and kept for the next check. The child reads
+`python -m cdc_assets.runtime.check_process`, deaf to the run's signals: the op ends it) and kept for the next check. The child reads
 the source and the Delta tables itself and sends back the comparisons (verdicts, row counts, the keys that differ);
 the op turns them into the same asset check evaluations as before. Requests and answers are pickled over the
 child's stdin and stdout; its own output goes to stderr.
@@ -68,7 +68,7 @@ class ChildChecks:
 
     def _start(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cdc_assets.defs.check_process"],
+            [sys.executable, "-m", "cdc_assets.runtime.check_process"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -193,6 +193,6 @@ def _serve() -> None:
 
 
 if __name__ == "__main__":
-    from cdc_assets.defs import check_process  # the module by its name: what is pickled names its classes so
+    from cdc_assets.runtime import check_process  # the module by its name: what is pickled names its classes so
 
     check_process._serve()

@@ -14,7 +14,7 @@ evaluation one by one). Both reach into Dagster's internals, the only place the 
 Two more fixed costs of Dagster's SQLite storage are cut here, both measured on a small `sync`:
 - each connection was a new engine and a new SQLite connection, closed after one statement; closing the last
   connection of a WAL database checkpoints and removes its WAL file, so every event paid an open, a checkpoint and
-  a close. Inside `connections_kept_open()` (the CLI's runs, `defs/runs.py`) this storage keeps one connection per
+  a close. Inside `connections_kept_open()` (the CLI's runs, `commands/runs.py`) this storage keeps one connection per
   database (the run's and the index; at most OPEN_DATABASES) and reuses it, under the storage's own lock as
   before, and closes them all when the block ends; outside it, a connection is closed after each use, as
   Dagster's. Not always: SQLite's locks are POSIX locks, which a process drops on any close of the file, also by
@@ -60,7 +60,7 @@ from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import NullPool, StaticPool
 
-from cdc_assets.defs.empty_home import RUN_DATABASE, cache_complete, cache_dir, place
+from cdc_assets.runtime.empty_home import RUN_DATABASE, cache_complete, cache_dir, place
 
 OPEN_DATABASES = 8  # connections kept open per storage: the index and the most recently used runs' databases
 
@@ -102,7 +102,7 @@ CHECK_EVALUATION = DagsterEventType.ASSET_CHECK_EVALUATION
 
 
 def _seed_run_database(path: Path) -> None:
-    """A new run's database as a copy of the cached empty one (defs/instance.py), when there is one: Dagster's
+    """A new run's database as a copy of the cached empty one (runtime/instance.py), when there is one: Dagster's
     set-up then finds its tables and revision in place."""
     if path.exists() or path.stem == INDEX_SHARD_NAME:
         return

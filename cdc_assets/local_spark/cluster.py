@@ -110,8 +110,8 @@ def stop(state_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m spark_resources.cluster start|stop [--workers N]`: prints the master's URL."""
-    parser = argparse.ArgumentParser(prog="python -m spark_resources.cluster")
+    """`python -m cdc_assets.local_spark cluster start|stop [--workers N]`: prints the master's URL."""
+    parser = argparse.ArgumentParser(prog="python -m cdc_assets.local_spark cluster")
     parser.add_argument("command", choices=["start", "stop"])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
@@ -126,6 +126,3 @@ def main(argv: list[str] | None = None) -> int:
     print(start(state_dir, args.workers, args.port).master)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

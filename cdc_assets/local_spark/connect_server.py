@@ -89,10 +89,10 @@ DEFAULT_STATE_DIR = Path(".local") / "spark_connect"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m spark_resources.connect_server start|stop [--port P]`: the long-lived server `make dev` uses."""
+    """`python -m cdc_assets.local_spark connect start|stop [--port P]`: the long-lived server `make dev` uses."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m spark_resources.connect_server")
+    parser = argparse.ArgumentParser(prog="python -m cdc_assets.local_spark connect")
     parser.add_argument("command", choices=["start", "stop"])
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--master", default="local[2]")
@@ -106,6 +106,3 @@ def main(argv: list[str] | None = None) -> int:
         stop(server)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -19,7 +19,6 @@ from cdc_assets.core.errors import CdcUserError, unreachable_message, unreachabl
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
 from cdc_assets.defs.freshness import freshness_windows
-from cdc_assets.defs.instance import ensure_dagster_home, is_new, remember_new_home
 from cdc_assets.defs.keys import (
     CHANGES_ASSET,
     CONTINUOUS_JOB,
@@ -37,6 +36,7 @@ from cdc_assets.lake.as_of import export_as_of
 from cdc_assets.lake.quarantine import quarantined_tables
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
+from cdc_assets.runtime.instance import ensure_dagster_home, is_new, remember_new_home
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
@@ -57,7 +57,7 @@ def instance() -> DagsterInstance:
     if str(home) not in _instances:
         for other in list(_instances):
             _instances.pop(other).dispose()
-        from cdc_assets.defs.event_log import share_alembic_scripts  # sqlalchemy and alembic: only with an instance
+        from cdc_assets.runtime.event_log import share_alembic_scripts  # sqlalchemy and alembic: only with an instance
 
         share_alembic_scripts()  # before the run storage opens
         new = is_new(home)  # no cache to seed it from: Dagster creates its databases, kept then as the cache
@@ -68,7 +68,7 @@ def instance() -> DagsterInstance:
 
 
 def connections_kept_open(dagster: DagsterInstance) -> AbstractContextManager[Any]:
-    """The event log's SQLite connections kept open for the length of a run, when it is ours (cdc_assets.defs.event_log:
+    """The event log's SQLite connections kept open for the length of a run, when it is ours (cdc_assets.runtime.event_log:
     a run's events each opened and closed its database otherwise); a user's own dagster.yaml may name another."""
     keep = getattr(dagster.event_log_storage, "connections_kept_open", None)
     return keep() if keep is not None else nullcontext()
@@ -227,7 +227,7 @@ def run_job(
 def run_sync(verbose: bool = False, run_id: str | None = None) -> RunOutcome:
     """One run of the `sync` job (capture, then the touched tables' change logs and current state, with the checks
     of all three), then a publish run per configured sink. `run_id`: the sync run's id, chosen before a capture
-    was forked for it (cdc_assets.defs.forked_capture)."""
+    was forked for it (cdc_assets.runtime.forked_capture)."""
     lakehouse = initialized_resources().lakehouse.get()
     refuse_beside_continuous(lakehouse)
     outcome = run_job(SYNC_JOB, verbose, run_id=run_id)

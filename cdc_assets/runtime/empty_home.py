@@ -1,4 +1,4 @@
-"""Where the cached empty Dagster databases are kept, and how a copy is put in place (see defs/instance.py)."""
+"""Where the cached empty Dagster databases are kept, and how a copy is put in place (see runtime/instance.py)."""
 
 import os
 import shutil
