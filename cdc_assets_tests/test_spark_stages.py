@@ -3,11 +3,17 @@ run ends with the lakehouse equal to the source, as on the Arrow engine."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from cdc_assets.capture.run import capture
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.layout import CHANGES
-from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets.source import server as source
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.run import apply_pending
+from cdc_assets_tests.conftest import CdcEnv, on_spark
 
 
 @pytest.fixture
@@ -48,3 +54,37 @@ def test_change_logs_and_current_state_on_spark_with_ddl_and_truncate(on_spark_e
     _assert_equal(cdc, 2)
     log = cdc.lakehouse.open(CHANGES, TableRef(cdc.database, "a"))
     assert log is not None and any("zstd" in p for p in log.file_uris())  # files the Spark tasks wrote
+
+
+def _jobs_so_far(spark: Any) -> int:
+    """Every Spark job the session has run, from its status tracker (our jobs carry no job group)."""
+    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+
+
+def test_a_run_of_many_tables_costs_as_many_spark_jobs_as_a_run_of_two(cdc: CdcEnv, spark: Any) -> None:
+    """Spark's fixed cost is per job: a stage whose jobs grew with its tables would cost a cluster user minutes a run
+    on a few hundred tables. Two new tables, then twenty (keyed and keyless, one TRUNCATEd), each run pinned to
+    Spark: every stage takes the same number of jobs, and the lakehouse equals the source."""
+    settings = source.source_settings_from_env()
+    engine = on_spark(lambda: spark)
+    jobs: dict[int, dict[str, int]] = {}
+    for count, prefix in ((2, "few"), (20, "many")):
+        for n in range(count):
+            keyed = n % 2 == 0
+            columns = "id INT PRIMARY KEY, v VARCHAR(10)" if keyed else "id INT, v VARCHAR(10)"
+            cdc.execute(
+                f"CREATE TABLE {prefix}{n} ({columns})",
+                f"INSERT INTO {prefix}{n} VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+                f"UPDATE {prefix}{n} SET v = 'z' WHERE id = 2",
+                f"DELETE FROM {prefix}{n} WHERE id = 3",
+            )
+        cdc.execute(f"TRUNCATE TABLE {prefix}1", f"INSERT INTO {prefix}1 VALUES (9, 'after')")
+        capture(settings, cdc.lakehouse)
+        jobs[count] = {}
+        for stage, run in (("change logs", process_new_batches), ("current state", apply_pending)):
+            before = _jobs_so_far(spark)
+            run(cdc.lakehouse, engine)
+            jobs[count][stage] = _jobs_so_far(spark) - before
+    assert jobs[2] == jobs[20], jobs
+    assert all(n > 0 for n in jobs[2].values())  # the runs did take Spark
+    _assert_equal(cdc, 22)
