@@ -14,6 +14,7 @@ from cdc_assets.source import server as source
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv, on_spark
+from spark_resources import files_job
 
 
 @pytest.fixture
@@ -61,10 +62,14 @@ def _jobs_so_far(spark: Any) -> int:
     return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
 
 
-def test_a_run_of_many_tables_costs_as_many_spark_jobs_as_a_run_of_two(cdc: CdcEnv, spark: Any) -> None:
+def test_a_run_of_many_tables_costs_as_many_spark_jobs_as_a_run_of_two(
+    cdc: CdcEnv, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Spark's fixed cost is per job: a stage whose jobs grew with its tables would cost a cluster user minutes a run
     on a few hundred tables. Two new tables, then twenty (keyed and keyless, one TRUNCATEd), each run pinned to
-    Spark: every stage takes the same number of jobs, and the lakehouse equals the source."""
+    Spark, with every table's files due for compaction: every stage takes the same number of jobs, and the lakehouse
+    equals the source."""
+    monkeypatch.setattr(files_job, "SMALL_FILES_BEFORE_COMPACTION", 1)  # every table written to is compacted too
     settings = source.source_settings_from_env()
     engine = on_spark(lambda: spark)
     jobs: dict[int, dict[str, int]] = {}

@@ -11,6 +11,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import for_each_table
 from cdc_assets.lake.delta import SMALL_FILES_BEFORE_COMPACTION, max_seq
 from cdc_assets.lake.files import (
     FILE_ACTION_SCHEMA,
@@ -71,33 +72,53 @@ def small_file_groups(paths_and_sizes: list[tuple[str, int]], target_bytes: int)
     return [g for g in groups if g]
 
 
-def compact_table(
-    lakehouse: Lakehouse, spark: SparkSession, layer: str, table: TableRef, target_bytes: int, seq_key: str
-) -> bool:
-    """`lake.delta.compact_small_files` with the reading and writing done by Spark tasks: the small files (once
-    there are SMALL_FILES_BEFORE_COMPACTION of them) rewritten as files of about `target_bytes`, committed
-    with their removes as a change of layout, not of data."""
-    existing = lakehouse.open(layer, table)
-    if existing is None:
-        return False
-    actions = pa.table(existing.get_add_actions(flatten=True))
-    small = [
-        (p, s)
-        for p, s in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True)
-        if s < target_bytes // 2
-    ]
-    if len(small) < SMALL_FILES_BEFORE_COMPACTION:
-        return False
-    schema = pa.schema(existing.schema().to_arrow())
-    key = lakehouse.table_key(layer, table)
-    written = rewrite_files(
-        spark, lakehouse.file_access(), key, str(table), small_file_groups(small, target_bytes),
-        lambda rows: conformed(rows, schema),
-    )  # fmt: skip
-    seq = max_seq(existing, seq_key) or 0
-    commit_files(
-        existing, lakehouse.table_uri(layer, table), lakehouse.storage_options(), key, schema,
-        add_actions(written, data_change=False), remove_actions(existing, [p for p, _ in small], data_change=False),
-        seq_key, seq, {},
-    )  # fmt: skip
-    return True
+def compact_tables(
+    lakehouse: Lakehouse, spark: SparkSession, layer: str, tables: list[TableRef], target_bytes: int, seq_key: str
+) -> list[TableRef]:
+    """`lake.delta.compact_small_files` for many tables in one Spark job (a job per table would cost Spark's fixed
+    overhead once per table): each table's small files (once there are SMALL_FILES_BEFORE_COMPACTION of them)
+    rewritten by tasks as files of about `target_bytes`, then each table's swap committed here, side by side, as a
+    change of layout, not of data. Returns the tables compacted."""
+    due = []
+    for table, existing in zip(tables, for_each_table(tables, lambda t: lakehouse.open(layer, t)), strict=True):
+        if existing is None:
+            continue
+        actions = pa.table(existing.get_add_actions(flatten=True))
+        small = [
+            (p, s)
+            for p, s in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True)
+            if s < target_bytes // 2
+        ]
+        if len(small) >= SMALL_FILES_BEFORE_COMPACTION:
+            due.append((table, existing, small, pa.schema(existing.schema().to_arrow())))
+    if not due:
+        return []
+    access = lakehouse.file_access()
+    keys = [lakehouse.table_key(layer, table) for table, _, _, _ in due]
+    schemas = [schema for _, _, _, schema in due]
+    work = [(i, group) for i, (_, _, small, _) in enumerate(due) for group in small_file_groups(small, target_bytes)]
+    tasks = arrow_frame(
+        spark, pa.table({"table": pa.array([i for i, _ in work], pa.int32()), "group": pa.array([g for _, g in work], pa.list_(pa.string()))})
+    )
+
+    def rewrite(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for i, paths in zip(batch.column("table").to_pylist(), batch.column("group").to_pylist(), strict=True):
+                rows = (conformed(part, schemas[i]) for part in read_files(access, keys[i], paths))
+                for action in write_files(access, keys[i], str(i), rows):
+                    yield pa.RecordBatch.from_pylist([action], schema=FILE_ACTION_SCHEMA)
+
+    written = [r.asDict() for r in tasks.repartition(min(len(work), 64)).mapInArrow(rewrite, spark_schema(FILE_ACTION_SCHEMA)).collect()]
+
+    def commit(i: int) -> TableRef:
+        table, existing, small, schema = due[i]
+        mine = [{**w, "table": str(table)} for w in written if w["table"] == str(i)]
+        seq = max_seq(existing, seq_key) or 0
+        commit_files(
+            existing, lakehouse.table_uri(layer, table), lakehouse.storage_options(), keys[i], schema,
+            add_actions(mine, data_change=False), remove_actions(existing, [p for p, _ in small], data_change=False),
+            seq_key, seq, {},
+        )  # fmt: skip
+        return table
+
+    return for_each_table(list(range(len(due))), commit)

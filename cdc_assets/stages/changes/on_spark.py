@@ -23,7 +23,7 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes.log import CHANGE_LOG_FILE_BYTES, AppendResult
 from cdc_assets.stages.changes.plan import ChangesReport, plan_piece, record_progress
 from cdc_assets.stages.changes.spark_tasks import ChangeLogTargets, raw_changes, write_change_logs
-from spark_resources.files_job import compact_table, rewrite_files
+from spark_resources.files_job import compact_tables, rewrite_files
 
 
 def process_on_spark(
@@ -81,7 +81,6 @@ def process_on_spark(
                 add_actions(files + rewritten), [], MAX_SEQ_KEY, new_max, table_configuration(schemas[table]),
                 overwrite=bool(rewritten),
             )  # fmt: skip
-            compact_table(lakehouse, spark, CHANGES, ref, CHANGE_LOG_FILE_BYTES, MAX_SEQ_KEY)
             return AppendResult(
                 ref, sum(w["rows"] for w in files), sum(w["inserts"] for w in files),
                 sum(w["updates"] for w in files), sum(w["deletes"] for w in files), new_max,
@@ -90,6 +89,8 @@ def process_on_spark(
         for result in for_each_table(tables, commit):
             if result is not None:
                 report.appended[str(result.table)] = result
+        appended = [TableRef.parse(t) for t in sorted(report.appended)]
+        compact_tables(lakehouse, spark, CHANGES, appended, CHANGE_LOG_FILE_BYTES, MAX_SEQ_KEY)  # one job for all
     if manifests:
         lease.check()
         record_progress(store, starts, progress, newest, manifests[-1].name)

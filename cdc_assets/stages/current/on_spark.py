@@ -58,7 +58,7 @@ from cdc_assets.stages.current.steps import (
     record_outcomes,
     table_plan,
 )
-from spark_resources.files_job import compact_table, rewrite_files
+from spark_resources.files_job import compact_tables, rewrite_files
 
 
 @dataclass
@@ -225,13 +225,14 @@ def apply_on_spark(
                 continue
             assert isinstance(step.segment, SparkSegment)
             done.append((step, _apply_segment(lakehouse, spark, step.table, step.segment)))
-        for table in {str(step.table) for _, step in chain}:
-            if lakehouse.has_table(CURRENT, TableRef.parse(table)):
-                compact_table(lakehouse, spark, CURRENT, TableRef.parse(table), current_piece_bytes() // 2, APPLIED_SEQ_KEY)
         return done
 
     rest = [c for c in chains if id(c) not in taken]
-    record_outcomes(merged + for_each_table(rest, run), report, dropped, log, len(steps), "spark")
+    outcomes = merged + for_each_table(rest, run)
+    # the fragments merges left, binned for every table in one job
+    touched = sorted({str(step.table) for chain in chains for _, step in chain})
+    compact_tables(lakehouse, spark, CURRENT, [TableRef.parse(t) for t in touched], current_piece_bytes() // 2, APPLIED_SEQ_KEY)
+    record_outcomes(outcomes, report, dropped, log, len(steps), "spark")
 
 
 # Compaction bins only fragments, as on Arrow: the key-range pieces of current_piece_bytes() an Arrow snapshot or merge
@@ -290,7 +291,6 @@ def _apply_small(
         segment = step.segment
         assert isinstance(segment, SparkSegment)
         _commit_segment(lakehouse, step.table, segment, existing, done)
-        compact_table(lakehouse, spark, CURRENT, step.table, current_piece_bytes() // 2, APPLIED_SEQ_KEY)
         return [*((create, "created") for _, create in chain[:-1]), (step, _result(step.table, segment, done))]
 
     return for_each_table(list(zip(chains, rewritten, strict=True)), commit)
