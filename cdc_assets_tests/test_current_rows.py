@@ -211,7 +211,7 @@ def test_few_changes_into_many_rows_are_put_in_place_in_key_order() -> None:
     )
     newest = newest_rows(changes, SHAPE, None)
     fast, counts = merge_rows(existing, newest, ["id"])
-    from cdc_assets.lake.current_rows import _merge_joined
+    from cdc_assets.stages.current.rules import _merge_joined
 
     full, full_counts = _merge_joined(existing, newest, ["id"])
     assert fast.to_pylist() == full.to_pylist() and counts == full_counts
