@@ -237,6 +237,19 @@ def archive_earlier_batches(store: ObjectStore, first: str, when: float) -> list
     return names
 
 
+def archived_last_seq(store: ObjectStore) -> int:
+    """The highest `_cdc_seq` of the raw batches under archive/ (0 when none): each archived chain's last batch, the
+    last by name (names sort in binlog order), ends it."""
+    suffix = f"/{MANIFEST_FILE}"
+    last: dict[str, str] = {}  # archive folder -> the key of its last batch's manifest
+    for key in store.list_keys(ARCHIVE):
+        folder = key.split("/")[1] if key.count("/") == 3 else None
+        if folder is not None and key.endswith(suffix):
+            last[folder] = max(last.get(folder, key), key)
+    seqs = [BatchManifest.from_json(json.loads(store.get(key))).next_seq - 1 for key in last.values()]
+    return max(seqs, default=0)
+
+
 def batch_exists(store: ObjectStore, name: str) -> bool:
     """Whether the batch is visible (its manifest, written last, is there)."""
     return store.exists(_key(name, MANIFEST_FILE))
