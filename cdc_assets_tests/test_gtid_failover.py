@@ -262,9 +262,11 @@ def test_following_the_purged_checkpoint_sentence_leads_to_a_clean_sync(
     _replication(replica, "stop")  # a connected replica's dump thread keeps its binlog from being purged
     with primary.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("CREATE DATABASE IF NOT EXISTS anew")
-        cur.execute("CREATE TABLE anew.r (id INT PRIMARY KEY, note VARCHAR(20))")
-        cur.execute("INSERT INTO anew.r VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+        cur.execute("CREATE TABLE anew.r (id INT PRIMARY KEY, note VARCHAR(20), b BLOB)")
+        cur.execute("INSERT INTO anew.r VALUES (1, 'one', X'FF00FE'), (2, 'two', NULL), (3, 'three', X'C3A9')")
         cur.execute("UPDATE anew.r SET note = 'three!' WHERE id = 3")
+        # the history's b holds bytes of both kinds (binary); the new lakehouse's change log only text: not narrowed
+        cur.execute("ALTER TABLE anew.r MODIFY b TEXT CHARACTER SET latin1")
     lakehouse_dir = tmp_path / "lakehouse"
     _env(primary, lakehouse_dir, monkeypatch)
     monkeypatch.setenv("CDC_TABLES", "anew.*")
@@ -277,7 +279,7 @@ def test_following_the_purged_checkpoint_sentence_leads_to_a_clean_sync(
     with primary.admin_connection() as conn, conn.cursor() as cur:  # in the binlog, not captured, then purged
         cur.execute("UPDATE anew.r SET note = 'behind' WHERE id = 1")
         cur.execute("DELETE FROM anew.r WHERE id = 2")
-        cur.execute("INSERT INTO anew.r VALUES (5, 'gap')")
+        cur.execute("INSERT INTO anew.r (id, note) VALUES (5, 'gap')")
     _purge_to_newest(primary)
     capsys.readouterr()
     assert main(["sync"]) == 2
@@ -295,8 +297,8 @@ def test_following_the_purged_checkpoint_sentence_leads_to_a_clean_sync(
     told = [line for line in out.splitlines() if "purged" in line]  # what the history cannot know: the gap
     assert len(told) == 1 and told[0].startswith("warning: anew.r: its history") and f"(seq {known_seq}," in told[0], out
     with primary.admin_connection() as conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO anew.r VALUES (4, 'four')")
-        cur.execute("UPDATE anew.r SET note = 'after' WHERE id = 3")
+        cur.execute("INSERT INTO anew.r VALUES (4, 'four', 'þ')")
+        cur.execute("UPDATE anew.r SET note = 'after', b = 'ÿ' WHERE id = 3")
     capsys.readouterr()
     assert main(["sync"]) == 0, capsys.readouterr()
     results = run_verify()
@@ -315,11 +317,13 @@ def test_following_the_purged_checkpoint_sentence_leads_to_a_clean_sync(
     for chain in chains.values():  # one version after another, only the last one open
         for earlier, later in zip(chain, chain[1:], strict=False):
             assert earlier["_cdc_valid_to_seq"] is not None and earlier["_cdc_valid_to_seq"] <= later["_cdc_valid_from_seq"], chain
-    open_rows = sorted((c[-1]["id"], c[-1]["note"]) for c in chains.values() if c[-1]["_cdc_is_current"])
-    assert open_rows == sorted(zip(source_rows["id"].to_pylist(), source_rows["note"].to_pylist(), strict=True))
-    old = {(r["id"], r["note"], r["_cdc_valid_from_seq"]) for r in known}
-    assert old <= {(r["id"], r["note"], r["_cdc_valid_from_seq"]) for r in history}  # its past is kept
-    assert [r["_cdc_deleted"] for r in chains[2]] == [True]  # deleted in the gap: closed as deleted
+    open_rows = sorted((c[-1]["id"], c[-1]["note"], c[-1]["b"]) for c in chains.values() if c[-1]["_cdc_is_current"])
+    text = [None if b is None else b.encode() for b in source_rows["b"].to_pylist()]  # text as its UTF-8 bytes
+    assert open_rows == sorted(zip(source_rows["id"].to_pylist(), source_rows["note"].to_pylist(), text, strict=True))
+    old = {(r["id"], r["note"], r["b"], r["_cdc_valid_from_seq"]) for r in known}
+    assert old <= {(r["id"], r["note"], r["b"], r["_cdc_valid_from_seq"]) for r in history}  # its past is kept
+    assert chains[1][0]["b"] == b"\xff\x00\xfe"  # every byte of it
+    assert [r["_cdc_deleted"] for r in chains[2]] == [False, True]  # deleted in the gap: closed as deleted
 
 
 def _history_rows(lakehouse: Lakehouse) -> list[dict]:

@@ -32,8 +32,9 @@ import pyarrow.compute as pc
 from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.ops import REMOVES, REPAIR
 from cdc_assets.core.shapes import SchemaChange, TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column, unified_schema
 from cdc_assets.lake.current_rows import _default_column, convert_column
+from cdc_assets.lake.delta import plain_type
 
 KEY = "_cdc_key"
 VALID_FROM, VALID_TO = "_cdc_valid_from", "_cdc_valid_to"
@@ -54,6 +55,31 @@ HISTORY_META = [
 def source_fields(log_schema: pa.Schema) -> list[pa.Field]:
     """A change log's source columns (every column any version of the table had, at a type holding them all)."""
     return [f.with_nullable(True) for f in log_schema if not f.name.startswith("_cdc_")]
+
+
+def history_columns(log_schema: pa.Schema, history: pa.Schema | None) -> list[pa.Field]:
+    """The source columns a pass over change-log rows works at: the change log's, then the history table's others,
+    each at a type holding both (`unified_type`). A history is never narrowed, and keeps every column: a lakehouse
+    begun again (its checkpoint was purged) has a new change log at the source's columns and types now, beside a
+    history that may have widened a column before (text and binary: bytes that are not UTF-8 have no text) or hold
+    a column dropped before."""
+    fields = source_fields(log_schema)
+    if history is None:
+        return fields
+    kept = [f.with_type(plain_type(f.type)) for f in source_fields(history)]
+    return [f.with_nullable(True) for f in unified_schema([pa.schema(fields), pa.schema(kept)])]
+
+
+def at_types(changes: pa.Table, columns: Sequence[pa.Field]) -> pa.Table:
+    """Change-log rows with their source columns and before-images at the types of `columns` (history_columns)."""
+    types = {f.name: f.type for f in columns}
+    for i, column in enumerate(changes.schema):
+        target = types.get(column.name)
+        if column.name == "_cdc_before" and pa.types.is_struct(column.type):
+            target = pa.struct([f.with_type(types.get(f.name, f.type)) for f in column.type])
+        if target is not None and target != column.type:
+            changes = changes.set_column(i, column.with_type(target), cast_column(changes.column(i), target))
+    return changes
 
 
 def history_schema(columns: Sequence[pa.Field]) -> pa.Schema:

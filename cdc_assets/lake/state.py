@@ -126,6 +126,10 @@ class EarlierLakehouse:
         """The `_cdc_seq` of this lakehouse's first change."""
         return self.last_seq + 2
 
+    def holds(self, seq: int | None) -> bool:
+        """Whether `seq` is the earlier lakehouse's (before the gap)."""
+        return seq is not None and seq <= self.last_seq
+
 
 def load_earlier(store: ObjectStore) -> EarlierLakehouse | None:
     """The earlier lakehouse this one was begun over, if any (written by the capture that began it)."""

@@ -47,6 +47,8 @@ from cdc_assets.lake.history_rows import (
     VALID_TO_SEQ,
     Versions,
     advance,
+    at_types,
+    history_columns,
     history_schema,
     schema_changes,
     shape_at,
@@ -102,11 +104,12 @@ def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None, 
         low, high = int(window[0].as_py()), int(window[-1].as_py())
         sql = f"SELECT * FROM changes WHERE _cdc_seq >= {low} AND _cdc_seq <= {high}"
         changes = read_query(changes_log, sql, "changes")
-        columns = source_fields(changes.schema)
+        columns = history_columns(changes.schema, pa.schema(history.schema().to_arrow()) if history else None)
+        changes = at_types(changes, columns)
         schema = history_schema(columns)
         if state is None:
             seed = history.transaction_version(SEED_SEQ_KEY) if history is not None else None
-            if seed is not None and earlier is not None and seed <= earlier.last_seq:
+            if earlier is not None and earlier.holds(seed):
                 seed = None  # an earlier lakehouse's seed: its versions are not this one's to fix
             state = start(_open_versions(history, schema) if history is not None else [], shape, seed)
         else:  # the versions the last part left open are in the table now: closing one updates it there
@@ -127,7 +130,7 @@ def _gap(table: TableRef, history: Any, earlier: EarlierLakehouse | None) -> str
     again after that one's checkpoint was purged: lake/state.EarlierLakehouse), as the start of a sentence; else
     None."""
     done = max_seq(history, HISTORY_SEQ_KEY)
-    if earlier is None or done is None or done > earlier.last_seq:
+    if earlier is None or not earlier.holds(done):
         return None
     sql = f"SELECT max({VALID_FROM}) AS opened, max({VALID_TO}) AS closed FROM history"
     times = [t for t in read_query(history, sql, "history").to_pylist()[0].values() if t is not None]
@@ -329,14 +332,11 @@ def _commit_seed(lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int
 
 
 def _seed_columns(lakehouse: Lakehouse, table: TableRef, shape: TableShape, history: Any) -> list[pa.Field]:
-    """The seeded history's source columns: the change log's (every column the table had, at its types), then
-    any other the history has, then the snapshot's columns neither knows."""
-    columns: list[pa.Field] = []
+    """The seeded history's source columns: the change log's and the history's (every column the table had, at a
+    type holding both: history_columns), then the snapshot's columns neither knows."""
     changes_log = lakehouse.open(CHANGES, table)
-    for known in (changes_log, history):
-        if known is not None:
-            names = {f.name for f in columns}
-            columns += [f for f in source_fields(pa.schema(known.schema().to_arrow())) if f.name not in names]
+    known = [pa.schema(t.schema().to_arrow()) for t in (changes_log, history) if t is not None]
+    columns = history_columns(*known) if len(known) == 2 else source_fields(known[0]) if known else []
     names = {f.name for f in columns}
     columns += [f.with_nullable(True) for f in arrow_schema(list(shape.columns)) if f.name not in names]
     return [pa.field(f.name, plain_type(f.type)) for f in columns]
