@@ -222,7 +222,7 @@ def archive_earlier_batches(store: ObjectStore, first: str, when: float) -> list
     """Move the raw batches of an earlier lakehouse out of raw/, to archive/raw-<when, UTC>/<batch>/, and return
     their names: what a capture that starts without a checkpoint finds in raw/ (a lakehouse re-initialised after
     its checkpoint was purged keeps its raw/). Their chain is one the new one does not continue (other positions,
-    seqs from 1 again), so in raw/ they broke the chain check and every reader of raw batches by seq. The one
+    a gap in seqs), so in raw/ they broke the chain check and every reader of raw batches by seq. The one
     exception is the batch this capture writes first (`first`) when it is all raw/ holds: a capture killed between
     its first batch and its first checkpoint left it, and capture adopts it (capture/run.py). Manifests go first,
     so a batch leaves raw/ at once; a crash midway leaves the rest for the next capture, which has no checkpoint
