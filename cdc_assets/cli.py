@@ -313,6 +313,9 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     current = outcome.of(CURRENT_ASSET)
     for table, rows in sorted((current.get("per_table") or {}).items()):
         print(f"{table}: {rows} rows loaded")
+    if _shows_progress(args):  # else the run's log lines said it already
+        for _, gap in sorted((current.get("history_gaps") or {}).items()):
+            print(f"warning: {gap}")
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
     print(

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from cdc_assets import cli
 from cdc_assets.cli import main
 from cdc_assets.commands.runs import run_verify
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.layout import ARCHIVE
+from cdc_assets.lake.delta import HISTORY_SEQ_KEY, max_seq, read_query
+from cdc_assets.lake.layout import ARCHIVE, HISTORY
 from cdc_assets.lake.raw_batches import MANIFEST_FILE, list_batches, read_manifest, read_rows
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.lake.store import Lakehouse
@@ -248,23 +250,36 @@ def test_following_the_purged_checkpoint_sentence_leads_to_a_clean_sync(
 ) -> None:
     """A user follows the sentence of a purged checkpoint word for word (issue 27, item 13): removes the folders it
     names, runs `cdc-lakehouse snapshot`; the next `sync` exits 0, verify finds the table equal and the raw batches
-    are one chain. The batches of before the purge (a chain the new one does not continue: other files, seqs from 1
-    again) are moved out of raw/ by the first capture of the new lakehouse and kept, whole, under archive/."""
+    are one chain. The batches of before the purge (a chain the new one does not continue: other files) are moved
+    out of raw/ by the first capture of the new lakehouse and kept, whole, under archive/.
+
+    The history (CDC_HISTORY_TABLES), which the sentence leaves in place, follows: the new lakehouse's seqs go on
+    above every seq it holds (they began at 1 again, so its versions were taken as newer than every change after
+    the recovery, and its rows changed or deleted in the gap stayed open), each key's open version is its row in
+    the source, its versions from before the gap are kept, and the snapshot says what it cannot know: the changes
+    inside the gap."""
     primary, replica = primary_and_replica
     _replication(replica, "stop")  # a connected replica's dump thread keeps its binlog from being purged
     with primary.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("CREATE DATABASE IF NOT EXISTS anew")
-        cur.execute("CREATE TABLE anew.r (id INT PRIMARY KEY, note VARCHAR(20))")
-        cur.execute("INSERT INTO anew.r VALUES (1, 'one'), (2, 'two'), (3, 'three')")
+        cur.execute("CREATE TABLE anew.r (id INT PRIMARY KEY, note VARCHAR(20), b BLOB)")
+        cur.execute("INSERT INTO anew.r VALUES (1, 'one', X'FF00FE'), (2, 'two', NULL), (3, 'three', X'C3A9')")
+        cur.execute("UPDATE anew.r SET note = 'three!' WHERE id = 3")
+        # the history's b holds bytes of both kinds (binary); the new lakehouse's change log only text: not narrowed
+        cur.execute("ALTER TABLE anew.r MODIFY b TEXT CHARACTER SET latin1")
     lakehouse_dir = tmp_path / "lakehouse"
     _env(primary, lakehouse_dir, monkeypatch)
     monkeypatch.setenv("CDC_TABLES", "anew.*")
+    monkeypatch.setenv("CDC_HISTORY_TABLES", "anew.*")
     assert main(["sync"]) == 0
     lakehouse = Lakehouse(str(lakehouse_dir))
     before = list_batches(lakehouse.store)
-    with primary.admin_connection() as conn, conn.cursor() as cur:
-        cur.execute("UPDATE anew.r SET note = 'behind' WHERE id = 1")  # in the binlog, not captured, then purged
+    known = _history_rows(lakehouse)
+    known_seq = max_seq(lakehouse.open(HISTORY, TableRef("anew", "r")), HISTORY_SEQ_KEY)
+    with primary.admin_connection() as conn, conn.cursor() as cur:  # in the binlog, not captured, then purged
+        cur.execute("UPDATE anew.r SET note = 'behind' WHERE id = 1")
         cur.execute("DELETE FROM anew.r WHERE id = 2")
+        cur.execute("INSERT INTO anew.r (id, note) VALUES (5, 'gap')")
     _purge_to_newest(primary)
     capsys.readouterr()
     assert main(["sync"]) == 2
@@ -273,20 +288,48 @@ def test_following_the_purged_checkpoint_sentence_leads_to_a_clean_sync(
     assert folders is not None and "run `cdc-lakehouse snapshot`" in sentence, sentence
     for folder in re.findall(r"([\w.-]+)/", folders.group(1)):
         shutil.rmtree(lakehouse_dir / folder)
-    assert main(["snapshot"]) == 0
+    with primary.admin_connection() as conn, conn.cursor() as cur:  # after the gap, before the snapshot
+        cur.execute("UPDATE anew.r SET note = 'kept' WHERE id = 1")
+    with monkeypatch.context() as terminal:  # as at a terminal: the progress display, not the run's log lines
+        terminal.setattr(cli, "_shows_progress", lambda args: True)
+        assert main(["snapshot"]) == 0
+    out = capsys.readouterr().out
+    told = [line for line in out.splitlines() if "purged" in line]  # what the history cannot know: the gap
+    assert len(told) == 1 and told[0].startswith("warning: anew.r: its history") and f"(seq {known_seq}," in told[0], out
     with primary.admin_connection() as conn, conn.cursor() as cur:
-        cur.execute("INSERT INTO anew.r VALUES (4, 'four')")
-        cur.execute("UPDATE anew.r SET note = 'after' WHERE id = 3")
+        cur.execute("INSERT INTO anew.r VALUES (4, 'four', 'þ')")
+        cur.execute("UPDATE anew.r SET note = 'after', b = 'ÿ' WHERE id = 3")
     capsys.readouterr()
     assert main(["sync"]) == 0, capsys.readouterr()
     results = run_verify()
     assert [r.table for r in results] == [TableRef("anew", "r")] and all(r.ok for r in results), [r.describe() for r in results]
     source_rows, current_rows = source_and_current(CdcEnv(primary, "anew", lakehouse_dir), "r")
-    assert current_rows.num_rows == 3 and current_rows.equals(source_rows)
+    assert current_rows.num_rows == 4 and current_rows.equals(source_rows)
     assert batch_chain_breaks(lakehouse) == []
     assert not set(before) & set(list_batches(lakehouse.store))
     archived = {p.parent.name for p in (lakehouse_dir / ARCHIVE).rglob(MANIFEST_FILE)}
     assert archived == set(before)  # nothing lost: the old chain's batches are kept
+
+    history = _history_rows(lakehouse)
+    chains: dict[int, list[dict]] = {}
+    for version in history:
+        chains.setdefault(version["id"], []).append(version)
+    for chain in chains.values():  # one version after another, only the last one open
+        for earlier, later in zip(chain, chain[1:], strict=False):
+            assert earlier["_cdc_valid_to_seq"] is not None and earlier["_cdc_valid_to_seq"] <= later["_cdc_valid_from_seq"], chain
+    open_rows = sorted((c[-1]["id"], c[-1]["note"], c[-1]["b"]) for c in chains.values() if c[-1]["_cdc_is_current"])
+    text = [None if b is None else b.encode() for b in source_rows["b"].to_pylist()]  # text as its UTF-8 bytes
+    assert open_rows == sorted(zip(source_rows["id"].to_pylist(), source_rows["note"].to_pylist(), text, strict=True))
+    old = {(r["id"], r["note"], r["b"], r["_cdc_valid_from_seq"]) for r in known}
+    assert old <= {(r["id"], r["note"], r["b"], r["_cdc_valid_from_seq"]) for r in history}  # its past is kept
+    assert chains[1][0]["b"] == b"\xff\x00\xfe"  # every byte of it
+    assert [r["_cdc_deleted"] for r in chains[2]] == [False, True]  # deleted in the gap: closed as deleted
+
+
+def _history_rows(lakehouse: Lakehouse) -> list[dict]:
+    history = lakehouse.open(HISTORY, TableRef("anew", "r"))
+    assert history is not None
+    return read_query(history, "SELECT * FROM history ORDER BY id, _cdc_valid_from_seq", "history").to_pylist()
 
 
 def test_a_failover_target_with_transactions_without_gtids_names_the_fix(

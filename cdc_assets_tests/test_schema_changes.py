@@ -8,8 +8,10 @@ import json
 import pytest
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.lake.as_of import table_as_of
 from cdc_assets.lake.delta import open_table, read_query
-from cdc_assets.lake.layout import CHANGES, CURRENT
+from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
+from cdc_assets.local_source.server import MARIADB
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
@@ -255,3 +257,94 @@ def test_a_transaction_larger_than_a_spark_job_and_a_merge_is_taken_in_parts(cdc
     appends = [c for c in open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "h")), None).history()
                if c.get("operation") == "WRITE"]
     assert len(appends) > 3  # the 40-row transaction went in several slices
+
+
+def _bytes(value: object) -> object:
+    return value.encode() if isinstance(value, str) else value
+
+
+def _history_follows(cdc: CdcEnv, table: str, key: str) -> list[dict]:
+    """The table's history, once found to follow current state: each key's versions one after another (none
+    overlaps the next), the last one open and equal to its current row. Text is compared as its UTF-8 bytes: a
+    history column that held text and binary holds both as bytes."""
+    history = cdc.lakehouse.open(HISTORY, TableRef(cdc.database, table))
+    assert history is not None
+    versions = read_query(history, "SELECT * FROM history ORDER BY _cdc_valid_from_seq", "history").to_pylist()
+    current = _current(cdc, table)
+    names = [n for n in current[0] if not n.startswith("_cdc_")]
+    chains: dict = {}
+    for version in versions:
+        chains.setdefault(_bytes(version[key]), []).append(version)
+    for chain in chains.values():
+        for earlier, later in zip(chain, chain[1:], strict=False):
+            assert earlier["_cdc_valid_to_seq"] is not None and earlier["_cdc_valid_to_seq"] <= later["_cdc_valid_from_seq"], chain
+    open_rows = {k: {n: _bytes(c[-1][n]) for n in names} for k, c in chains.items() if c[-1]["_cdc_is_current"]}
+    assert open_rows == {_bytes(r[key]): {n: _bytes(r[n]) for n in names} for r in current}
+    return versions
+
+
+def test_a_column_changed_between_text_and_binary_keeps_every_byte(cdc: CdcEnv, monkeypatch) -> None:
+    """MODIFY between a text type and a binary type, both ways: no value loses a byte in the change log, current
+    state or history, before or after the ALTER (the change log's column fell back to text, so bytes that are not
+    UTF-8 came out as replacement characters, and current state's conversion at the ALTER failed on them). A key
+    column's change keeps one open version per key in the history. The ALTER's run is on Spark on MariaDB and on
+    Arrow on MySQL: each engine converts once, and the stages see the same raw batches from either source."""
+    spark = cdc.server.flavour == MARIADB
+    monkeypatch.setenv("CDC_HISTORY_TABLES", f"{cdc.database}.*")
+    cdc.execute(
+        "CREATE TABLE tb (id INT PRIMARY KEY, s VARCHAR(20), l VARCHAR(20) CHARACTER SET latin1, tx TEXT, b BLOB, "
+        "vb VARBINARY(20))",
+        "INSERT INTO tb VALUES (1, 'héllo ✅', 'café', 'text', X'FF00FE', X'E29C85'), "
+        "(2, 'two', 'ÿ', 'deux', X'C3A9', X'FF00FE')",  # b: the UTF-8 of é, but Ã© in latin1
+        "CREATE TABLE pk (k VARCHAR(10) PRIMARY KEY, v INT)",
+        "INSERT INTO pk VALUES ('a', 1), ('b', 2)",
+    )
+    assert cdc.sync() == 0
+    if spark:  # the ALTER's run on Spark: its tasks rewrite the change log and reshape current state
+        monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "0")
+    cdc.execute(
+        "UPDATE tb SET vb = X'6F6B' WHERE id = 2",  # strict mode refuses a VARCHAR of bytes that are not UTF-8
+        "ALTER TABLE tb MODIFY s VARBINARY(20), MODIFY l VARBINARY(20), MODIFY tx BLOB, "
+        "MODIFY b TEXT CHARACTER SET latin1, MODIFY vb VARCHAR(20)",
+        "INSERT INTO tb VALUES (3, X'FF00FE', X'FF00FE', X'FF00FE', 'ÿ€ after', 'naïve ✅')",
+        "UPDATE tb SET s = X'00FF', tx = X'80', b = 'þ' WHERE id = 1",
+        "UPDATE pk SET v = 5 WHERE k = 'b'",  # read at the log's new type, it must still close b's version
+        "ALTER TABLE pk MODIFY k VARBINARY(10)",
+        "UPDATE pk SET v = 10 WHERE k = 'a'",
+        "INSERT INTO pk VALUES (X'FF', 3)",
+    )
+    assert cdc.sync() == 0
+    _assert_equal_to_source(cdc)
+
+    # the change log: every value as written, text as its UTF-8 bytes in a column that holds bytes of both kinds
+    log = [r for r in _log(cdc, "tb", "*") if r["_cdc_op"] in ("insert", "update")]
+    names = ["id", "s", "l", "tx", "b", "vb"]
+    utf8 = str.encode
+    assert [[r[n] for n in names] for r in log] == [
+        [1, utf8("héllo ✅"), utf8("café"), b"text", b"\xff\x00\xfe", b"\xe2\x9c\x85"],
+        [2, b"two", utf8("ÿ"), b"deux", b"\xc3\xa9", b"\xff\x00\xfe"],
+        [2, b"two", utf8("ÿ"), b"deux", b"\xc3\xa9", b"ok"],
+        [3, b"\xff\x00\xfe", b"\xff\x00\xfe", b"\xff\x00\xfe", utf8("ÿ€ after"), utf8("naïve ✅")],
+        [1, b"\x00\xff", b"caf\xe9", b"\x80", utf8("þ"), utf8("✅")],
+    ]
+    assert log[2]["_cdc_before"]["vb"] == b"\xff\x00\xfe" and log[4]["_cdc_before"]["s"] == utf8("héllo ✅")
+    if spark:
+        written = open_table(cdc.lakehouse.table_uri(CHANGES, TableRef(cdc.database, "tb")), None).file_uris()
+        assert all("zstd" in p for p in written)  # every file of the rewritten log is a Spark task's
+
+    # current state: the ALTER's conversions in each column's charset (latin1's é is one byte; X'C3A9' is Ã© there)
+    current = {r["id"]: r for r in _current(cdc, "tb")}
+    assert current[1]["l"] == b"caf\xe9" and current[2]["b"] == "Ã©"
+    # the history follows current state, and the versions before the ALTER keep their bytes
+    versions = _history_follows(cdc, "tb", "id")
+    first = {r["id"]: r for r in reversed(versions)}  # each key's first version
+    assert [first[1]["b"], first[2]["vb"], first[1]["s"]] == [b"\xff\x00\xfe", b"\xff\x00\xfe", utf8("héllo ✅")]
+    # read as of the point before the ALTER, from the history and from the change log: each value at its type then
+    for from_history in (True, False):
+        then = table_as_of(cdc.lakehouse, f"{cdc.database}.tb", at_seq=log[2]["_cdc_seq"], from_history=from_history)
+        assert [[r[n] for n in names] for r in then.to_pylist()] == [
+            [1, "héllo ✅", "café", "text", b"\xff\x00\xfe", b"\xe2\x9c\x85"],
+            [2, "two", "ÿ", "deux", b"\xc3\xa9", b"ok"],
+        ]
+    keys = _history_follows(cdc, "pk", "k")
+    assert [(r["k"], r["v"]) for r in keys if r["_cdc_valid_to_seq"] is None] == [(b"b", 5), (b"a", 10), (b"\xff", 3)]

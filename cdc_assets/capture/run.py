@@ -20,27 +20,31 @@ from cdc_assets.capture.spool import remove_orphaned_spools
 from cdc_assets.core import failpoints, progress
 from cdc_assets.core.arrow import release_unused_memory
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.positions import BinlogPosition
+from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape, apply_schemas
-from cdc_assets.lake.layout import ARCHIVE, CAPTURE_LOCK, RAW
+from cdc_assets.lake.delta import HISTORY_SEQ_KEY, max_seq
+from cdc_assets.lake.layout import ARCHIVE, CAPTURE_LOCK, HISTORY, RAW
 from cdc_assets.lake.locks import Lease, lakehouse_lock
 from cdc_assets.lake.quarantine import CAPTURE, Quarantine, left_out_of_capture, quarantine
 from cdc_assets.lake.raw_batches import (
     BatchManifest,
     RawBatch,
     archive_earlier_batches,
+    archived_last_seq,
     batch_exists,
     read_manifest,
     write_batch,
 )
 from cdc_assets.lake.state import (
     Checkpoint,
+    EarlierLakehouse,
     load_checkpoint,
     load_registry,
     load_schemas,
     register_batch,
     save_checkpoint,
+    save_earlier,
     save_registry,
     save_schemas,
 )
@@ -213,6 +217,7 @@ class _Capture:
                 )
         start = checkpoint.position if checkpoint else source.oldest_position(conn)
         source.check_available(conn, start)
+        first_seq = FIRST_SEQ
         if checkpoint is None:  # a new lakehouse: raw batches found here are an earlier one's (lake/raw_batches)
             lease.check()
             archived = archive_earlier_batches(lakehouse.store, start.batch_name(), began_at)
@@ -221,6 +226,7 @@ class _Capture:
                     f"the {len(archived)} raw batches of an earlier lakehouse (before {start}, where this one "
                     f"starts) were moved from {RAW}/ to {ARCHIVE}/"
                 )
+            first_seq = self._begin_over_earlier(start)
         epoch = checkpoint.position.epoch if checkpoint else 0
         target = (until or source.binlog_end(conn)).in_epoch(epoch)  # the server's position, in capture's epoch
         report = CaptureReport(start=start, target=target)
@@ -232,7 +238,7 @@ class _Capture:
             report.taken_over = {name: self.journal.batches[name] for name in taken}
             if taken and log is not None:
                 log.info(f"{len(taken)} raw batches captured by runs that ended before recording them: recorded here")
-        checkpoint = checkpoint or Checkpoint(start, server_id=self.server.server_id)
+        checkpoint = checkpoint or Checkpoint(start, next_seq=first_seq, server_id=self.server.server_id)
         registry = load_registry(lakehouse.store)
         schemas = load_schemas(lakehouse.store, checkpoint)
         while checkpoint.position < target:
@@ -247,6 +253,28 @@ class _Capture:
         if self.binlog_files is not None:
             self._report_progress(report, checkpoint.position)
         return checkpoint, report
+
+    def _begin_over_earlier(self, start: BinlogPosition) -> int:
+        """The first `_cdc_seq` of a lakehouse begun at `start` with no checkpoint: FIRST_SEQ, or, over an earlier
+        lakehouse's remains (its history tables, its archived raw batches), past every seq they hold, recorded in
+        `_state/earlier.json` (lake/state.EarlierLakehouse). Those remains do not change until the first batch is
+        written, so a capture killed before it begins again at the same seq."""
+        lakehouse = self.lakehouse
+        store = lakehouse.store
+        last = archived_last_seq(store)
+        for table in lakehouse.tables(HISTORY):
+            last = max(last, max_seq(lakehouse.open(HISTORY, table), HISTORY_SEQ_KEY) or 0)
+        if not last:
+            return FIRST_SEQ
+        earlier = EarlierLakehouse(last, str(start))
+        self.lease.check()
+        save_earlier(store, earlier)
+        if self.log is not None:
+            self.log.info(
+                f"the lakehouse begins again at {start} over an earlier one's history and raw batches: its seqs go on "
+                f"from {earlier.first_seq}, past the earlier one's last ({last})"
+            )
+        return earlier.first_seq
 
     def _report_progress(self, report: CaptureReport, reached: BinlogPosition) -> None:
         assert report.start is not None and report.target is not None and self.binlog_files is not None

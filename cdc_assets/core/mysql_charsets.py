@@ -119,3 +119,24 @@ def _search_server(name: str) -> codecs.CodecInfo | None:
 
 
 codecs.register(_search_server)
+
+
+def python_codec(encoding: str | None) -> str | None:
+    """The Python codec for a column's charset as python-mysql-replication names it (`utf8`, `cp1252`, ...) or as
+    DDL and information_schema name it (`utf8mb4`, `latin1`), with MySQL's own latin1; None when Python has no such
+    codec (values stay bytes)."""
+    from pymysql.charset import charset_by_name
+
+    if encoding is None:
+        return "utf-8"
+    if encoding in ("latin1", "cp1252"):
+        return MYSQL_LATIN1
+    if codec_for(encoding) is not None:
+        return codec_for(encoding)
+    known = charset_by_name(encoding)
+    name = known.encoding if known else encoding
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        return None
+    return name

@@ -119,6 +119,8 @@ def snapshot_tables(
                 "rows": sum(report.rows.values()),
                 "per_table": MetadataValue.json(report.rows),
                 "duration_seconds": round(report.seconds, 3),
+                # what a table's history cannot know: the changes in the gap of a lakehouse begun again
+                **({"history_gaps": MetadataValue.json(report.history_gaps)} if report.history_gaps else {}),
             },
         )
     )

@@ -32,6 +32,8 @@ from cdc_assets.lake.history_rows import (
     VALID_TO,
     VALID_TO_SEQ,
     advance,
+    at_types,
+    history_columns,
     history_schema,
     schema_changes,
     shape_at,
@@ -40,7 +42,7 @@ from cdc_assets.lake.history_rows import (
     version_rows,
 )
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, HISTORY
-from cdc_assets.lake.state import load_progress
+from cdc_assets.lake.state import load_earlier, load_progress
 from cdc_assets.lake.store import Lakehouse
 
 
@@ -95,12 +97,15 @@ def table_as_of(
             changes = read_query(
                 log, f"SELECT * FROM changes WHERE _cdc_seq > {base} AND _cdc_seq <= {int(point)}", "changes"
             )
-            columns = source_fields(changes.schema)
+            columns = history_columns(changes.schema, versions.schema)  # the history is never narrowed
+            changes = at_types(changes, columns)
             schema = history_schema(columns)
+            seed = history.transaction_version(SEED_SEQ_KEY)
+            earlier = load_earlier(lakehouse.store)
             state = start(
                 _conformed(versions, schema).to_pylist(),
                 shape_at(events, base, latest),
-                history.transaction_version(SEED_SEQ_KEY),
+                None if earlier is not None and earlier.holds(seed) else seed,  # an earlier lakehouse's: not to fix
             )
             versions = version_rows(advance(state, columns, changes).current(), schema)
     else:

@@ -73,7 +73,9 @@ def build_change_table(version: TableShape, rows: pa.Table) -> pa.Table:
 def unified_type(old: pa.DataType, new: pa.DataType) -> pa.DataType:
     """A type that holds every value of both: the change log's column type after a MODIFY COLUMN.
 
-    Widening keeps the wider numeric type; anything else falls back to text, which every value has.
+    Widening keeps the wider numeric type; anything else falls back to text, which every value has, except with
+    binary on either side: bytes that are not UTF-8 have no text, so the fallback there is binary, which holds
+    every value too (a text as its UTF-8 bytes, any other value as the bytes of its text).
     """
     if old == new:
         return old
@@ -97,7 +99,7 @@ def unified_type(old: pa.DataType, new: pa.DataType) -> pa.DataType:
         return pa.float64()
     if pa.types.is_timestamp(old) and pa.types.is_timestamp(new) and old.tz == new.tz:
         return old
-    if pa.types.is_binary(old) and pa.types.is_binary(new):
+    if pa.types.is_binary(old) or pa.types.is_binary(new):
         return pa.binary()
     return pa.string()
 
@@ -118,10 +120,12 @@ def cast_column(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
             for f in target
         ]
         return pa.StructArray.from_arrays(children, fields=list(target), mask=pc.is_null(values))
-    if pa.types.is_string(target) and pa.types.is_binary(values.type):
-        return pa.array([None if v is None else v.decode("utf-8", "replace") for v in values.to_pylist()], target)
     if pa.types.is_string(target) and pa.types.is_list(values.type):  # a VECTOR modified to another type: as JSON
         return pa.array([None if v is None else json.dumps(v) for v in values.to_pylist()], target)
+    if pa.types.is_binary(target) and not pa.types.is_string(values.type):  # the bytes of its text (unified_type)
+        return pc.cast(cast_column(values, pa.string()), target)
+    # text to binary: its UTF-8 bytes; binary to text only when the bytes are UTF-8 (a text's, taken back), else
+    # ArrowInvalid: never a value with bytes replaced
     return pc.cast(values, target)
 
 

@@ -13,7 +13,16 @@ import pyarrow.compute as pc
 
 from cdc_assets.core.arrow import hashable
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column, format_time
+from cdc_assets.core.mysql_charsets import python_codec
+from cdc_assets.core.mysql_types import (
+    TEXT_TYPES,
+    ColumnSpec,
+    arrow_schema,
+    arrow_type,
+    binary_array,
+    decode_column,
+    format_time,
+)
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import DEFAULT_CURRENT_FILE_KB, current_file_kb
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
@@ -161,7 +170,29 @@ def convert_column(values: pa.ChunkedArray | pa.Array, old: ColumnSpec | None, n
         return pa.array(cut, values.type).cast(target)
     if new.type == "decimal" and pa.types.is_decimal(values.type) and (new.scale or 0) < values.type.scale:
         values = pc.round(values, ndigits=new.scale or 0, round_mode="half_away_from_zero")
+    if pa.types.is_binary(target) and pa.types.is_string(values.type) and old.type in TEXT_TYPES:
+        return _recoded(values, None if old.type == "json" else old.charset, to_text=False)
+    if pa.types.is_string(target) and pa.types.is_binary(values.type) and new.type in TEXT_TYPES:
+        return _recoded(values, None if new.type == "json" else new.charset, to_text=True)
     return pc.cast(values, target)
+
+
+def _recoded(values: pa.Array, charset: str | None, to_text: bool) -> pa.Array:
+    """Text to binary or back as MySQL's ALTER TABLE converts them: a text becomes its bytes in its column's
+    charset, bytes become the text they are in the new column's charset (a column whose DDL named no charset:
+    utf8mb4's; a JSON document is UTF-8). Raises ArrowInvalid for bytes that are no text of that charset (the
+    server's strict mode refuses such an ALTER), never a text with bytes replaced."""
+    codec = python_codec(charset)
+    if codec in ("utf8", "utf-8"):  # Arrow's own UTF-8 cast, with no Python object per value
+        return pc.cast(values, pa.string() if to_text else pa.binary())
+    if codec is None:
+        raise pa.ArrowInvalid(f"no codec here for the {charset} charset")
+    try:
+        if to_text:
+            return pa.array([None if v is None else v.decode(codec) for v in values.to_pylist()], pa.string())
+        return binary_array([None if v is None else v.encode(codec) for v in values.to_pylist()])
+    except (UnicodeError, LookupError) as exc:
+        raise pa.ArrowInvalid(f"a value is not {charset} text ({exc})") from exc
 
 
 def file_ranges(actions: pa.Table, key: list[str]) -> list[dict[str, Any]]:

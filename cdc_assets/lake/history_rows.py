@@ -32,8 +32,9 @@ import pyarrow.compute as pc
 from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.ops import REMOVES, REPAIR
 from cdc_assets.core.shapes import SchemaChange, TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column, unified_schema
 from cdc_assets.lake.current_rows import _default_column, convert_column
+from cdc_assets.lake.delta import plain_type
 
 KEY = "_cdc_key"
 VALID_FROM, VALID_TO = "_cdc_valid_from", "_cdc_valid_to"
@@ -54,6 +55,31 @@ HISTORY_META = [
 def source_fields(log_schema: pa.Schema) -> list[pa.Field]:
     """A change log's source columns (every column any version of the table had, at a type holding them all)."""
     return [f.with_nullable(True) for f in log_schema if not f.name.startswith("_cdc_")]
+
+
+def history_columns(log_schema: pa.Schema, history: pa.Schema | None) -> list[pa.Field]:
+    """The source columns a pass over change-log rows works at: the change log's, then the history table's others,
+    each at a type holding both (`unified_type`). A history is never narrowed, and keeps every column: a lakehouse
+    begun again (its checkpoint was purged) has a new change log at the source's columns and types now, beside a
+    history that may have widened a column before (text and binary: bytes that are not UTF-8 have no text) or hold
+    a column dropped before."""
+    fields = source_fields(log_schema)
+    if history is None:
+        return fields
+    kept = [f.with_type(plain_type(f.type)) for f in source_fields(history)]
+    return [f.with_nullable(True) for f in unified_schema([pa.schema(fields), pa.schema(kept)])]
+
+
+def at_types(changes: pa.Table, columns: Sequence[pa.Field]) -> pa.Table:
+    """Change-log rows with their source columns and before-images at the types of `columns` (history_columns)."""
+    types = {f.name: f.type for f in columns}
+    for i, column in enumerate(changes.schema):
+        target = types.get(column.name)
+        if column.name == "_cdc_before" and pa.types.is_struct(column.type):
+            target = pa.struct([f.with_type(types.get(f.name, f.type)) for f in column.type])
+        if target is not None and target != column.type:
+            changes = changes.set_column(i, column.with_type(target), cast_column(changes.column(i), target))
+    return changes
 
 
 def history_schema(columns: Sequence[pa.Field]) -> pa.Schema:
@@ -89,11 +115,17 @@ def key_text(row: dict[str, Any], key: Sequence[str]) -> str:
 
 def start(open_versions: list[dict[str, Any]], shape: TableShape, seed: int | None = None) -> Versions:
     """The state before a pass: the versions open now (read from the history table), by key, under the table
-    shape in force then; `seed`: the seq a snapshot seeded the history at (its table's SEED_SEQ_KEY)."""
+    shape in force then; `seed`: the seq a snapshot seeded the history at (its table's SEED_SEQ_KEY).
+
+    Each version is found by the key its values give at the pass's column types, which is its `_cdc_key` unless
+    the change log has widened a key column's type since it opened (text to binary, an integer to text): a change
+    read at the wider type still closes it (its `_cdc_key` stays, so its commit finds it in the table), and the
+    versions opened from there on have the key at the wider type."""
+    key = key_columns(shape)
     by_key: dict[str, list[dict[str, Any]]] = {}
     for v in sorted(open_versions, key=lambda v: v[VALID_FROM_SEQ]):
-        by_key.setdefault(v[KEY], []).append(v)
-    return Versions(by_key, key_columns(shape), not shape.primary_key, seed)
+        by_key.setdefault(key_text(v, key), []).append(v)
+    return Versions(by_key, key, not shape.primary_key, seed)
 
 
 def is_dropped(version: dict[str, Any]) -> bool:
@@ -189,34 +221,40 @@ def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> 
                 continue
             were = close_all(seq, ts, False) if op == "alter" else []
             state.key, state.keyless = key_columns(change.after), not change.after.primary_key
-            for values in altered(were, change, names, ts):
+            for values in altered(were, change, columns, ts):
                 open_version(values, seq, ts)
     return state
 
 
 def altered(
-    versions: list[dict[str, Any]], change: SchemaChange, names: list[str], ts: dt.datetime
+    versions: list[dict[str, Any]], change: SchemaChange, columns: Sequence[pa.Field], ts: dt.datetime
 ) -> list[dict[str, Any]]:
     """The rows of `versions` as an ALTER TABLE leaves them (see current_rows.reshape_rows): added columns take
     their default, renamed ones keep their values under the new name, modified ones are converted, dropped ones
-    are NULL."""
+    are NULL. Values are at the history's column types (`columns`, the change log's), as the change rows after the
+    ALTER are, so a key reads the same from either (a key column changed between text and binary: its bytes)."""
     after = change.after
     assert after is not None
     if not versions:
         return []
     before = {c.name: c for c in change.before.columns} if change.before is not None else {}
+    types = {f.name: f.type for f in columns}
+
+    def at_history_type(values: pa.Array, name: str) -> list[Any]:
+        return (cast_column(values, types[name]) if name in types else values).to_pylist()
+
     out: list[dict[str, Any]] = [{} for _ in versions]
     for spec in after.columns:
         if spec.name in change.defaults:
-            value = _default_column(spec, change.defaults[spec.name], 1, ts)[0].as_py()
-            values = [value] * len(versions)
+            value = _default_column(spec, change.defaults[spec.name], 1, ts)
+            values = at_history_type(value, spec.name) * len(versions)
         else:
             old = change.renames.get(spec.name, spec.name)
             values = [v.get(old) for v in versions]
             if old in before and before[old] != spec:
                 try:
                     typed = pa.array(values, arrow_type(before[old]))
-                    values = convert_column(typed, before[old], spec).to_pylist()
+                    values = at_history_type(convert_column(typed, before[old], spec), spec.name)
                 except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
                     pass  # the values as they are, at the history column's type
         for row, value in zip(out, values, strict=True):

@@ -222,7 +222,7 @@ def archive_earlier_batches(store: ObjectStore, first: str, when: float) -> list
     """Move the raw batches of an earlier lakehouse out of raw/, to archive/raw-<when, UTC>/<batch>/, and return
     their names: what a capture that starts without a checkpoint finds in raw/ (a lakehouse re-initialised after
     its checkpoint was purged keeps its raw/). Their chain is one the new one does not continue (other positions,
-    seqs from 1 again), so in raw/ they broke the chain check and every reader of raw batches by seq. The one
+    a gap in seqs), so in raw/ they broke the chain check and every reader of raw batches by seq. The one
     exception is the batch this capture writes first (`first`) when it is all raw/ holds: a capture killed between
     its first batch and its first checkpoint left it, and capture adopts it (capture/run.py). Manifests go first,
     so a batch leaves raw/ at once; a crash midway leaves the rest for the next capture, which has no checkpoint
@@ -235,6 +235,19 @@ def archive_earlier_batches(store: ObjectStore, first: str, when: float) -> list
     for key in sorted(keys, key=lambda k: not k.endswith(f"/{MANIFEST_FILE}")):
         store.move(key, folder + key[len(RAW) :])
     return names
+
+
+def archived_last_seq(store: ObjectStore) -> int:
+    """The highest `_cdc_seq` of the raw batches under archive/ (0 when none): each archived chain's last batch, the
+    last by name (names sort in binlog order), ends it."""
+    suffix = f"/{MANIFEST_FILE}"
+    last: dict[str, str] = {}  # archive folder -> the key of its last batch's manifest
+    for key in store.list_keys(ARCHIVE):
+        folder = key.split("/")[1] if key.count("/") == 3 else None
+        if folder is not None and key.endswith(suffix):
+            last[folder] = max(last.get(folder, key), key)
+    seqs = [BatchManifest.from_json(json.loads(store.get(key))).next_seq - 1 for key in last.values()]
+    return max(seqs, default=0)
 
 
 def batch_exists(store: ObjectStore, name: str) -> bool:

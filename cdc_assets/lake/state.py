@@ -107,6 +107,42 @@ def save_checkpoint(store: ObjectStore, checkpoint: Checkpoint) -> None:
     store.put(CHECKPOINT_KEY, json.dumps(checkpoint.to_json(), indent=1).encode())
 
 
+EARLIER_KEY = f"{STATE}/earlier.json"
+
+
+@dataclass(frozen=True)
+class EarlierLakehouse:
+    """What a lakehouse begun again over an earlier one's remains knows of it (one re-initialised after its checkpoint
+    was purged keeps its history/ and its raw batches, archived): every `_cdc_seq` up to `last_seq` is the earlier
+    one's, and this one's capture began at `start` (the oldest binlog the source had then) with seq `last_seq` + 2.
+    Seqs go on rising across the two, so a history's versions stay ordered by seq, and a change after the gap is
+    never taken for one older than the history's; the seq left between them is a snapshot's at that start."""
+
+    last_seq: int
+    start: str
+
+    @property
+    def first_seq(self) -> int:
+        """The `_cdc_seq` of this lakehouse's first change."""
+        return self.last_seq + 2
+
+    def holds(self, seq: int | None) -> bool:
+        """Whether `seq` is the earlier lakehouse's (before the gap)."""
+        return seq is not None and seq <= self.last_seq
+
+
+def load_earlier(store: ObjectStore) -> EarlierLakehouse | None:
+    """The earlier lakehouse this one was begun over, if any (written by the capture that began it)."""
+    d = _load_json(store, EARLIER_KEY)
+    if d is None:
+        return None
+    return EarlierLakehouse(int(d["last_seq"]), str(d["start"]))
+
+
+def save_earlier(store: ObjectStore, earlier: EarlierLakehouse) -> None:
+    store.put(EARLIER_KEY, json.dumps({"last_seq": earlier.last_seq, "start": earlier.start}, indent=1).encode())
+
+
 SCHEMAS_PREFIX = f"{STATE}/schemas"
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pymysqlreplication.row_event import find_charset
 
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.mysql_charsets import python_codec
 from cdc_assets.core.mysql_types import PRINTED_BINARY_TYPES, TEXT_TYPES, ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
@@ -197,30 +198,6 @@ def _optional_metadata(reader: _Reader, end: int, types: list[int], mariadb: boo
             meta.primary_key = reader.packed_ints_until(field_end)
         reader.pos = field_end  # skips what is not needed (geometry types, prefixed keys, visibility)
     return meta
-
-
-def python_codec(encoding: str | None) -> str | None:
-    """The Python codec for a column's charset as python-mysql-replication names it (`utf8`, `cp1252`, ...),
-    with MySQL's own latin1 (mysql_charsets); None when Python has no such codec (values stay bytes)."""
-    import codecs
-
-    from pymysql.charset import charset_by_name
-
-    from cdc_assets.core.mysql_charsets import MYSQL_LATIN1, codec_for
-
-    if encoding is None:
-        return "utf-8"
-    if encoding in ("latin1", "cp1252"):
-        return MYSQL_LATIN1
-    if codec_for(encoding) is not None:
-        return codec_for(encoding)
-    known = charset_by_name(encoding)
-    name = known.encoding if known else encoding
-    try:
-        codecs.lookup(name)
-    except LookupError:
-        return None
-    return name
 
 
 def table_map_table(body: bytes, post_header_length: int = 8) -> tuple[int, TableRef]:

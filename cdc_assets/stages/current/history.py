@@ -47,6 +47,8 @@ from cdc_assets.lake.history_rows import (
     VALID_TO_SEQ,
     Versions,
     advance,
+    at_types,
+    history_columns,
     history_schema,
     schema_changes,
     shape_at,
@@ -55,7 +57,7 @@ from cdc_assets.lake.history_rows import (
     version_rows,
 )
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, HISTORY
-from cdc_assets.lake.state import load_progress
+from cdc_assets.lake.state import EarlierLakehouse, load_earlier, load_progress
 from cdc_assets.lake.store import Lakehouse
 
 CHANGES_PER_COMMIT = 200_000  # changes taken into a history at once (as current state's merges): bounds memory
@@ -89,6 +91,11 @@ def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None, 
                 f"{table} has no primary key: its history is not kept (CDC_HISTORY_TABLES covers keyed tables)."
             )
         return "not kept: no primary key"
+    earlier = load_earlier(lakehouse.store)
+    if through is None and log is not None:
+        gap = _gap(table, history, earlier)
+        if gap is not None:
+            log.warning(f"{gap}; run `cdc-lakehouse snapshot {table}` so that it takes in the table's rows as they are")
     state = None
     opened = closed = 0
     column = seqs.column("_cdc_seq")
@@ -97,10 +104,13 @@ def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None, 
         low, high = int(window[0].as_py()), int(window[-1].as_py())
         sql = f"SELECT * FROM changes WHERE _cdc_seq >= {low} AND _cdc_seq <= {high}"
         changes = read_query(changes_log, sql, "changes")
-        columns = source_fields(changes.schema)
+        columns = history_columns(changes.schema, pa.schema(history.schema().to_arrow()) if history else None)
+        changes = at_types(changes, columns)
         schema = history_schema(columns)
         if state is None:
             seed = history.transaction_version(SEED_SEQ_KEY) if history is not None else None
+            if earlier is not None and earlier.holds(seed):
+                seed = None  # an earlier lakehouse's seed: its versions are not this one's to fix
             state = start(_open_versions(history, schema) if history is not None else [], shape, seed)
         else:  # the versions the last part left open are in the table now: closing one updates it there
             state = Versions(state.open, state.key, state.keyless, state.seed)
@@ -113,6 +123,33 @@ def keep_history(lakehouse: Lakehouse, table: TableRef, log: Any | None = None, 
         _commit(lakehouse, table, history, rows, high)
         history = lakehouse.open(HISTORY, table)
     return f"{opened} versions opened, {closed} closed"
+
+
+def _gap(table: TableRef, history: Any, earlier: EarlierLakehouse | None) -> str | None:
+    """What the table's history cannot know, when its newest change is an earlier lakehouse's (this one was begun
+    again after that one's checkpoint was purged: lake/state.EarlierLakehouse), as the start of a sentence; else
+    None."""
+    done = max_seq(history, HISTORY_SEQ_KEY)
+    if earlier is None or not earlier.holds(done):
+        return None
+    sql = f"SELECT max({VALID_FROM}) AS opened, max({VALID_TO}) AS closed FROM history"
+    times = [t for t in read_query(history, sql, "history").to_pylist()[0].values() if t is not None]
+    when = f", committed {max(times):%Y-%m-%d %H:%M:%S} UTC" if times else ""
+    return (
+        f"{table}: its history cannot know the changes between its last one (seq {done}{when}) and {earlier.start}, "
+        "where capture began again (that binlog was purged before capture read it), so a version open then ends at "
+        "the first change or snapshot after the gap that finds its row changed or gone, not when it really ended, "
+        "and a row that came and went inside the gap has no version"
+    )
+
+
+def history_gap(lakehouse: Lakehouse, table: TableRef, seq: int) -> str | None:
+    """The sentence a snapshot at `seq` that seeds the table's history says when the history's newest change is an
+    earlier lakehouse's (see `_gap`), else None. Read before the seed, which moves the history past the gap."""
+    if table not in lakehouse.history:
+        return None
+    gap = _gap(table, lakehouse.open(HISTORY, table), load_earlier(lakehouse.store))
+    return None if gap is None else f"{gap}; this snapshot (seq {seq}) opens the versions of the rows it found."
 
 
 def _open_versions(history: Any, schema: pa.Schema) -> list[dict[str, Any]]:
@@ -295,14 +332,11 @@ def _commit_seed(lakehouse: Lakehouse, table: TableRef, rows: pa.Table, seq: int
 
 
 def _seed_columns(lakehouse: Lakehouse, table: TableRef, shape: TableShape, history: Any) -> list[pa.Field]:
-    """The seeded history's source columns: the change log's (every column the table had, at its types), then
-    any other the history has, then the snapshot's columns neither knows."""
-    columns: list[pa.Field] = []
+    """The seeded history's source columns: the change log's and the history's (every column the table had, at a
+    type holding both: history_columns), then the snapshot's columns neither knows."""
     changes_log = lakehouse.open(CHANGES, table)
-    for known in (changes_log, history):
-        if known is not None:
-            names = {f.name for f in columns}
-            columns += [f for f in source_fields(pa.schema(known.schema().to_arrow())) if f.name not in names]
+    known = [pa.schema(t.schema().to_arrow()) for t in (changes_log, history) if t is not None]
+    columns = history_columns(*known) if len(known) == 2 else source_fields(known[0]) if known else []
     names = {f.name for f in columns}
     columns += [f.with_nullable(True) for f in arrow_schema(list(shape.columns)) if f.name not in names]
     return [pa.field(f.name, plain_type(f.type)) for f in columns]

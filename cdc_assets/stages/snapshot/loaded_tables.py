@@ -34,7 +34,7 @@ from cdc_assets.lake.state import (
 )
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source.server import SnapshotPoint
-from cdc_assets.stages.current.history import seed_history
+from cdc_assets.stages.current.history import history_gap, seed_history
 
 # Consistent points a snapshot takes for keyless tables before giving up on those that changed between the
 # watermarks of each (docs/architecture.md, "Consistent points without a lock").
@@ -128,28 +128,35 @@ class SnapshotReport:
     rows: dict[str, int] = field(default_factory=dict)
     capture: CaptureReport | None = None
     seconds: float = 0.0
+    # per table, what its history cannot know: the changes in the gap before a lakehouse begun again (history_gap)
+    history_gaps: dict[str, str] = field(default_factory=dict)
 
 
 def record_loaded(
     lakehouse: Lakehouse, shape: TableShape, seq: int, taken_at: dt.datetime, log: Any | None = None
-) -> None:
+) -> str | None:
     """Progress after a table's current state was loaded at `seq` (the snapshot began reading at `taken_at`;
     the caller holds both stages' locks): the change-log stage knows its shape, the table's history (when
     CDC_HISTORY_TABLES selects it) is seeded with the loaded rows, then the current-state stage learns that a
     snapshot loaded it. A crash before that last step leaves the snapshot unrecorded: run again, it loads and
-    seeds again, and the seed finds the versions it committed already (stages.current.history.seed_history)."""
+    seeds again, and the seed finds the versions it committed already (stages.current.history.seed_history). Returns the
+    sentence of what the history cannot know, when the seed closed a gap (stages.current.history.history_gap)."""
     store, table = lakehouse.store, str(shape.table)
     progress = load_progress(store, CHANGES_STAGE, table)
     if progress.shape is None:  # no change log yet: the current state needs the columns and key
         save_progress(store, CHANGES_STAGE, table, TableProgress(progress.batch, shape))
+    gap = history_gap(lakehouse, shape.table, seq)
     outcome = seed_history(lakehouse, shape, seq, taken_at, log)
     if log is not None and outcome != "not kept":
         log.info(f"{table}: history {outcome}")
+    if gap is not None and log is not None:
+        log.warning(gap)
     applied = load_progress(store, CURRENT_STAGE, table)
     save_progress(store, CURRENT_STAGE, table, TableProgress(applied.batch, None, None, present=True, snapshot_seq=seq))
     lifted = lift_after_snapshot(store, table)
     if lifted is not None and log is not None:
         log.info(f"{table}: out of quarantine, loaded at _cdc_seq {seq} (was: {lifted.cause})")
+    return gap
 
 
 def resume_quarantined_capture(

@@ -354,7 +354,9 @@ def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:
             current_configuration(schema),
             overwrite=existing is not None,
         )
-        record_loaded(lakehouse, record.shape, record.seq, record.taken_at, run.log)
+        gap = record_loaded(lakehouse, record.shape, record.seq, record.taken_at, run.log)
+        if gap is not None:
+            run.report.history_gaps[str(table)] = gap
     record.committed = True
     save_record(lakehouse.store, record)
     run.info(f"{table}: {record.rows:,} rows committed at seq {record.seq}")

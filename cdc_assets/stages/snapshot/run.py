@@ -221,7 +221,9 @@ def _take_snapshot(
         for table, (shape, rows) in read.loaded.items():
             _load_current(lakehouse, shape, rows, seqs[table], read.taken_at)
             failpoints.hit("snapshot.overwritten")
-            record_loaded(lakehouse, shape, seqs[table], read.taken_at, log)
+            gap = record_loaded(lakehouse, shape, seqs[table], read.taken_at, log)
+            if gap is not None:
+                report.history_gaps[str(table)] = gap
     spool.remove()
     register_loaded(lakehouse, [shape for shape, _ in read.loaded.values()], seq, owner, log)
     report.position, report.seq = str(read.point.low), seq
