@@ -183,11 +183,16 @@ def _interleaved(rest: pa.Table, merged: pa.Table, key: str) -> pa.Table:
 
 
 def _merge_joined(existing: pa.Table, newest: pa.Table, key: list[str]) -> tuple[pa.Table, dict[str, int]]:
-    marked = merged_with_outcomes(existing, newest, key)
+    merged, counts = written_rows(merged_with_outcomes(existing, newest, key))
+    return sorted_rows(merged, [(k, "ascending") for k in key]), counts
+
+
+def written_rows(marked: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+    """Of rows marked with their `_cdc_outcome`, those a merge writes (all but the deleted, without the mark), and
+    how many were inserted, updated and deleted."""
     outcome = marked.column(OUTCOME_COLUMN)
     counts = {name: int(pc.sum(pc.equal(outcome, name)).as_py() or 0) for name in ("inserted", "updated", "deleted")}
-    merged = where(marked, pc.not_equal(outcome, "deleted")).drop_columns([OUTCOME_COLUMN])
-    return sorted_rows(merged, [(k, "ascending") for k in key]), counts
+    return where(marked, pc.not_equal(outcome, "deleted")).drop_columns([OUTCOME_COLUMN]), counts
 
 
 def merged_with_outcomes(existing: pa.Table, newest: pa.Table, key: list[str]) -> pa.Table:

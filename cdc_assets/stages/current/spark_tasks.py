@@ -49,6 +49,7 @@ from cdc_assets.stages.current.rules import (
     merged_with_outcomes,
     newest_per_key,
     newest_rows,
+    written_rows,
 )
 from spark_resources.transforms import arrow_frame, spark_schema
 
@@ -147,6 +148,16 @@ def _bucketed(frame: DataFrame, columns: list[str], buckets: int) -> DataFrame:
     return frame.withColumn(BUCKET, F.pmod(F.hash(*[_col(c) for c in columns]), F.lit(buckets)))
 
 
+def _by_bucket(
+    rows: DataFrame, changes: DataFrame, columns: list[str], buckets: int,
+    rule: Callable[[pa.Table, pa.Table], pa.Table], out: pa.Schema,
+) -> DataFrame:  # fmt: skip
+    """A table's rows and its changes with the same values of `columns` handed to `rule` together, a task call per
+    bucket of them (cogroup): the shuffle that lets a rule written for Arrow batches run over a large table."""
+    grouped = _bucketed(rows, columns, buckets).groupBy(BUCKET)
+    return grouped.cogroup(_bucketed(changes, columns, buckets).groupBy(BUCKET)).applyInArrow(rule, spark_schema(out))
+
+
 # -- which files a change may touch -----------------------------------------------------------------------------
 
 
@@ -241,11 +252,7 @@ def merge_keyed(
         kept = after_truncate(_typed(rows, schema), truncate_seq)  # the rows written before a TRUNCATE go
         return merged_with_outcomes(kept, _typed(changes, newest), key)
 
-    merged = (
-        _bucketed(existing, key, parts).groupBy(BUCKET)
-        .cogroup(_bucketed(latest, key, parts).groupBy(BUCKET))
-        .applyInArrow(merge, spark_schema(marked))
-    )  # fmt: skip
+    merged = _by_bucket(existing, latest, key, parts, merge, marked)
     ordered = merged.repartitionByRange(parts, *[_col(k) for k in key]).sortWithinPartitions(*[_col(k) for k in key])
     written = ordered.mapInArrow(_write_counting(access, table_key, table_text), spark_schema(WRITTEN_SCHEMA))
     return _collect(written, touched)
@@ -281,11 +288,7 @@ def merge_keyless(
         kept = after_truncate(_typed(rows, schema), truncate_seq)  # the copies written before a TRUNCATE go
         return copy_changes(kept, _typed(changes, moves_schema), shape)
 
-    merged = (
-        _bucketed(existing, names, parts).groupBy(BUCKET)
-        .cogroup(_bucketed(moves, names, parts).groupBy(BUCKET))
-        .applyInArrow(count, spark_schema(schema.append(pa.field(OUTCOME_COLUMN, pa.string()))))
-    )  # fmt: skip
+    merged = _by_bucket(existing, moves, names, parts, count, schema.append(pa.field(OUTCOME_COLUMN, pa.string())))
     written = merged.mapInArrow(_write_counting(access, table_key, table_text), spark_schema(WRITTEN_SCHEMA))
     return _collect(written, paths)
 
@@ -421,9 +424,7 @@ def _merged_whole(access: FileAccess, w: SmallMerge, changes: pa.Table) -> tuple
         merged, counts = merge_rows(existing, newest, key)
         return merged, counts, touched
     marked = copy_changes(existing, copy_moves(after_truncate(changes, w.truncate_seq), w.shape), w.shape)
-    outcome = marked.column(OUTCOME_COLUMN)
-    counts = {name: int(pc.sum(pc.equal(outcome, name)).as_py() or 0) for name in ("inserted", "updated", "deleted")}
-    return marked.filter(pc.not_equal(outcome, "deleted")).drop_columns([OUTCOME_COLUMN]), counts, touched
+    return *written_rows(marked), touched
 
 
 def merge_small_tables(spark: SparkSession, access: FileAccess, work: list[SmallMerge]) -> list[Rewritten]:
