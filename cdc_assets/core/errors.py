@@ -13,6 +13,11 @@ class CdcUserError(Exception):
     """Bad configuration, credentials, server set-up or lakehouse: the message names cause and fix."""
 
 
+class TableUserError(CdcUserError):
+    """A user error of one table alone (its rows or its shape, not the run's set-up): that table is quarantined with
+    this sentence while the others go on, rather than ending the run (lake.quarantine.of_the_table)."""
+
+
 _DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
 

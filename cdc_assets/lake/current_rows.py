@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core.arrow import hashable
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.errors import TableUserError
 from cdc_assets.core.mysql_charsets import python_codec
 from cdc_assets.core.mysql_types import (
     TEXT_TYPES,
@@ -122,7 +122,7 @@ def reshape_rows(
             try:
                 arrays.append(convert_column(rows.column(old), before.get(old), spec))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise CdcUserError(
+                raise TableUserError(
                     f"{table}: column {old} cannot be converted to {arrow_type(spec)} as the source's ALTER TABLE did "
                     f"({exc}): run `cdc-lakehouse snapshot {table}` to load the table again."
                 ) from exc

@@ -23,7 +23,7 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from cdc_assets.core.errors import CdcUserError, storage_fault
+from cdc_assets.core.errors import CdcUserError, TableUserError, storage_fault
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.layout import STATE
 from cdc_assets.lake.store import MissingObject, ObjectStore
@@ -94,6 +94,8 @@ def of_the_table(exc: BaseException) -> bool:
     """Whether an error is the table's own (its data or its shape), not the run's: a full disk, an object store or
     source that does not answer, a lost lock or any other sentence the run ends with stop every table alike and are
     never a reason to quarantine one."""
+    if isinstance(exc, TableUserError):
+        return True
     if not isinstance(exc, Exception) or isinstance(exc, CdcUserError | RunWide | OSError | MemoryError):
         return False
     if storage_fault(exc) or any(text in f"{type(exc).__name__}: {exc}" for text in _RUN_WIDE_TEXTS):
