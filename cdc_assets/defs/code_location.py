@@ -17,7 +17,7 @@ from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, eq
 from cdc_assets.defs.progress import progress_logger
 from cdc_assets.defs.resources import initialized_resources, resources_from_env
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule, lag_check_schedule
-from cdc_assets.defs.sensors import build_binlog_sensor, raw_batch_sensor
+from cdc_assets.defs.sensors import build_binlog_sensor, build_raw_batch_sensor
 from cdc_assets.defs.sinks import (
     build_publish_job,
     build_sink_asset,
@@ -90,7 +90,7 @@ def build_definitions(table_assets: bool = True) -> Definitions:
         schedules=[build_capture_schedule(), lag_check_schedule, build_full_check_schedule()],
         sensors=[
             build_automation_sensor(),
-            raw_batch_sensor,
+            build_raw_batch_sensor(),
             build_binlog_sensor(),
             build_continuous_sensor(),
             *([build_sink_sensor(sinks, publish_jobs)] if sinks else []),

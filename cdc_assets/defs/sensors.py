@@ -79,18 +79,24 @@ def _confirmation(context: SensorEvaluationContext, tables: list[str]) -> RunReq
     return apply_run_request(tables, f"confirm-current-{raw.timestamp:.3f}")
 
 
-@sensor(
-    job_name=APPLY_JOB,
-    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-    default_status=DefaultSensorStatus.RUNNING if schedule_mode() else DefaultSensorStatus.STOPPED,
-    description=(
-        "Schedule mode: watches raw/ in the lakehouse (local or S3) for batches after its cursor (the last batch name "
-        "it handled) and requests one run of exactly the tables those batches touched (their change logs and current "
-        "state). When capture succeeds but nothing changed, it confirms every table as current. Running when "
-        "CDC_CAPTURE_CRON or CDC_CAPTURE_INTERVAL_SECONDS is set; by default the automation sensor updates the tables."
-    ),
-)
-def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
+def build_raw_batch_sensor() -> SensorDefinition:
+    """The raw-batch sensor, running in the schedule mode (read when the definitions load)."""
+    return sensor(
+        name="raw_batch_sensor",
+        job_name=APPLY_JOB,
+        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+        default_status=DefaultSensorStatus.RUNNING if schedule_mode() else DefaultSensorStatus.STOPPED,
+        description=(
+            "Schedule mode: watches raw/ in the lakehouse (local or S3) for batches after its cursor (the last batch "
+            "name it handled) and requests one run of exactly the tables those batches touched (their change logs and "
+            "current state). When capture succeeds but nothing changed, it confirms every table as current. Running "
+            "when CDC_CAPTURE_CRON or CDC_CAPTURE_INTERVAL_SECONDS is set; by default the automation sensor updates "
+            "the tables."
+        ),
+    )(raw_batches_tick)
+
+
+def raw_batches_tick(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
     house = lakehouse.get()
     store = house.store
     holder = continuous_holder(house)

@@ -17,12 +17,14 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetExecutionContext,
+    AssetIn,
     AssetsDefinition,
     AssetSelection,
     DagsterRunStatus,
     DefaultSensorStatus,
     MaterializeResult,
     MetadataValue,
+    Nothing,
     RunRequest,
     RunsFilter,
     SensorDefinition,
@@ -63,7 +65,9 @@ def build_sink_asset(sink: str, tables: Sequence[str] = ()) -> AssetsDefinition:
         key=sink_asset_key(sink),
         group_name="sinks",
         kinds={sink},
-        deps=[changes_asset_key(t) for t in tables] or [RAW_ASSET],
+        # inputs named by position: names from the keys would hold a segment such as `a~20b`, no valid Dagster name
+        ins={f"changes_{i}": AssetIn(changes_asset_key(t), dagster_type=Nothing) for i, t in enumerate(tables)}
+        or {"raw_batches": AssetIn(RAW_ASSET, dagster_type=Nothing)},
         description=(
             f"Every change of the change logs its tables' globs include, published to the {sink} sink as a "
             "Debezium-style JSON message (TRUNCATE and schema changes as messages of their own), in _cdc_seq order "
