@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dagster import (
@@ -323,7 +323,8 @@ def _check_answered(context: OpExecutionContext, house: Lakehouse, settings: Any
         raise answer.error
     context.log.info(f"continuous mode, {request.kind} check:")
     log_comparisons(context.log, answer.comparisons or [])
-    log_batch(context, [v.evaluation() for v in equality_verdicts(answer.comparisons or [])])
+    verdicts = equality_verdicts(answer.comparisons or [])  # each says which cadence compared it
+    log_batch(context, [replace(v, metadata={**v.metadata, "cadence": request.kind}).evaluation() for v in verdicts])
     log_batch(context, [*schema_match(settings, house, names), *lag(settings, house, names)])
     yield from ()
 
