@@ -15,11 +15,13 @@ touched) and the continuous mode (CDC_CONTINUOUS=1).
 from __future__ import annotations
 
 import os
+import warnings
 
 from dagster import (
     AssetSelection,
     AutomationCondition,
     AutomationConditionSensorDefinition,
+    BetaWarning,
     DefaultSensorStatus,
 )
 
@@ -27,6 +29,9 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.keys import CHANGES_TABLE_PREFIX, CURRENT_TABLE_PREFIX, RAW_ASSET, SOURCE_TABLE_PREFIX, STAGE_TAG
 
 AUTOMATION_SENSOR = "automation_sensor"
+with warnings.catch_warnings():  # include_sources is flagged beta; without it external assets are never selected
+    warnings.simplefilter("ignore", BetaWarning)
+    SOURCE_TABLES = AssetSelection.key_prefixes([SOURCE_TABLE_PREFIX], include_sources=True)
 OWNERS_ENV = "CDC_ASSET_OWNERS"
 
 
@@ -71,7 +76,7 @@ def table_automation(warn_minutes: float) -> AutomationCondition:
     cron = update_cron(warn_minutes)
     return (
         AutomationCondition.on_cron(cron)
-        .ignore(AssetSelection.key_prefixes([SOURCE_TABLE_PREFIX]))
+        .ignore(SOURCE_TABLES)
         .with_label(f"within {warn_minutes:g} min: on_cron({cron})")
     )
 
