@@ -21,7 +21,6 @@ from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_local_dev import _ui_answers
 
 
-
 def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: CdcEnv, tmp_path: Path) -> None:
     db = cdc.database
     cdc.execute(
