@@ -23,7 +23,6 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     MaterializeResult,
-    MetadataValue,
     Nothing,
     RunRequest,
     RunsFilter,
@@ -136,7 +135,7 @@ def build_sink_lag_check(sink: str):  # noqa: ANN201 - an AssetChecksDefinition
             metadata={
                 "lag_seconds": round(lag.seconds, 1),
                 "pending_changes": lag.pending,
-                "tables_behind": MetadataValue.json({t: round(s, 1) for t, s in sorted(lag.tables.items())}),
+                "tables_behind": figures_table({t: {"lag_seconds": round(s, 1)} for t, s in lag.tables.items()}),
                 "warn_after_seconds": warn,
                 "fail_after_seconds": fail,
             },
