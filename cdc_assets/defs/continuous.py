@@ -132,7 +132,7 @@ class _Checks:
     description=(
         "Continuous mode: follows the binlog in one warm process (capture, then the change logs and current state of "
         "the tables each batch touched), records each cycle as materializations of raw_binlog_batches and of the "
-        "touched tables' changes/<schema>/<table> and current/<schema>/<table>, and evaluates each table's "
+        "touched tables' `changes/<schema>/<table>` and `current/<schema>/<table>`, and evaluates each table's "
         "current_matches_source, current_schema_matches_source and table_lag every CDC_CHECK_INTERVAL_SECONDS (the "
         "tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every table). Holds "
         "the capture, change-log and current-state locks for its whole life; a termination stops it between cycles."
