@@ -63,6 +63,18 @@ class Page:
                 raise AssertionError(f"the page never showed {missing}; it shows: {text[:1500]!r}")
             time.sleep(0.5)
 
+    def settle(self, timeout_s: float = 30) -> str:
+        """The page's text once nothing is loading and it stayed the same for a second (for a screenshot)."""
+        deadline = time.monotonic() + timeout_s
+        previous = None
+        while time.monotonic() < deadline:
+            text = self.text()
+            if text == previous and "Loading" not in text:
+                return text
+            previous = text
+            time.sleep(1)
+        return self.text()
+
     def button(self, label: str) -> dict[str, Any] | None:
         """The first button whose text is `label`: whether it is enabled."""
         return self.evaluate(

@@ -31,7 +31,7 @@ from cdc_assets.defs.keys import CONTINUOUS_JOB, RAW_ASSET, changes_asset_key, t
 from cdc_assets.defs.queue import capture_in_progress
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.runs import instance
-from cdc_assets.defs.sensors import raw_batch_sensor
+from cdc_assets.defs.sensors import build_raw_batch_sensor
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
@@ -107,7 +107,7 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
         assert (capture_in_progress(instance(), cdc.lakehouse) or "").startswith("The continuous mode is running")
         lake = LakehouseResource(location=str(cdc.lakehouse_dir))
         with build_sensor_context(instance=instance(), resources={"lakehouse": lake}) as context:
-            skipped = raw_batch_sensor(context)
+            skipped = build_raw_batch_sensor()(context)
         assert not skipped.run_requests and skipped.cursor == list_batches(cdc.lakehouse.store)[-1]
 
         time.sleep(4)  # long enough for a full check at CDC_FULL_CHECK_INTERVAL_SECONDS=4

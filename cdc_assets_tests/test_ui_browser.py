@@ -52,6 +52,7 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             assert "within 2 min" in text and "Row count" in text
             if page.button("Skip"):  # Dagster's newsletter prompt, over the page on a first visit
                 page.click("Skip")
+            page.settle()
             button = page.button("Materialize")
             assert button is not None and not button["disabled"]  # not an external asset any more
             page.screenshot(shots / "ui-table-overview.png")
@@ -60,6 +61,7 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             page.open(f"{asset_url}?view=lineage&lineageScope=upstream&lineageDepth=3")
             text = page.wait_for_text("sources", "changes", "current", "raw_binlog_batches", timeout_s=60)
             assert text.count("orders") >= 3 and "MySQL" in text  # the table in each of the three groups
+            page.settle()
             page.screenshot(shots / "ui-table-lineage.png")
 
             # one table materialized from its page: one run, which succeeds and brings the table up to date
@@ -82,7 +84,8 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
                 run = instance().get_run_by_id(event.run_id)
             assert run.is_success and current_keys(run) == {key}
             page.open(asset_url)
-            page.wait_for_text("Row count", "4", timeout_s=60)
+            page.wait_for_text("Row count", "4", "Passing", timeout_s=60)
+            page.settle()
             page.screenshot(shots / "ui-table-materialized.png")
     finally:
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C: it stops what it started
