@@ -69,6 +69,7 @@ def test_assets_are_grouped_and_everything_is_described(orders_registry) -> None
     assert {s.name for s in defs.sensors} == {
         "automation_sensor",
         "raw_batch_sensor",
+        "new_tables_sensor",
         "binlog_sensor",
         "continuous_sensor",
         "examples_automation_sensor",
@@ -76,7 +77,7 @@ def test_assets_are_grouped_and_everything_is_described(orders_registry) -> None
     assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule", "full_equality_schedule"}
     # freshness governs by default: the automation sensor runs, the cron schedule and the raw-batch sensor are options
     running = {s.name for s in defs.sensors if s.default_status == DefaultSensorStatus.RUNNING}
-    assert "automation_sensor" in running and "raw_batch_sensor" not in running
+    assert {"automation_sensor", "new_tables_sensor"} <= running and "raw_batch_sensor" not in running
     assert next(s for s in defs.schedules if s.name == "capture_schedule").default_status == DefaultScheduleStatus.STOPPED
 
 

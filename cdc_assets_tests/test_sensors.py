@@ -13,6 +13,7 @@ from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
 from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.runs import instance as _instance
+from cdc_assets.defs.runs import run_job
 from cdc_assets.defs.sensors import build_raw_batch_sensor, current_tables_of
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv, use_s3
@@ -174,3 +175,42 @@ def test_no_second_apply_run_queues_behind_one_waiting_for_the_same_tables(cdc: 
     third = _evaluate(instance, location, second.cursor)
     # a: nothing waits for it any more; b: its requested run never ran here, so it is requested again
     assert _covered(third) == [f"{db}.a", f"{db}.b"]
+
+
+def test_a_table_captured_after_the_definitions_loaded_is_applied_before_any_reload(cdc: CdcEnv) -> None:
+    """It has no asset the automation or the raw-batch sensor could select: the new-tables sensor applies it, and
+    its runs record its change log and current state under its keys, which the next reload shows."""
+    from dagster import RunRequest
+
+    from cdc_assets.defs.keys import NEW_TABLES_JOB, changes_asset_key
+    from cdc_assets.defs.sensors import build_new_tables_sensor
+
+    instance = _instance()
+    location = str(cdc.lakehouse_dir)
+    cdc.execute("CREATE TABLE old (id INT PRIMARY KEY)", "INSERT INTO old VALUES (1)")
+    assert cdc.sync() == 0
+    defs = build_definitions()  # loaded now: `old` has its assets, `late` will not
+
+    def tick() -> RunRequest | SkipReason:
+        with build_sensor_context(
+            instance=instance,
+            repository_def=defs.get_repository_def(),
+            resources={"lakehouse": LakehouseResource(location=location)},
+        ) as context:
+            return build_new_tables_sensor()(context)
+
+    assert isinstance(tick(), SkipReason)  # every table with changes pending has its assets
+    cdc.execute("CREATE TABLE late (k VARCHAR(4) PRIMARY KEY)", "INSERT INTO late VALUES ('a'), ('b')", "INSERT INTO old VALUES (2)")
+    _capture(cdc, location)
+    request = tick()
+    assert isinstance(request, RunRequest)
+    tables = request.run_config["ops"]["apply_new_tables"]["config"]["tables"]
+    assert tables == [f"{cdc.database}.late"]  # `old` is the automation's: it has assets
+    assert run_job(NEW_TABLES_JOB, op_config=request.run_config["ops"]).success
+    late = f"{cdc.database}.late"
+    diffs = {str(d.table): d for d in cdc.verify()}
+    assert diffs[late].ok and diffs[late].compared_rows == 2
+    assert _materialized(instance, [late]) == {late: 1}
+    assert instance.get_latest_materialization_event(changes_asset_key(late)) is not None
+    assert isinstance(tick(), SkipReason)  # applied: nothing left for it
+    assert table_asset_key(late) in build_definitions().resolve_asset_graph().get_all_asset_keys()  # a reload shows it

@@ -20,9 +20,9 @@ from dagster import (
 from pydantic import Field
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.assets.metadata import capture_metadata
+from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
 from cdc_assets.defs.assets.tables import table_materializations
-from cdc_assets.defs.checks import log_comparisons
+from cdc_assets.defs.checks import log_comparisons, seq_uniqueness
 from cdc_assets.defs.event_log import log_batch
 from cdc_assets.defs.keys import (
     APPLY_JOB,
@@ -31,15 +31,19 @@ from cdc_assets.defs.keys import (
     CURRENT_TABLE_PREFIX,
     EQUALITY_JOB,
     LAG_JOB,
+    NEW_TABLES_JOB,
     RAW_ASSET,
     SNAPSHOT_JOB,
     STAGE_TAG,
+    changes_asset_key,
     table_asset_key,
 )
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.table_checks import LAG_CHECK, equality_verdicts
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables
+from cdc_assets.stages.changes import process_new_batches
+from cdc_assets.stages.current import apply_pending
 from cdc_assets.stages.snapshot import take_snapshot
 from cdc_assets.verification.changed_keys import compare_every_row
 from spark_resources.resources import TransformsResource
@@ -156,3 +160,34 @@ def compare_every_row_op(
 )
 def equality_job() -> None:
     compare_every_row_op()
+
+
+class NewTablesConfig(Config):
+    tables: list[str] = Field(default_factory=list, description="schema.table names the definitions have no asset for.")
+
+
+@op(
+    description=(
+        "Applies the tables captured since the definitions loaded, which have no asset to select yet: their new raw "
+        "batches into their change logs, then into current state, recording each table's change log, seq check and "
+        "current state under its key. Their assets show after the next definitions reload."
+    )
+)
+def apply_new_tables(
+    context: OpExecutionContext, config: NewTablesConfig, lakehouse: LakehouseResource, transforms: TransformsResource
+) -> None:
+    house, owner = lakehouse.get(), run_owner(context.run.run_id)
+    tables = known_tables(house.store, config.tables)
+    changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
+    unique = seq_uniqueness(house, tables)
+    log_batch(context, [*(AssetMaterialization(changes_asset_key(t), metadata=changes_figures(changes, t)) for t in tables), *unique])
+    failed = [e.description for e in unique if not e.passed]
+    if failed:
+        raise Failure(description="change_log_seq_unique failed, current state not applied: " + "; ".join(failed))
+    current = apply_pending(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
+    log_batch(context, list(table_materializations(house, applied_figures(current.tables, current.applied)).values()))
+
+
+@job(name=NEW_TABLES_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "apply"}, description=apply_new_tables.description)
+def new_tables_job() -> None:
+    apply_new_tables()

@@ -21,6 +21,7 @@ def publish_job_name(sink: str) -> str:
 
 CAPTURE_JOB = "capture"
 APPLY_JOB = "apply_changes"
+NEW_TABLES_JOB = "apply_new_tables"  # the tables captured since the definitions loaded, which have no asset yet
 LAG_JOB = "check_lag"
 EQUALITY_JOB = "check_equality"  # every row of every table compared with the source (CDC_FULL_CHECK_CRON)
 SNAPSHOT_JOB = "snapshot"

@@ -18,12 +18,13 @@ from dagster import (
 )
 
 from cdc_assets.capture.run import capture_lag
-from cdc_assets.defs.automation import schedule_mode
+from cdc_assets.defs.automation import continuous_mode, schedule_mode
 from cdc_assets.defs.freshness import confirm_every_seconds, lag_thresholds
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
     CURRENT_TABLE_PREFIX,
+    NEW_TABLES_JOB,
     RAW_ASSET,
     changes_asset_key,
     table_asset_key,
@@ -33,7 +34,7 @@ from cdc_assets.defs.queue import WAITING_STATUSES, capture_in_progress, capture
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
-from cdc_assets.lake.state import load_registry, tables_behind
+from cdc_assets.lake.state import load_progress, load_registry, needs_work, tables_behind
 from cdc_assets.lake.store import ObjectStore
 from cdc_assets.stages.follow import continuous_holder
 
@@ -112,7 +113,7 @@ def raw_batches_tick(context: SensorEvaluationContext, lakehouse: LakehouseResou
         touched.update(read_manifest(store, name).tables())
     behind = _left_behind(store, registry, context.cursor or None, touched)
     undeclared = sorted((touched | behind) - declared) if declared is not None else []
-    if undeclared:  # captured since the definitions loaded: a run of the others takes them in too
+    if undeclared:  # captured since the definitions loaded: the new-tables sensor applies them
         context.log.info(f"{len(undeclared)} tables have no asset until the definitions reload: {', '.join(undeclared[:10])}")
     if declared is not None:
         touched, behind = touched & declared, behind & declared
@@ -133,6 +134,42 @@ def raw_batches_tick(context: SensorEvaluationContext, lakehouse: LakehouseResou
         + (f"; {len(behind)} tables left behind by earlier runs requested again" if behind else "")
     )
     return SensorResult(run_requests=runs + retries, cursor=last)
+
+
+def build_new_tables_sensor() -> SensorDefinition:
+    """Applies the tables captured since the definitions loaded (in every mode but the continuous one, which
+    applies everything itself): they have no asset the automation or the raw-batch sensor could select."""
+
+    @sensor(
+        name="new_tables_sensor",
+        job_name=NEW_TABLES_JOB,
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.STOPPED if continuous_mode() else DefaultSensorStatus.RUNNING,
+        description=(
+            "Requests a run of apply_new_tables for the tables captured since the definitions loaded, with changes "
+            "pending: no asset of theirs can be selected until the next reload, which shows them."
+        ),
+    )
+    def new_tables_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> RunRequest | SkipReason:
+        declared = _declared(context)
+        if declared is None:
+            return SkipReason("Evaluated outside the definitions: no declared tables to compare with.")
+        house = lakehouse.get()
+        holder = continuous_holder(house)
+        if holder is not None:
+            return SkipReason(f"The continuous mode is running ({holder.describe()}) and applies every table itself.")
+        registry = load_registry(house.store)
+        new = sorted(
+            t for t in registry if t not in declared and needs_work(registry[t], load_progress(house.store, CURRENT_STAGE, t))
+        )
+        if not new:
+            return SkipReason("Every table with changes pending has its assets.")
+        if context.instance.get_runs(filters=RunsFilter(job_name=NEW_TABLES_JOB, statuses=WAITING_STATUSES), limit=1):
+            return SkipReason("A run of apply_new_tables waits to start.")
+        context.log.info(f"{len(new)} tables captured since the definitions loaded: {', '.join(new[:10])}; reload to see them")
+        return RunRequest(run_config={"ops": {"apply_new_tables": {"config": {"tables": new}}}})
+
+    return new_tables_sensor
 
 
 def _declared(context: SensorEvaluationContext) -> set[str] | None:

@@ -9,8 +9,8 @@ then the current-state stage), so three tables picked in the UI are one run that
 functions and record materializations under the same keys.
 
 The specs come from the lakehouse's table registry when the definitions load, so a table captured since has no asset
-until the next reload; a run started by a sensor or the automation also takes in those tables (they cannot be
-selected) and records their materializations under their keys, so none waits for a reload to be applied.
+until the next reload; the new-tables sensor applies those meanwhile (job `apply_new_tables`), recording their
+materializations under their keys, so none waits for a reload to be applied.
 """
 
 from collections.abc import Iterator
@@ -54,8 +54,6 @@ from spark_resources.resources import TransformsResource
 SOURCES_GROUP = "sources"
 CHANGES_GROUP = "changes"
 CURRENT_GROUP = "current"
-# a run some sensor or the automation started (Dagster's own tags), which also takes in the undeclared tables
-STARTED_BY_TAGS = ("dagster/sensor_name", "dagster/from_automation_condition", "dagster/auto_materialize")
 
 
 @dataclass(frozen=True)
@@ -187,7 +185,6 @@ def build_table_assets(tables: list[CapturedTable], options_for: Any) -> list[As
             outs[name] = AssetOut.from_spec(spec.replace_attributes(deps=[]), dagster_type=Nothing, is_required=False)
             deps[name] = {dep.asset_key for dep in spec.deps}
         ins[f"source_{i}"] = AssetIn(source_asset_key(t.name), dagster_type=Nothing)
-    declared = {t.name for t in tables}
 
     @multi_asset(
         name=TABLES_ASSETS,
@@ -206,13 +203,7 @@ def build_table_assets(tables: list[CapturedTable], options_for: Any) -> list[As
         selected = context.selected_asset_keys
         current = sorted({by_key[k] for k in selected if k.path[0] == CURRENT_GROUP})
         tables = sorted({by_key[k] for k in selected} | set(current))
-        house = lakehouse.get()
-        if any(tag in context.run.tags for tag in STARTED_BY_TAGS):
-            undeclared = [t for t in known_tables(house.store) if t not in declared]
-            if undeclared:
-                context.log.info(f"{len(undeclared)} tables captured since the definitions loaded are taken in too: {', '.join(undeclared[:10])}")
-            tables, current = sorted({*tables, *undeclared}), sorted({*current, *undeclared})
-        yield from apply_tables(context, house, transforms, tables, current, selected)
+        yield from apply_tables(context, lakehouse.get(), transforms, tables, current, selected)
 
     return [*(source_spec(t, options[t.name].owners) for t in tables), lakehouse_tables]
 
@@ -227,8 +218,8 @@ def apply_tables(
 ) -> Iterator[MaterializeResult]:
     """The change logs of `tables`, their seqs checked (a duplicate stops the run), then the current state of
     `current`: a
-    materialization of each key selected, and an event of each other key the run wrote (an undeclared table's, the
-    change log of a table selected by its current state alone)."""
+    materialization of each key selected, and an event of each other key the run wrote (the change log of a table
+    selected by its current state alone, a rename's other side)."""
     owner = run_owner(context.run.run_id)
     changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
     for table in tables:
@@ -257,5 +248,5 @@ def apply_tables(
                 metadata=dict(event.metadata),
                 data_version=DataVersion(version) if version else None,
             )
-        else:  # an undeclared table's, or a rename's other side
+        else:  # a rename's other side
             context.log_event(event)
