@@ -36,6 +36,7 @@ def orders_registry(tmp_path, monkeypatch) -> None:
 
 def test_assets_are_grouped_and_everything_is_described(orders_registry) -> None:
     defs = build_definitions()
+    defs.get_repository_def()  # what `dagster definitions validate` and the UI build: names unique, jobs resolved
     graph = defs.resolve_asset_graph()
     for key, group in ASSETS.items():
         node = graph.get(key)

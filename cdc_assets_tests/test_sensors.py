@@ -204,7 +204,7 @@ def test_a_table_captured_after_the_definitions_loaded_is_applied_before_any_rel
     _capture(cdc, location)
     request = tick()
     assert isinstance(request, RunRequest)
-    tables = request.run_config["ops"]["apply_new_tables"]["config"]["tables"]
+    tables = request.run_config["ops"]["take_in_new_tables"]["config"]["tables"]
     assert tables == [f"{cdc.database}.late"]  # `old` is the automation's: it has assets
     assert run_job(NEW_TABLES_JOB, op_config=request.run_config["ops"]).success
     late = f"{cdc.database}.late"

@@ -173,7 +173,7 @@ class NewTablesConfig(Config):
         "current state under its key. Their assets show after the next definitions reload."
     )
 )
-def apply_new_tables(
+def take_in_new_tables(
     context: OpExecutionContext, config: NewTablesConfig, lakehouse: LakehouseResource, transforms: TransformsResource
 ) -> None:
     house, owner = lakehouse.get(), run_owner(context.run.run_id)
@@ -188,6 +188,6 @@ def apply_new_tables(
     log_batch(context, list(table_materializations(house, applied_figures(current.tables, current.applied)).values()))
 
 
-@job(name=NEW_TABLES_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "apply"}, description=apply_new_tables.description)
+@job(name=NEW_TABLES_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "apply"}, description=take_in_new_tables.description)
 def new_tables_job() -> None:
-    apply_new_tables()
+    take_in_new_tables()

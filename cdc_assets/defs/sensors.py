@@ -167,7 +167,7 @@ def build_new_tables_sensor() -> SensorDefinition:
         if context.instance.get_runs(filters=RunsFilter(job_name=NEW_TABLES_JOB, statuses=WAITING_STATUSES), limit=1):
             return SkipReason("A run of apply_new_tables waits to start.")
         context.log.info(f"{len(new)} tables captured since the definitions loaded: {', '.join(new[:10])}; reload to see them")
-        return RunRequest(run_config={"ops": {"apply_new_tables": {"config": {"tables": new}}}})
+        return RunRequest(run_config={"ops": {"take_in_new_tables": {"config": {"tables": new}}}})
 
     return new_tables_sensor
 
