@@ -16,7 +16,7 @@ from pathlib import Path
 from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.defs.runs import instance
 from cdc_assets.local_source.server import free_port
-from cdc_assets_tests.browser import chromium
+from cdc_assets_tests.browser import Page, chromium
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.test_local_dev import _ui_answers
 
@@ -50,9 +50,7 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             page.open(asset_url)
             text = page.wait_for_text("Materialize", "status", "decimal(10,2)", "on_cron", timeout_s=120)
             assert "within 2 min" in text and "Row count" in text
-            if page.button("Skip"):  # Dagster's newsletter prompt, over the page on a first visit
-                page.click("Skip")
-            page.settle()
+            _settle(page)
             button = page.button("Materialize")
             assert button is not None and not button["disabled"]  # not an external asset any more
             page.screenshot(shots / "ui-table-overview.png")
@@ -61,7 +59,7 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             page.open(f"{asset_url}?view=lineage&lineageScope=upstream&lineageDepth=3")
             text = page.wait_for_text("sources", "changes", "current", "raw_binlog_batches", timeout_s=60)
             assert text.count("orders") >= 3 and "MySQL" in text  # the table in each of the three groups
-            page.settle()
+            _settle(page)
             page.screenshot(shots / "ui-table-lineage.png")
 
             # one table materialized from its page: one run, which succeeds and brings the table up to date
@@ -85,7 +83,7 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             assert run.is_success and current_keys(run) == {key}
             page.open(asset_url)
             page.wait_for_text("Row count", "4", "Passing", timeout_s=60)
-            page.settle()
+            _settle(page)
             page.screenshot(shots / "ui-table-materialized.png")
     finally:
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C: it stops what it started
@@ -95,6 +93,15 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             os.killpg(dev.pid, signal.SIGKILL)
     [diff] = cdc.verify()
     assert diff.ok and diff.in_flight_keys == 0 and diff.compared_rows == 4
+
+
+def _settle(page: Page) -> None:
+    """The page loaded, and Dagster's community prompt (it opens over any page a while after the first visit)
+    dismissed, before a screenshot."""
+    page.settle()
+    if page.button("Skip"):
+        page.click("Skip")
+        page.settle()
 
 
 def current_keys(run) -> set:  # type: ignore[no-untyped-def]
