@@ -17,8 +17,9 @@ endif
 
 .PHONY: demo test dev stop bench chaos workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
 
-## System packages: a MariaDB server (run as our own dedicated instance), a Java 17+ runtime for Spark, and a
-## RabbitMQ server (the sinks' tests and the demo run a dedicated broker of their own; a system one is left alone).
+## System packages: a MariaDB server (run as our own dedicated instance), a Java 17+ runtime for Spark, a RabbitMQ
+## server (the sinks' tests and the demo run a dedicated broker of their own; a system one is left alone), and
+## Chromium, which the UI's browser test drives headless over the DevTools protocol.
 system-deps:
 	@if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ] || ! command -v mariadb-install-db >/dev/null 2>&1; then \
 		echo "Installing mariadb-server"; \
@@ -31,6 +32,10 @@ system-deps:
 	@if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then \
 		echo "Installing rabbitmq-server"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq rabbitmq-server >/dev/null; \
+	fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+		echo "Installing chromium (headless, for the UI's browser test)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; \
 	fi
 
 ## The virtualenv with the project and its pinned dependencies (constraints.txt pins every transitive package), without

@@ -224,17 +224,17 @@ def _runs() -> ModuleType:
 
 
 def _print_sync(outcome: RunOutcome, seconds: float | None = None) -> None:
-    from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET
+    from cdc_assets.defs.keys import CHANGES_TABLE_PREFIX, CURRENT_TABLE_PREFIX, RAW_ASSET
 
     raw = outcome.of(RAW_ASSET)
-    changes = outcome.of(CHANGES_ASSET)
-    current = outcome.of(CURRENT_ASSET)
+    changes = outcome.totals(CHANGES_TABLE_PREFIX, "changes")
+    current = outcome.totals(CURRENT_TABLE_PREFIX, "changes_in")
     print(
         f"captured {raw.get('batches', 0)} raw batches ({raw.get('rows', 0)} row changes, "
         f"{raw.get('table_count', 0)} tables) up to {raw.get('last_position', '?')}"
     )
     print(
-        f"change logs: {changes.get('rows_out', 0)} changes appended to {changes.get('tables_changed', 0)} tables "
+        f"change logs: {changes.get('changes', 0)} changes appended to {changes.get('tables_changed', 0)} tables "
         f"({changes.get('inserts', 0)} inserts, {changes.get('updates', 0)} updates, {changes.get('deletes', 0)} deletes)"
     )
     print(
@@ -294,10 +294,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from cdc_assets.defs.keys import CURRENT_ASSET
+    from cdc_assets.defs.keys import RAW_ASSET
 
     outcome = _runs().run_repair(args.repair_tables, args.verbose)
-    found = outcome.of_observation(CURRENT_ASSET, "repair")
+    found = outcome.of_observation(RAW_ASSET, "repair")
     for line in (found.get("repaired") or {}).values():
         print(f"repair: {line}")
     if found.get("position"):
@@ -307,20 +307,27 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from cdc_assets.defs.keys import CURRENT_ASSET
+    from cdc_assets.defs.keys import CURRENT_TABLE_PREFIX
 
     outcome = _runs().run_snapshot(args.snapshot_tables, not _shows_progress(args))
-    current = outcome.of(CURRENT_ASSET)
-    for table, rows in sorted((current.get("per_table") or {}).items()):
-        print(f"{table}: {rows} rows loaded")
+    loaded = {
+        metadata.get("source_table", key): metadata
+        for key, metadata in outcome.metadata.items()
+        if key.startswith(f"{CURRENT_TABLE_PREFIX}/") and "snapshot_rows" in metadata
+    }
+    for table, metadata in sorted(loaded.items()):
+        print(f"{table}: {metadata['snapshot_rows']} rows loaded")
     if _shows_progress(args):  # else the run's log lines said it already
-        for _, gap in sorted((current.get("history_gaps") or {}).items()):
-            print(f"warning: {gap}")
+        for _, metadata in sorted(loaded.items()):
+            if metadata.get("history_gap"):
+                print(f"warning: {metadata['history_gap']}")
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
+    position = next((m["snapshot_position"] for m in loaded.values()), "?")
+    rows = sum(m["snapshot_rows"] for m in loaded.values())
     print(
-        f"snapshot {'succeeded' if outcome.success else 'FAILED'} at {current.get('snapshot_position', '?')} "
-        f"({current.get('tables', 0)} tables, {current.get('rows', 0)} rows) in {wall_seconds():.1f}s"
+        f"snapshot {'succeeded' if outcome.success else 'FAILED'} at {position} "
+        f"({len(loaded)} tables, {rows} rows) in {wall_seconds():.1f}s"
     )
     return EXIT_OK if outcome.success else EXIT_FAILED
 
@@ -437,10 +444,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _print_progress(outcome: RunOutcome) -> None:
-    from cdc_assets.defs.keys import CURRENT_ASSET, RAW_ASSET
+    from cdc_assets.defs.keys import CURRENT_TABLE_PREFIX, RAW_ASSET
 
     raw = outcome.of(RAW_ASSET)
-    current = outcome.of(CURRENT_ASSET)
+    current = outcome.totals(CURRENT_TABLE_PREFIX, "changes_in")
     print(
         f"  sync: {raw.get('rows', 0)} row changes captured, {current.get('changes_in', 0)} applied "
         f"to {current.get('tables', 0)} tables in {outcome.seconds:.1f}s"

@@ -12,7 +12,7 @@ from cdc_assets.cli import main
 from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.code_location import build_definitions
-from cdc_assets.defs.keys import APPLY_JOB
+from cdc_assets.defs.keys import APPLY_JOB, changes_asset_key, table_asset_key
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.source.server import logs_foreign_key_cascades
@@ -88,7 +88,9 @@ def test_the_check_after_an_apply_compares_the_rows_a_cascade_reached(cdc: CdcEn
     cdc.execute("UPDATE parent SET code = 'aa' WHERE id = 1")  # ON UPDATE CASCADE: child 10's parent_code
     capture(initialized_resources().binlog.settings(), cdc.lakehouse)
     parent = f"{cdc.database}.parent"
-    build_definitions().resolve_job_def(APPLY_JOB).execute_in_process(instance=instance(), partition_key=parent, raise_on_error=False)
+    build_definitions().resolve_job_def(APPLY_JOB).execute_in_process(
+        instance=instance(), asset_selection=[changes_asset_key(parent), table_asset_key(parent)], raise_on_error=False
+    )
     check = _latest_check(f"{cdc.database}.child", "current_matches_source")
     assert not check.passed and "different: 10" in check.description and "repair" in check.description, check.description
     assert main(["repair", f"{cdc.database}.child"]) == 0

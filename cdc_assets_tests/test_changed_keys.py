@@ -13,7 +13,7 @@ from dagster import AssetCheckKey, DagsterEventType
 from cdc_assets.commands.runs import instance as _instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.code_location import build_definitions
-from cdc_assets.defs.keys import CURRENT_ASSET, EQUALITY_JOB
+from cdc_assets.defs.keys import EQUALITY_JOB, table_asset_key
 from cdc_assets.verification.changed_keys import compare_changed, compare_every_row, load_checked
 from cdc_assets.verification.consistency import ConsistentComparison
 from cdc_assets_tests.conftest import CdcEnv
@@ -23,11 +23,12 @@ pytestmark = pytest.mark.both_sources
 
 
 def _last_equality_check(table: str) -> tuple[bool, str, dict[str, Any]]:
-    """The newest current_matches_source evaluation: passed, description, and the table's figures."""
-    record = _instance().get_latest_asset_check_evaluation_record(AssetCheckKey(CURRENT_ASSET, "current_matches_source"))
+    """The table's newest current_matches_source evaluation: passed, description, and its figures."""
+    record = _instance().get_latest_asset_check_evaluation_record(AssetCheckKey(table_asset_key(table), "current_matches_source"))
     assert record is not None and record.event is not None
     evaluation = record.event.dagster_event.event_specific_data
-    return evaluation.passed, evaluation.description or "", evaluation.metadata["per_table"].value[table]
+    figures = {k: getattr(v, "value", v) for k, v in evaluation.metadata.items()}
+    return evaluation.passed, evaluation.description or "", figures
 
 
 def _full_check() -> tuple[bool, str]:

@@ -6,7 +6,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from dagster import AssetCheckEvaluation
+from dagster import AssetCheckEvaluation, AssetCheckSeverity
 from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.capture.run import capture
@@ -17,6 +17,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
 from cdc_assets.defs.keys import LAG_JOB as LAG_JOB_NAME
+from cdc_assets.defs.keys import changes_asset_key, table_asset_key
 from cdc_assets.defs.resources import BinlogResource
 from cdc_assets.lake.layout import CURRENT, RAW
 from cdc_assets.lake.raw_batches import list_batches
@@ -25,10 +26,18 @@ from cdc_assets_tests.conftest import CdcEnv
 pytestmark = pytest.mark.both_sources
 
 
-def _checks(job_name: str, partition_key: str | None = None) -> dict[str, AssetCheckEvaluation]:
+def _checks(job_name: str, table: str) -> dict[str, AssetCheckEvaluation]:
+    """The check evaluations of one table (its change log's and its current state's) in a run of the job; an apply
+    run selects that table alone, as the UI's Materialize on it does."""
     job = build_definitions().resolve_job_def(job_name)
-    result = job.execute_in_process(instance=_instance(), partition_key=partition_key, raise_on_error=False)
-    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+    selection = [changes_asset_key(table), table_asset_key(table)] if job_name == APPLY_JOB_NAME else None
+    result = job.execute_in_process(instance=_instance(), asset_selection=selection, raise_on_error=False)
+    mine = {changes_asset_key(table), table_asset_key(table)}
+    return {e.check_name: e for e in result.get_asset_check_evaluations() if e.asset_key in mine}
+
+
+def _value(metadata: object) -> object:
+    return getattr(metadata, "value", metadata)
 
 
 def test_checks_pass_on_a_correct_lakehouse_and_sync_reports_them(cdc: CdcEnv) -> None:
@@ -38,10 +47,10 @@ def test_checks_pass_on_a_correct_lakehouse_and_sync_reports_them(cdc: CdcEnv) -
     checks = _checks(APPLY_JOB_NAME, f"{cdc.database}.t")
     assert set(checks) == {"change_log_seq_unique", "current_matches_source", "current_schema_matches_source", "table_lag"}
     assert all(c.passed for c in checks.values())
-    per_table = checks["current_matches_source"].metadata["per_table"].value[f"{cdc.database}.t"]
+    figures = {k: _value(v) for k, v in checks["current_matches_source"].metadata.items()}
     # the sync's check found both rows equal; nothing changed since, so this one compares no row, only the counts
-    assert per_table["scope"] == "changed keys" and per_table["changed_keys"] == per_table["compared_rows"] == 0
-    assert per_table["source_rows"] == per_table["lakehouse_rows"] == 2
+    assert figures["scope"] == "changed keys" and figures["changed_keys"] == figures["compared_rows"] == 0
+    assert figures["source_rows"] == figures["lakehouse_rows"] == 2
 
 
 def test_a_current_state_row_changed_behind_the_pipelines_back_fails_equality_and_sync(cdc: CdcEnv) -> None:
@@ -58,10 +67,11 @@ def test_a_current_state_row_changed_behind_the_pipelines_back_fails_equality_an
     assert cdc.sync() == 1  # CONTRACT §3: exit 0 only if every check passed
     check = _checks(APPLY_JOB_NAME, f"{cdc.database}.t")["current_matches_source"]
     assert not check.passed and "1 different: 2" in check.description
-    per_table = check.metadata["per_table"].value[f"{cdc.database}.t"]
-    assert per_table["source_checksum"] != per_table["lakehouse_checksum"]
+    figures = {k: _value(v) for k, v in check.metadata.items()}
+    assert figures["source_checksum"] != figures["lakehouse_checksum"]
+    assert figures["different"] == 1 and figures["different_keys"] == [2]
     # key 2 is among no apply's changed keys: the commit that is not the pipeline's makes the check read every row
-    assert per_table["scope"].startswith("every row: version ") and "(UPDATE) was not written by the pipeline" in per_table["scope"]
+    assert figures["scope"].startswith("every row: version ") and "(UPDATE) was not written by the pipeline" in figures["scope"]
 
 
 def test_a_current_state_column_of_the_wrong_type_fails_the_schema_check(cdc: CdcEnv) -> None:
@@ -89,7 +99,7 @@ def test_an_alter_in_flight_does_not_fail_the_schema_check(cdc: CdcEnv) -> None:
     assert any("not compared" in w and "in flight" in w for w in outcome.warnings), outcome.warnings
     assert cdc.sync() == 0  # the ALTER captured and applied: checked for real, and equal
     check = _checks(APPLY_JOB_NAME, f"{cdc.database}.t")["current_schema_matches_source"]
-    assert check.passed and check.description == "1 schemas match"
+    assert check.passed and check.description == f"{cdc.database}.t: columns and types match the source"
 
 
 def test_a_missing_raw_batch_fails_the_contiguity_check(cdc: CdcEnv, monkeypatch) -> None:
@@ -116,14 +126,15 @@ def test_lag_check_names_the_table_that_falls_behind(cdc: CdcEnv, monkeypatch) -
         "INSERT INTO slow VALUES (1)",
     )
     assert cdc.sync() == 0
-    assert _checks(LAG_JOB_NAME)["table_lag"].passed
+    fast, slow = f"{cdc.database}.fast", f"{cdc.database}.slow"
+    assert _checks(LAG_JOB_NAME, slow)["table_lag"].passed
     # slow gets changes that are captured but never applied; fast is applied
     cdc.execute("INSERT INTO slow VALUES (2)")
     capture(BinlogResource(mysql_url=cdc.server.reader_url(), tables=f"{cdc.database}.*").settings(), cdc.lakehouse)
     time.sleep(1.5)
-    check = _checks(LAG_JOB_NAME)["table_lag"]
-    assert not check.passed
-    assert check.description.startswith(f"{cdc.database}.slow is ") and "fast" not in check.description
-    assert check.metadata["tables_failing"].value == [f"{cdc.database}.slow"]
+    check = _checks(LAG_JOB_NAME, slow)["table_lag"]
+    assert not check.passed and check.severity == AssetCheckSeverity.ERROR
+    assert check.description.startswith(f"{slow} is ")
+    assert _checks(LAG_JOB_NAME, fast)["table_lag"].passed
     assert cdc.sync() == 0  # applying it brings the table back
-    assert _checks(LAG_JOB_NAME)["table_lag"].passed
+    assert _checks(LAG_JOB_NAME, slow)["table_lag"].passed

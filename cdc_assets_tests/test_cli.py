@@ -255,7 +255,7 @@ def test_status_reports_checkpoint_and_lag(cdc: CdcEnv, capsys) -> None:
     assert status["lag_bytes"] == 0
     assert status["checkpoint"] == status["binlog_end"]
     assert f"{cdc.database}.st" in status["tables"]
-    assert status["seconds_since_materialized"]["current_tables"] is not None
+    assert status["seconds_since_materialized"][f"current/{cdc.database}/st"] is not None
     assert status["table_lag_seconds"] == {f"{cdc.database}.st": 0.0}
     assert status["freshness_windows_minutes"] == {"warn": 2.0, "fail": 5.0}
     cdc.execute("INSERT INTO st VALUES (2)")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from dagster import (
+    AssetKey,
     DagsterEventType,
     DagsterRunStatus,
     DefaultSensorStatus,
@@ -27,9 +28,9 @@ from deltalake import DeltaTable
 from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.continuous import build_continuous_sensor
-from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, table_asset_key
+from cdc_assets.defs.keys import CONTINUOUS_JOB, RAW_ASSET, changes_asset_key, table_asset_key
 from cdc_assets.defs.resources import LakehouseResource
-from cdc_assets.defs.sensors import raw_batch_sensor
+from cdc_assets.defs.sensors import build_raw_batch_sensor
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.runtime.queue import capture_in_progress
@@ -106,7 +107,7 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
         assert (capture_in_progress(instance(), cdc.lakehouse) or "").startswith("The continuous mode is running")
         lake = LakehouseResource(location=str(cdc.lakehouse_dir))
         with build_sensor_context(instance=instance(), resources={"lakehouse": lake}) as context:
-            skipped = raw_batch_sensor(context)
+            skipped = build_raw_batch_sensor()(context)
         assert not skipped.run_requests and skipped.cursor == list_batches(cdc.lakehouse.store)[-1]
 
         time.sleep(4)  # long enough for a full check at CDC_FULL_CHECK_INTERVAL_SECONDS=4
@@ -123,25 +124,20 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
     [run] = _continuous_runs(but=earlier)
     assert run.status.value == "CANCELED"
     evaluations = [e.event_specific_data for e in _events(run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)]
-    checks = [c for c in evaluations if c.asset_key == CURRENT_ASSET and c.check_name == "current_matches_source"]
-    # each comparison also recorded the table's own check, on its own asset; the schema and lag checks go with it
+    # each comparison recorded the table's check on its own asset; the schema and lag checks go with it
     own = [c for c in evaluations if c.asset_key == table_asset_key(f"{cdc.database}.acct")]
-    by_name = {name: [c for c in own if c.check_name == name] for name in ("current_matches_source", "current_schema_matches_source", "table_lag")}
+    checks = [c for c in own if c.check_name == "current_matches_source"]
+    by_name = {name: [c for c in own if c.check_name == name] for name in ("current_schema_matches_source", "table_lag")}
     assert all(len(found) == len(checks) and all(c.passed for c in found) for found in by_name.values()), by_name
-    beside = [c for c in evaluations if c.asset_key == CURRENT_ASSET and c.check_name != "current_matches_source"]
-    assert sorted(c.check_name for c in beside) == sorted(["current_schema_matches_source", "table_lag"] * len(checks))
-    assert all(c.passed for c in beside)
-    scopes = [c.metadata["scope"].value for c in checks]
-    assert scopes.count("changed") >= 1 and scopes.count("full") >= 1 and all(c.passed for c in checks), scopes
+    cadences = [c.metadata["cadence"].value for c in checks]
+    assert cadences.count("changed") >= 1 and cadences.count("full") >= 1 and all(c.passed for c in checks), cadences
     # a full check compares every row; a "changed" one, after a table was found equal, only the keys changed since
-    per_table = {c.metadata["scope"].value: c.metadata["per_table"].value for c in checks}
-    assert {t["scope"] for t in per_table["full"].values()} == {"every row"}
-    changed_scopes = [t["scope"] for c in checks if c.metadata["scope"].value == "changed" for t in c.metadata["per_table"].value.values()]
+    assert {c.metadata["scope"].value for c in checks if c.metadata["cadence"].value == "full"} == {"every row"}
+    changed_scopes = [c.metadata["scope"].value for c in checks if c.metadata["cadence"].value == "changed"]
     assert all(s == "changed keys" or s.startswith("every row") for s in changed_scopes), changed_scopes
     materialized = _events(run.run_id, DagsterEventType.ASSET_MATERIALIZATION)
     table_key = table_asset_key(f"{cdc.database}.acct")  # the table's own asset, with its table metadata
-    assert {e.asset_key for e in materialized} == {RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET, table_key}
-    assert {e.partition for e in materialized if e.asset_key in (CHANGES_ASSET, CURRENT_ASSET)} == {f"{cdc.database}.acct"}
+    assert {e.asset_key for e in materialized} == {RAW_ASSET, changes_asset_key(f"{cdc.database}.acct"), table_key}
     own = [e.step_materialization_data.materialization.metadata for e in materialized if e.asset_key == table_key]
     with cdc.admin() as conn, conn.cursor() as cur:
         cur.execute("SELECT COUNT(*) FROM acct")
@@ -198,13 +194,9 @@ def test_killed_then_restarted_under_a_writer_ends_exactly_once(cdc: CdcEnv) -> 
 
     runs = _continuous_runs(but=earlier)
     assert len(runs) == 2
-    partitions = {
-        (e.asset_key, e.partition)
-        for run in runs
-        for e in _events(run.run_id, DagsterEventType.ASSET_MATERIALIZATION)
-    }
+    keys = {e.asset_key for run in runs for e in _events(run.run_id, DagsterEventType.ASSET_MATERIALIZATION)}
     table = f"{cdc.database}.acct"
-    assert {(CHANGES_ASSET, table), (CURRENT_ASSET, table), (RAW_ASSET, None)} <= partitions
+    assert {changes_asset_key(table), table_asset_key(table), RAW_ASSET} <= keys
     # with the default cadence (60 s / 3600 s) these short runs owed no check yet
     assert not [e for run in runs for e in _events(run.run_id, DagsterEventType.ASSET_CHECK_EVALUATION)]
 
@@ -230,7 +222,7 @@ def test_a_current_state_written_behind_its_back_is_followed_and_named_by_the_ch
         _wait_for("the new writes", lambda: _current_row_count(cdc) == _source_row_count(cdc), process, timeout_s=30)
 
         def named() -> bool:
-            failed = [c for c in _check_evaluations(earlier) if not c.passed]
+            failed = [c for c in _check_evaluations(earlier, table_asset_key(table)) if not c.passed]
             return any("1 different: 7" in (c.description or "") for c in failed)
 
         _wait_for("the check to name key 7", named, process, timeout_s=60)
@@ -248,7 +240,7 @@ def test_a_current_state_written_behind_its_back_is_followed_and_named_by_the_ch
     assert own and "1 different: 7" in own[-1].description
 
 
-def _check_evaluations(earlier: set[str], asset_key=CURRENT_ASSET) -> list:
+def _check_evaluations(earlier: set[str], asset_key: AssetKey) -> list:
     return [
         e.event_specific_data
         for run in _continuous_runs(but=earlier)

@@ -2,28 +2,63 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
-from dagster import AssetKey
+from dagster import AssetKey, DefaultScheduleStatus, DefaultSensorStatus
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.resources import initialized_resources, resources_from_env
+from cdc_assets.lake.state import save_registry
+from cdc_assets.lake.store import Lakehouse
 
-ASSETS = {"raw_binlog_batches": "capture", "table_changes": "changes", "current_tables": "current"}
+ASSETS = {
+    AssetKey("raw_binlog_batches"): "capture",
+    AssetKey(["mysql", "shop", "orders"]): "sources",
+    AssetKey(["changes", "shop", "orders"]): "changes",
+    AssetKey(["current", "shop", "orders"]): "current",
+}
 
 
-def test_assets_are_grouped_and_everything_is_described() -> None:
+@pytest.fixture
+def orders_registry(tmp_path, monkeypatch) -> None:
+    """A lakehouse whose registry knows shop.orders (and a table whose name needs escaping in a key)."""
+    house = Lakehouse(str(tmp_path / "lake"))
+    save_registry(house.store, {"shop.orders": {"first_batch": "b1", "last_batch": "b1"}, "shop.`a b`": {}})
+    monkeypatch.setenv("CDC_LAKEHOUSE", str(tmp_path / "lake"))
+    for name in ("CDC_CAPTURE_CRON", "CDC_CAPTURE_INTERVAL_SECONDS", "CDC_CONTINUOUS", "CDC_FRESHNESS_TABLES"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_assets_are_grouped_and_everything_is_described(orders_registry) -> None:
     defs = build_definitions()
+    defs.get_repository_def()  # what `dagster definitions validate` and the UI build: names unique, jobs resolved
     graph = defs.resolve_asset_graph()
     for key, group in ASSETS.items():
-        node = graph.get(AssetKey(key))
+        node = graph.get(key)
         assert node.group_name == group
         assert node.description and len(node.description) > 40
+        assert "/tmp" not in node.description and str(Path.home()) not in node.description  # locations: metadata
+    # kinds: the source's server, Delta for the lakehouse's tables with the engines that may write them
+    assert graph.get(AssetKey(["mysql", "shop", "orders"])).kinds == {"mysql"}
+    assert graph.get(AssetKey(["current", "shop", "orders"])).kinds == {"delta", "arrow", "spark"}
+    assert {"mysql", "parquet"} <= graph.get(AssetKey("raw_binlog_batches")).kinds
+    # lineage: source -> change log -> current state, the raw batches upstream of every change log
+    assert graph.get(AssetKey(["changes", "shop", "orders"])).parent_keys == {
+        AssetKey(["mysql", "shop", "orders"]),
+        AssetKey("raw_binlog_batches"),
+    }
+    assert graph.get(AssetKey(["current", "shop", "orders"])).parent_keys == {AssetKey(["changes", "shop", "orders"])}
     for check in graph.asset_check_keys:
         assert graph.get(check).description, check
+    # Markdown shows what is written: a `<schema>/<table>` path only inside backticks (bare, Markdown ate it)
+    described = [graph.get(k).description for k in [*graph.get_all_asset_keys(), *graph.asset_check_keys]]
+    described += [d.description for d in [*(defs.jobs or []), *(defs.sensors or []), *(defs.schedules or [])]]
+    assert not [d for d in described if "<" in re.sub(r"`[^`]*`", "", d or "")]
     for sensor in defs.sensors or []:
         assert sensor.description, sensor.name
     for schedule in defs.schedules or []:
@@ -32,25 +67,58 @@ def test_assets_are_grouped_and_everything_is_described() -> None:
         assert job.description, job.name
     for name, resource in resources_from_env().by_key().items():
         assert resource.get_resource_definition().description, name
-    assert {s.name for s in defs.sensors} == {"raw_batch_sensor", "binlog_sensor", "continuous_sensor"}
+    assert {s.name for s in defs.sensors} == {
+        "automation_sensor",
+        "raw_batch_sensor",
+        "new_tables_sensor",
+        "binlog_sensor",
+        "continuous_sensor",
+        "examples_automation_sensor",
+    }
     assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule", "full_equality_schedule"}
+    # freshness governs by default: the automation sensor runs, the cron schedule and the raw-batch sensor are options
+    running = {s.name for s in defs.sensors if s.default_status == DefaultSensorStatus.RUNNING}
+    assert {"automation_sensor", "new_tables_sensor"} <= running and "raw_batch_sensor" not in running
+    assert next(s for s in defs.schedules if s.name == "capture_schedule").default_status == DefaultScheduleStatus.STOPPED
 
 
-def test_freshness_policies_default_to_warn_after_2_and_fail_after_5_minutes(monkeypatch) -> None:
+def test_the_schedule_mode_turns_the_automation_off(orders_registry, monkeypatch) -> None:
+    monkeypatch.setenv("CDC_CAPTURE_CRON", "*/2 * * * *")
+    defs = build_definitions()
+    running = {s.name for s in defs.sensors if s.default_status == DefaultSensorStatus.RUNNING}
+    assert "raw_batch_sensor" in running and "automation_sensor" not in running
+    assert next(s for s in defs.schedules if s.name == "capture_schedule").default_status == DefaultScheduleStatus.RUNNING
+
+
+def test_freshness_policies_default_to_warn_after_2_and_fail_after_5_minutes(orders_registry, monkeypatch) -> None:
     for name in ("CDC_FRESHNESS_WARN_MINUTES", "CDC_FRESHNESS_FAIL_MINUTES", "CDC_LAG_WARN_SECONDS"):
         monkeypatch.delenv(name, raising=False)
-    policy = build_definitions().resolve_asset_graph().get(AssetKey("current_tables")).freshness_policy
+    node = build_definitions().resolve_asset_graph().get(AssetKey(["current", "shop", "orders"]))
+    policy = node.freshness_policy
     assert policy.fail_window.to_timedelta() == timedelta(minutes=5)
     assert policy.warn_window.to_timedelta() == timedelta(minutes=2)
     assert lag_thresholds() == (120.0, 300.0)
+    assert node.automation_condition.get_label() == "within 2 min: on_cron(* * * * *)"
 
 
-def test_freshness_windows_are_configurable_and_checked(monkeypatch) -> None:
+def test_freshness_windows_are_configurable_per_table_and_checked(orders_registry, monkeypatch) -> None:
     monkeypatch.setenv("CDC_FRESHNESS_WARN_MINUTES", "10")
     monkeypatch.setenv("CDC_FRESHNESS_FAIL_MINUTES", "30")
-    policy = build_definitions().resolve_asset_graph().get(AssetKey("current_tables")).freshness_policy
-    assert policy.fail_window.to_timedelta() == timedelta(minutes=30)
+    monkeypatch.setenv("CDC_FRESHNESS_TABLES", "shop.ord*=4/8")
+    graph = build_definitions().resolve_asset_graph()
+    orders, other = graph.get(AssetKey(["current", "shop", "orders"])), graph.get(AssetKey(["current", "shop", "a~20b"]))
+    assert orders.freshness_policy.fail_window.to_timedelta() == timedelta(minutes=8)
+    assert other.freshness_policy.fail_window.to_timedelta() == timedelta(minutes=30)
+    assert orders.automation_condition.get_label() == "within 4 min: on_cron(*/2 * * * *)"
+    assert other.automation_condition.get_label() == "within 10 min: on_cron(*/5 * * * *)"
+    # capture keeps ahead of the tightest window
+    raw = graph.get(AssetKey("raw_binlog_batches"))
+    assert "on_cron(*/2 * * * *)" in raw.automation_condition.get_label()
     assert lag_thresholds() == (600.0, 1800.0)
+    monkeypatch.setenv("CDC_FRESHNESS_TABLES", "shop.orders=8/4")
+    with pytest.raises(CdcUserError, match="CDC_FRESHNESS_TABLES entry 'shop.orders=8/4' needs a warn window"):
+        build_definitions()
+    monkeypatch.delenv("CDC_FRESHNESS_TABLES")
     monkeypatch.setenv("CDC_FRESHNESS_WARN_MINUTES", "0.5")
     with pytest.raises(CdcUserError, match="at least 1"):
         build_definitions()
@@ -129,11 +197,24 @@ def test_an_s3_lakehouse_takes_boto3_and_delta_rs_settings_from_one_s3_resource(
     assert "secret-key" not in repr(lakehouse.s3)
 
 
-def test_each_configured_sink_is_an_asset_downstream_of_the_change_logs_with_its_job_check_and_sensor(monkeypatch) -> None:
+def test_owners_are_configurable(orders_registry, monkeypatch) -> None:
+    monkeypatch.setenv("CDC_ASSET_OWNERS", "data@example.com, team:analytics")
+    graph = build_definitions().resolve_asset_graph()
+    for key in ASSETS:
+        assert graph.get(key).owners == ["data@example.com", "team:analytics"], key
+    monkeypatch.setenv("CDC_ASSET_OWNERS", "data team")
+    with pytest.raises(CdcUserError, match="CDC_ASSET_OWNERS entry 'data team' is neither an e-mail address nor team:<name>"):
+        build_definitions()
+
+
+def test_each_configured_sink_is_an_asset_downstream_of_the_change_logs_with_its_job_check_and_sensor(
+    orders_registry, monkeypatch
+) -> None:
     for name in ("CDC_RABBITMQ_URL", "CDC_KINESIS_STREAM", "CDC_SINK_HEARTBEAT_SECONDS"):
         monkeypatch.delenv(name, raising=False)
     plain = build_definitions()
     assert not [k for k in plain.resolve_asset_graph().get_all_asset_keys() if k.path[0] == "sinks"]
+    tables = [k for k in plain.resolve_asset_graph().get_all_asset_keys() if k.path[0] == "changes"]
     monkeypatch.setenv("CDC_RABBITMQ_URL", "amqp://cdc:secret@127.0.0.1:9/%2F")
     monkeypatch.setenv("CDC_KINESIS_STREAM", "changes")
     monkeypatch.setenv("CDC_SINK_HEARTBEAT_SECONDS", "5")
@@ -141,7 +222,7 @@ def test_each_configured_sink_is_an_asset_downstream_of_the_change_logs_with_its
     graph = defs.resolve_asset_graph()
     for sink in ("rabbitmq", "kinesis"):
         node = graph.get(AssetKey(["sinks", sink]))
-        assert node.group_name == "sinks" and AssetKey("table_changes") in node.parent_keys
+        assert node.group_name == "sinks" and set(tables) <= node.parent_keys
         assert node.freshness_policy is not None and node.freshness_policy.fail_window.to_timedelta() == timedelta(minutes=5)
         assert node.description and f"publish_{sink}" in {j.name for j in defs.jobs}
         assert any(check.name == "sink_lag" and check.asset_key == node.key for check in graph.asset_check_keys)

@@ -317,7 +317,7 @@ def test_a_sync_whose_child_did_the_stages_records_what_a_sync_that_did_them_rec
     assert [r[:-1] for r in forked] == [r[:-1] for r in own]  # the same events, in the same order
     assert _differences(forked, own) == []  # with the same metadata
     kinds = {r[1] for r in forked if r[0] == "materialization"}
-    assert {"table_changes", "current_tables"} <= kinds
+    assert {f"{layer}/{cdc.database}/{t}" for layer in ("changes", "current") for t in TABLES} <= kinds
     assert all(r[3] for r in forked if r[0] == "check")
 
 
@@ -344,9 +344,9 @@ def test_a_child_killed_in_a_stage_leaves_the_rest_to_its_run(cdc: CdcEnv, own_h
     _assert_equal_and_exactly_once(cdc)
     _assert_each_batch_recorded_once(cdc)
     _, records = _run_records(own_home, monkeypatch)
-    for layer in ("table_changes", "current_tables"):  # every table's partition of both layers, once
-        partitions = [r[2] for r in records if r[0] == "materialization" and r[1] == layer]
-        assert sorted(partitions) == sorted(f"{cdc.database}.{t}" for t in TABLES), layer
+    for layer in ("changes", "current"):  # every table's change log and current state, once
+        keys = [r[1] for r in records if r[0] == "materialization" and r[1].startswith(f"{layer}/")]
+        assert sorted(keys) == sorted(f"{layer}/{cdc.database}/{t}" for t in TABLES), layer
 
     _write_tables(cdc, transactions=20, start=200)
     assert cdc.sync() == 0

@@ -1,6 +1,6 @@
 """Hands-off, bounded end to end: `dagster dev` with its daemon, nobody clicking. While the source is written
-to, the schedule captures, the sensor applies, and the current-state tables catch up; once capture stops,
-the daemon turns the current-state layer's freshness to failing."""
+to, the automation (freshness governing) captures and applies, and the current-state tables catch up; once the
+automation stops, the daemon turns the tables' freshness to failing."""
 
 from __future__ import annotations
 
@@ -14,11 +14,10 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance
 from dagster._core.definitions.freshness import FreshnessState
 
+from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.runtime.instance import ensure_dagster_home
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.dagster_dev import DAGSTER, REPO, dagster_dev
-
-CURRENT = AssetKey("current_tables")
 
 
 def _write(cdc: CdcEnv, stop: threading.Event) -> int:
@@ -39,8 +38,8 @@ def _wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_
         time.sleep(every_s)
 
 
-def _freshness(instance: DagsterInstance) -> FreshnessState | None:
-    record = instance.get_freshness_state_records([CURRENT]).get(CURRENT)
+def _freshness(instance: DagsterInstance, key: AssetKey) -> FreshnessState | None:
+    record = instance.get_freshness_state_records([key]).get(key)
     return None if record is None else record.freshness_state
 
 
@@ -57,13 +56,17 @@ def test_make_dev_catches_up_by_itself_and_fails_freshness_when_capture_stops(
     monkeypatch.setenv("CDC_FRESHNESS_WARN_MINUTES", "1")
     monkeypatch.setenv("CDC_FRESHNESS_FAIL_MINUTES", "1.25")
     monkeypatch.setenv("CDC_SPARK_MASTER", "local[1]")
+    for mode in ("CDC_CAPTURE_CRON", "CDC_CAPTURE_INTERVAL_SECONDS", "CDC_CONTINUOUS"):
+        monkeypatch.delenv(mode, raising=False)  # the default: freshness governs, through the automation
     ensure_dagster_home()
+    assert cdc.sync() == 0  # the tables are in the registry when the definitions load: each has its assets
+    orders = table_asset_key(f"{cdc.database}.orders")
     stop = threading.Event()
     writer = threading.Thread(target=_write, args=(cdc, stop))
     with dagster_dev(tmp_path / "dagster-dev.log"):
         writer.start()
         try:
-            time.sleep(40)  # the workload keeps writing while the schedule ticks and the sensor reacts
+            time.sleep(40)  # the workload keeps writing while the automation sensor ticks
         finally:
             stop.set()
             writer.join()
@@ -74,14 +77,14 @@ def test_make_dev_catches_up_by_itself_and_fails_freshness_when_capture_stops(
 
         _wait_for("the current-state tables to equal the source", caught_up, timeout_s=240)
         instance = DagsterInstance.get()
-        _wait_for("freshness to pass", lambda: _freshness(instance) == FreshnessState.PASS, timeout_s=90)
+        _wait_for("freshness to pass", lambda: _freshness(instance, orders) == FreshnessState.PASS, timeout_s=90)
 
-        # Capture stops (its schedule is switched off): freshness must turn to failing by itself.
+        # The automation stops (its sensor is switched off): freshness must turn to failing by itself.
         subprocess.run(
-            [DAGSTER, "schedule", "stop", "capture_schedule", "-w", "workspace.yaml"],
+            [DAGSTER, "sensor", "stop", "automation_sensor", "-w", "workspace.yaml"],
             cwd=REPO,
             env=dict(os.environ),
             check=True,
             capture_output=True,
         )
-        _wait_for("freshness to fail", lambda: _freshness(instance) == FreshnessState.FAIL, timeout_s=270)
+        _wait_for("freshness to fail", lambda: _freshness(instance, orders) == FreshnessState.FAIL, timeout_s=270)

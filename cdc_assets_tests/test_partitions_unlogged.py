@@ -13,7 +13,7 @@ from cdc_assets.cli import main
 from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.code_location import build_definitions
-from cdc_assets.defs.keys import APPLY_JOB
+from cdc_assets.defs.keys import APPLY_JOB, changes_asset_key, table_asset_key
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.repair_marks import owing_repair
@@ -83,7 +83,7 @@ def test_without_the_sync_the_tables_checks_name_repair(cdc: CdcEnv, capsys) -> 
     capture(resources.binlog.settings(), cdc.lakehouse)
     table = f"{cdc.database}.p"
     build_definitions().resolve_job_def(APPLY_JOB).execute_in_process(
-        instance=instance(), partition_key=table, raise_on_error=False
+        instance=instance(), asset_selection=[changes_asset_key(table), table_asset_key(table)], raise_on_error=False
     )
     check = _latest_check(table, "current_matches_source")
     assert not check.passed and check.severity == AssetCheckSeverity.ERROR, check.description

@@ -113,12 +113,16 @@ def test_two_syncs_started_together_never_capture_at_once(cdc: CdcEnv, monkeypat
     _assert_exactly_once(cdc)
 
 
-def test_continuous_capture_replaces_the_schedule_when_an_interval_is_set(monkeypatch) -> None:
+def test_the_schedule_is_an_option_and_continuous_capture_replaces_it_when_an_interval_is_set(monkeypatch) -> None:
     from dagster import DefaultScheduleStatus, DefaultSensorStatus
 
     from cdc_assets.defs.sensors import build_binlog_sensor
 
     monkeypatch.delenv("CDC_CAPTURE_INTERVAL_SECONDS", raising=False)
+    monkeypatch.delenv("CDC_CAPTURE_CRON", raising=False)
+    # by default the automation captures (defs/automation.py): the cron schedule is an option, switched off
+    assert build_capture_schedule().default_status == DefaultScheduleStatus.STOPPED
+    monkeypatch.setenv("CDC_CAPTURE_CRON", "*/2 * * * *")  # the schedule mode: chosen by setting the cron
     assert build_capture_schedule().default_status == DefaultScheduleStatus.RUNNING
     assert build_binlog_sensor().default_status == DefaultSensorStatus.STOPPED
     monkeypatch.setenv("CDC_CAPTURE_INTERVAL_SECONDS", "5")

@@ -1,20 +1,20 @@
-"""The sensor on new raw batches, evaluated with build_sensor_context on a local lakehouse and on S3 over HTTP,
-and its run requests executed for real: exactly the touched tables are materialized."""
+"""The sensor on new raw batches (the schedule mode's), evaluated with build_sensor_context on a local lakehouse and on
+S3 over HTTP, and its run requests executed for real: one run materializes exactly the touched tables."""
 
 from __future__ import annotations
 
 import boto3
 import pytest
-from dagster import AssetKey, AssetRecordsFilter, DagsterInstance, SensorResult, SkipReason, build_sensor_context
+from dagster import AssetRecordsFilter, DagsterInstance, SensorResult, SkipReason, build_sensor_context
 
 from cdc_assets.capture.run import capture
 from cdc_assets.commands.runs import instance as _instance
+from cdc_assets.commands.runs import run_job
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import APPLY_JOB as APPLY_JOB_NAME
-from cdc_assets.defs.keys import PARTITION_RANGE_END_TAG, PARTITION_RANGE_START_TAG, PARTITION_TAG
-from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME
+from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
-from cdc_assets.defs.sensors import raw_batch_sensor
+from cdc_assets.defs.sensors import build_raw_batch_sensor, current_tables_of
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv, use_s3
 
@@ -28,40 +28,26 @@ def _evaluate(instance: DagsterInstance, location: str, cursor: str | None) -> S
     with build_sensor_context(
         instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(location=location)}
     ) as context:
-        return raw_batch_sensor(context)
+        return build_raw_batch_sensor()(context)
 
 
-def _covered(instance: DagsterInstance, result: SensorResult) -> list[str]:
-    """Tables the run requests cover, with the sensor's partition additions applied first."""
-    for request in result.dynamic_partitions_requests or []:
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-    keys = list(instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME))
-    covered = []
-    for run in result.run_requests or []:
-        if run.partition_key is not None:
-            covered.append(run.partition_key)
-        else:
-            first, last = run.tags[PARTITION_RANGE_START_TAG], run.tags[PARTITION_RANGE_END_TAG]
-            covered.extend(keys[keys.index(first) : keys.index(last) + 1])
-    return sorted(covered)
+def _covered(result: SensorResult) -> list[str]:
+    """Tables the run requests cover."""
+    return sorted(t for run in result.run_requests or [] for t in current_tables_of(list(run.asset_selection or [])))
 
 
 def _execute(instance: DagsterInstance, result: SensorResult) -> None:
     job = build_definitions().resolve_job_def(APPLY_JOB_NAME)
     for run in result.run_requests or []:
-        outcome = job.execute_in_process(instance=instance, partition_key=run.partition_key, tags=dict(run.tags))
+        outcome = job.execute_in_process(instance=instance, asset_selection=list(run.asset_selection), tags=dict(run.tags))
         assert outcome.success
         assert all(e.passed for e in outcome.get_asset_check_evaluations())
 
 
-def _materialized_partitions(instance: DagsterInstance, asset: str, tables: list[str]) -> dict[str, int]:
-    """How many times each table's partition of `asset` has been materialized."""
+def _materialized(instance: DagsterInstance, tables: list[str]) -> dict[str, int]:
+    """How many times each table's current state has been materialized."""
     return {
-        table: len(
-            instance.fetch_materializations(
-                AssetRecordsFilter(asset_key=AssetKey(asset), asset_partitions=[table]), limit=100
-            ).records
-        )
+        table: len(instance.fetch_materializations(AssetRecordsFilter(asset_key=table_asset_key(table)), limit=100).records)
         for table in tables
     }
 
@@ -80,9 +66,8 @@ def _sensor_round_trip(cdc: CdcEnv, location: str) -> None:
     _capture(cdc, location)
     first = _evaluate(instance, location, None)
     assert isinstance(first, SensorResult)
-    added = {k for r in first.dynamic_partitions_requests for k in r.partition_keys}
-    assert {f"{db}.a", f"{db}.b", f"{db}.c"} <= added  # newly seen tables become partitions
-    assert _covered(instance, first) == [f"{db}.a", f"{db}.b", f"{db}.c"]
+    assert len(first.run_requests) == 1  # one run, however many tables
+    assert _covered(first) == [f"{db}.a", f"{db}.b", f"{db}.c"]
     assert first.cursor == list_batches(LakehouseResource(location=location).get().store)[-1]
     _execute(instance, first)
     results = cdc.verify()
@@ -93,17 +78,14 @@ def _sensor_round_trip(cdc: CdcEnv, location: str) -> None:
     assert isinstance(_evaluate(instance, location, first.cursor), SkipReason)
 
     # Only b changes: exactly b is requested and materialized, a and c are left alone.
-    before = _materialized_partitions(instance, "current_tables", [f"{db}.a", f"{db}.b", f"{db}.c"])
+    before = _materialized(instance, [f"{db}.a", f"{db}.b", f"{db}.c"])
     cdc.execute("UPDATE b SET v = 'changed' WHERE id = 1", "INSERT INTO b VALUES (2, 'new')")
     _capture(cdc, location)
     second = _evaluate(instance, location, first.cursor)
     assert isinstance(second, SensorResult)
-    assert second.dynamic_partitions_requests == [] or not any(
-        r.partition_keys for r in second.dynamic_partitions_requests
-    )
-    assert [r.partition_key for r in second.run_requests] == [f"{db}.b"]
+    assert _covered(second) == [f"{db}.b"]
     _execute(instance, second)
-    after = _materialized_partitions(instance, "current_tables", [f"{db}.a", f"{db}.b", f"{db}.c"])
+    after = _materialized(instance, [f"{db}.a", f"{db}.b", f"{db}.c"])
     assert after[f"{db}.b"] == before[f"{db}.b"] + 1
     assert after[f"{db}.a"] == before[f"{db}.a"] and after[f"{db}.c"] == before[f"{db}.c"]
     assert all(d.ok for d in cdc.verify())
@@ -139,7 +121,7 @@ def test_sensor_confirms_current_state_when_capture_finds_nothing(cdc: CdcEnv, m
     cursor = list_batches(LakehouseResource(location=location).get().store)[-1]
     result = _evaluate(instance, location, cursor)
     assert isinstance(result, SensorResult) and len(result.run_requests) == 1
-    assert f"{cdc.database}.q" in _covered(instance, result)
+    assert f"{cdc.database}.q" in _covered(result)
     _execute(instance, result)
     # Confirmed after the last capture: no second confirmation for the same capture.
     assert isinstance(_evaluate(instance, location, cursor), SkipReason)
@@ -151,10 +133,10 @@ def test_sensor_requests_a_table_again_when_its_run_did_not_apply_it(cdc: CdcEnv
     cdc.execute("CREATE TABLE r (id INT PRIMARY KEY)", "INSERT INTO r VALUES (1), (2)")
     _capture(cdc, location)
     first = _evaluate(instance, location, None)
-    assert isinstance(first, SensorResult) and _covered(instance, first) == [f"{cdc.database}.r"]
+    assert isinstance(first, SensorResult) and _covered(first) == [f"{cdc.database}.r"]
     # The requested run failed (here: never ran). The cursor has moved on, yet the table is asked for again.
     again = _evaluate(instance, location, first.cursor)
-    assert isinstance(again, SensorResult) and _covered(instance, again) == [f"{cdc.database}.r"]
+    assert isinstance(again, SensorResult) and _covered(again) == [f"{cdc.database}.r"]
     assert all(r.run_key.startswith("retry:") for r in again.run_requests)
     _execute(instance, again)
     assert all(r.ok and r.compared_rows == 2 for r in cdc.verify())
@@ -173,18 +155,62 @@ def test_no_second_apply_run_queues_behind_one_waiting_for_the_same_tables(cdc: 
     cdc.execute("CREATE TABLE a (id INT PRIMARY KEY)", "INSERT INTO a VALUES (1)")
     _capture(cdc, location)
     first = _evaluate(instance, location, None)
-    assert _covered(instance, first) == [f"{db}.a"]
+    assert _covered(first) == [f"{db}.a"]
     request = first.run_requests[0]
-    tags = {**request.tags, **({PARTITION_TAG: request.partition_key} if request.partition_key else {})}
-    queued = create_run_for_test(instance, job_name=APPLY_JOB_NAME, status=DagsterRunStatus.NOT_STARTED, tags=tags)
+    queued = create_run_for_test(
+        instance,
+        job_name=APPLY_JOB_NAME,
+        status=DagsterRunStatus.NOT_STARTED,
+        tags=dict(request.tags),
+        asset_selection=frozenset(request.asset_selection),
+    )
     cdc.execute("INSERT INTO a VALUES (2)", "CREATE TABLE b (id INT PRIMARY KEY)", "INSERT INTO b VALUES (1)")
     _capture(cdc, location)
     second = _evaluate(instance, location, first.cursor)
-    assert _covered(instance, second) == [f"{db}.b"]  # a is left to the waiting run
+    assert _covered(second) == [f"{db}.b"]  # a is left to the waiting run
     assert second.cursor == list_batches(cdc.lakehouse.store)[-1]
     instance.report_run_failed(queued)
     cdc.execute("INSERT INTO a VALUES (3)")
     _capture(cdc, location)
     third = _evaluate(instance, location, second.cursor)
     # a: nothing waits for it any more; b: its requested run never ran here, so it is requested again
-    assert _covered(instance, third) == [f"{db}.a", f"{db}.b"]
+    assert _covered(third) == [f"{db}.a", f"{db}.b"]
+
+
+def test_a_table_captured_after_the_definitions_loaded_is_applied_before_any_reload(cdc: CdcEnv) -> None:
+    """It has no asset the automation or the raw-batch sensor could select: the new-tables sensor applies it, and
+    its runs record its change log and current state under its keys, which the next reload shows."""
+    from dagster import RunRequest
+
+    from cdc_assets.defs.keys import NEW_TABLES_JOB, changes_asset_key
+    from cdc_assets.defs.sensors import build_new_tables_sensor
+
+    instance = _instance()
+    location = str(cdc.lakehouse_dir)
+    cdc.execute("CREATE TABLE old (id INT PRIMARY KEY)", "INSERT INTO old VALUES (1)")
+    assert cdc.sync() == 0
+    defs = build_definitions()  # loaded now: `old` has its assets, `late` will not
+
+    def tick() -> RunRequest | SkipReason:
+        with build_sensor_context(
+            instance=instance,
+            repository_def=defs.get_repository_def(),
+            resources={"lakehouse": LakehouseResource(location=location)},
+        ) as context:
+            return build_new_tables_sensor()(context)
+
+    assert isinstance(tick(), SkipReason)  # every table with changes pending has its assets
+    cdc.execute("CREATE TABLE late (k VARCHAR(4) PRIMARY KEY)", "INSERT INTO late VALUES ('a'), ('b')", "INSERT INTO old VALUES (2)")
+    _capture(cdc, location)
+    request = tick()
+    assert isinstance(request, RunRequest)
+    tables = request.run_config["ops"]["take_in_new_tables"]["config"]["tables"]
+    assert tables == [f"{cdc.database}.late"]  # `old` is the automation's: it has assets
+    assert run_job(NEW_TABLES_JOB, op_config=request.run_config["ops"]).success
+    late = f"{cdc.database}.late"
+    diffs = {str(d.table): d for d in cdc.verify()}
+    assert diffs[late].ok and diffs[late].compared_rows == 2
+    assert _materialized(instance, [late]) == {late: 1}
+    assert instance.get_latest_materialization_event(changes_asset_key(late)) is not None
+    assert isinstance(tick(), SkipReason)  # applied: nothing left for it
+    assert table_asset_key(late) in build_definitions().resolve_asset_graph().get_all_asset_keys()  # a reload shows it

@@ -9,12 +9,12 @@ import pyarrow as pa
 from dagster import AssetKey, DefaultSensorStatus, TableSchema, materialize
 from deltalake import write_deltalake
 
-from cdc_assets.commands.runs import instance
+from cdc_assets.commands.runs import instance, run_job
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.tables import column_schema
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.examples import EXAMPLES_SENSOR, ORDERS_TABLE, build_orders_summary, example_assets
-from cdc_assets.defs.keys import CHANGES_ASSET, SYNC_JOB, table_asset_key
+from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, SYNC_JOB, changes_asset_key, table_asset_key
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.state import save_registry
 from cdc_assets.lake.store import Lakehouse
@@ -55,8 +55,8 @@ def test_the_code_location_lists_the_registrys_tables_and_the_example_of_a_captu
     # a registry that cannot be read leaves the per-table assets out; the pipeline's own assets still load
     house.store.put("_state/tables.json", b"[not json")
     keys = set(build_definitions().resolve_asset_graph().get_all_asset_keys())
-    assert AssetKey("current_tables") in keys and not any(
-        k.path[0] in ("current", "examples") and len(k.path) > 1 for k in keys
+    assert AssetKey("raw_binlog_batches") in keys and not any(
+        k.path[0] in ("mysql", "changes", "current", "examples") and len(k.path) > 1 for k in keys
     )
 
 
@@ -121,7 +121,7 @@ def test_every_table_gets_its_asset_from_a_few_runs_and_a_downstream_asset_follo
     graph = build_definitions().resolve_asset_graph()
     for table in tables:
         node = graph.get(table_asset_key(table))
-        assert node.group_name == "current" and CHANGES_ASSET in node.parent_keys
+        assert node.group_name == "current" and changes_asset_key(table) in node.parent_keys
         assert (
             _value(node.metadata["dagster/table_name"]) == f"current.{table}"
             and _value(node.metadata["dropped"]) is False
@@ -193,3 +193,21 @@ def test_every_table_gets_its_asset_from_a_few_runs_and_a_downstream_asset_follo
         ("v", "double"),
     ]
     assert late["dagster/row_count"].value == 1
+
+    # a data engineer refreshes three tables from the UI: one run (the Materialize button's) applies exactly those
+    cdc.execute(*(f"INSERT INTO {t} VALUES (3, 'c'), (4, 'd')" for t in SMALL_TABLES[1:]), "UPDATE orders SET note = 'ui'")
+    assert run_job(CAPTURE_JOB).success  # captured, not applied
+    chosen = [f"{db}.t1", f"{db}.t2", f"{db}.orders"]
+    others = [f"{db}.t3", f"{db}.t4"]
+    untouched = {t: (_latest(t).run_id, cdc.lakehouse.open("current", TableRef.parse(t)).version()) for t in others}
+    defs = build_definitions()
+    keys = [k for t in chosen for k in (table_asset_key(t),)]
+    result = defs.resolve_job_def(APPLY_JOB).execute_in_process(instance=instance(), asset_selection=keys)
+    assert result.success
+    assert {e.asset_key for e in result.get_asset_materialization_events()} >= set(keys)
+    assert {_latest(t).run_id for t in chosen} == {result.run_id}  # one run for the three
+    diffs = {str(d.table): d for d in cdc.verify()}
+    assert all(diffs[t].ok and diffs[t].in_flight_keys == 0 for t in chosen)  # equal to the source
+    for t in others:  # the others untouched: no materialization, no new Delta version, their changes still pending
+        assert (_latest(t).run_id, cdc.lakehouse.open("current", TableRef.parse(t)).version()) == untouched[t]
+        assert diffs[t].in_flight_keys == 2 or not diffs[t].ok

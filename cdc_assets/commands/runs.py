@@ -20,15 +20,14 @@ from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
 from cdc_assets.defs.freshness import freshness_windows
 from cdc_assets.defs.keys import (
-    CHANGES_ASSET,
     CONTINUOUS_JOB,
-    CURRENT_ASSET,
     RAW_ASSET,
     REPAIR_JOB,
     SNAPSHOT_JOB,
     SYNC_JOB,
     publish_job_name,
     sink_asset_key,
+    table_asset_key,
 )
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.defs.sinks import configured_sinks
@@ -91,6 +90,17 @@ class RunOutcome:
     def of(self, asset: AssetKey) -> dict[str, Any]:
         """The materialization metadata of `asset` in these runs (empty when they did not materialize it)."""
         return self.metadata.get(asset.to_user_string(), {})
+
+    def totals(self, prefix: str, changed_by: str) -> dict[str, Any]:
+        """The numbers of every `prefix/<schema>/<table>` materialization of these runs added up, with `tables` (how
+        many) and `tables_changed` (how many with a `changed_by` above 0)."""
+        layer = [v for k, v in self.metadata.items() if k.startswith(f"{prefix}/")]
+        totals: dict[str, Any] = {"tables": len(layer), "tables_changed": sum(1 for v in layer if v.get(changed_by))}
+        for values in layer:
+            for key, value in values.items():
+                if isinstance(value, int | float) and not isinstance(value, bool) and key != "delta_version":
+                    totals[key] = totals.get(key, 0) + value
+        return totals
 
     def of_observation(self, asset: AssetKey, description: str) -> dict[str, Any]:
         """The metadata of the runs' observation of `asset` described so (empty when there was none)."""
@@ -443,8 +453,10 @@ def collect_status() -> Status:
             "lag_seconds": round(behind.seconds, 1),
             "pending_changes": behind.pending,
         }
-    for key in (RAW_ASSET, CHANGES_ASSET, CURRENT_ASSET, *(sink_asset_key(n) for n in sinks)):
-        event = instance().get_latest_materialization_event(key)
+    keys = [RAW_ASSET, *(table_asset_key(t) for t in known_tables(lakehouse.store)), *(sink_asset_key(n) for n in sinks)]
+    last = {r.asset_entry.asset_key: r.asset_entry.last_materialization for r in instance().get_asset_records(keys)}
+    for key in keys:  # one query for every asset: the raw batches, each table's current state, each sink
+        event = last.get(key)
         freshness[key.to_user_string()] = None if event is None else round(time.time() - event.timestamp, 1)
     warn, fail = freshness_windows()
     return Status(

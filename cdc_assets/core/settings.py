@@ -386,6 +386,44 @@ def freshness_windows() -> tuple[float, float]:
     )
 
 
+FRESHNESS_TABLES_ENV = "CDC_FRESHNESS_TABLES"
+
+
+def table_freshness_rules(env: Mapping[str, str] | None = None) -> list[tuple[str, float, float]]:
+    """CDC_FRESHNESS_TABLES: comma-separated `schema.table=WARN/FAIL` (minutes), each glob's freshness windows,
+    the first glob a table matches winning; the other tables keep CDC_FRESHNESS_WARN/FAIL_MINUTES."""
+    text = (os.environ if env is None else env).get(FRESHNESS_TABLES_ENV) or ""
+    rules = []
+    for entry in (e.strip() for e in text.split(",") if e.strip()):
+        glob, _, windows = entry.rpartition("=")
+        warn_text, _, fail_text = windows.partition("/")
+        try:
+            split_name(glob.strip())
+            warn, fail = float(warn_text), float(fail_text)
+        except (CdcUserError, ValueError):
+            raise CdcUserError(
+                f"{FRESHNESS_TABLES_ENV} entry '{entry}' is not schema.table=WARN/FAIL: write e.g. shop.orders=1/3 "
+                "(warn after 1 minute, fail after 3)."
+            ) from None
+        if not (math.isfinite(warn) and math.isfinite(fail) and 1 <= warn < fail):
+            raise CdcUserError(
+                f"{FRESHNESS_TABLES_ENV} entry '{entry}' needs a warn window of at least 1 minute below its fail "
+                "window: write e.g. shop.orders=1/3."
+            )
+        rules.append((glob.strip(), warn, fail))
+    return rules
+
+
+def table_freshness_windows(table: str, rules: list[tuple[str, float, float]] | None = None) -> tuple[float, float]:
+    """(warn, fail) in minutes for one `schema.table`: the first CDC_FRESHNESS_TABLES glob it matches, else the
+    global windows."""
+    ref = TableRef.parse(table)
+    for glob, warn, fail in table_freshness_rules() if rules is None else rules:
+        if _glob_matches(glob, ref.schema, ref.table):
+            return warn, fail
+    return freshness_windows()
+
+
 def lag_thresholds() -> tuple[float, float]:
     """(warn, fail) in seconds for the per-table lag check: CDC_LAG_WARN_SECONDS / CDC_LAG_FAIL_SECONDS, by
     default the freshness windows, so the check names the tables behind when freshness warns or fails."""
@@ -436,6 +474,7 @@ def check_numeric_settings() -> None:
     capture_interval()
     current_file_kb()
     lag_thresholds()
+    table_freshness_rules()
     sink_lag_thresholds()
     for name in ("CDC_SINK_DEDUP_SECONDS", "CDC_SINK_HEARTBEAT_SECONDS"):
         sink_seconds(os.environ, name)

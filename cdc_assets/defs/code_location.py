@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from dagster import Definitions, apply_freshness_policy, colored_console_logger, in_process_executor
 
-from cdc_assets.defs.assets import current_tables, raw_binlog_batches, table_changes
-from cdc_assets.defs.assets.tables import table_specs
+from cdc_assets.core.settings import freshness_windows, table_freshness_rules, table_freshness_windows
+from cdc_assets.defs.assets import raw_binlog_batches
+from cdc_assets.defs.assets.lakehouse_tables import TableOptions, build_table_assets, readable_tables
+from cdc_assets.defs.automation import asset_owners, build_automation_sensor, capture_automation, table_automation
 from cdc_assets.defs.checks import ALL_CHECKS
 from cdc_assets.defs.continuous import build_continuous_sensor, continuous_job
 from cdc_assets.defs.examples import example_assets, example_sensors
-from cdc_assets.defs.freshness import current_freshness_policy
-from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, equality_job, snapshot_job
+from cdc_assets.defs.freshness import current_freshness_policy, freshness_policy
+from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, equality_job, new_tables_job, snapshot_job
 from cdc_assets.defs.progress import progress_logger
 from cdc_assets.defs.resources import initialized_resources, resources_from_env
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule, lag_check_schedule
-from cdc_assets.defs.sensors import build_binlog_sensor, raw_batch_sensor
+from cdc_assets.defs.sensors import build_binlog_sensor, build_new_tables_sensor, build_raw_batch_sensor
 from cdc_assets.defs.sinks import (
     build_publish_job,
     build_sink_asset,
@@ -28,33 +30,57 @@ from cdc_assets.defs.sync import repair_job, sync_job
 from cdc_assets.defs.table_checks import build_table_checks
 
 
+def engine_kinds(min_rows: int) -> tuple[str, ...]:
+    """The engines that may write the lakehouse's tables: Spark alone when every run takes it (a cluster, a Spark
+    Connect server), else Arrow and Spark (Spark from CDC_SPARK_MIN_ROWS changes on)."""
+    return ("spark",) if min_rows == 0 else ("arrow", "spark")
+
+
 def build_definitions(table_assets: bool = True) -> Definitions:
     """`table_assets=False` leaves out the per-table assets and the examples (the registry is not read): what the
-    CLI's runs resolve their jobs from, since the jobs select the partitioned assets and the runs record the
-    per-table materializations by key either way."""
+    CLI's runs resolve their jobs from, since their jobs are ops that record the per-table materializations by key."""
     # One process per run: a Spark session (a JVM), when a run needs one, is started once and shared by the steps.
     # Freshness windows come from the environment when the definitions load (CDC_FRESHNESS_*).
     policy = current_freshness_policy()
-    fresh = [a.map_asset_specs(lambda spec: apply_freshness_policy(spec, policy)) for a in (raw_binlog_batches, current_tables)]
+    owners = asset_owners()
+    resources = resources_from_env()
+    # one set of assets per captured table, from the lakehouse's table registry as it is now: a table captured later
+    # appears at the next definitions reload (README, "Operating it")
+    tables = readable_tables(initialized_resources().lakehouse.get()) if table_assets else []
+    rules = table_freshness_rules()
+    windows = {t.name: table_freshness_windows(t.name, rules) for t in tables}
+    tightest = min([freshness_windows(), *windows.values()])
+    kinds = engine_kinds(resources.transforms.min_rows)
+
+    def options_for(name: str) -> TableOptions:
+        warn, fail = windows[name]
+        return TableOptions(freshness_policy(warn, fail), table_automation(warn), owners, kinds)
+
+    raw = raw_binlog_batches.map_asset_specs(
+        lambda spec: apply_freshness_policy(
+            spec.replace_attributes(automation_condition=capture_automation(tightest[0]), owners=list(owners)),
+            freshness_policy(*tightest),
+        )
+    )
+    names = [t.name for t in tables]
     # a sink is configured when its destination is set (CDC_RABBITMQ_URL, CDC_KINESIS_STREAM)
     sinks = configured_sinks()
-    sink_assets = [build_sink_asset(s).map_asset_specs(lambda spec: apply_freshness_policy(spec, policy)) for s in sinks]
+    sink_assets = [
+        build_sink_asset(s, names).map_asset_specs(
+            lambda spec: apply_freshness_policy(spec.replace_attributes(owners=list(owners)), policy)
+        )
+        for s in sinks
+    ]
     publish_jobs = [build_publish_job(s) for s in sinks]
-    # one asset per captured table, from the lakehouse's table registry as it is now: a table captured later
-    # appears at the next definitions reload (README, "Operating it")
-    resources = resources_from_env()
-    # each with the same freshness policy (a quiet table is confirmed up to date by capture) and its own checks
-    tables = table_specs(initialized_resources().lakehouse.get()) if table_assets else []
-    tables = [apply_freshness_policy(spec, policy) for spec in tables]
-    names = [str(spec.metadata["source_table"]) for spec in tables]
     examples = example_assets(set(names))
     return Definitions(
-        assets=[fresh[0], table_changes, fresh[1], *tables, *examples, *sink_assets],
+        assets=[raw, *build_table_assets(tables, options_for), *examples, *sink_assets],
         asset_checks=[*ALL_CHECKS, *build_table_checks(names), *(build_sink_lag_check(s) for s in sinks)],
         jobs=[
             capture_job,
             apply_job,
-            build_lag_check_job([sink_lag_check_key(s) for s in sinks]),
+            new_tables_job,
+            build_lag_check_job(names, [sink_lag_check_key(s) for s in sinks]),
             snapshot_job,
             equality_job,
             continuous_job,
@@ -64,7 +90,9 @@ def build_definitions(table_assets: bool = True) -> Definitions:
         ],
         schedules=[build_capture_schedule(), lag_check_schedule, build_full_check_schedule()],
         sensors=[
-            raw_batch_sensor,
+            build_automation_sensor(),
+            build_raw_batch_sensor(),
+            build_new_tables_sensor(),
             build_binlog_sensor(),
             build_continuous_sensor(),
             *([build_sink_sensor(sinks, publish_jobs)] if sinks else []),

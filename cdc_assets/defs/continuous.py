@@ -10,12 +10,11 @@ row-for-row comparison of a large table would otherwise hold the GIL for tens of
 One check at a time; a stop waits for the one in progress (up to STOP_CHECK_WAIT_SECONDS) and records it.
 """
 
-import os
 import queue
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dagster import (
@@ -26,7 +25,6 @@ from dagster import (
     DagsterExecutionInterruptedError,
     DagsterRunStatus,
     DefaultSensorStatus,
-    MetadataValue,
     OpExecutionContext,
     RunRequest,
     RunsFilter,
@@ -41,34 +39,22 @@ from dagster import (
 from pydantic import Field
 
 from cdc_assets.core.settings import check_interval, full_check_interval
-from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata
+from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
-from cdc_assets.defs.checks import (
-    current_matches_source,
-    current_schema_matches_source,
-    lag,
-    log_comparisons,
-    schema_match,
-    table_lag,
-)
+from cdc_assets.defs.automation import continuous_mode
+from cdc_assets.defs.checks import lag, log_comparisons, schema_match
 from cdc_assets.defs.freshness import confirm_every_seconds
-from cdc_assets.defs.keys import CHANGES_ASSET, CONTINUOUS_JOB, CURRENT_ASSET, RAW_ASSET, STAGE_TAG
-from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
+from cdc_assets.defs.keys import CONTINUOUS_JOB, RAW_ASSET, STAGE_TAG, changes_asset_key, table_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
-from cdc_assets.defs.table_checks import equality_severity, equality_verdicts
+from cdc_assets.defs.table_checks import EQUALITY_CHECK, equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.runtime.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
 from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.runtime.queue import WAITING_STATUSES
 from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
-from cdc_assets.verification.consistency import ConsistentComparison
 from spark_resources.resources import TransformsResource
 
-# the batch runs' current-state checks (defs/checks.py), evaluated on a cadence
-CHECK_NAME = current_matches_source.check_key.name
-SCHEMA_CHECK_NAME = current_schema_matches_source.check_key.name
-LAG_CHECK_NAME = table_lag.check_key.name
 CONTINUOUS_SENSOR = "continuous_sensor"
 RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is being terminated
 # A run that started longer ago than the time it may wait for the locks of a batch run in progress (the
@@ -80,7 +66,7 @@ ALIVE_STATUSES = [*WAITING_STATUSES, DagsterRunStatus.STARTED, DagsterRunStatus.
 
 def continuous_on() -> bool:
     """CDC_CONTINUOUS=1: the continuous sensor starts switched on (under `make dev`)."""
-    return os.environ.get("CDC_CONTINUOUS", "").strip().lower() in ("1", "true", "yes", "on")
+    return continuous_mode()
 
 
 # Followers alive in this process, so a run whose step was interrupted outside the op (Dagster raises a pending
@@ -145,10 +131,10 @@ class _Checks:
     out={},
     description=(
         "Continuous mode: follows the binlog in one warm process (capture, then the change logs and current state of "
-        "the tables each batch touched), records each cycle as materializations of raw_binlog_batches, of the "
-        "table_changes / current_tables partitions it touched and of those tables' own current/<schema>/<table> assets, and evaluates current_matches_source, current_schema_matches_source and "
-        "table_lag every CDC_CHECK_INTERVAL_SECONDS (the tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every "
-        "table), on current_tables and on each table's own asset. Holds "
+        "the tables each batch touched), records each cycle as materializations of raw_binlog_batches and of the "
+        "touched tables' `changes/<schema>/<table>` and `current/<schema>/<table>`, and evaluates each table's "
+        "current_matches_source, current_schema_matches_source and table_lag every CDC_CHECK_INTERVAL_SECONDS (the "
+        "tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every table). Holds "
         "the capture, change-log and current-state locks for its whole life; a termination stops it between cycles."
     ),
 )
@@ -296,44 +282,17 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
 
 
 def _table_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, checks: _Checks) -> list[AssetMaterialization]:
-    """The touched tables' partitions of both layers and their own assets."""
+    """Each touched table's change log and current state."""
     checks.touched.update(cycle.tables)
-    instance = context.instance
-    _, new = with_new_tables(list(instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME)), cycle.tables)
-    if new:
-        instance.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
     changes, current = cycle.changes, cycle.current
-    batches = changes.batches if changes else []
     figures = applied_figures(cycle.tables, current.applied if current else [])
     for counts in figures.values():
         counts["cycle"] = cycle.number
-    own = table_materializations(house, figures)  # each touched table's own asset, current/<schema>/<table>
+    own = table_materializations(house, figures)  # each touched table's current/<schema>/<table>
     events = []
     for table in cycle.tables:
-        appended = changes.appended.get(table) if changes else None
-        events.append(AssetMaterialization(
-            CHANGES_ASSET,
-            partition=table,
-            metadata={
-                "batches": len(batches),
-                "first_batch": batches[0] if batches else "",
-                "last_batch": batches[-1] if batches else "",
-                "changes": appended.appended if appended else 0,
-                "inserts": appended.inserts if appended else 0,
-                "updates": appended.updates if appended else 0,
-                "deletes": appended.deletes if appended else 0,
-                "cycle": cycle.number,
-            },
-        ))
-        events.append(AssetMaterialization(
-            CURRENT_ASSET,
-            partition=table,
-            metadata={
-                **figures[table],
-                "rows_out": own[table].metadata["dagster/row_count"].value,
-                "cycle_seconds": round(cycle.seconds, 3),
-            },
-        ))
+        logged = {**changes_figures(changes, table), "cycle": cycle.number} if changes else {"changes": 0, "cycle": cycle.number}
+        events.append(AssetMaterialization(changes_asset_key(table), metadata=logged))
         events.append(own[table])
     return events
 
@@ -345,65 +304,29 @@ def _submit_check(house: Lakehouse, checks: _Checks, kind: str, tables: list[str
 
 
 def _check_answered(context: OpExecutionContext, house: Lakehouse, settings: Any, request: Request, answer: Answer) -> Iterator[AssetCheckEvaluation]:
-    """The batch runs' three current-state checks over the same tables: equality (the check process's answer), then
-    the tables' schemas and every table's lag (cheap: the source's columns, and each table's progress), each also
-    on the tables' own assets."""
+    """The batch runs' three checks of each table: equality (the check process's answer), then the tables' schemas
+    and every table's lag (cheap: the source's columns, and each table's progress)."""
+    names = request.tables or known_tables(house.store)
     if isinstance(answer.error, CheckProcessDied):  # killed, out of memory: a failed check, and the next one starts a new child
         context.log.error(f"continuous mode, {request.kind} check: {answer.error}")
-        yield AssetCheckEvaluation(
-            asset_key=CURRENT_ASSET,
-            check_name=CHECK_NAME,
-            passed=False,
-            severity=AssetCheckSeverity.ERROR,
-            description=str(answer.error),
-            metadata={"scope": request.kind, "tables": len(request.tables)},
-        )
+        for table in names:
+            yield AssetCheckEvaluation(
+                asset_key=table_asset_key(table),
+                check_name=EQUALITY_CHECK,
+                passed=False,
+                severity=AssetCheckSeverity.ERROR,
+                description=str(answer.error),
+                metadata={"scope": request.kind},
+            )
         return
     if answer.error is not None:
         raise answer.error
-    yield _equality(context, request.kind, answer.comparisons or [])
-    names = request.tables
-    for check_name, (fields, verdicts) in (
-        (SCHEMA_CHECK_NAME, schema_match(settings, house, names)),
-        (LAG_CHECK_NAME, lag(settings, house, names)),
-    ):
-        log_batch(context, verdicts)  # each table's own asset
-        fields["metadata"]["scope"] = request.kind
-        yield AssetCheckEvaluation(asset_key=CURRENT_ASSET, check_name=check_name, **fields)
-
-
-def _equality(context: OpExecutionContext, kind: str, comparisons: list[ConsistentComparison]) -> AssetCheckEvaluation:
-    """current_matches_source over the tables changed since the last check (only their keys changed since each
-    was last found equal, as after a batch apply), or every row of every table."""
-    context.log.info(f"continuous mode, {kind} check:")
-    failing = log_comparisons(context.log, comparisons)
-    log_batch(context, [v.evaluation() for v in equality_verdicts(comparisons)])  # each table's own asset
-    return AssetCheckEvaluation(
-        asset_key=CURRENT_ASSET,
-        check_name=CHECK_NAME,
-        passed=not failing,
-        severity=equality_severity(comparisons),
-        description="; ".join(failing[:5]) if failing else f"{len(comparisons)} tables equal to the source ({kind})",
-        metadata={
-            "scope": kind,
-            "tables": len(comparisons),
-            "differing": len(failing),
-            "not_compared": sum(1 for c in comparisons if c.not_compared),
-            "per_table": MetadataValue.json({str(c.table): _figures(c) for c in comparisons}),
-        },
-    )
-
-
-def _figures(comparison: ConsistentComparison) -> dict[str, Any]:
-    return {
-        "scope": comparison.scope,
-        "position": comparison.position,
-        "applied_seq": comparison.applied_seq,
-        "source_rows": comparison.source_rows,
-        "lakehouse_rows": comparison.lakehouse_rows,
-        "in_flight_keys": comparison.in_flight_keys,
-        "not_compared": comparison.not_compared,
-    }
+    context.log.info(f"continuous mode, {request.kind} check:")
+    log_comparisons(context.log, answer.comparisons or [])
+    verdicts = equality_verdicts(answer.comparisons or [])  # each says which cadence compared it
+    log_batch(context, [replace(v, metadata={**v.metadata, "cadence": request.kind}).evaluation() for v in verdicts])
+    log_batch(context, [*schema_match(settings, house, names), *lag(settings, house, names)])
+    yield from ()
 
 
 @job(

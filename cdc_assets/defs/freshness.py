@@ -11,12 +11,16 @@ from cdc_assets.core.settings import lag_thresholds as lag_thresholds
 from cdc_assets.core.settings import sink_lag_thresholds as sink_lag_thresholds
 
 
-def current_freshness_policy() -> FreshnessPolicy:
+def freshness_policy(warn_minutes: float, fail_minutes: float) -> FreshnessPolicy:
     """Warn, then fail, when the asset has not been brought (or confirmed) up to date for that long: on
-    `current_tables`, any table; on `current/<schema>/<table>`, that table (a quiet one is confirmed by capture,
-    defs/assets/tables.confirmations)."""
-    warn, fail = freshness_windows()
-    return FreshnessPolicy.time_window(fail_window=timedelta(minutes=fail), warn_window=timedelta(minutes=warn))
+    `current/<schema>/<table>`, that table (a quiet one is confirmed by capture, defs/assets/tables.confirmations)."""
+    return FreshnessPolicy.time_window(fail_window=timedelta(minutes=fail_minutes), warn_window=timedelta(minutes=warn_minutes))
+
+
+def current_freshness_policy() -> FreshnessPolicy:
+    """The windows of CDC_FRESHNESS_WARN_MINUTES / CDC_FRESHNESS_FAIL_MINUTES: every table's but those
+    CDC_FRESHNESS_TABLES gives others, and the capture's and the sinks'."""
+    return freshness_policy(*freshness_windows())
 
 
 def confirm_every_seconds() -> float:

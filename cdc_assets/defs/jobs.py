@@ -1,18 +1,16 @@
-"""Jobs: `capture` materializes the raw batches, `apply_changes` the change logs and current state of its
-tables, `check_lag` runs the lag checks alone (the sinks' jobs are in defs/sinks.py); `snapshot` loads existing rows;
-`check_equality` compares every row of every table with the source. Assets and checks are selected
-by key, so this module needs neither their modules nor the wiring around them."""
+"""Jobs: `capture` materializes the raw batches, `apply_changes` the change logs and current state of the tables a
+run selects, `check_lag` runs the tables' lag checks alone (the sinks' jobs are in defs/sinks.py); `snapshot` loads
+existing rows; `check_equality` compares every row of every table with the source. Assets and checks are selected
+by key or group, so this module needs neither their modules nor the wiring around them."""
 
 from typing import Any
 
 from dagster import (
     AssetCheckKey,
     AssetMaterialization,
-    AssetObservation,
     AssetSelection,
     Config,
     Failure,
-    MetadataValue,
     OpExecutionContext,
     define_asset_job,
     in_process_executor,
@@ -22,25 +20,30 @@ from dagster import (
 from pydantic import Field
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.assets.metadata import capture_metadata
+from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
 from cdc_assets.defs.assets.tables import table_materializations
-from cdc_assets.defs.checks import comparison_figures, log_comparisons
+from cdc_assets.defs.checks import log_comparisons, seq_uniqueness
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
-    CHANGES_ASSET,
-    CURRENT_ASSET,
+    CHANGES_TABLE_PREFIX,
+    CURRENT_TABLE_PREFIX,
     EQUALITY_JOB,
     LAG_JOB,
+    NEW_TABLES_JOB,
     RAW_ASSET,
     SNAPSHOT_JOB,
     STAGE_TAG,
+    changes_asset_key,
+    table_asset_key,
 )
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
-from cdc_assets.defs.table_checks import equality_verdicts
+from cdc_assets.defs.table_checks import LAG_CHECK, equality_verdicts
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables
 from cdc_assets.runtime.event_log import log_batch
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.stages.snapshot.run import take_snapshot
 from cdc_assets.verification.changed_keys import compare_every_row
 from spark_resources.resources import TransformsResource
@@ -57,19 +60,20 @@ capture_job = define_asset_job(
 
 apply_job = define_asset_job(
     APPLY_JOB,
-    selection=AssetSelection.assets(CHANGES_ASSET, CURRENT_ASSET),
+    selection=AssetSelection.key_prefixes([CHANGES_TABLE_PREFIX], [CURRENT_TABLE_PREFIX]),
     tags={STAGE_TAG: "apply"},
     description=(
-        "For the run's tables (one partition or a range): append new raw-batch changes to their change logs, "
-        "apply them to their current state, then check both against the source."
+        "For the tables a run selects (all of them by default): append new raw-batch changes to their change logs, "
+        "apply them to their current state, then check each table against the source. One run, however many tables."
     ),
 )
 
-def build_lag_check_job(sink_checks: list[AssetCheckKey]) -> Any:  # define_asset_job's (its class is not public)
-    """The lag checks alone: the per-table one, and each configured sink's."""
+
+def build_lag_check_job(tables: list[str], sink_checks: list[AssetCheckKey]) -> Any:  # define_asset_job's
+    """The lag checks alone: each table's, and each configured sink's."""
     return define_asset_job(
         LAG_JOB,
-        selection=AssetSelection.checks(AssetCheckKey(CURRENT_ASSET, "table_lag"), *sink_checks),
+        selection=AssetSelection.checks(*(AssetCheckKey(table_asset_key(t), LAG_CHECK) for t in tables), *sink_checks),
         tags={STAGE_TAG: "check"},
         description=(
             "Evaluates the per-table lag check (and each sink's lag check) alone, so a stopped pipeline or sink is "
@@ -108,24 +112,18 @@ def snapshot_tables(
         context.log_event(
             AssetMaterialization(RAW_ASSET, metadata=capture_metadata(report.capture, binlog.max_batch_rows))
         )
-    context.log_event(
-        AssetMaterialization(
-            CURRENT_ASSET,
-            description=f"snapshot at {report.position}",
-            metadata={
-                "snapshot_position": report.position,
-                "snapshot_seq": report.seq,
-                "tables": len(report.rows),
-                "rows": sum(report.rows.values()),
-                "per_table": MetadataValue.json(report.rows),
-                "duration_seconds": round(report.seconds, 3),
-                # what a table's history cannot know: the changes in the gap of a lakehouse begun again
-                **({"history_gaps": MetadataValue.json(report.history_gaps)} if report.history_gaps else {}),
-            },
-        )
+    context.log.info(
+        f"snapshot at {report.position}: {len(report.rows)} tables, {sum(report.rows.values())} rows in {report.seconds:.1f}s"
     )
     house = lakehouse.get()
-    figures = {table: {"snapshot_position": report.position, "snapshot_rows": rows} for table, rows in report.rows.items()}
+    figures = {
+        table: {
+            "snapshot_position": str(report.position), "snapshot_seq": report.seq, "snapshot_rows": rows,
+            # what a table's history cannot know: the changes in the gap of a lakehouse begun again
+            **({"history_gap": report.history_gaps[table]} if table in report.history_gaps else {}),
+        }
+        for table, rows in report.rows.items()
+    }  # fmt: skip
     log_batch(context, list(table_materializations(house, figures).values()))  # each loaded table's own asset
 
 
@@ -154,8 +152,6 @@ def compare_every_row_op(
     comparisons = compare_every_row(binlog.settings(), house, tables)
     failing = log_comparisons(context.log, comparisons)
     log_batch(context, [v.evaluation() for v in equality_verdicts(comparisons)])  # each table's own asset
-    metadata = {"tables": len(tables), "differing": len(failing), "per_table": MetadataValue.json(comparison_figures(comparisons))}
-    context.log_event(AssetObservation(CURRENT_ASSET, description="every row compared with the source", metadata=metadata))
     if failing:
         raise Failure(description="; ".join(failing[:5]), metadata={"differing": len(failing)})
 
@@ -168,3 +164,34 @@ def compare_every_row_op(
 )
 def equality_job() -> None:
     compare_every_row_op()
+
+
+class NewTablesConfig(Config):
+    tables: list[str] = Field(default_factory=list, description="schema.table names the definitions have no asset for.")
+
+
+@op(
+    description=(
+        "Applies the tables captured since the definitions loaded, which have no asset to select yet: their new raw "
+        "batches into their change logs, then into current state, recording each table's change log, seq check and "
+        "current state under its key. Their assets show after the next definitions reload."
+    )
+)
+def take_in_new_tables(
+    context: OpExecutionContext, config: NewTablesConfig, lakehouse: LakehouseResource, transforms: TransformsResource
+) -> None:
+    house, owner = lakehouse.get(), run_owner(context.run.run_id)
+    tables = known_tables(house.store, config.tables)
+    changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
+    unique = seq_uniqueness(house, tables)
+    log_batch(context, [*(AssetMaterialization(changes_asset_key(t), metadata=changes_figures(changes, t)) for t in tables), *unique])
+    failed = [e.description for e in unique if not e.passed]
+    if failed:
+        raise Failure(description="change_log_seq_unique failed, current state not applied: " + "; ".join(failed))
+    current = apply_pending(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
+    log_batch(context, list(table_materializations(house, applied_figures(current.tables, current.applied)).values()))
+
+
+@job(name=NEW_TABLES_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "apply"}, description=take_in_new_tables.description)
+def new_tables_job() -> None:
+    take_in_new_tables()

@@ -1,8 +1,8 @@
-"""Schedules: capture on a cron (CDC_CAPTURE_CRON, default every minute), the per-table lag check, and the
-comparison of every row with the source (CDC_FULL_CHECK_CRON, default hourly).
+"""Schedules: capture on a cron (CDC_CAPTURE_CRON, every minute when it is turned on without one), the per-table lag
+check, and the comparison of every row with the source (CDC_FULL_CHECK_CRON, default hourly).
 
-With CDC_CAPTURE_INTERVAL_SECONDS set, capture runs continuously instead (the binlog sensor, sensors.py) and
-the capture schedule starts switched off."""
+The capture schedule is the schedule mode's (defs/automation.py): running when CDC_CAPTURE_CRON is set, otherwise
+stopped, as the automation (or, with CDC_CAPTURE_INTERVAL_SECONDS, the binlog sensor) captures."""
 
 import os
 
@@ -40,11 +40,14 @@ def build_capture_schedule() -> ScheduleDefinition:
             name=CAPTURE_SCHEDULE,
             job_name=CAPTURE_JOB,
             cron_schedule=cron,
-            default_status=DefaultScheduleStatus.RUNNING if capture_interval() is None else DefaultScheduleStatus.STOPPED,
+            default_status=DefaultScheduleStatus.RUNNING
+            if os.environ.get("CDC_CAPTURE_CRON") and capture_interval() is None
+            else DefaultScheduleStatus.STOPPED,
             description=(
-                "Captures new binlog changes into raw batches on a cron (CDC_CAPTURE_CRON, default every minute). A "
-                "tick is skipped while a capture holds the lakehouse's capture lock or a capture run waits to start; "
-                "the lock also keeps apart captures started elsewhere."
+                "Schedule mode: captures new binlog changes into raw batches on a cron (CDC_CAPTURE_CRON, every "
+                "minute when turned on without it), and the raw-batch sensor applies them. Running when CDC_CAPTURE_CRON "
+                "is set; by default the automation sensor captures ahead of the tightest freshness window instead. A "
+                "tick is skipped while a capture holds the lakehouse's capture lock or a capture run waits to start."
             ),
         )(_capture_tick)
     except DagsterInvalidDefinitionError as exc:

@@ -1,10 +1,12 @@
-"""Sensors: on new raw batches, which it turns into change-log and current-state runs for exactly the tables
-the batches touched (registering tables it has not seen as partitions first); and, when
-CDC_CAPTURE_INTERVAL_SECONDS is set, on the binlog itself, capturing continuously instead of on the cron."""
+"""Sensors: on new raw batches, which it turns into one run of exactly the tables the batches touched (their change
+logs and current state, in the `apply_changes` job); and, when CDC_CAPTURE_INTERVAL_SECONDS is set, on the binlog
+itself, capturing continuously instead of on the cron. Both run in the schedule mode (CDC_CAPTURE_CRON or
+CDC_CAPTURE_INTERVAL_SECONDS set); by default Dagster's automation updates the tables (defs/automation.py)."""
 
 import time
 
 from dagster import (
+    AssetKey,
     DefaultSensorStatus,
     RunRequest,
     RunsFilter,
@@ -16,21 +18,22 @@ from dagster import (
 )
 
 from cdc_assets.capture.run import capture_lag
+from cdc_assets.defs.automation import continuous_mode, schedule_mode
 from cdc_assets.defs.freshness import confirm_every_seconds, lag_thresholds
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
-    CURRENT_ASSET,
-    PARTITION_RANGE_END_TAG,
-    PARTITION_RANGE_START_TAG,
-    PARTITION_TAG,
+    CURRENT_TABLE_PREFIX,
+    NEW_TABLES_JOB,
     RAW_ASSET,
+    changes_asset_key,
+    table_asset_key,
+    table_of_key,
 )
-from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, tables_partitions, touched_ranges, with_new_tables
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
-from cdc_assets.lake.state import load_registry, tables_behind
+from cdc_assets.lake.state import load_progress, load_registry, needs_work, tables_behind
 from cdc_assets.lake.store import ObjectStore
 from cdc_assets.runtime.queue import WAITING_STATUSES, capture_in_progress, capture_interval
 from cdc_assets.stages.follow import continuous_holder
@@ -41,45 +44,60 @@ RETRY_AFTER_SECONDS = 300  # a table left behind is requested again at most this
 SENSOR_INTERVAL_SECONDS = int(min(15, capture_interval() or 15))
 
 
-def apply_run_request(first: str, last: str, run_key: str) -> RunRequest:
-    """A run of the apply job for one table, or for a range of consecutive tables."""
-    if first == last:
-        return RunRequest(run_key=run_key, partition_key=first)
-    return RunRequest(run_key=run_key, tags={PARTITION_RANGE_START_TAG: first, PARTITION_RANGE_END_TAG: last})
+def table_keys(tables: list[str]) -> list[AssetKey]:
+    """The change log and current state of each table."""
+    return [key for t in sorted(tables) for key in (changes_asset_key(t), table_asset_key(t))]
 
 
-def _confirmation(context: SensorEvaluationContext, partitions: list[str]) -> RunRequest | None:
+def apply_run_request(tables: list[str], run_key: str) -> RunRequest:
+    """One run of the apply job for exactly `tables`."""
+    return RunRequest(run_key=run_key, asset_selection=table_keys(tables))
+
+
+def current_tables_of(keys: list[AssetKey]) -> list[str]:
+    """The tables whose current state is among `keys` (what a run of this sensor applies)."""
+    return sorted(t for k in keys if k.path[0] == CURRENT_TABLE_PREFIX and (t := table_of_key(k)) is not None)
+
+
+def _confirmation(context: SensorEvaluationContext, tables: list[str]) -> RunRequest | None:
     """A run over every table when capture keeps succeeding but no table changed for a while.
 
-    Freshness is judged by the current-state layer's last materialization; without changes to
-    apply it would go stale although it is current. After each successful capture that found the
-    source quiet, the apply job confirms every table is up to date, so freshness fails only when
-    capture itself stops.
+    Freshness is judged by each table's last materialization; without changes to apply it would go stale although
+    it is current. After each successful capture that found the source quiet, the apply job confirms every table is
+    up to date, so freshness fails only when capture itself stops.
     """
-    if not partitions:
+    if not tables:
         return None
     raw = context.instance.get_latest_materialization_event(RAW_ASSET)
-    current = context.instance.get_latest_materialization_event(CURRENT_ASSET)
-    if raw is None or (current is not None and current.timestamp >= raw.timestamp):
+    records = context.instance.get_asset_records([table_asset_key(t) for t in tables])
+    times = [r.asset_entry.last_materialization.timestamp for r in records if r.asset_entry.last_materialization]
+    current = min(times) if len(times) == len(tables) else None
+    if raw is None or (current is not None and current >= raw.timestamp):
         return None
     warn_seconds, _ = lag_thresholds()
-    if current is not None and time.time() - current.timestamp < warn_seconds / 2:
+    if current is not None and time.time() - current < warn_seconds / 2:
         return None
-    return apply_run_request(partitions[0], partitions[-1], f"confirm-current-{raw.timestamp:.3f}")
+    return apply_run_request(tables, f"confirm-current-{raw.timestamp:.3f}")
 
 
-@sensor(
-    job_name=APPLY_JOB,
-    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-    default_status=DefaultSensorStatus.RUNNING,
-    description=(
-        "Watches raw/ in the lakehouse (local or S3) for batches after its cursor (the last batch name it "
-        "handled). Registers newly seen tables as partitions of the change and current-state layers and "
-        "requests apply runs for exactly the tables those batches touched (one run per consecutive range of "
-        "table partitions). When capture succeeds but nothing changed, it confirms every table as current."
-    ),
-)
-def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
+def build_raw_batch_sensor() -> SensorDefinition:
+    """The raw-batch sensor, running in the schedule mode (read when the definitions load)."""
+    return sensor(
+        name="raw_batch_sensor",
+        job_name=APPLY_JOB,
+        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+        default_status=DefaultSensorStatus.RUNNING if schedule_mode() else DefaultSensorStatus.STOPPED,
+        description=(
+            "Schedule mode: watches raw/ in the lakehouse (local or S3) for batches after its cursor (the last batch "
+            "name it handled) and requests one run of exactly the tables those batches touched (their change logs and "
+            "current state). When capture succeeds but nothing changed, it confirms every table as current. Running "
+            "when CDC_CAPTURE_CRON or CDC_CAPTURE_INTERVAL_SECONDS is set; by default the automation sensor updates "
+            "the tables."
+        ),
+    )(raw_batches_tick)
+
+
+def raw_batches_tick(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
     house = lakehouse.get()
     store = house.store
     holder = continuous_holder(house)
@@ -88,40 +106,81 @@ def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResou
         reason = f"The continuous mode is running ({holder.describe()}) and applies every batch itself."
         return SensorResult(skip_reason=reason, cursor=names[-1] if names else context.cursor)
     names = list_batches(store, after=context.cursor or None)[:MAX_BATCHES_PER_TICK]
-    existing = list(context.instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME))
     registry = load_registry(store)
+    declared = _declared(context)
     touched: set[str] = set()
     for name in names:
         touched.update(read_manifest(store, name).tables())
-    ordered, new = with_new_tables(existing, touched | set(registry))
-    partition_requests = [tables_partitions.build_add_request(new)] if new else []
     behind = _left_behind(store, registry, context.cursor or None, touched)
-    retries = [
-        apply_run_request(first, end, f"retry:{first}..{end}:{int(time.time() // RETRY_AFTER_SECONDS)}")
-        for first, end in touched_ranges(ordered, behind)
-    ]
+    undeclared = sorted((touched | behind) - declared) if declared is not None else []
+    if undeclared:  # captured since the definitions loaded: the new-tables sensor applies them
+        context.log.info(f"{len(undeclared)} tables have no asset until the definitions reload: {', '.join(undeclared[:10])}")
+    if declared is not None:
+        touched, behind = touched & declared, behind & declared
+    retries = [apply_run_request(sorted(behind), f"retry:{int(time.time() // RETRY_AFTER_SECONDS)}")] if behind else []
     if not names:
-        confirmation = _confirmation(context, ordered) if not retries else None
-        if confirmation is None and not partition_requests and not retries:
+        tables = sorted(t for t in registry if declared is None or t in declared)
+        confirmation = _confirmation(context, tables) if not retries else None
+        if confirmation is None and not retries:
             return SkipReason(f"No raw batch after {context.cursor or 'the start'}.")
-        return SensorResult(
-            run_requests=[confirmation] if confirmation else retries, dynamic_partitions_requests=partition_requests
-        )
+        return SensorResult(run_requests=[confirmation] if confirmation else retries)
     last = names[-1]
-    waiting = _waiting_tables(context, ordered)
-    runs = [
-        apply_run_request(first, end, f"{last}:{first}..{end}")
-        for first, end in touched_ranges(ordered, touched - waiting)
-    ]
+    waiting = _waiting_tables(context)
+    wanted = sorted(touched - waiting)
+    runs = [apply_run_request(wanted, f"{last}:{len(wanted)}")] if wanted else []
     context.log.info(
-        f"{len(names)} new raw batches up to {last}: {len(touched)} tables in {len(runs)} runs"
+        f"{len(names)} new raw batches up to {last}: {len(touched)} tables in one run"
         + (f" ({len(touched & waiting)} tables left to apply runs waiting to start)" if touched & waiting else "")
         + (f"; {len(behind)} tables left behind by earlier runs requested again" if behind else "")
     )
-    return SensorResult(run_requests=runs + retries, dynamic_partitions_requests=partition_requests, cursor=last)
+    return SensorResult(run_requests=runs + retries, cursor=last)
 
 
-def _waiting_tables(context: SensorEvaluationContext, ordered: list[str]) -> set[str]:
+def build_new_tables_sensor() -> SensorDefinition:
+    """Applies the tables captured since the definitions loaded (in every mode but the continuous one, which
+    applies everything itself): they have no asset the automation or the raw-batch sensor could select."""
+
+    @sensor(
+        name="new_tables_sensor",
+        job_name=NEW_TABLES_JOB,
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.STOPPED if continuous_mode() else DefaultSensorStatus.RUNNING,
+        description=(
+            "Requests a run of apply_new_tables for the tables captured since the definitions loaded, with changes "
+            "pending: no asset of theirs can be selected until the next reload, which shows them."
+        ),
+    )
+    def new_tables_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> RunRequest | SkipReason:
+        declared = _declared(context)
+        if declared is None:
+            return SkipReason("Evaluated outside the definitions: no declared tables to compare with.")
+        house = lakehouse.get()
+        holder = continuous_holder(house)
+        if holder is not None:
+            return SkipReason(f"The continuous mode is running ({holder.describe()}) and applies every table itself.")
+        registry = load_registry(house.store)
+        new = sorted(
+            t for t in registry if t not in declared and needs_work(registry[t], load_progress(house.store, CURRENT_STAGE, t))
+        )
+        if not new:
+            return SkipReason("Every table with changes pending has its assets.")
+        if context.instance.get_runs(filters=RunsFilter(job_name=NEW_TABLES_JOB, statuses=WAITING_STATUSES), limit=1):
+            return SkipReason("A run of apply_new_tables waits to start.")
+        context.log.info(f"{len(new)} tables captured since the definitions loaded: {', '.join(new[:10])}; reload to see them")
+        return RunRequest(run_config={"ops": {"take_in_new_tables": {"config": {"tables": new}}}})
+
+    return new_tables_sensor
+
+
+def _declared(context: SensorEvaluationContext) -> set[str] | None:
+    """The tables the loaded definitions have assets for (None when the sensor runs outside them, in a test)."""
+    repository = getattr(context, "repository_def", None)
+    if repository is None:
+        return None
+    return set(current_tables_of(list(repository.asset_graph.get_all_asset_keys())))
+
+
+def _waiting_tables(context: SensorEvaluationContext) -> set[str]:
     """Tables of apply runs queued and not started yet: such a run takes in every change captured before it
     starts, so another run for them behind it would only queue up (under steady load the queue would grow)."""
     runs = context.instance.get_runs(
@@ -129,12 +188,7 @@ def _waiting_tables(context: SensorEvaluationContext, ordered: list[str]) -> set
     )
     waiting: set[str] = set()
     for run in runs:
-        tags = run.tags
-        if PARTITION_TAG in tags:
-            waiting.add(tags[PARTITION_TAG])
-        first, end = tags.get(PARTITION_RANGE_START_TAG), tags.get(PARTITION_RANGE_END_TAG)
-        if first in ordered and end in ordered:
-            waiting.update(ordered[ordered.index(first) : ordered.index(end) + 1])
+        waiting.update(current_tables_of(list(run.asset_selection or [])))
     return waiting
 
 

@@ -8,6 +8,7 @@ never capture, the stages or another sink."""
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from dagster import (
@@ -16,12 +17,13 @@ from dagster import (
     AssetCheckResult,
     AssetCheckSeverity,
     AssetExecutionContext,
+    AssetIn,
     AssetsDefinition,
     AssetSelection,
     DagsterRunStatus,
     DefaultSensorStatus,
     MaterializeResult,
-    MetadataValue,
+    Nothing,
     RunRequest,
     RunsFilter,
     SensorDefinition,
@@ -34,11 +36,12 @@ from dagster import (
     sensor,
 )
 
-from cdc_assets.defs.assets.metadata import per_table_metadata
+from cdc_assets.defs.assets.metadata import figures_table
 from cdc_assets.defs.freshness import freshness_windows, sink_lag_thresholds
-from cdc_assets.defs.keys import CHANGES_ASSET, SINK_TAG, publish_job_name, sink_asset_key
+from cdc_assets.defs.keys import RAW_ASSET, SINK_TAG, changes_asset_key, publish_job_name, sink_asset_key
 from cdc_assets.defs.resources import LakehouseResource, SinksResource
 from cdc_assets.lake.locks import read_holder, run_owner
+from cdc_assets.lake.state import known_tables
 from cdc_assets.runtime.queue import WAITING_STATUSES
 from cdc_assets.sinks.checkpoint import load_checkpoint
 from cdc_assets.sinks.lag import sink_lag
@@ -54,11 +57,16 @@ def configured_sinks() -> list[str]:
     return configured_sink_names(os.environ)
 
 
-def build_sink_asset(sink: str) -> AssetsDefinition:
+def build_sink_asset(sink: str, tables: Sequence[str] = ()) -> AssetsDefinition:
+    """The sink's asset, downstream of the change logs of `tables` (the registry's; the raw batches before any)."""
+
     @asset(
         key=sink_asset_key(sink),
         group_name="sinks",
-        deps=[CHANGES_ASSET],
+        kinds={sink},
+        # inputs named by position: names from the keys would hold a segment such as `a~20b`, no valid Dagster name
+        ins={f"changes_{i}": AssetIn(changes_asset_key(t), dagster_type=Nothing) for i, t in enumerate(tables)}
+        or {"raw_batches": AssetIn(RAW_ASSET, dagster_type=Nothing)},
         description=(
             f"Every change of the change logs its tables' globs include, published to the {sink} sink as a "
             "Debezium-style JSON message (TRUNCATE and schema changes as messages of their own), in _cdc_seq order "
@@ -90,7 +98,7 @@ def build_sink_asset(sink: str) -> AssetsDefinition:
                 "reconnects": report.reconnects,
                 "refused_records": report.refused_records,
                 "messages_since_start": report.total_messages,
-                **per_table_metadata(per_table, busiest_by="messages"),
+                "per_table": figures_table(per_table),
                 "duration_seconds": round(report.seconds, 3),
             }
         )
@@ -127,7 +135,7 @@ def build_sink_lag_check(sink: str):  # noqa: ANN201 - an AssetChecksDefinition
             metadata={
                 "lag_seconds": round(lag.seconds, 1),
                 "pending_changes": lag.pending,
-                "tables_behind": MetadataValue.json({t: round(s, 1) for t, s in sorted(lag.tables.items())}),
+                "tables_behind": figures_table({t: {"lag_seconds": round(s, 1)} for t, s in lag.tables.items()}),
                 "warn_after_seconds": warn,
                 "fail_after_seconds": fail,
             },
@@ -167,9 +175,9 @@ def _why_wait(context: SensorEvaluationContext, lakehouse: LakehouseResource, si
         ended = failed[0].end_time or failed[0].update_timestamp.timestamp()
         if now - ended < RETRY_AFTER_SECONDS:
             return f"its last publish run failed {now - ended:.0f} s ago; trying again after {RETRY_AFTER_SECONDS} s"
-    changes = instance.get_latest_materialization_event(CHANGES_ASSET)
+    changes = latest_change_log(instance, house)
     published = instance.get_latest_materialization_event(sink_asset_key(sink))
-    if changes is not None and (published is None or changes.timestamp > published.timestamp):
+    if changes is not None and (published is None or changes > published.timestamp):
         return None  # the change logs took changes in since the last publish
     settings = sinks.settings(sink)
     if settings.heartbeat_seconds > 0:
@@ -180,6 +188,14 @@ def _why_wait(context: SensorEvaluationContext, lakehouse: LakehouseResource, si
     if published is None or now - published.timestamp >= warn_minutes * 60 / 2:
         return None  # confirms the sink is current, so freshness fails only when publishing stops
     return "no new changes in the change logs since the last publish"
+
+
+def latest_change_log(instance: Any, house: Any) -> float | None:
+    """When a change log of the lakehouse was last materialized (one query for all of them), or None."""
+    keys = [changes_asset_key(t) for t in known_tables(house.store)]
+    records = instance.get_asset_records(keys) if keys else []
+    times = [r.asset_entry.last_materialization.timestamp for r in records if r.asset_entry.last_materialization]
+    return max(times, default=None)
 
 
 def sensor_interval(sinks: list[str]) -> int:

@@ -5,12 +5,11 @@ A sync used to be a run of `capture` and then one `apply_changes` run per range 
 run launches, each with its run bookkeeping, its planned-materialization events and a step per asset and per check
 (most of a small sync's time, `benchmarks/README.md`, "Fixed costs"). The tables a sync touches are known only once
 it has captured, so one partitioned asset run cannot cover them; this op calls the same stage functions the
-assets call, in the same order, and records what the asset runs record: the raw-batch materialization and the quiet
-tables' confirmations, a materialization of each touched table's `table_changes` and `current_tables` partition
-with the metadata a range run gives every partition, each table's own `current/<schema>/<table>` materialization,
-an evaluation of each asset check and each touched table's own verdicts (the blocking checks stop the run when they
-fail, as in the asset jobs), written in three batches of events (`event_log.log_batch`). The schedule and the
-sensors keep their asset jobs.
+assets call, in the same order, and records what the asset runs record: the raw-batch materialization, the source
+tables' observations and the quiet tables' confirmations, each touched table's `changes/<schema>/<table>` and
+`current/<schema>/<table>` materializations, and each touched table's check evaluations (the blocking ones stop the
+run when they fail, as in the asset jobs), written in three batches of events (`event_log.log_batch`). The
+automation, the schedule and the sensors keep their asset jobs.
 
 From the command line, a child forked before Dagster's import has usually done the capture, the stages and the checks'
 comparisons by the time the op asks (runtime/forked_capture.py, runtime/forked_stages.py): the op then records the child's
@@ -37,9 +36,9 @@ from pydantic import Field
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.run import CaptureReport, capture
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.defs.assets.changes import changes_metadata
-from cdc_assets.defs.assets.current import current_events
+from cdc_assets.defs.assets.metadata import applied_figures, changes_figures
 from cdc_assets.defs.assets.raw import capture_events
+from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.checks import (
     contiguity,
     equality,
@@ -51,8 +50,7 @@ from cdc_assets.defs.checks import (
     seq_uniqueness,
     uniqueness_of,
 )
-from cdc_assets.defs.keys import CHANGES_ASSET, CURRENT_ASSET, RAW_ASSET, REPAIR_JOB, STAGE_TAG, SYNC_JOB
-from cdc_assets.defs.partitions import TABLES_PARTITIONS_NAME, with_new_tables
+from cdc_assets.defs.keys import RAW_ASSET, REPAIR_JOB, STAGE_TAG, SYNC_JOB, changes_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
@@ -93,12 +91,12 @@ def _repaired(
     context: OpExecutionContext, settings: Any, house: Lakehouse, tables: list[str], owner: str, journal: CaptureJournal
 ) -> CaptureReport | None:
     """`cdc-lakehouse repair`'s repair of `tables` (verification/repair.py), said table by table and recorded as an
-    observation of the current state; its capture's report (up to its point, and its batch), None when it captured
-    nothing."""
+    observation of the raw batches (the repair's batch is one); its capture's report (up to its point, and its
+    batch), None when it captured nothing."""
     repaired = repair(settings, house, tables, log=context.log, owner=owner, journal=journal)
     outcome = {t.table: t.describe() for t in repaired.tables}
     context.log_event(
-        AssetObservation(CURRENT_ASSET, description="repair", metadata={"repaired": outcome, "position": repaired.position or ""})
+        AssetObservation(RAW_ASSET, description="repair", metadata={"repaired": outcome, "position": repaired.position or ""})
     )
     return repaired.capture
 
@@ -126,9 +124,9 @@ class SyncConfig(Config):
     description=(
         "cdc-lakehouse sync in one run: captures raw batches up to the binlog end as of its start (and confirms the "
         "quiet tables up to date), then appends the touched tables' changes to their change logs and applies them "
-        "to current state, and evaluates the checks of the three assets and of each touched table's own asset "
+        "to current state, and evaluates the raw batches' check and each touched table's checks "
         "(raw_batches_contiguous and change_log_seq_unique block what follows them). Records the same "
-        "materializations and check evaluations as a capture run followed by apply runs, in a few batches of events."
+        "materializations and check evaluations as a capture run followed by a run of the tables, in a few batches of events."
     ),
 )
 def sync_lakehouse(
@@ -171,13 +169,10 @@ def sync_lakehouse(
     if not contiguous.passed:
         raise _blocked(contiguous)
 
-    instance = context.instance
-    ordered, new = with_new_tables(list(instance.get_dynamic_partitions(TABLES_PARTITIONS_NAME)), known_tables(house.store))
-    if new:
-        instance.add_dynamic_partitions(TABLES_PARTITIONS_NAME, new)
+    ordered = known_tables(house.store)
     if pending is None:
         tables = pending_tables(house, ordered)
-    else:  # the child's, in partition order
+    else:  # the child's, in the lakehouse's order
         reported_tables = set(pending)
         tables = [t for t in ordered if t in reported_tables]
     if not tables:
@@ -186,15 +181,15 @@ def sync_lakehouse(
     reported = from_child("changes")
     if reported is None:
         changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
-        unique_fields = seq_uniqueness(house, known_tables(house.store, tables))
+        unique = seq_uniqueness(house, known_tables(house.store, tables))
     else:
         changes, duplicates = reported
-        unique_fields = uniqueness_of(duplicates, known_tables(house.store, tables))
-    metadata = changes_metadata(changes, tables)
-    unique = _evaluation(CHANGES_ASSET, "change_log_seq_unique", unique_fields)
-    log_batch(context, [*(AssetMaterialization(CHANGES_ASSET, partition=t, metadata=metadata) for t in tables), unique])
-    if not unique.passed:
-        raise _blocked(unique)
+        unique = uniqueness_of(duplicates, known_tables(house.store, tables))
+    logs = [AssetMaterialization(changes_asset_key(t), metadata=changes_figures(changes, t)) for t in tables]
+    log_batch(context, [*logs, *unique])
+    for evaluation in unique:
+        if not evaluation.passed:
+            raise _blocked(evaluation)
 
     reported = from_child("current")
     if reported is None:
@@ -202,31 +197,19 @@ def sync_lakehouse(
         facts = None
     else:
         current, facts = reported
-    metadata, own = current_events(house, current, facts)
+    own = table_materializations(house, applied_figures(current.tables, current.applied), facts)
     checked = known_tables(house.store, tables)
     found = from_child("checks")
     if found is None:
-        equal, equal_verdicts = equality(settings, house, checked, context.log)
-        schema, schema_verdicts = schema_match(settings, house, checked)
-        lagging, lag_verdicts = lag(settings, house, checked)
+        verdicts = [
+            *equality(settings, house, checked, context.log),
+            *schema_match(settings, house, checked),
+            *lag(settings, house, checked),
+        ]
     else:
         comparisons, problems, lags = found
-        equal, equal_verdicts = equality_of(comparisons, checked, context.log)
-        schema, schema_verdicts = schema_match_of(problems, checked)
-        lagging, lag_verdicts = lag_of(lags, checked)
-    log_batch(
-        context,
-        [
-            *(AssetMaterialization(CURRENT_ASSET, partition=t, metadata=metadata) for t in tables),
-            *own.values(),
-            _evaluation(CURRENT_ASSET, "current_matches_source", equal),
-            _evaluation(CURRENT_ASSET, "current_schema_matches_source", schema),
-            _evaluation(CURRENT_ASSET, "table_lag", lagging),
-            *equal_verdicts,
-            *schema_verdicts,
-            *lag_verdicts,
-        ],
-    )
+        verdicts = [*equality_of(comparisons, context.log), *schema_match_of(problems, checked), *lag_of(lags, checked)]
+    log_batch(context, [*own.values(), *verdicts])
     if child is not None:
         child.wait(context.log)
 

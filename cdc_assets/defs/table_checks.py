@@ -31,17 +31,20 @@ from dagster import (
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.freshness import lag_thresholds
-from cdc_assets.defs.keys import table_asset_key
+from cdc_assets.defs.keys import changes_asset_key, table_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.consistency import ConsistentComparison
+from cdc_assets.verification.integrity import duplicate_seqs
 from cdc_assets.verification.lag import table_lags
 from cdc_assets.verification.schema_match import schema_differences
 
 EQUALITY_CHECK = "current_matches_source"
 SCHEMA_CHECK = "current_schema_matches_source"
 LAG_CHECK = "table_lag"
-TABLE_CHECKS = (EQUALITY_CHECK, SCHEMA_CHECK, LAG_CHECK)
+UNIQUE_CHECK = "change_log_seq_unique"  # on each table's change log, `changes/<schema>/<table>`
+TABLE_CHECKS = (EQUALITY_CHECK, SCHEMA_CHECK, LAG_CHECK)  # on current/<schema>/<table>
 MAX_KEYS = 50  # differing keys kept in a check's metadata, per kind
 
 CHECK_DESCRIPTIONS = {
@@ -54,6 +57,10 @@ CHECK_DESCRIPTIONS = {
     LAG_CHECK: (
         "How long ago this table's oldest change not yet in its current state was committed (at least capture's "
         "lag): warns past CDC_LAG_WARN_SECONDS, fails past CDC_LAG_FAIL_SECONDS."
+    ),
+    UNIQUE_CHECK: (
+        "Each _cdc_seq is in this change log once: no row change was appended twice (a run that finds one applies "
+        "nothing to current state)."
     ),
 }
 
@@ -69,9 +76,13 @@ class TableVerdict:
     severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def asset_key(self) -> AssetKey:
+        return changes_asset_key(self.table) if self.check == UNIQUE_CHECK else table_asset_key(self.table)
+
     def evaluation(self) -> AssetCheckEvaluation:
         return AssetCheckEvaluation(
-            asset_key=table_asset_key(self.table),
+            asset_key=self.asset_key,
             check_name=self.check,
             passed=self.passed,
             severity=self.severity,
@@ -81,7 +92,7 @@ class TableVerdict:
 
     def result(self) -> AssetCheckResult:
         return AssetCheckResult(
-            asset_key=table_asset_key(self.table),
+            asset_key=self.asset_key,
             check_name=self.check,
             passed=self.passed,
             severity=self.severity,
@@ -179,18 +190,35 @@ def lag_verdicts(lags: dict[str, float], tables: Iterable[str], warn: float, fai
     return verdicts
 
 
+def uniqueness_verdicts(tables: Iterable[str], duplicates: dict[str, int]) -> list[TableVerdict]:
+    """One per change log whose seqs were counted."""
+    return [
+        TableVerdict(
+            t,
+            UNIQUE_CHECK,
+            not duplicates.get(t),
+            f"{t}: {duplicates[t]} duplicate changes" if duplicates.get(t) else f"{t}: each _cdc_seq once",
+            metadata={"duplicate_changes": duplicates.get(t, 0)},
+        )
+        for t in tables
+    ]
+
+
 def table_check_specs(tables: Iterable[str]) -> list[AssetCheckSpec]:
-    """The three checks of each table's asset."""
+    """The three checks of each table's current state, and its change log's."""
     return [
         AssetCheckSpec(name, asset=table_asset_key(t), description=CHECK_DESCRIPTIONS[name])
         for t in tables
         for name in TABLE_CHECKS
+    ] + [
+        AssetCheckSpec(UNIQUE_CHECK, asset=changes_asset_key(t), description=CHECK_DESCRIPTIONS[UNIQUE_CHECK])
+        for t in tables
     ]
 
 
 def selected_tables(selected: Iterable[AssetCheckKey], by_key: dict[AssetKey, str]) -> dict[str, list[str]]:
     """Per check name, the tables whose check of that name is selected."""
-    chosen: dict[str, list[str]] = {EQUALITY_CHECK: [], SCHEMA_CHECK: [], LAG_CHECK: []}
+    chosen: dict[str, list[str]] = {EQUALITY_CHECK: [], SCHEMA_CHECK: [], LAG_CHECK: [], UNIQUE_CHECK: []}
     for key in selected:
         if key.asset_key in by_key and key.name in chosen:
             chosen[key.name].append(by_key[key.asset_key])
@@ -206,7 +234,7 @@ def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
     if not tables:
         return []
     specs = table_check_specs(tables)
-    by_key = {table_asset_key(t): t for t in tables}
+    by_key = {table_asset_key(t): t for t in tables} | {changes_asset_key(t): t for t in tables}
     inputs = {f"table_{i}": key for i, key in enumerate(by_key)}
     outputs = {f"check_{i}": spec for i, spec in enumerate(specs)}
 
@@ -216,16 +244,20 @@ def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
         out={name: Out(Nothing, is_required=False) for name in outputs},
         required_resource_keys={"binlog", "lakehouse"},
         description=(
-            "Each table's equality, schema and lag checks on its own asset. The apply runs, check_equality, "
-            "check_lag and the continuous mode record these evaluations for the tables they compare."
+            "Each table's equality, schema and lag checks on its current state, and its change log's seq check. "
+            "A sync, check_equality and the continuous mode record these evaluations for the tables they compare."
         ),
     )
     def per_table_checks(context: OpExecutionContext) -> Iterator[AssetCheckResult]:
         binlog: BinlogResource = context.resources.binlog
         lakehouse: LakehouseResource = context.resources.lakehouse
-        chosen = selected_tables(context.selected_asset_check_keys, by_key)
-        for verdict in run_table_checks(binlog.settings(), lakehouse.get(), chosen):
-            yield verdict.result()
+        selected = context.selected_asset_check_keys
+        verdicts = run_table_checks(binlog.settings(), lakehouse.get(), selected_tables(selected, by_key))
+        # a comparison may judge other tables too (a cascade's children, a table behind): recorded, not yielded
+        log_batch(context, [v.evaluation() for v in verdicts if AssetCheckKey(v.asset_key, v.check) not in selected])
+        for verdict in verdicts:
+            if AssetCheckKey(verdict.asset_key, verdict.check) in selected:
+                yield verdict.result()
 
     return [
         AssetChecksDefinition.create(
@@ -242,6 +274,8 @@ def run_table_checks(settings: Any, house: Any, chosen: dict[str, list[str]]) ->
         verdicts += equality_verdicts(compare_changed(settings, house, tables))
     if chosen[SCHEMA_CHECK]:
         verdicts += schema_verdicts(chosen[SCHEMA_CHECK], schema_differences(settings, house, chosen[SCHEMA_CHECK]))
+    if chosen[UNIQUE_CHECK]:
+        verdicts += uniqueness_verdicts(chosen[UNIQUE_CHECK], duplicate_seqs(house, chosen[UNIQUE_CHECK]))
     if chosen[LAG_CHECK]:
         now = time.time()
         warn, fail = lag_thresholds()

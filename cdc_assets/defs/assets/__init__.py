@@ -1,14 +1,6 @@
-"""The three layers as software-defined assets: raw batches -> per-table changes -> current state."""
+"""The pipeline as software-defined assets: the raw batches (capture), then each table's source, change log and
+current state (`lakehouse_tables`)."""
 
-import warnings
+from cdc_assets.defs.assets.raw import raw_binlog_batches
 
-from dagster import BetaWarning
-
-# Single-run backfills over many tables are what we want from the UI; Dagster flags the parameter as beta.
-warnings.filterwarnings("ignore", category=BetaWarning, message=".*backfill_policy.*")
-
-from cdc_assets.defs.assets.changes import table_changes  # noqa: E402
-from cdc_assets.defs.assets.current import current_tables  # noqa: E402
-from cdc_assets.defs.assets.raw import raw_binlog_batches  # noqa: E402
-
-__all__ = ["current_tables", "raw_binlog_batches", "table_changes"]
+__all__ = ["raw_binlog_batches"]

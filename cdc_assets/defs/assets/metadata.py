@@ -1,25 +1,68 @@
-"""Materialization metadata: a capture's figures, and per-table figures kept small (Dagster stores a range run's
-metadata again with the materialization of every partition in the range, so 200 tables' details would be stored
-200 times)."""
+"""Materialization metadata: a capture's figures, each table's figures on its own assets, and figures of several
+tables as a table the UI shows as one (`figures_table`), not a JSON blob."""
 
 from __future__ import annotations
 
-from dagster import MetadataValue
+from collections.abc import Mapping
+from typing import Any
+
+from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from cdc_assets.capture.run import CaptureReport
+from cdc_assets.stages.changes.plan import ChangesReport
 from cdc_assets.stages.current.apply import ApplyResult
 
-PER_TABLE_SHOWN = 25
+ROWS_SHOWN = 200  # rows of a figures table; the rest are counted in its last row
 
 
-def per_table_metadata(per_table: dict[str, dict[str, int | None]], busiest_by: str) -> dict[str, object]:
-    """`per_table` for at most PER_TABLE_SHOWN tables, those with the highest `busiest_by`, and how many more."""
-    ranked = sorted(per_table.items(), key=lambda item: (-(item[1][busiest_by] or 0), item[0]))
-    shown = dict(sorted(ranked[:PER_TABLE_SHOWN]))
-    metadata: dict[str, object] = {"per_table": MetadataValue.json(shown)}
-    if len(per_table) > len(shown):
-        metadata["per_table_not_shown"] = len(per_table) - len(shown)
-    return metadata
+def _cell(value: Any) -> str | int | float | bool | None:
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def _kind(values: list[Any]) -> str:
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        return "bool"
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return "int"
+    if present and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present):
+        return "float"
+    return "string"
+
+
+def figures_table(rows: Mapping[str, Mapping[str, Any]], first: str = "table") -> MetadataValue:
+    """Figures by name (a table, a check) as a Dagster table: a column `first` with the name, then a column per
+    figure in the order they come. At most ROWS_SHOWN rows, in name order."""
+    columns: list[str] = []
+    for figures in rows.values():
+        columns += [c for c in figures if c not in columns]
+    names = sorted(rows)
+    shown = names[:ROWS_SHOWN]
+    records = [TableRecord({first: name, **{c: _cell(rows[name].get(c)) for c in columns}}) for name in shown]
+    if len(names) > len(shown):
+        records.append(TableRecord({first: f"… and {len(names) - len(shown)} more"}))
+    schema = TableSchema(
+        columns=[
+            TableColumn(first, "string"),
+            *(TableColumn(c, _kind([_cell(rows[n].get(c)) for n in shown])) for c in columns),
+        ]
+    )
+    return MetadataValue.table(records, schema)
+
+
+def changes_figures(report: ChangesReport, table: str) -> dict[str, object]:
+    """One table's figures of a change-log run, for its `changes/<schema>/<table>` materialization."""
+    r = report.appended.get(table)
+    return {
+        "changes": r.appended if r else 0,
+        "inserts": r.inserts if r else 0,
+        "updates": r.updates if r else 0,
+        "deletes": r.deletes if r else 0,
+        "batches": len(report.batches),
+        "last_batch": report.batches[-1] if report.batches else "",
+    }
 
 
 def applied_figures(tables: list[str], applied: list[ApplyResult]) -> dict[str, dict[str, int]]:
@@ -44,7 +87,7 @@ def capture_metadata(report: CaptureReport, max_batch_rows: int | None = None) -
         "batches": len(report.batches),
         "events": report.events,
         "rows": report.rows,
-        "tables": MetadataValue.json(report.tables),
+        "tables": MetadataValue.md(", ".join(f"`{t}`" for t in report.tables) or "none"),
         "table_count": len(report.tables),
         "bytes": report.bytes,
         "transactions": sum(b.transactions for b in report.batches),

@@ -4,14 +4,14 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from dagster import AssetExecutionContext, AssetMaterialization, MaterializeResult, asset
+from dagster import AssetExecutionContext, AssetMaterialization, AssetObservation, MaterializeResult, asset
 
 from cdc_assets.capture.run import CaptureReport, capture
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.assets.metadata import capture_metadata
 from cdc_assets.defs.assets.tables import confirmations
 from cdc_assets.defs.freshness import confirm_every_seconds
-from cdc_assets.defs.keys import RAW_ASSET
+from cdc_assets.defs.keys import RAW_ASSET, source_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.store import Lakehouse
@@ -21,11 +21,13 @@ from cdc_assets.runtime.event_log import log_batch
 @asset(
     key=RAW_ASSET,
     group_name="capture",
+    kinds={"mysql", "parquet"},
     description=(
-        "Immutable raw binlog batches under raw/: everything committed from the checkpoint to the binlog end "
-        "as of the run's start, cut at transaction boundaries. Advances the checkpoint in _state/. Then confirms "
-        "the quiet tables up to date: a materialization of each current/<schema>/<table> with no change pending "
-        "through the new checkpoint and none for a quarter of the freshness warn window, so its freshness holds."
+        "Immutable raw binlog batches under `raw/`: everything committed from the checkpoint to the binlog end "
+        "as of the run's start, cut at transaction boundaries. Advances the checkpoint in `_state/`, and records an "
+        "observation of each source table it read changes of. Then confirms the quiet tables up to date: a "
+        "materialization of each `current/<schema>/<table>` with no change pending through the new checkpoint and "
+        "none for a quarter of the freshness warn window, so its freshness holds."
     ),
 )
 def raw_binlog_batches(
@@ -58,4 +60,25 @@ def capture_events(
         log.warning(f"no table confirmed up to date: {exc}")
         confirmed = []
     count = sum(isinstance(e, AssetMaterialization) for e in confirmed)
-    return {**capture_metadata(report, max_batch_rows), "tables_confirmed_up_to_date": count}, confirmed
+    return {**capture_metadata(report, max_batch_rows), "tables_confirmed_up_to_date": count}, [
+        *source_observations(report),
+        *confirmed,
+    ]
+
+
+def source_observations(report: CaptureReport) -> list[AssetObservation]:
+    """An observation of each source table the capture read changes of, `mysql/<schema>/<table>`: the binlog
+    position read up to and the last batch holding its changes (its data version: a new one only when it changed)."""
+    last: dict[str, str] = {}
+    for batch in report.batches:
+        for table in batch.tables():
+            last[table] = batch.name
+    end = str(report.end)
+    return [
+        AssetObservation(
+            source_asset_key(table),
+            metadata={"binlog_position": end, "last_batch": name},
+            tags={"dagster/data_version": name},
+        )
+        for table, name in sorted(last.items())
+    ]

@@ -1,38 +1,31 @@
-"""One asset per captured table, `current/<schema>/<table>`, so a downstream asset can depend on one table.
-
-The partitioned `current_tables` asset stays the engine: its runs (and the continuous mode, and snapshots) apply
-many tables at once and record, for each table they took in, a materialization of that table's own asset with
-Dagster's table metadata. The per-table assets are declared from the lakehouse's table registry when the
-definitions load, so a table captured since shows up at the next definitions reload.
-"""
+"""What each table's current-state asset, `current/<schema>/<table>`, records: Dagster's table metadata (column
+schema, row count, table name, where it lives) read from its Delta log, the run's figures beside it, and the
+confirmations that a quiet table is up to date. The assets themselves are `lakehouse_tables.py`'s; the sync job,
+the continuous mode and snapshots record the same materializations."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
     AssetMaterialization,
-    AssetSpec,
     MetadataValue,
     TableColumn,
     TableColumnConstraints,
     TableSchema,
-    get_dagster_logger,
 )
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
-from cdc_assets.defs.keys import CHANGES_ASSET, table_asset_key
+from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.defs.table_checks import EQUALITY_CHECK, LAG_CHECK, SCHEMA_CHECK
 from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
-from cdc_assets.lake.state import known_tables, load_progress, load_registry, needs_work
+from cdc_assets.lake.state import load_progress, load_registry, needs_work
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.lake.table_facts import Column, TableFacts, delta_columns, table_facts
 
-CURRENT_TABLE_GROUP = "current"
 META_PREFIX = "_cdc_"
 DATA_VERSION_TAG = "dagster/data_version"  # Dagster's tag; unchanged data keeps its version (no downstream rerun)
 # what a confirmation carries over from the table's last materialization: its table metadata, not a run's figures
@@ -48,71 +41,9 @@ TABLE_METADATA_KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class CapturedTable:
-    """A table of the lakehouse's registry, where its current state lives, and the seq of the DROP that removed
-    it from the source (None while it exists)."""
-
-    name: str
-    location: str
-    dropped_seq: int | None = None
-
-
-def captured_tables(house: Lakehouse) -> list[CapturedTable]:
-    """Every table the registry knows; a table without current state is read for a DROP (a few reads, not one per
-    table: the tables present come from one listing of current/)."""
-    present = {str(t) for t in house.tables(CURRENT)}
-
-    def entry(name: str) -> CapturedTable:
-        location = house.table_uri(CURRENT, TableRef.parse(name))
-        if name in present:
-            return CapturedTable(name, location)
-        progress = load_progress(house.store, CURRENT_STAGE, name)
-        return CapturedTable(name, location, progress.dropped_seq if progress.present is False else None)
-
-    return for_each_table(known_tables(house.store), entry)
-
-
 def table_name(table: str) -> str:
     """`dagster/table_name`: the layer and the table, `current.shop.orders`."""
     return f"{CURRENT}.{table}"
-
-
-def table_spec(table: CapturedTable) -> AssetSpec:
-    dropped = table.dropped_seq is not None
-    description = f"Current state of {table.name} (Delta, {table.location}): one row per source row, its columns plus _cdc_seq and _cdc_commit_ts."
-    if dropped:
-        description = (
-            f"DROPPED: {table.name} was dropped from the source (_cdc_seq {table.dropped_seq}); its current state is gone. "
-            + description
-        )
-    return AssetSpec(
-        key=table_asset_key(table.name),
-        group_name=CURRENT_TABLE_GROUP,
-        deps=[CHANGES_ASSET],
-        description=description,
-        kinds={"delta"},
-        metadata={
-            "dagster/table_name": table_name(table.name),
-            "source_table": table.name,
-            "delta_location": MetadataValue.path(table.location),
-            "dropped": dropped,
-            **({"dropped_seq": table.dropped_seq} if dropped else {}),
-        },
-    )
-
-
-def table_specs(house: Lakehouse) -> list[AssetSpec]:
-    """A spec per table the lakehouse has captured; none when the lakehouse cannot be read now (the pipeline's own
-    assets still load, and the next reload lists the tables)."""
-    try:
-        tables = captured_tables(house)
-    except Exception as exc:  # an unreachable S3 or a corrupt registry must not take the code location down
-        get_dagster_logger().warning(
-            f"per-table assets left out: the table registry of {house} could not be read ({exc})"
-        )
-        return []
-    return [table_spec(t) for t in tables]
 
 
 def column_schema(schema: Any) -> TableSchema:

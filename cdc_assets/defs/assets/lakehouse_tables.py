@@ -1,0 +1,252 @@
+"""Every captured table as assets of its own, as Dagster's ingestion integrations (dagster-sling, dagster-dlt) give
+them: the source table `mysql/<schema>/<table>` (external, observed by capture), its change log
+`changes/<schema>/<table>` and its current state `current/<schema>/<table>`.
+
+The change logs and current states are one `multi_asset` with `can_subset=True` (`lakehouse_tables`): a run
+materializes the tables selected, in one step that calls the stages once for all of them (the change-log stage,
+then the current-state stage), so three tables picked in the UI are one run that applies exactly those three, and
+200 tables due at once are one run, not 200. The sync job, the continuous mode and snapshots call the same stage
+functions and record materializations under the same keys.
+
+The specs come from the lakehouse's table registry when the definitions load, so a table captured since has no asset
+until the next reload; the new-tables sensor applies those meanwhile (job `apply_new_tables`), recording their
+materializations under their keys, so none waits for a reload to be applied.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    AssetIn,
+    AssetKey,
+    AssetMaterialization,
+    AssetOut,
+    AssetsDefinition,
+    AssetSpec,
+    AutomationCondition,
+    DataVersion,
+    Failure,
+    FreshnessPolicy,
+    MaterializeResult,
+    MetadataValue,
+    Nothing,
+    get_dagster_logger,
+    multi_asset,
+)
+
+from cdc_assets.core.names import TableRef
+from cdc_assets.core.parallel import for_each_table
+from cdc_assets.defs.assets.metadata import applied_figures, changes_figures
+from cdc_assets.defs.assets.tables import DATA_VERSION_TAG, table_materializations, table_name
+from cdc_assets.defs.keys import RAW_ASSET, TABLES_ASSETS, changes_asset_key, source_asset_key, table_asset_key
+from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
+from cdc_assets.lake.locks import run_owner
+from cdc_assets.lake.state import known_tables, load_progress
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.run import apply_pending
+from cdc_assets.verification.integrity import duplicate_seqs
+from spark_resources.resources import TransformsResource
+
+SOURCES_GROUP = "sources"
+CHANGES_GROUP = "changes"
+CURRENT_GROUP = "current"
+
+
+@dataclass(frozen=True)
+class CapturedTable:
+    """A table of the lakehouse's registry, where its change log and current state live, and the seq of the DROP
+    that removed it from the source (None while it exists)."""
+
+    name: str
+    location: str
+    changes_location: str = ""
+    dropped_seq: int | None = None
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """What the definitions give each table's assets: its freshness policy and the automation derived from it
+    (None when another mode updates the tables), the owners, and the engine kinds of the lakehouse's assets."""
+
+    freshness: FreshnessPolicy | None = None
+    automation: AutomationCondition | None = None
+    owners: tuple[str, ...] = ()
+    engine_kinds: tuple[str, ...] = ("arrow",)
+
+
+def captured_tables(house: Lakehouse) -> list[CapturedTable]:
+    """Every table the registry knows; a table without current state is read for a DROP (a few reads, not one per
+    table: the tables present come from one listing of current/)."""
+    present = {str(t) for t in house.tables(CURRENT)}
+
+    def entry(name: str) -> CapturedTable:
+        ref = TableRef.parse(name)
+        location, changes = house.table_uri(CURRENT, ref), house.table_uri(CHANGES, ref)
+        if name in present:
+            return CapturedTable(name, location, changes)
+        progress = load_progress(house.store, CURRENT_STAGE, name)
+        return CapturedTable(name, location, changes, progress.dropped_seq if progress.present is False else None)
+
+    return for_each_table(known_tables(house.store), entry)
+
+
+def readable_tables(house: Lakehouse) -> list[CapturedTable]:
+    """The registry's tables; none when the lakehouse cannot be read now (the pipeline's own assets still load, and
+    the next reload lists the tables)."""
+    try:
+        return captured_tables(house)
+    except Exception as exc:  # an unreachable S3 or a corrupt registry must not take the code location down
+        get_dagster_logger().warning(f"per-table assets left out: the table registry of {house} could not be read ({exc})")
+        return []
+
+
+def source_spec(table: CapturedTable, owners: tuple[str, ...]) -> AssetSpec:
+    return AssetSpec(
+        key=source_asset_key(table.name),
+        group_name=SOURCES_GROUP,
+        kinds={"mysql"},
+        owners=list(owners),
+        description=(
+            f"The source table `{table.name}` on the MySQL or MariaDB server. External: the pipeline reads it from the "
+            "binlog, never writes it; each capture that reads a change of it records an observation with the binlog "
+            "position it has read up to."
+        ),
+        metadata={"source_table": table.name},
+    )
+
+
+def changes_spec(table: CapturedTable, options: TableOptions) -> AssetSpec:
+    return AssetSpec(
+        key=changes_asset_key(table.name),
+        group_name=CHANGES_GROUP,
+        deps=[source_asset_key(table.name), RAW_ASSET],
+        kinds={"delta", *options.engine_kinds},
+        owners=list(options.owners),
+        automation_condition=options.automation,
+        skippable=True,
+        description=(
+            f"The change log of `{table.name}` (Delta): one row per row change with `_cdc_op`, `_cdc_seq`, "
+            "`_cdc_commit_ts`, `_cdc_gtid`, `_cdc_batch` and the before-image, from every raw batch it has not "
+            "taken in yet. Materialized with the table's current state."
+        ),
+        metadata={"dagster/table_name": f"{CHANGES}.{table.name}", "source_table": table.name, "delta_location": MetadataValue.path(table.changes_location)},
+    )
+
+
+def current_spec(table: CapturedTable, options: TableOptions) -> AssetSpec:
+    dropped = table.dropped_seq is not None
+    description = (
+        f"The current state of `{table.name}` (Delta): one row per source row, its columns plus `_cdc_seq` and "
+        "`_cdc_commit_ts`, kept up to date from the change log. Materializing it takes in the raw batches captured "
+        "so far (its change log too) and applies them."
+    )
+    if dropped:
+        description = f"DROPPED: `{table.name}` was dropped from the source (`_cdc_seq` {table.dropped_seq}); its current state is gone. " + description
+    return AssetSpec(
+        key=table_asset_key(table.name),
+        group_name=CURRENT_GROUP,
+        deps=[changes_asset_key(table.name)],
+        kinds={"delta", *options.engine_kinds},
+        owners=list(options.owners),
+        automation_condition=options.automation,
+        freshness_policy=options.freshness,
+        skippable=True,
+        description=description,
+        metadata={
+            "dagster/table_name": table_name(table.name),
+            "source_table": table.name,
+            "delta_location": MetadataValue.path(table.location),
+            "dropped": dropped,
+            **({"dropped_seq": table.dropped_seq} if dropped else {}),
+        },
+    )
+
+
+def build_table_assets(tables: list[CapturedTable], options_for: Any) -> list[AssetSpec | AssetsDefinition]:
+    """The source specs and the one subsettable multi-asset over every table's change log and current state;
+    `options_for(table name)` gives each table's TableOptions."""
+    if not tables:
+        return []
+    options = {t.name: options_for(t.name) for t in tables}
+    by_key: dict[AssetKey, str] = {}
+    outs: dict[str, AssetOut] = {}
+    ins: dict[str, AssetIn] = {"raw_batches": AssetIn(RAW_ASSET, dagster_type=Nothing)}
+    deps: dict[str, set[AssetKey]] = {}
+    # inputs and outputs named by position: Dagster's names from keys would hold a segment such as `a~20b`,
+    # which is not a valid Dagster name
+    for i, t in enumerate(tables):
+        changes, current = changes_spec(t, options[t.name]), current_spec(t, options[t.name])
+        by_key[changes.key] = by_key[current.key] = t.name
+        for name, spec in ((f"changes_{i}", changes), (f"current_{i}", current)):
+            outs[name] = AssetOut.from_spec(spec.replace_attributes(deps=[]), dagster_type=Nothing, is_required=False)
+            deps[name] = {dep.asset_key for dep in spec.deps}
+        ins[f"source_{i}"] = AssetIn(source_asset_key(t.name), dagster_type=Nothing)
+
+    @multi_asset(
+        name=TABLES_ASSETS,
+        outs=outs,
+        ins=ins,
+        internal_asset_deps=deps,
+        can_subset=True,
+        description=(
+            "Takes the selected tables' new raw batches into their change logs, checks them, and applies them to their "
+            "current state: one step for every table selected, however many."
+        ),
+    )
+    def lakehouse_tables(
+        context: AssetExecutionContext, lakehouse: LakehouseResource, transforms: TransformsResource
+    ) -> Iterator[MaterializeResult]:
+        selected = context.selected_asset_keys
+        current = sorted({by_key[k] for k in selected if k.path[0] == CURRENT_GROUP})
+        tables = sorted({by_key[k] for k in selected} | set(current))
+        yield from apply_tables(context, lakehouse.get(), transforms, tables, current, selected)
+
+    return [*(source_spec(t, options[t.name].owners) for t in tables), lakehouse_tables]
+
+
+def apply_tables(
+    context: AssetExecutionContext,
+    house: Lakehouse,
+    transforms: TransformsResource,
+    tables: list[str],
+    current: list[str],
+    selected: Any,
+) -> Iterator[MaterializeResult]:
+    """The change logs of `tables`, their seqs checked (a duplicate stops the run), then the current state of
+    `current`: a
+    materialization of each key selected, and an event of each other key the run wrote (the change log of a table
+    selected by its current state alone, a rename's other side)."""
+    owner = run_owner(context.run.run_id)
+    changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
+    for table in tables:
+        key = changes_asset_key(table)
+        metadata = changes_figures(changes, table)
+        if key in selected:
+            yield MaterializeResult(asset_key=key, metadata=metadata)
+        else:
+            context.log_event(AssetMaterialization(key, metadata=metadata))
+    duplicates = duplicate_seqs(house, tables)  # change_log_seq_unique, blocking: nothing applied past a duplicate
+    if duplicates:
+        raise Failure(
+            description="change_log_seq_unique failed, current state not applied: "
+            + ", ".join(f"{t}: {n} duplicate changes" for t, n in duplicates.items())
+        )
+    if not current:
+        return
+    report = apply_pending(house, transforms.for_changes, tables=current, log=context.log, owner=owner)
+    own = table_materializations(house, applied_figures(report.tables, report.applied))
+    for table, event in own.items():
+        key = table_asset_key(table)
+        if key in selected:
+            version = (event.tags or {}).get(DATA_VERSION_TAG)
+            yield MaterializeResult(
+                asset_key=key,
+                metadata=dict(event.metadata),
+                data_version=DataVersion(version) if version else None,
+            )
+        else:  # a rename's other side
+            context.log_event(event)
