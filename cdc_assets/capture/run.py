@@ -31,6 +31,7 @@ from cdc_assets.lake.raw_batches import (
     BatchManifest,
     RawBatch,
     archive_earlier_batches,
+    archived_chain_starts,
     archived_last_seq,
     batch_exists,
     read_manifest,
@@ -261,6 +262,10 @@ class _Capture:
         written, so a capture killed before it begins again at the same seq."""
         lakehouse = self.lakehouse
         store = lakehouse.store
+        if start.batch_name() in archived_chain_starts(store):
+            # the binlog read again from where an earlier chain began (its state lost, not its binlog): the same
+            # changes get the same seqs, which every layer already holds, so each is taken in once
+            return FIRST_SEQ
         last = archived_last_seq(store)
         for table in lakehouse.tables(HISTORY):
             last = max(last, max_seq(lakehouse.open(HISTORY, table), HISTORY_SEQ_KEY) or 0)

@@ -250,6 +250,18 @@ def archived_last_seq(store: ObjectStore) -> int:
     return max(seqs, default=0)
 
 
+def archived_chain_starts(store: ObjectStore) -> set[str]:
+    """The name of each archived chain's first batch (names sort in binlog order): where each earlier lakehouse's
+    capture began."""
+    suffix = f"/{MANIFEST_FILE}"
+    first: dict[str, str] = {}  # archive folder -> the name of its first batch
+    for key in store.list_keys(ARCHIVE):
+        parts = key.split("/")
+        if len(parts) == 4 and key.endswith(suffix):
+            first[parts[1]] = min(first.get(parts[1], parts[2]), parts[2])
+    return set(first.values())
+
+
 def batch_exists(store: ObjectStore, name: str) -> bool:
     """Whether the batch is visible (its manifest, written last, is there)."""
     return store.exists(_key(name, MANIFEST_FILE))
