@@ -77,11 +77,15 @@ def key_images(changes: pa.Table, shape: TableShape) -> pa.Table:
 
 def newest_per_key(images: pa.Table) -> pa.Table:
     """Of `key_images` (every image of each key present), the newest per key: the seq decides, as it orders every
-    change of a table. Returns the images without `_cdc_k`."""
-    newest = images.group_by(KEY_COLUMN, use_threads=False).aggregate([("_cdc_seq", "max")])
+    change of a table. Returns the images without `_cdc_k`, in their order. The join is of the keys, seqs and row
+    numbers only: Acero joins no list column (a VECTOR)."""
+    slim = pa.table(
+        {KEY_COLUMN: images.column(KEY_COLUMN), "_cdc_seq": images.column("_cdc_seq"), _ROW: np.arange(images.num_rows)}
+    )
+    newest = slim.group_by(KEY_COLUMN, use_threads=False).aggregate([("_cdc_seq", "max")])
     newest = newest.rename_columns([KEY_COLUMN, "_cdc_seq"])
-    latest = images.join(newest, keys=[KEY_COLUMN, "_cdc_seq"], join_type="inner", use_threads=False)
-    return latest.select([n for n in images.column_names if n != KEY_COLUMN])
+    rows = whole(slim.join(newest, keys=[KEY_COLUMN, "_cdc_seq"], join_type="inner", use_threads=False).column(_ROW))
+    return images.take(rows.take(pc.sort_indices(rows))).drop_columns([KEY_COLUMN])
 
 
 def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) -> pa.Table:
