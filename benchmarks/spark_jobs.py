@@ -25,8 +25,9 @@ READER_SERVER_ID = 4444
 
 
 def jobs_so_far(spark: Any) -> int:
-    """Every job the application has run (status tracker: jobs of no job group, which ours all are)."""
-    return len(spark.sparkContext.statusTracker().getJobIdsForGroup(None))
+    """Every job the application has run (status tracker: jobs of no job group, which ours all are, are numbered from
+    0 as they start; it keeps only the newest thousand, so the highest number counts them)."""
+    return max(spark.sparkContext.statusTracker().getJobIdsForGroup(None), default=-1) + 1
 
 
 def measured(tables: int, rows_per_table: int, oltp: int, spark: Any, work: Path) -> list[tuple[str, int, float]]:
