@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.workloads import SCHEMA, fresh_server, mixed_tables, more_oltp, remove_work
+from benchmarks.workloads import BENCH_DIR, SCHEMA, fresh_server, mixed_tables, more_oltp, remove_work
 
 READER_SERVER_ID = 4444
 
@@ -39,7 +39,7 @@ def measured(tables: int, rows_per_table: int, oltp: int, spark: Any, work: Path
     from cdc_assets.stages.current.run import apply_pending
     from spark_resources.engine import Transforms
 
-    server = fresh_server(work / f"server-{tables}")
+    server = fresh_server(BENCH_DIR / f"spark-jobs-{tables}")  # stopped when the benchmark ends (atexit)
     mixed_tables(server, tables, rows_per_table, oltp)
     settings = SourceSettings(MySQLUrl.parse(server.reader_url()), READER_SERVER_ID, TableFilter((f"{SCHEMA}.*",)))
     lakehouse = Lakehouse(str(work / f"lakehouse-{tables}"))
