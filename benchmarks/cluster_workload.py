@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.memory import watch
-from benchmarks.spark_cluster import _cluster_pids
+from benchmarks.spark_cluster import cluster_pids
 from benchmarks.workloads import BENCH_DIR, CLI, SCHEMA, fresh_server, mixed_tables, more_oltp, remove_work
 from cdc_assets.local_source.processes import free_port
 from cdc_assets.local_spark import cluster as spark_cluster
@@ -66,7 +66,7 @@ def main() -> None:
             name: {**base, **extra, "CDC_LAKEHOUSE": str(work / name), "DAGSTER_HOME": str(work / f"{name}-dh")}
             for name, extra in engines.items()
         }
-        beside = _cluster_pids(state)
+        beside = cluster_pids(state)
         seconds: dict[str, dict[str, float]] = {name: {} for name in engines}
         for round_name in ("from empty", "incremental"):
             if round_name == "incremental":

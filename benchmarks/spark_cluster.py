@@ -35,12 +35,12 @@ READER_SERVER_ID = 4244
 NO_SPARK = str(10**15)  # CDC_SPARK_MIN_ROWS that keeps every run on Arrow
 
 
-def _cluster_pids(state_dir: Path) -> list[int]:
+def cluster_pids(state_dir: Path) -> list[int]:
     return [int(p) for p in (state_dir / "pids").read_text().split()]
 
 
 def _run(env: dict[str, str], state_dir: Path | None, *args: str) -> Watched:
-    done = watch([CLI, *args], env, beside=_cluster_pids(state_dir) if state_dir else ())
+    done = watch([CLI, *args], env, beside=cluster_pids(state_dir) if state_dir else ())
     if done.code != 0:
         raise SystemExit(f"cdc-lakehouse {' '.join(args)} failed:\n{done.out[-2000:]}{done.err[-3000:]}")
     return done

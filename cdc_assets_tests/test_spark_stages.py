@@ -9,12 +9,12 @@ import pytest
 
 from cdc_assets.capture.run import capture
 from cdc_assets.core.names import TableRef
+from cdc_assets.lake import delta
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.source import server as source
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv, on_spark
-from spark_resources import files_job
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_run_of_many_tables_costs_as_many_spark_jobs_as_a_run_of_two(
     on a few hundred tables. Two new tables, then twenty (keyed and keyless, one TRUNCATEd), each run pinned to
     Spark, with every table's files due for compaction: every stage takes the same number of jobs, and the lakehouse
     equals the source."""
-    monkeypatch.setattr(files_job, "SMALL_FILES_BEFORE_COMPACTION", 1)  # every table written to is compacted too
+    monkeypatch.setattr(delta, "SMALL_FILES_BEFORE_COMPACTION", 1)  # every table written to is compacted too
     settings = source.source_settings_from_env()
     engine = on_spark(lambda: spark)
     jobs: dict[int, dict[str, int]] = {}

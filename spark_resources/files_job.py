@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
-from cdc_assets.lake.delta import SMALL_FILES_BEFORE_COMPACTION, max_seq
+from cdc_assets.lake.delta import max_seq, small_files
 from cdc_assets.lake.files import (
     FILE_ACTION_SCHEMA,
     FileAccess,
@@ -76,20 +76,15 @@ def compact_tables(
     lakehouse: Lakehouse, spark: SparkSession, layer: str, tables: list[TableRef], target_bytes: int, seq_key: str
 ) -> list[TableRef]:
     """`lake.delta.compact_small_files` for many tables in one Spark job (a job per table would cost Spark's fixed
-    overhead once per table): each table's small files (once there are SMALL_FILES_BEFORE_COMPACTION of them)
-    rewritten by tasks as files of about `target_bytes`, then each table's swap committed here, side by side, as a
-    change of layout, not of data. Returns the tables compacted."""
+    overhead once per table): each table's small files (`lake.delta.small_files`) rewritten by tasks as files of
+    about `target_bytes`, then each table's swap committed here, side by side, as a change of layout, not of data.
+    Returns the tables compacted."""
     due = []
     for table, existing in zip(tables, for_each_table(tables, lambda t: lakehouse.open(layer, t)), strict=True):
         if existing is None:
             continue
-        actions = pa.table(existing.get_add_actions(flatten=True))
-        small = [
-            (p, s)
-            for p, s in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), strict=True)
-            if s < target_bytes // 2
-        ]
-        if len(small) >= SMALL_FILES_BEFORE_COMPACTION:
+        small = small_files(existing, target_bytes)
+        if small:
             due.append((table, existing, small, pa.schema(existing.schema().to_arrow())))
     if not due:
         return []

@@ -93,13 +93,21 @@ def writer_properties(rows: pa.Table) -> WriterProperties | None:
     )
 
 
+def small_files(table: DeltaTable, target_bytes: int) -> list[tuple[str, int]]:
+    """The table's files under half of `target_bytes` (path, size), once there are SMALL_FILES_BEFORE_COMPACTION of
+    them; none before: the one rule of when a table is compacted, for both engines."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    paths, sizes = actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()
+    small = [(p, s) for p, s in zip(paths, sizes, strict=True) if s < target_bytes // 2]
+    return small if len(small) >= SMALL_FILES_BEFORE_COMPACTION else []
+
+
 def compact_small_files(table: DeltaTable, target_bytes: int, failpoint: str | None = None) -> bool:
     """Bin a table's small files (one per append or merge) into files of `target_bytes` once there are
     SMALL_FILES_BEFORE_COMPACTION of them, so reads do not open ever more files; a commit of its own, without
     data change (readers and the `cdc_*` commit metadata are unaffected). Whether it compacted. `failpoint` is
     passed right before the compaction's commit is started."""
-    sizes = pa.table(table.get_add_actions(flatten=True)).column("size_bytes")
-    if (pc.sum(pc.less(sizes, target_bytes // 2)).as_py() or 0) < SMALL_FILES_BEFORE_COMPACTION:
+    if not small_files(table, target_bytes):
         return False
     if failpoint is not None:
         failpoints.hit(failpoint)
