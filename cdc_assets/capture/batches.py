@@ -51,6 +51,7 @@ from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map, table
 from cdc_assets.capture.ddl import schema_changes
 from cdc_assets.capture.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
 from cdc_assets.core import failpoints, mysql_charsets
+from cdc_assets.core.column_policy import ColumnPolicy, Rules
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition, binlog_file_number
@@ -166,6 +167,11 @@ class BatchBuilder:
     table_filter: TableFilter | None = None
     chunk_rows: int = CHUNK_ROWS  # rows of a transaction or a batch held in memory; beyond it they spill to disk
     hold_for_xa: bool = True  # False: a reader of what is committed now (no checkpoint) need not stop at a PREPARE
+    # Column policies (core/column_policy), applied to every image, shape and table change the batch holds; the
+    # builder's `schemas` stay the source's (a DDL applies to them). `recorded_rules`: each table's rules as
+    # `_state/` records them, kept up to date by the batches (None: not tracked, e.g. verify's in-memory read).
+    policy: ColumnPolicy = field(default_factory=ColumnPolicy)
+    recorded_rules: dict[str, Rules] | None = None
 
     def __post_init__(self) -> None:
         self._transaction_dir = SpoolDirectory()
@@ -176,6 +182,7 @@ class BatchBuilder:
         self._prepared: dict[str, RowSpool] = {}  # XA transactions prepared, not yet committed or rolled back
         self._hold: _HoldPoint | None = None
         self.skipping = False  # inside a transaction already captured (see `begin`)
+        self._policed: dict[int, tuple[TableShape, Any]] = {}  # id of a source shape -> (that shape, its policer)
         self._reset(self.start)
 
     def _reset(self, start: BinlogPosition) -> None:
@@ -195,6 +202,7 @@ class BatchBuilder:
         self.first_commit_ts: int | None = None
         self.last_commit_ts: int | None = None
         self.quarantined: dict[str, dict[str, Any]] = {}
+        self.policies: dict[str, Rules] = {}  # tables whose recorded rules this batch sets
 
     # -- events ---------------------------------------------------------------------------------------
     def count_event(self) -> None:
@@ -266,7 +274,47 @@ class BatchBuilder:
         self._versions[version] = shape
         self._latest[shape.table] = version
         self._observe(shape)
+        self._track_rules(shape)
         return version
+
+    # -- column policies ----------------------------------------------------------------------------------
+    def _policer(self, shape: TableShape) -> Any:
+        """The shape's image policer (None: the policy leaves its images as they are), made once per shape."""
+        known = self._policed.get(id(shape))
+        if known is None or known[0] is not shape:
+            known = (shape, self.policy.image_policer(shape))
+            self._policed[id(shape)] = known
+        return known[1]
+
+    def _track_rules(self, shape: TableShape) -> None:
+        """A table's rules recorded with the batch when `_state/` does not hold them yet (a new table, new
+        columns): the policy is the same for the whole capture (capture/run checks it against `_state/` first)."""
+        if self.recorded_rules is None:
+            return
+        rules = self.policy.rules(shape)
+        name = str(shape.table)
+        if self.recorded_rules.get(name) != rules:
+            self.recorded_rules[name] = rules
+            self.policies[name] = rules
+
+    def policy_changed(self, changes: list[tuple[SchemaChange, Rules]]) -> None:
+        """Tables whose policy changed since they were captured (capture/run decided it may go on): each an
+        implicit alter of its lakehouse shape, from the recorded rules' to today's, before any row of this capture."""
+        if not changes:
+            return
+        entry = self._entry(None, "", None, "ddl")
+        entry["implicit"] = True
+        entry["column_policy"] = True
+        first = int(entry["seq"])
+        self.next_seq += len(changes) - 1
+        entry["changes"] = [{**c.to_json(), "seq": str(first + i)} for i, (c, _) in enumerate(changes)]
+        for change, rules in changes:
+            if self.recorded_rules is not None:
+                self.recorded_rules[str(change.table)] = rules
+            self.policies[str(change.table)] = rules
+            source_shape = self.schemas.get(change.table)
+            if source_shape is not None:
+                self.changed_schemas[change.table] = source_shape
 
     def _observe(self, shape: TableShape) -> None:
         """A row event's own columns are the truth: a shape no DDL explained (an unreadable statement,
@@ -308,6 +356,9 @@ class BatchBuilder:
         n = len(befores)
         version = self.version_of(shape)
         table = shape.table
+        police = self._policer(shape)
+        if police is not None:  # no clear value of a policed column goes further than this
+            befores, afters = police(befores), police(afters)
         self._transaction.extend(
             [[table.schema] * n, [table.table] * n, [version] * n, [op] * n, [self._gtid] * n, befores, afters]
         )
@@ -372,7 +423,8 @@ class BatchBuilder:
             # each table change has a `_cdc_seq` of its own (a RENAME of two tables makes four changes)
             first = int(entry["seq"])
             self.next_seq += len(changes) - 1
-            entry["changes"] = [{**c.to_json(), "seq": str(first + i)} for i, c in enumerate(changes)]
+            policed = [self.policy.schema_change(c) for c in changes]
+            entry["changes"] = [{**c.to_json(), "seq": str(first + i)} for i, c in enumerate(policed)]
         for change in changes:
             self._set_shape(change.table, change.after)
 
@@ -456,7 +508,7 @@ class BatchBuilder:
             data_path=self._rows.finish(limit),
             row_count=len(self._rows) if limit is None else limit,
             keepalive=self._batch_dir,
-            shapes=dict(self._versions),
+            shapes={v: self.policy.lake_shape(s) for v, s in self._versions.items()},
             first_seq=self.batch_first_seq,
             next_seq=self.next_seq,
             statements=self.statements,
@@ -467,7 +519,11 @@ class BatchBuilder:
             first_commit_ts=self.first_commit_ts,
             last_commit_ts=self.last_commit_ts,
             server=self.server,
-            schemas={str(t): shape_json(s) for t, s in self.changed_schemas.items()},
+            schemas={str(t): shape_json(self.policy.lake_shape(s) if s else None) for t, s in self.changed_schemas.items()},
+            source_schemas=(
+                {str(t): shape_json(s) for t, s in self.changed_schemas.items()} if not self.policy.empty else None
+            ),
+            policies=self.policies,
             quarantined=self.quarantined,
         )
         self._reset(self.committed_end)
@@ -483,6 +539,7 @@ class CaptureOptions:
     server_id: int
     max_batch_rows: int
     left_out: frozenset[str] = frozenset()  # tables quarantined at capture (lake/quarantine): read as if excluded
+    policy: ColumnPolicy = field(default_factory=ColumnPolicy)  # column policies (core/column_policy)
 
 
 def capture_batches(
@@ -495,6 +552,8 @@ def capture_batches(
     options: CaptureOptions,
     schemas: dict[TableRef, TableShape] | None = None,
     hold_for_xa: bool = True,
+    recorded_rules: dict[str, Rules] | None = None,
+    policy_changes: list[tuple[SchemaChange, Rules]] | None = None,
 ) -> Iterator[RawBatch]:
     """Batches from `start` up to `end` (a transaction boundary), each ending at a boundary.
 
@@ -516,7 +575,10 @@ def capture_batches(
         schemas=dict(schemas or {}),
         table_filter=options.table_filter,
         hold_for_xa=hold_for_xa,
+        policy=options.policy,
+        recorded_rules=recorded_rules,
     )
+    builder.policy_changed(policy_changes or [])
     conn = source.connect(url)
     charsets = source.ServerCharsets(url)  # the rare charsets Python has no exact codec for: the server converts
     mysql_charsets.use_server(charsets.table, charsets.value)

@@ -19,6 +19,7 @@ from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.spool import remove_orphaned_spools
 from cdc_assets.core import failpoints, progress
 from cdc_assets.core.arrow import release_unused_memory
+from cdc_assets.core.column_policy import PolicyPlan, plan_policy_changes, policy_from_env
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition
 from cdc_assets.core.settings import SourceSettings
@@ -40,12 +41,15 @@ from cdc_assets.lake.raw_batches import (
 from cdc_assets.lake.state import (
     Checkpoint,
     EarlierLakehouse,
+    PolicyRecord,
     load_checkpoint,
+    load_policy_record,
     load_registry,
     load_schemas,
     register_batch,
     save_checkpoint,
     save_earlier,
+    save_policy_record,
     save_registry,
     save_schemas,
 )
@@ -139,7 +143,11 @@ def capture_session(
     capture between its steps (a repair: a point, a capture up to it, a batch written there)."""
     url = settings.url
     options = CaptureOptions(
-        settings.table_filter, settings.server_id, settings.max_batch_rows, left_out_of_capture(lakehouse.store)
+        settings.table_filter,
+        settings.server_id,
+        settings.max_batch_rows,
+        left_out_of_capture(lakehouse.store),
+        policy_from_env(),  # read before the lock: no hash key is one sentence, with nothing done
     )
     conn = source.connect(url)
     try:
@@ -196,6 +204,8 @@ class _Capture:
     journal: CaptureJournal | None = None
     binlog_files: list[tuple[str, int]] | None = None  # the server's binlog files at the start, when progress is shown
     rows: int = 0  # row changes captured so far
+    policy_record: PolicyRecord | None = None  # the column policy each table was captured under (`_state/`)
+    policy_plan: PolicyPlan | None = None  # what today's policy changes, until a batch has recorded it
 
     def to(self, until: BinlogPosition | None) -> tuple[Checkpoint, CaptureReport]:
         """Batches from the checkpoint to `until` (default: the binlog end now)."""
@@ -242,6 +252,7 @@ class _Capture:
         checkpoint = checkpoint or Checkpoint(start, next_seq=first_seq, server_id=self.server.server_id)
         registry = load_registry(lakehouse.store)
         schemas = load_schemas(lakehouse.store, checkpoint)
+        self._plan_policies(schemas)
         while checkpoint.position < target:
             checkpoint, finished = self._capture_from(checkpoint, target, report, registry, schemas)
             if finished or self._enough(report):
@@ -254,6 +265,30 @@ class _Capture:
         if self.binlog_files is not None:
             self._report_progress(report, checkpoint.position)
         return checkpoint, report
+
+    def _plan_policies(self, schemas: dict[TableRef, TableShape]) -> None:
+        """Today's column policy against the one `_state/` records for each table (core/column_policy): a removal
+        refused with one sentence, an addition said once a capture, and the shape changes they make put first in
+        the next batch. Rules that change no shape are recorded at once."""
+        store, policy = self.lakehouse.store, self.options.policy
+        record = load_policy_record(store)
+        plan = plan_policy_changes(
+            policy, schemas, record.tables, record.key_fingerprint, record.found, record.accepted
+        )
+        settled = record.accepted - {str(change.table) for change, _ in plan.alters}
+        if plan.rerecorded or settled or (not record.found and schemas):
+            record.tables.update(plan.rerecorded)
+            record.accepted -= settled
+            if not record.found:  # tables captured before column policies: every column was clear
+                for table, shape in schemas.items():
+                    record.tables.setdefault(str(table), dict.fromkeys(shape.column_names, "clear"))
+            record.key_fingerprint = record.key_fingerprint or policy.fingerprint()
+            self.lease.check()
+            save_policy_record(store, record)
+        for sentence in plan.sentences:
+            if self.log is not None:
+                self.log.warning(sentence)
+        self.policy_record, self.policy_plan = record, plan
 
     def _begin_over_earlier(self, start: BinlogPosition) -> int:
         """The first `_cdc_seq` of a lakehouse begun at `start` with no checkpoint: FIRST_SEQ, or, over an earlier
@@ -314,6 +349,8 @@ class _Capture:
             target,
             self.options,
             schemas,
+            recorded_rules=dict(self.policy_record.tables) if self.policy_record is not None else None,
+            policy_changes=self.policy_plan.alters if self.policy_plan is not None else None,
         ):
             checkpoint, adopted = self.record(batch, checkpoint, report, registry, schemas)
             if adopted or self._enough(report):
@@ -353,13 +390,14 @@ class _Capture:
                 log.error(held.sentence())
         # Table shapes as of the batch's end (also for an adopted batch: from its own manifest).
         schemas_name = checkpoint.schemas
-        if manifest.raw.get("schemas"):
-            updated = apply_schemas(schemas, manifest.raw["schemas"])
+        if manifest.raw.get("schemas"):  # the source's shapes where a column policy made the lakehouse's differ
+            updated = apply_schemas(schemas, manifest.raw.get("source_schemas") or manifest.raw["schemas"])
             schemas.clear()
             schemas.update(updated)
             schemas_name = manifest.name
             save_schemas(store, schemas_name, schemas)
             failpoints.hit("capture.schemas_written")
+        self._record_policies(manifest)
         release_unused_memory()  # the batch's rows were in memory to be written
         lease.check()
         checkpoint = Checkpoint(
@@ -384,3 +422,19 @@ class _Capture:
                 f"{manifest.start} -> {manifest.end}"
             )
         return checkpoint, adopted
+
+    def _record_policies(self, manifest: BatchManifest) -> None:
+        """The column policies a batch captured tables under, recorded before the checkpoint passes it."""
+        policies = manifest.raw.get("policies")
+        record = self.policy_record
+        if record is None:
+            return
+        if self.policy_plan is not None:
+            self.policy_plan = None  # its alters are in this batch (or were, in the batch adopted as it is)
+        if not policies:
+            return
+        record.tables.update(policies)
+        record.accepted -= set(policies)
+        record.key_fingerprint = self.options.policy.fingerprint() or record.key_fingerprint
+        self.lease.check()
+        save_policy_record(self.lakehouse.store, record)

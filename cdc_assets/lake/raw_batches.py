@@ -70,6 +70,10 @@ class RawBatch:
     last_commit_ts: int | None = None
     server: dict[str, Any] = field(default_factory=dict)
     schemas: dict[str, Any] = field(default_factory=dict)  # table -> shape at the batch's end, where it changed
+    # the source's shapes of `schemas` where a column policy makes them differ (capture's own state: a DDL applies to
+    # the source's shape), and the column-policy rules of the tables this batch records them for (core/column_policy)
+    source_schemas: dict[str, Any] | None = None
+    policies: dict[str, Any] = field(default_factory=dict)
     # table -> why capture left it out from this batch on (lake/quarantine): cause, fix, first_seq, position
     quarantined: dict[str, dict[str, Any]] = field(default_factory=dict)
     keepalive: Any = None  # what keeps `data_path` on disk while the batch is in use
@@ -85,7 +89,9 @@ class RawBatch:
 
     def manifest(self, data_sha256: str, data_bytes: int) -> dict[str, Any]:
         quarantined = {"quarantined": self.quarantined} if self.quarantined else {}
-        return quarantined | {
+        policed = {"source_schemas": self.source_schemas} if self.source_schemas else {}
+        policed |= {"policies": self.policies} if self.policies else {}
+        return quarantined | policed | {
             "format_version": FORMAT_VERSION,
             "name": self.name,
             "start": self.start.to_json(),

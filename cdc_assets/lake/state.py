@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
@@ -172,6 +172,44 @@ def load_schemas(store: ObjectStore, checkpoint: Checkpoint | None) -> dict[Tabl
 def save_schemas(store: ObjectStore, name: str, schemas: dict[TableRef, TableShape]) -> None:
     body = {str(t): shape_json(s) for t, s in sorted(schemas.items(), key=lambda kv: str(kv[0]))}
     store.put(f"{SCHEMAS_PREFIX}/{name}.json", json.dumps(body, indent=1, sort_keys=True).encode())
+
+
+COLUMN_POLICIES_KEY = f"{STATE}/column_policies.json"
+
+
+@dataclass
+class PolicyRecord:
+    """The column policy each captured table was captured under (core/column_policy): its rules per column, the
+    hash key's fingerprint (never the key), and the tables a snapshot accepted a policy change for. `found` is False
+    for a lakehouse that never wrote one (its tables were captured before column policies: every column clear)."""
+
+    tables: dict[str, dict[str, str]] = field(default_factory=dict)
+    key_fingerprint: str | None = None
+    accepted: set[str] = field(default_factory=set)
+    found: bool = True
+
+
+def load_policy_record(store: ObjectStore) -> PolicyRecord:
+    d = _load_json(store, COLUMN_POLICIES_KEY)
+    if d is None:
+        return PolicyRecord(found=False)
+    return PolicyRecord(dict(d.get("tables") or {}), d.get("key_fingerprint"), set(d.get("accepted") or ()))
+
+
+def save_policy_record(store: ObjectStore, record: PolicyRecord) -> None:
+    body = {"tables": record.tables, "key_fingerprint": record.key_fingerprint, "accepted": sorted(record.accepted)}
+    store.put(COLUMN_POLICIES_KEY, json.dumps(body, indent=1, sort_keys=True).encode())
+    record.found = True
+
+
+def accept_policies(store: ObjectStore, tables: Collection[str]) -> None:
+    """A snapshot loads these tables under today's column policy: the next capture takes a policy change of theirs
+    (even one taken away) as accepted, rather than refusing it."""
+    record = load_policy_record(store)
+    if not record.found or set(tables) <= record.accepted:
+        return
+    record.accepted |= set(tables)
+    save_policy_record(store, record)
 
 
 TABLES_KEY = f"{STATE}/tables.json"

@@ -26,6 +26,7 @@ from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import release_unused_memory
+from cdc_assets.core.column_policy import ColumnPolicy, policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.core.names import TableRef
@@ -166,7 +167,7 @@ class _Target:
     """One table under comparison: what is in flight for it, and the keys found in flight so far."""
 
     table: TableRef
-    shape: TableShape | None  # the source's shape in the snapshot (None: the table does not exist)
+    shape: TableShape | None  # the source's shape in the snapshot as the lakehouse keeps it (None: no such table)
     applied_seq: int | None
     current: DeltaTable | None
     after_seq: int = SEQ_NONE  # changes with a larger `_cdc_seq` are in flight
@@ -184,6 +185,17 @@ class _Target:
     # comparing the table leaves this None and compares its rows
     owes_repair: str | None = None
     mark: RepairMark | None = None  # the table's repair mark (None: a repair's own comparison, which ignores them)
+    # the source's own shape, read through `policy` (core/column_policy): the source's values as the lakehouse holds them
+    source: TableShape | None = None
+    policy: ColumnPolicy = field(default_factory=ColumnPolicy)
+
+    @property
+    def source_columns(self) -> list[ColumnSpec]:
+        return list(self.source.columns) if self.source else self.columns
+
+    def policed(self, rows: pa.Table) -> pa.Table:
+        """Source rows (of `source_columns`) as the lakehouse holds them."""
+        return self.policy.lake_rows(self.source, rows) if self.source is not None else rows
 
     @property
     def columns(self) -> list[ColumnSpec]:
@@ -382,7 +394,10 @@ def _scan_binlog(
         return
     source.check_available(conn, checkpoint.position)
     only = TableFilter(tuple(_literal_glob(str(t.table)) for t in captured), base.exclude)
-    options = CaptureOptions(only, verify_server_id(settings.server_id, server.server_id), settings.max_batch_rows)
+    policy = targets[0].policy if targets else ColumnPolicy()  # keys in flight as the lakehouse holds them
+    options = CaptureOptions(
+        only, verify_server_id(settings.server_id, server.server_id), settings.max_batch_rows, policy=policy
+    )
     for batch in capture_batches(
         settings.url, server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, position, options, hold_for_xa=False
     ):  # every transaction committed by now is in flight, also those after an XA PREPARE not yet decided
@@ -486,7 +501,7 @@ def _compare(
         return _compare_large(conn, position, target)
     table = target.table
     lake_rows = lake.num_rows if lake is not None else 0
-    source_table = read_source_table(conn, table, target.columns) if target.columns else None
+    source_table = target.policed(read_source_table(conn, table, target.source_columns)) if target.columns else None
     source_rows = source_table.num_rows if source_table is not None else 0
 
     def result(diff: TableDiff, compared: int, source_sum: str, lake_sum: str) -> ConsistentComparison:
@@ -527,7 +542,7 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
         result.scope, result.changed_keys = CHANGED_KEYS, len(target.only)
         return result
     wanted = keys_table(target.only | target.keys, target.key_names, target.key_types())
-    source = read_source_rows_with_keys(conn, table, target.columns, target.key_names, wanted)
+    source = target.policed(read_source_rows_with_keys(conn, table, target.source_columns, target.key_names, wanted))
     source_rows = count_source_rows(conn, table)
     lake, files = lake_rows_with_keys(lakehouse, table, target.current, wanted)
     aligned = align_current(table, source, lake)
@@ -615,7 +630,7 @@ def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _
         diff = TableDiff(table, lakehouse_rows=lake_rows, schema_problem="the table no longer exists in the source")
         return result(diff, 0, lake_rows, 0, EMPTY_CHECKSUM, checksum_text(lake_sum))
     schema = arrow_schema(target.columns)
-    source_chunks = read_source_chunks(conn, table, target.columns, bucketed.STREAM_ROWS)
+    source_chunks = map(target.policed, read_source_chunks(conn, table, target.source_columns, bucketed.STREAM_ROWS))
     aligned = align_current(table, schema.empty_table(), (lake_schema or schema).empty_table())
     if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
         source_rows, kept, source_sum = bucketed.hash_sum_streamed(source_chunks, keep)
@@ -683,13 +698,17 @@ def _compare_at_one_point(
         # information_schema is not part of the snapshot: the shapes read before it and again after the rows
         # were read prove the shape inside it, when they agree (a DDL in between makes them differ).
         shapes = source_shapes(conn, tables)
+        policy = policy_from_env()
         with source.consistent_snapshot(conn, server, settings.global_read_lock, settle) as point:
             # Changes up to `low` are in the snapshot; those after it up to `high` may be or not: in flight.
             position = point.high
             failpoints.hit("verify.in_snapshot")
             opened = for_each_table(tables, lambda table: _open_current(lakehouse, table))
             targets = [
-                _Target(table, shapes[table], applied, current, keep_rows=keep_rows)
+                _Target(
+                    table, policy.lake_shape(shapes[table]) if shapes[table] else None, applied, current,
+                    keep_rows=keep_rows, source=shapes[table], policy=policy,
+                )
                 for table, (current, applied) in zip(tables, opened, strict=True)
             ]
             if marks:
@@ -703,7 +722,11 @@ def _compare_at_one_point(
                 if dropped is not None:
                     target.applied_seq = target.dropped_seq = dropped
             if narrow is not None:
-                narrowed = [t for t in targets if t.current is not None and t.shape is not None and t.shape.primary_key]
+                narrowed = [  # rows by key are read from the source by their clear key: no table under a policy
+                    t for t in targets
+                    if t.current is not None and t.shape is not None and t.shape.primary_key
+                    and not (t.source is not None and policy.touches(t.source))
+                ]
                 only = for_each_table(narrowed, lambda t: narrow(t.table, t.current, t.applied_seq, t.shape))
                 for target, keys in zip(narrowed, only, strict=True):
                     target.only, target.lakehouse = keys, lakehouse

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pymysql
 from deltalake import DeltaTable
 
+from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.mysql_types import BINARY_TYPES, INTEGER_TYPES, PRINTED_BINARY_TYPES, ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
@@ -40,8 +41,8 @@ _UNDIGESTED = ("float", "double")
 
 def digestible(shape: TableShape) -> bool:
     """Whether the table's rows have a text both sides write alike and a key the server can cut into ranges."""
-    if len(shape.primary_key) != 1:
-        return False
+    if len(shape.primary_key) != 1 or policy_from_env().touches(shape):
+        return False  # a column policy's values are made in Python (core/column_policy), not on the server
     key = next(c for c in shape.columns if c.name == shape.primary_key[0])
     return key.type in INTEGER_TYPES and not any(c.type in _UNDIGESTED for c in shape.columns)
 

@@ -27,6 +27,7 @@ from cdc_assets.capture import failover
 from cdc_assets.capture.run import capture
 from cdc_assets.capture.spool import SpoolDirectory
 from cdc_assets.core import failpoints
+from cdc_assets.core.column_policy import ColumnPolicy, policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
@@ -45,6 +46,7 @@ from cdc_assets.lake.layout import (
 )
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.state import (
+    accept_policies,
     load_checkpoint,
 )
 from cdc_assets.lake.store import Lakehouse
@@ -92,6 +94,7 @@ def take_snapshot(
     (the default below CDC_SPARK_MIN_ROWS rows) in this process inside one consistent snapshot; on Spark by
     parallel tasks a key range at a time, without a lock on the source (stages/snapshot/on_spark.py)."""
     wait = lakehouse.lock_wait_seconds
+    policy_from_env()  # a bad column policy, or no hash key, is one sentence before anything is read
     with lakehouse.faults_are_user_errors(), lakehouse_lock(lakehouse, SNAPSHOT_LOCK, "snapshot", owner, wait, log=log):
         if transforms is not None:
             engine = transforms(_rows_estimate(settings, requested))
@@ -150,12 +153,14 @@ def _read_tables(
                 )
             read = _Read(point, dt.datetime.now(dt.UTC))
             shapes = source_shapes(conn, tables)
+            policy = policy_from_env()
             for n, table in enumerate(tables):
                 shape = shapes[table]
                 if shape is None:
                     raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
-                read.loaded[table] = (shape, spool.path / f"{n}.parquet")
-                report.rows[str(table)] = _spool_rows(conn, shape, read.loaded[table][1])
+                # the lakehouse's shape: the column policy applied (core/column_policy)
+                read.loaded[table] = (policy.lake_shape(shape), spool.path / f"{n}.parquet")
+                report.rows[str(table)] = _spool_rows(conn, shape, read.loaded[table][1], policy)
                 report_progress(Update(SNAPSHOT, n + 1, len(tables), "tables", sum(report.rows.values())))
                 if log is not None:
                     log.info(f"{table}: {report.rows[str(table)]} rows read at {point}")
@@ -195,6 +200,7 @@ def _take_snapshot(
     for attempt in range(1, KEYLESS_POINT_TRIES + 1):
         spool = SpoolDirectory()
         read = _read_tables(settings, lakehouse, requested, spool, report, log)
+        accept_policies(lakehouse.store, [str(t) for t in read.loaded])  # loaded under today's column policy
         seq = _capture_to(settings, lakehouse, read.point.low, report, log, owner)
         resume_quarantined_capture(lakehouse, list(read.loaded), read.point.low, owner, log)
         seqs = dict.fromkeys(read.loaded, seq)  # a keyed table at the low watermark; a keyless one where it is exact
@@ -231,14 +237,14 @@ def _take_snapshot(
     return report
 
 
-def _spool_rows(conn: pymysql.Connection, shape: TableShape, path: Path) -> int:
+def _spool_rows(conn: pymysql.Connection, shape: TableShape, path: Path, policy: ColumnPolicy) -> int:
     """The table's rows into a local Parquet file, a chunk at a time and in primary-key order (so the current
-    state is written with each file holding a narrow key range); returns how many."""
+    state is written with each file holding a narrow key range), through the column policy; returns how many."""
     columns = list(shape.columns)
     rows = 0
-    with pq.ParquetWriter(path, arrow_schema(columns)) as writer:
+    with pq.ParquetWriter(path, arrow_schema(list(policy.lake_shape(shape).columns))) as writer:
         for part in read_source_chunks(conn, shape.table, columns, SNAPSHOT_CHUNK_ROWS, shape.primary_key):
-            writer.write_table(part)
+            writer.write_table(policy.lake_rows(shape, part))
             rows += part.num_rows
             failpoints.hit("snapshot.reading")
     return rows
