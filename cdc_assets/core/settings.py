@@ -479,3 +479,6 @@ def check_numeric_settings() -> None:
     for name in ("CDC_SINK_DEDUP_SECONDS", "CDC_SINK_HEARTBEAT_SECONDS"):
         sink_seconds(os.environ, name)
     progress_seconds()
+    from cdc_assets.core.column_policy import policy_from_env  # core/column_policy builds on these settings' globs
+
+    policy_from_env()  # a bad column glob, or hashing without a key
