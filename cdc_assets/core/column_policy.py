@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -39,6 +41,7 @@ MASK_KEEP = 4  # the last characters a mask leaves visible
 # the command that rewrites earlier layers under a new policy (built by `cdc-lakehouse forget`)
 REWRITE_COMMAND = "cdc-lakehouse forget {table} --rewrite-policies"
 Rules = dict[str, str]  # column -> exclude, hash, mask or clear
+HASH_FORM = re.compile(r"[0-9a-f]{64}")  # what a hashed value looks like (a clear value left before the policy: not)
 
 
 def parse_column_glob(glob: str, variable: str) -> tuple[str, str, str]:
@@ -108,6 +111,13 @@ class ColumnPolicy:
 
     def touches(self, shape: TableShape) -> bool:
         return not self.empty and any(r != CLEAR for r in self.rules(shape).values())
+
+    def table_mark(self, shape: TableShape) -> str:
+        """What a table read under this policy was read under (its rules, the key's fingerprint), as text: work read
+        under another mark (a snapshot's chunks) is not mixed with this one's. Empty when the policy leaves it."""
+        if not self.touches(shape):
+            return ""
+        return json.dumps({"rules": self.rules(shape), "key": self.fingerprint()}, sort_keys=True)
 
     def fingerprint(self) -> str | None:
         """A non-reversible mark of the hash key: tells a changed key without keeping it."""
@@ -212,6 +222,39 @@ class ColumnPolicy:
             arrays.append(values)
             fields.append(pa.field(col.name, values.type))
         return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+    def settle_clear(self, added: Mapping[str, str], rows: pa.Table) -> tuple[pa.Table, int]:
+        """Lakehouse rows whose columns got a policy after they were captured (`added`: column -> hash or mask), with
+        the clear values left from before it (until `REWRITE_COMMAND` rewrites them) policed as the source's now are;
+        and how many there were. So a comparison tells those, which the user was told of, from a real difference."""
+        found = 0
+        for name, rule in added.items():
+            if rule not in (HASH, MASK) or name not in rows.column_names:
+                continue
+            values = rows.column(name).to_pylist()
+            if rule == HASH:
+                clear = [v is not None and not HASH_FORM.fullmatch(str(v)) for v in values]
+            else:
+                clear = [v is not None and mask_text(str(v)) != v for v in values]
+            if not any(clear):
+                continue
+            found += sum(clear)
+            texts = [str(v) if c else None for v, c in zip(values, clear, strict=True)]
+            policed = self._police_texts(rule, texts)
+            column = pa.array([p if c else v for v, p, c in zip(values, policed, clear, strict=True)], pa.string())
+            rows = rows.set_column(rows.column_names.index(name), name, column)
+        return rows, found
+
+
+def clear_left_sentence(table: TableRef, added: Mapping[str, str], found: int) -> str:
+    """What a comparison says of a table whose current state still holds clear values of columns policed since."""
+    words = {HASH: "hashed", MASK: "masked"}
+    columns = ", ".join(f"{name} ({words[rule]})" for name, rule in sorted(added.items()) if rule in words)
+    return (
+        f"{table}: its current state still holds {found} clear values of {columns} from before the column policy "
+        f"covered them: run `{REWRITE_COMMAND.format(table=table)}` to rewrite them"
+    )
 
 
 def lake_shape(shape: TableShape, rules: Mapping[str, str]) -> TableShape:
@@ -332,6 +375,7 @@ class PolicyPlan:
     alters: list[tuple[SchemaChange, Rules]] = field(default_factory=list)
     rerecorded: dict[str, Rules] = field(default_factory=dict)
     sentences: list[str] = field(default_factory=list)
+    added: dict[str, Rules] = field(default_factory=dict)  # table -> columns a policy covers since they were captured
 
 
 def plan_policy_changes(
@@ -374,6 +418,7 @@ def plan_policy_changes(
             plan.rerecorded[name] = now
         if change.added:
             plan.sentences.append(added_sentence(table, change.added))
+            plan.added[name] = change.added
     if key_changed:
         raise CdcUserError(key_changed_sentence(key_changed))
     return plan

@@ -182,7 +182,8 @@ def resume_quarantined_capture(
 
 
 def register_loaded(lakehouse: Lakehouse, shapes: list[TableShape], seq: int, owner: str, log: Any | None) -> None:
-    """Capture learns of the loaded tables (the registry, under the capture lock) and of their shapes."""
+    """Capture learns of the loaded tables (the registry, under the capture lock) and of their shapes: the source's,
+    which capture applies DDL to (a column policy's lakehouse shapes are made from them as each batch is cut)."""
     store = lakehouse.store
     with lakehouse_lock(lakehouse, CAPTURE_LOCK, "capture", owner, lakehouse.lock_wait_seconds, log=log):
         registry = load_registry(store)

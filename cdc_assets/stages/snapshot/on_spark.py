@@ -47,7 +47,7 @@ from typing import Any
 import pymysql
 
 from cdc_assets.capture.run import CaptureReport, capture
-from cdc_assets.core.column_policy import policy_from_env
+from cdc_assets.core.column_policy import ColumnPolicy, policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
@@ -66,7 +66,7 @@ from cdc_assets.lake.raw_batches import (
     seq_ceiling_at,
     seq_floor_at,
 )
-from cdc_assets.lake.state import load_checkpoint
+from cdc_assets.lake.state import accept_policies, load_checkpoint
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_boundaries, source_row_estimates, source_shapes
@@ -137,6 +137,7 @@ class _Run:
     owner: str
     report: SnapshotReport
     began: float = field(default_factory=time.monotonic)
+    policy: ColumnPolicy = field(default_factory=policy_from_env)  # applied by the tasks (core/column_policy)
 
     def info(self, message: str) -> None:
         if self.log is not None:
@@ -183,14 +184,12 @@ def _plan(run: _Run, tables: list[TableRef]) -> tuple[list[TableSnapshot], sourc
             shape = shapes[table]
             if shape is None:
                 raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
-            if policy_from_env().touches(shape):
-                raise CdcUserError(
-                    f"{table} has columns under a column policy, which a snapshot on Spark does not apply yet: take "
-                    f"it on Arrow (raise CDC_SPARK_MIN_ROWS above its rows, or snapshot it on a local master)."
-                )
             record = load_record(store, table)
             if record is not None and record.shape != shape:
                 run.info(f"{table}: its columns changed since its snapshot stopped; it starts over")
+                record = None
+            if record is not None and record.policy != run.policy.table_mark(shape):
+                run.info(f"{table}: its column policy changed since its snapshot stopped; it starts over")
                 record = None
             if record is not None:
                 found[table] = record
@@ -208,10 +207,11 @@ def _plan(run: _Run, tables: list[TableRef]) -> tuple[list[TableSnapshot], sourc
         raise source.describe_error(exc, settings.url) from exc
     finally:
         conn.close()
+    accept_policies(store, [str(t) for t in tables])  # loaded under today's column policy
     seq, run.report.capture = seq_at(settings, run.lakehouse, low, False, run.log, run.owner)
     resume_quarantined_capture(run.lakehouse, list(fresh), None, run.owner, run.log)  # its chunks are read after
     for table, shape in fresh.items():
-        found[table] = TableSnapshot(shape, low, seq, taken_at, bounds.get(table, []))
+        found[table] = TableSnapshot(shape, low, seq, taken_at, bounds.get(table, []), policy=run.policy.table_mark(shape))
         save_record(store, found[table])
     run.info(f"low watermark {low} (seq {seq}): {sum(found[t].chunks for t in keyed)} chunks to read in {len(keyed)} tables")
     return [found[t] for t in tables], server
@@ -231,7 +231,7 @@ def _read_keyed(run: _Run, records: list[TableSnapshot]) -> None:
     chunks = {
         i: ChunkRead(
             lakehouse.table_key(CURRENT, r.table), r.shape, *r.chunk_range(n), r.seq, r.taken_at,
-            chunk_done_key(r.table, r.seq, n),
+            chunk_done_key(r.table, r.seq, n), run.policy,
         )  # fmt: skip
         for i, (r, n) in enumerate(todo)
     }
@@ -284,7 +284,7 @@ def _read_keyless(run: _Run, server: source.ServerInfo, records: list[TableSnaps
     pending = list(records)
     for _ in range(KEYLESS_POINT_TRIES):
         work = {
-            i: ChunkRead(lakehouse.table_key(CURRENT, r.table), r.shape, None, None, 0, r.taken_at)
+            i: ChunkRead(lakehouse.table_key(CURRENT, r.table), r.shape, None, None, 0, r.taken_at, policy=run.policy)
             for i, r in enumerate(pending)
         }
         found = read_whole_tables(run.spark, run.settings.url, server, access, work, run.settings.global_read_lock)
@@ -340,7 +340,8 @@ def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:
         raise CdcUserError(
             f"The columns of {table} changed while its snapshot read it: run `cdc-lakehouse snapshot {table}` again."
         )
-    schema = current_schema(record.shape)
+    lake = run.policy.lake_shape(record.shape)  # the columns the tasks wrote (core/column_policy)
+    schema = current_schema(lake)
     wait = lakehouse.lock_wait_seconds
     with (
         lakehouse_lock(lakehouse, CHANGES_LOCK, "change-log update", run.owner, wait, log=run.log),
@@ -360,7 +361,7 @@ def _commit(run: _Run, record: TableSnapshot, files: list[dict]) -> None:
             current_configuration(schema),
             overwrite=existing is not None,
         )
-        gap = record_loaded(lakehouse, record.shape, record.seq, record.taken_at, run.log)
+        gap = record_loaded(lakehouse, lake, record.seq, record.taken_at, run.log)
         if gap is not None:
             run.report.history_gaps[str(table)] = gap
     record.committed = True

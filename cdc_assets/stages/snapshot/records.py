@@ -73,6 +73,7 @@ class TableSnapshot:
     bounds: list[tuple]  # chunk n holds the keys in [bounds[n-1], bounds[n]); a keyless table: no bounds, one chunk
     done: dict[int, list[dict]] = field(default_factory=dict)  # chunk -> the add actions of its files
     committed: bool = False
+    policy: str = ""  # the column policy its chunks are read under (core/column_policy.table_mark; "": none)
 
     @property
     def table(self) -> TableRef:
@@ -103,6 +104,7 @@ class TableSnapshot:
             "bounds": [encode_key(b) for b in self.bounds],
             "done": {str(n): actions for n, actions in sorted(self.done.items())},
             "committed": self.committed,
+            "policy": self.policy,
         }
 
     @staticmethod
@@ -117,6 +119,7 @@ class TableSnapshot:
             [decode_key(b) for b in d["bounds"]],
             {int(n): actions for n, actions in d["done"].items()},
             bool(d["committed"]),
+            str(d.get("policy") or ""),
         )
 
 

@@ -129,7 +129,8 @@ class _Read:
 
     point: source.SnapshotPoint
     taken_at: dt.datetime
-    loaded: dict[TableRef, tuple[TableShape, Path]] = field(default_factory=dict)
+    loaded: dict[TableRef, tuple[TableShape, Path]] = field(default_factory=dict)  # the lakehouse's shapes
+    sources: dict[TableRef, TableShape] = field(default_factory=dict)  # the source's (capture's own state)
 
 
 def _read_tables(
@@ -160,6 +161,7 @@ def _read_tables(
                     raise CdcUserError(f"Table {table} does not exist in the source: check the table name.")
                 # the lakehouse's shape: the column policy applied (core/column_policy)
                 read.loaded[table] = (policy.lake_shape(shape), spool.path / f"{n}.parquet")
+                read.sources[table] = shape
                 report.rows[str(table)] = _spool_rows(conn, shape, read.loaded[table][1], policy)
                 report_progress(Update(SNAPSHOT, n + 1, len(tables), "tables", sum(report.rows.values())))
                 if log is not None:
@@ -231,7 +233,7 @@ def _take_snapshot(
             if gap is not None:
                 report.history_gaps[str(table)] = gap
     spool.remove()
-    register_loaded(lakehouse, [shape for shape, _ in read.loaded.values()], seq, owner, log)
+    register_loaded(lakehouse, list(read.sources.values()), seq, owner, log)
     report.position, report.seq = str(read.point.low), seq
     report.seconds = time.monotonic() - began
     return report

@@ -7,12 +7,13 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from cdc_assets.core import failpoints
+from cdc_assets.core.column_policy import ColumnPolicy
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
@@ -35,7 +36,10 @@ WHOLE_SCHEMA = pa.schema(
 @dataclass(frozen=True)
 class ChunkRead:
     """One task's work: the rows of `shape`'s table whose key is in [low, high) (None: unbounded), written
-    under `table_key` with `_cdc_seq` = `seq`."""
+    under `table_key` with `_cdc_seq` = `seq`, through the column policy (core/column_policy).
+
+    The policy, hash key included, reaches the executors inside the task's pickled closure only: never in the
+    Spark configuration, the environment or a log, which Spark shows or writes out (its `repr` leaves the key out)."""
 
     table_key: str
     shape: TableShape
@@ -44,6 +48,16 @@ class ChunkRead:
     seq: int
     taken_at: dt.datetime
     done_key: str = ""  # where the task records the chunk once its files are complete (keyed chunks)
+    policy: ColumnPolicy = field(default_factory=ColumnPolicy)
+
+    @property
+    def lake(self) -> TableShape:
+        """The shape the lakehouse keeps the rows in."""
+        return self.policy.lake_shape(self.shape)
+
+    def lake_rows(self, rows: pa.Table) -> pa.Table:
+        """Source rows as current-state rows: policed, with the snapshot's seq and time."""
+        return with_snapshot_columns(self.policy.lake_rows(self.shape, rows), self.lake, self.seq, self.taken_at)
 
 
 def with_snapshot_columns(rows: pa.Table, shape: TableShape, seq: int, taken_at: dt.datetime) -> pa.Table:
@@ -81,10 +95,7 @@ def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: 
                 for chunk in batch.column("chunk").to_pylist():
                     work = chunks[chunk]
                     sql = key_range_select(conn, work.shape, work.low, work.high)
-                    rows = (
-                        with_snapshot_columns(part, work.shape, work.seq, work.taken_at)
-                        for part in read_query_rows(conn, list(work.shape.columns), sql, READ_ROWS)
-                    )
+                    rows = (work.lake_rows(part) for part in read_query_rows(conn, list(work.shape.columns), sql, READ_ROWS))
                     # in key order: current state's pieces, so a change rewrites about one piece
                     actions = list(write_files(access, work.table_key, str(work.shape.table), rows, piece_bytes))
                     # the chunk is done only once this object exists: a snapshot started again skips it
@@ -121,7 +132,7 @@ def read_whole_tables(
                         parts = list(read_source_chunks(conn, work.shape.table, list(work.shape.columns), READ_ROWS))
                 finally:
                     conn.close()
-                rows = with_snapshot_columns(pa.concat_tables(parts), work.shape, work.seq, work.taken_at)
+                rows = work.lake_rows(pa.concat_tables(parts))
                 where = {"chunk": chunk, "low_file": point.low.log_file, "low_pos": point.low.log_pos,
                          "high_file": point.high.log_file, "high_pos": point.high.log_pos,
                          "committed_before": point.committed_before, "committed_after": point.committed_after}  # fmt: skip
