@@ -246,7 +246,7 @@ def _print_sync(outcome: RunOutcome, seconds: float | None = None) -> None:
         print(f"quarantined: {sentence}")
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
-    for warning in outcome.warnings:
+    for warning in [*(raw.get("policy_warnings") or []), *outcome.warnings]:  # a column policy added: what it left
         print(f"warning: {warning}")
     took = outcome.seconds if seconds is None else seconds
     print(f"sync {'succeeded' if outcome.success else 'FAILED'} in {took:.1f}s")
@@ -338,9 +338,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print("no tables to verify yet: run `cdc-lakehouse sync` first")
         return EXIT_OK
     code = _print_comparisons(diffs, "ok")
-    differ, unseen = sum(d.differs for d in diffs), sum(bool(d.not_compared) for d in diffs)
+    differ, unseen = sum(d.differs or bool(d.clear_left) for d in diffs), sum(bool(d.not_compared) for d in diffs)
     print(
-        f"{sum(d.ok for d in diffs)} of {len(diffs)} tables match the source"
+        f"{sum(d.ok and not d.clear_left for d in diffs)} of {len(diffs)} tables match the source"
         + (f", {differ} differ" if differ else "")
         + (f", {unseen} not compared" if unseen else "")
     )
@@ -355,9 +355,9 @@ def _print_comparisons(diffs: list[ConsistentComparison], ok_word: str) -> int:
     """One line a table, led by its verdict; the exit code: 1 when one differs, else 3 when one could not be
     compared (it never counts as equal), else 0."""
     label = {"ok": ok_word, "differs": "DIFFERS", "not compared": "NOT COMPARED"}
-    for diff in diffs:
-        print(f"{label[diff.status]:13s}{diff.describe()}")
-    if any(d.differs for d in diffs):
+    for diff in diffs:  # clear values a policy added since still covers differ from today's source (not a check's failure)
+        print(f"{label['differs' if diff.clear_left else diff.status]:13s}{diff.describe()}")
+    if any(d.differs or d.clear_left for d in diffs):
         return EXIT_FAILED
     return EXIT_NOT_COMPARED if any(d.not_compared for d in diffs) else EXIT_OK
 

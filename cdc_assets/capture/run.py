@@ -70,6 +70,9 @@ class CaptureReport:
     lag_bytes: int = 0
     lag_seconds: float = 0.0
     seconds: float = 0.0
+    # what a column policy added to captured columns leaves behind, one sentence a table (core/column_policy): said
+    # on the terminal by the command, not only in the run's log
+    policy_warnings: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -252,7 +255,7 @@ class _Capture:
         checkpoint = checkpoint or Checkpoint(start, next_seq=first_seq, server_id=self.server.server_id)
         registry = load_registry(lakehouse.store)
         schemas = load_schemas(lakehouse.store, checkpoint)
-        self._plan_policies(schemas)
+        report.policy_warnings = self._plan_policies(schemas)
         while checkpoint.position < target:
             checkpoint, finished = self._capture_from(checkpoint, target, report, registry, schemas)
             if finished or self._enough(report):
@@ -266,7 +269,7 @@ class _Capture:
             self._report_progress(report, checkpoint.position)
         return checkpoint, report
 
-    def _plan_policies(self, schemas: dict[TableRef, TableShape]) -> None:
+    def _plan_policies(self, schemas: dict[TableRef, TableShape]) -> list[str]:
         """Today's column policy against the one `_state/` records for each table (core/column_policy): a removal
         refused with one sentence, an addition said once a capture, and the shape changes they make put first in
         the next batch. Rules that change no shape are recorded at once."""
@@ -276,8 +279,10 @@ class _Capture:
             policy, schemas, record.tables, record.key_fingerprint, record.found, record.accepted
         )
         settled = record.accepted - {str(change.table) for change, _ in plan.alters}
-        if plan.rerecorded or settled or (not record.found and schemas):
+        rewrite = {t: {**record.rewrite.get(t, {}), **cols} for t, cols in plan.added.items()}
+        if plan.rerecorded or settled or (not record.found and schemas) or rewrite:
             record.tables.update(plan.rerecorded)
+            record.rewrite.update(rewrite)  # comparisons allow for their clear values until the rewrite
             record.accepted -= settled
             if not record.found:  # tables captured before column policies: every column was clear
                 for table, shape in schemas.items():
@@ -289,6 +294,7 @@ class _Capture:
             if self.log is not None:
                 self.log.warning(sentence)
         self.policy_record, self.policy_plan = record, plan
+        return list(plan.sentences)
 
     def _begin_over_earlier(self, start: BinlogPosition) -> int:
         """The first `_cdc_seq` of a lakehouse begun at `start` with no checkpoint: FIRST_SEQ, or, over an earlier

@@ -187,17 +187,26 @@ class PolicyRecord:
     key_fingerprint: str | None = None
     accepted: set[str] = field(default_factory=set)
     found: bool = True
+    # table -> columns a policy was added to after they were captured, whose earlier layers may hold clear values
+    # until `cdc-lakehouse forget TABLE --rewrite-policies` rewrites them (which drops the table from here)
+    rewrite: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def load_policy_record(store: ObjectStore) -> PolicyRecord:
     d = _load_json(store, COLUMN_POLICIES_KEY)
     if d is None:
         return PolicyRecord(found=False)
-    return PolicyRecord(dict(d.get("tables") or {}), d.get("key_fingerprint"), set(d.get("accepted") or ()))
+    return PolicyRecord(
+        dict(d.get("tables") or {}), d.get("key_fingerprint"), set(d.get("accepted") or ()),
+        rewrite=dict(d.get("rewrite") or {}),
+    )
 
 
 def save_policy_record(store: ObjectStore, record: PolicyRecord) -> None:
-    body = {"tables": record.tables, "key_fingerprint": record.key_fingerprint, "accepted": sorted(record.accepted)}
+    body = {
+        "tables": record.tables, "key_fingerprint": record.key_fingerprint, "accepted": sorted(record.accepted),
+        "rewrite": record.rewrite,
+    }
     store.put(COLUMN_POLICIES_KEY, json.dumps(body, indent=1, sort_keys=True).encode())
     record.found = True
 
@@ -210,6 +219,14 @@ def accept_policies(store: ObjectStore, tables: Collection[str]) -> None:
         return
     record.accepted |= set(tables)
     save_policy_record(store, record)
+
+
+def policies_rewritten(store: ObjectStore, table: str) -> None:
+    """Every layer of `table` rewritten under today's column policy (`forget --rewrite-policies`): no clear value
+    of a column policed since it was captured is left, so comparisons no longer allow for them."""
+    record = load_policy_record(store)
+    if record.rewrite.pop(table, None) is not None:
+        save_policy_record(store, record)
 
 
 TABLES_KEY = f"{STATE}/tables.json"

@@ -26,7 +26,7 @@ from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import release_unused_memory
-from cdc_assets.core.column_policy import ColumnPolicy, policy_from_env
+from cdc_assets.core.column_policy import ColumnPolicy, clear_left_sentence, policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.core.names import TableRef
@@ -49,7 +49,7 @@ from cdc_assets.lake.raw_batches import (
     seq_floor_at,
 )
 from cdc_assets.lake.repair_marks import RepairMark, load_mark
-from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_progress
+from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_policy_record, load_progress
 from cdc_assets.lake.store import Lakehouse, ObjectStore
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import (
@@ -114,6 +114,8 @@ class ConsistentComparison:
     # the rows compared, when a repair asked for them: the source's and the lakehouse's (source columns), in-flight
     # keys left out on both sides
     rows: tuple[pa.Table, pa.Table] | None = field(default=None, repr=False)
+    # clear values found in columns a policy covers since they were captured (allowed for, and said: core/column_policy)
+    clear_left: str | None = None
 
     @property
     def equal(self) -> bool:
@@ -134,6 +136,10 @@ class ConsistentComparison:
         return "not compared" if self.not_compared else ("ok" if self.ok else "differs")
 
     def describe(self) -> str:
+        """One line of what was found; a table still holding clear values a policy added later covers says so first."""
+        return f"{self.clear_left}. {self._described()}" if self.clear_left else self._described()
+
+    def _described(self) -> str:
         left_out = f"{self.in_flight_keys} keys changed in flight left out" if self.in_flight_keys else ""
         if self.not_compared:
             return f"{self.table}: not compared at {self.position}: {self.not_compared}"
@@ -188,6 +194,16 @@ class _Target:
     # the source's own shape, read through `policy` (core/column_policy): the source's values as the lakehouse holds them
     source: TableShape | None = None
     policy: ColumnPolicy = field(default_factory=ColumnPolicy)
+    added: dict[str, str] = field(default_factory=dict)  # columns policed since they were captured (until the rewrite)
+    clear_found: int = 0  # clear values of `added` columns met in the lakehouse's rows
+
+    def settled(self, rows: pa.Table) -> pa.Table:
+        """Lakehouse rows with the clear values a policy added later left in them policed, counted."""
+        if not self.added:
+            return rows
+        rows, found = self.policy.settle_clear(self.added, rows)
+        self.clear_found += found
+        return rows
 
     @property
     def source_columns(self) -> list[ColumnSpec]:
@@ -486,6 +502,7 @@ def _comparison(
         source_sum, lake_sum, diff, target.not_compared, buckets,
         lake_version=None if target.current is None else target.current.version(), checked_seq=target.after_seq,
         dropped_seq=target.dropped_seq,
+        clear_left=clear_left_sentence(target.table, target.added, target.clear_found) if target.clear_found else None,
     )  # fmt: skip
 
 
@@ -501,6 +518,7 @@ def _compare(
         return _compare_large(conn, position, target)
     table = target.table
     lake_rows = lake.num_rows if lake is not None else 0
+    lake = target.settled(lake) if lake is not None else None
     source_table = target.policed(read_source_table(conn, table, target.source_columns)) if target.columns else None
     source_rows = source_table.num_rows if source_table is not None else 0
 
@@ -545,6 +563,7 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
     source = target.policed(read_source_rows_with_keys(conn, table, target.source_columns, target.key_names, wanted))
     source_rows = count_source_rows(conn, table)
     lake, files = lake_rows_with_keys(lakehouse, table, target.current, wanted)
+    lake = target.settled(lake)
     aligned = align_current(table, source, lake)
     if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
         aligned.source_rows, aligned.lakehouse_rows = source_rows, lake_rows
@@ -638,7 +657,7 @@ def _compare_large(conn: pymysql.Connection, position: BinlogPosition, target: _
         lake_rows, _, lake_sum = bucketed.hash_sum_streamed(_lake_chunks(target), lambda r: r.select(data))
         aligned.source_rows, aligned.lakehouse_rows = source_rows, lake_rows
         return result(aligned, source_rows, lake_rows, kept, checksum_text(source_sum), checksum_text(lake_sum))
-    lake_chunks = (align_current(table, schema.empty_table(), chunk) for chunk in _lake_chunks(target))
+    lake_chunks = (align_current(table, schema.empty_table(), target.settled(chunk)) for chunk in _lake_chunks(target))
     buckets = bucketed.bucket_count(target.large_rows)
     found = bucketed.compare_in_buckets(table, schema, source_chunks, lake_chunks, target.key, buckets, keep)
     return result(
@@ -699,6 +718,7 @@ def _compare_at_one_point(
         # were read prove the shape inside it, when they agree (a DDL in between makes them differ).
         shapes = source_shapes(conn, tables)
         policy = policy_from_env()
+        rewrite = load_policy_record(lakehouse.store).rewrite  # columns whose clear values are left until a rewrite
         with source.consistent_snapshot(conn, server, settings.global_read_lock, settle) as point:
             # Changes up to `low` are in the snapshot; those after it up to `high` may be or not: in flight.
             position = point.high
@@ -707,7 +727,7 @@ def _compare_at_one_point(
             targets = [
                 _Target(
                     table, policy.lake_shape(shapes[table]) if shapes[table] else None, applied, current,
-                    keep_rows=keep_rows, source=shapes[table], policy=policy,
+                    keep_rows=keep_rows, source=shapes[table], policy=policy, added=rewrite.get(str(table), {}),
                 )
                 for table, (current, applied) in zip(tables, opened, strict=True)
             ]

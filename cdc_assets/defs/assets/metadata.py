@@ -101,4 +101,5 @@ def capture_metadata(report: CaptureReport, max_batch_rows: int | None = None) -
         "lag_bytes": report.lag_bytes,
         "lag_seconds": round(report.lag_seconds, 3),
         "duration_seconds": round(report.seconds, 3),
+        "policy_warnings": MetadataValue.json(report.policy_warnings),
     }
