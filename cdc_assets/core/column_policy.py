@@ -112,6 +112,10 @@ class ColumnPolicy:
     def touches(self, shape: TableShape) -> bool:
         return not self.empty and any(r != CLEAR for r in self.rules(shape).values())
 
+    def keys_policed(self, shape: TableShape) -> bool:
+        """Whether the lakehouse keys the table on a hash: its rows cannot be looked up in the source by those keys."""
+        return not self.empty and any(self.rule(shape.table, k) != CLEAR for k in shape.primary_key)
+
     def table_mark(self, shape: TableShape) -> str:
         """What a table read under this policy was read under (its rules, the key's fingerprint), as text: work read
         under another mark (a snapshot's chunks) is not mixed with this one's. Empty when the policy leaves it."""

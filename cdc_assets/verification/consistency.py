@@ -742,10 +742,10 @@ def _compare_at_one_point(
                 if dropped is not None:
                     target.applied_seq = target.dropped_seq = dropped
             if narrow is not None:
-                narrowed = [  # rows by key are read from the source by their clear key: no table under a policy
+                narrowed = [  # rows by key are read from the source by their clear key: not a table keyed on a hash
                     t for t in targets
                     if t.current is not None and t.shape is not None and t.shape.primary_key
-                    and not (t.source is not None and policy.touches(t.source))
+                    and not (t.source is not None and policy.keys_policed(t.source))
                 ]
                 only = for_each_table(narrowed, lambda t: narrow(t.table, t.current, t.applied_seq, t.shape))
                 for target, keys in zip(narrowed, only, strict=True):

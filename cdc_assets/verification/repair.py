@@ -42,6 +42,7 @@ from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.run import CaptureReport, capture_session, finished
 from cdc_assets.capture.spool import SpoolDirectory
 from cdc_assets.core.arrow import hashable
+from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import encode_column
 from cdc_assets.core.names import TableRef
@@ -196,6 +197,7 @@ def repair(
     shapes: dict[TableRef, TableShape] = {}
     changes: dict[TableRef, list[tuple[Image | None, Image | None]]] = {}
     spool = SpoolDirectory()
+    policy = policy_from_env()  # the rows compared are the source's as the lakehouse holds them (core/column_policy)
     with capture_session(settings, lakehouse, log, owner, journal=journal) as session:
         # 2. those keys again, rows kept, at one point; capture to it; the repair's batch there
         keyed = {t: keys for t, keys in candidates.items() if keys is not None}
@@ -213,6 +215,7 @@ def repair(
                 report.tables.append(RepairedTable(name, left=f"not repaired: {why}; run the repair again later"))
                 continue
             shape = load_schemas(lakehouse.store, checkpoint).get(c.table)  # its columns at the point
+            shape = policy.lake_shape(shape) if shape is not None else None  # the batch holds policed images only
             if shape is None or shape.column_names != c.rows[0].column_names:
                 report.tables.append(RepairedTable(name, left="not repaired: its columns changed; run the repair again"))
                 continue
