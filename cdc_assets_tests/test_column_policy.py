@@ -111,3 +111,25 @@ def test_policy_changes() -> None:
     other_key = policy_from_env({"CDC_HASH_COLUMNS": "shop.customers.email,shop.customers.age", "CDC_HASH_KEY": KEY + "x"})
     with pytest.raises(CdcUserError, match="is not the key the hashes of shop.customers were made with"):
         plan_policy_changes(other_key, clear, hashed, policy.fingerprint(), True, set())
+
+
+def test_a_rename_that_changes_a_columns_rule_is_named() -> None:
+    from cdc_assets.core.shapes import SchemaChange
+
+    policy = policy_from_env({"CDC_HASH_COLUMNS": "shop.customers.email,shop.*.card", "CDC_HASH_KEY": KEY})
+    before = TableShape(T, (ColumnSpec("id", "int"), ColumnSpec("email", "varchar")), ("id",))
+    renamed = TableShape(T, (ColumnSpec("id", "int"), ColumnSpec("mail", "varchar")), ("id",))
+    cause, fix = policy.renamed_out(SchemaChange(T, "alter", before, renamed, renames={"mail": "email"})) or ("", "")
+    assert cause == "column shop.customers.email (hashed) was renamed to shop.customers.mail, which the column policy leaves clear"
+    assert fix.startswith("add shop.customers.mail to CDC_HASH_COLUMNS") and "`cdc-lakehouse snapshot shop.customers`" in fix
+    # into a policy: its earlier clear values would sit under a hashed name
+    back = SchemaChange(T, "alter", renamed, before, renames={"email": "mail"})
+    assert "take shop.customers.email out of CDC_HASH_COLUMNS" in (policy.renamed_out(back) or ("", ""))[1]
+    # a rename the globs follow, another column's rename, and a table renamed within the same glob: nothing to say
+    card = TableShape(T, (ColumnSpec("id", "int"), ColumnSpec("card", "varchar")), ("id",))
+    moved = TableShape(TableRef("shop", "clients"), card.columns, ("id",))
+    assert policy.renamed_out(SchemaChange(moved.table, "create", None, moved, renamed_from=T)) is None
+    assert policy.renamed_out(SchemaChange(T, "alter", before, before, renames={"id": "id"})) is None
+    # a table renamed out of a column's glob
+    out = TableShape(TableRef("shop", "people"), before.columns, ("id",))
+    assert "shop.people.email" in (policy.renamed_out(SchemaChange(out.table, "create", None, out, renamed_from=T)) or ("", ""))[0]

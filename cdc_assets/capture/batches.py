@@ -384,6 +384,12 @@ class BatchBuilder:
         except Exception as exc:  # noqa: BLE001 - never stall capture on a statement: the row events still tell the shape
             changes, problem = [], f"{type(exc).__name__}: {exc}"
         changes = [self._filtered(c) for c in changes if self._wanted(c.table)]
+        for change in changes:  # a column renamed out of (or into) its policy: the table is held, never made clearer
+            renamed = self.policy.renamed_out(change)
+            if renamed is not None:
+                self.quarantined.setdefault(
+                    str(change.table), {"cause": renamed[0], "fix": renamed[1], "first_seq": self.next_seq, "position": None}
+                )
         in_scope = not schema or self.table_filter is None or self.table_filter.matches_schema(schema)
         if changes or in_scope:
             self._record_ddl(schema, redacted, changes, commit_ts, problem)
@@ -794,6 +800,8 @@ def _read_events(
                 boundary = True
             elif statement_kind == "ddl":
                 builder.statement(schema, query, event.timestamp)
+                for name in builder.quarantined.keys() - maps.left_out:  # held by the DDL: its rows are not read
+                    maps.leave_out(TableRef.parse(name))
                 # A DDL is a transaction of its own, unless it opens one (CREATE TABLE ... SELECT).
                 boundary = not in_transaction
         if boundary:

@@ -162,6 +162,30 @@ class ColumnPolicy:
             renamed_to=change.renamed_to,
         )
 
+    def renamed_out(self, change: SchemaChange) -> tuple[str, str] | None:
+        """(cause, fix) when a DDL renames a column (or its table) so that another rule covers the same data: the
+        policy is set by name, so the renamed column would be captured clearer than before (or its earlier clear
+        values would sit under a policed name). Capture quarantines the table rather than guess (lake/quarantine)."""
+        if self.empty or change.after is None:
+            return None
+        table, words = change.after.table, {EXCLUDE: "excluded", HASH: "hashed", MASK: "masked", CLEAR: "clear"}
+        if change.renamed_from is not None:
+            moved = {name: (change.renamed_from, name) for name in change.after.column_names}
+        else:
+            moved = {new: (table, old) for new, old in change.renames.items() if new != old}
+        for new, (old_table, old) in sorted(moved.items()):
+            before, after = self.rule(old_table, old), self.rule(table, new)
+            if before == after:
+                continue
+            cause = (
+                f"column {old_table}.{old} ({words[before]}) was renamed to {table}.{new}, which the column policy "
+                f"leaves {words[after]}"
+            )
+            setting = VARIABLES.get(before)
+            put = f"add {table}.{new} to {setting}" if setting else f"take {table}.{new} out of {VARIABLES[after]}"
+            return cause, f"{put} (so the same data keeps the same policy), then run `cdc-lakehouse snapshot {table}`"
+        return None
+
     # -- values ---------------------------------------------------------------------------------------------------
     def police_text(self, rule: str, col: ColumnSpec, text: str) -> str:
         """One canonical text as a policy leaves it (rule hash or mask)."""
