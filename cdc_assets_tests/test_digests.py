@@ -3,17 +3,22 @@ equal tables have equal digests, and a row changed behind the pipeline's back sh
 
 from __future__ import annotations
 
+import datetime as dt
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import source_shapes
 from cdc_assets.verification import digests
 from cdc_assets_tests.conftest import CdcEnv
-
-pytestmark = pytest.mark.both_sources
 
 TABLE = """CREATE TABLE d (
   id BIGINT PRIMARY KEY, u BIGINT UNSIGNED, i8 TINYINT, dec38 DECIMAL(38,10), dec65 DECIMAL(65,30), b64 BIT(64),
@@ -33,8 +38,10 @@ ROWS = [
 ]
 
 
+@pytest.mark.both_sources
 def test_equal_tables_have_equal_digests_and_a_drifted_row_shows_in_its_range(cdc: CdcEnv, monkeypatch) -> None:
-    monkeypatch.setattr(digests, "ROWS_PER_RANGE", 2)
+    monkeypatch.setattr(digests, "ROWS_PER_RANGE", 4)
+    monkeypatch.setattr(digests, "ROWS_PER_PART", 2)
     cdc.execute("SET SESSION time_zone = '+00:00'", TABLE)
     with cdc.admin() as conn, conn.cursor() as cur:
         cur.execute("SET NAMES utf8mb4")
@@ -43,21 +50,74 @@ def test_equal_tables_have_equal_digests_and_a_drifted_row_shows_in_its_range(cd
         cur.execute("INSERT INTO d (id, emoji) SELECT seq + 10, CONCAT('row ', seq) FROM " + cdc.numbers(20))
     assert cdc.sync() == 0
     table = TableRef(cdc.database, "d")
-    conn = source.connect(source.MySQLUrl.parse(cdc.server.reader_url()))
+    url = source.MySQLUrl.parse(cdc.server.reader_url())
+    conn = source.connect(url)
     try:
         shape = source_shapes(conn, [table])[table]
         assert shape is not None and digests.digestible(shape)
         current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
-        bounds = digests.range_bounds(current, "id")
-        assert len(bounds) == 12
-        assert digests.source_digests(conn, shape, bounds) == digests.lake_digests(current, shape, bounds)
+        ranges = digests.parts_of_table(current, "id")
+        assert len(ranges) == 6 and ranges[0][0] is None and ranges[-1][1] is None, ranges
+        # every type's text written alike on both sides: the whole table's digests are equal, range by range
+        assert digests.source_digests(url, shape, ranges) == digests.lake_digests(current, shape, ranges)
         current.update(predicate="id = 15", updates={"emoji": "'drifted'"})
         current.delete("id = 3")
         current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
-        lake = digests.lake_digests(current, shape, bounds)
-        ranges = digests.differing_ranges(digests.source_digests(conn, shape, bounds), lake, bounds)
-        assert len(ranges) == 2 and all(low in bounds and high in bounds for low, high in ranges), (ranges, bounds)
-        keys = {k for (k,) in digests.keys_in_ranges(conn, current, table, "id", ranges)}
-        assert {3, 15} <= keys and len(keys) <= 2 * digests.ROWS_PER_RANGE + 1, keys
+        lake = digests.lake_digests(current, shape, ranges)
+        differing = digests.differing_parts(digests.source_digests(url, shape, ranges), lake, ranges)
+        assert len(differing) == 2, (differing, ranges)
+        parts = digests.parts_within(current, "id", differing)
+        assert len(parts) > len(differing) and all(any(_inside(p, r) for r in differing) for p in parts), parts
+        narrowed = digests.narrowed(url, conn, current, shape)
+        assert (narrowed.ranges, narrowed.differing) == (6, 2)
+        keys = {k for (k,) in narrowed.keys}
+        assert {3, 15} <= keys and len(keys) <= 2 * (digests.ROWS_PER_PART + 1), keys
     finally:
         conn.close()
+
+
+def _inside(part: digests.Part, outer: digests.Part) -> bool:
+    (low, high), (outer_low, outer_high) = part, outer
+    above = outer_low is None or (low is not None and low >= outer_low)
+    below = outer_high is None or (high is not None and high <= outer_high)
+    return above and below
+
+
+def test_a_table_is_cut_at_every_nth_key_and_a_part_again_within_it() -> None:
+    keys = np.array([1, 2, 3, 5, 8, 13, 21, 34, 55, 89])
+    assert digests.cut(keys, [(None, None)], 4) == [(None, 8), (8, 55), (55, None)]
+    assert digests.cut(keys, [(8, 55)], 2) == [(8, 21), (21, 55)]
+    assert digests.cut(keys, [(100, 200)], 2) == [(100, 200)]  # a part the lakehouse holds no key of stays whole
+    assert digests.cut(np.array([], np.int64), [(None, None)], 4) == [(None, None)]
+
+
+def test_digest_texts_are_one_per_value_framed_by_its_length() -> None:
+    """The same values give the same text whether DuckDB or Arrow writes them, and NULL differs from every text: a
+    number's, a time's or hex followed by a comma, any other text framed by its length."""
+    shape = TableShape(
+        TableRef("s", "t"),
+        (
+            ColumnSpec("id", "bigint"), ColumnSpec("d", "decimal"), ColumnSpec("ts", "datetime", fsp=3),
+            ColumnSpec("b", "blob"), ColumnSpec("s", "varchar"), ColumnSpec("dt", "date"),
+        ),
+        ("id",),
+    )  # fmt: skip
+    rows = pa.table({
+        "id": pa.array([1, 2], pa.int64()),
+        "d": pa.array([Decimal("0.00"), Decimal("-12.50")], pa.decimal128(12, 2)),
+        "ts": pa.array([dt.datetime(2024, 2, 29, 12, 0, 0, 500000), None], pa.timestamp("us")),
+        "b": pa.array([b"\x00\xab", b""], pa.binary()),
+        "s": pa.array(["zoë", None]),
+        "dt": pa.array([dt.date(999, 1, 2), dt.date(2024, 1, 1)], pa.date32()),
+    })  # fmt: skip
+    assert digests.row_texts(shape, rows).to_pylist() == [
+        "1,0.00,2024-02-29 12:00:00.500,00AB,4:zoë0999-01-02,".encode(),
+        b"2,-12.50,N,,-2024-01-01,",
+    ]
+    def framed(c: ColumnSpec) -> list[bytes]:
+        texts = digests._value_texts(c, rows.column(c.name).combine_chunks()).to_pylist()
+        if c.type in ("text", "varchar"):
+            return [b"-" if v is None else str(len(v)).encode() + b":" + v for v in texts]
+        return [(b"N" if v is None else v) + b"," for v in texts]
+
+    assert digests.row_texts(shape, rows).to_pylist() == [b"".join(p) for p in zip(*map(framed, shape.columns), strict=True)]

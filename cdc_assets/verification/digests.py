@@ -1,24 +1,36 @@
 """Where a large table may differ from its source, found by key range without moving its rows: a digest per range.
 
 A repair of a 10M-row table that drifted in a few rows should not bring 10M rows over the network to find them.
-Here the source computes, in one query, the row count and the sum of a CRC-32 of every row's text per key range
-(`INTERVAL(key, b1, …, bn)`), and the same is computed from the lakehouse's rows; only the ranges whose digests
-differ are looked at row by row (verification/repair.py). The text of a value is one both sides write the same
-byte for byte: MySQL's own text of the value (`CAST(… AS CHAR)`, text converted to utf8mb4, bytes as hex), each
-prefixed by its length and NULL told apart, so no two rows share a text unless their values are equal.
+Here the source computes the row count and the sum of a CRC-32 of every row's text of each key range (one query per
+range, a range scan of the primary key, spread over a few connections so the server's cores share the work), and
+the same is computed from the lakehouse's rows; only the ranges whose digests differ are cut again into parts of
+a few hundred rows and digested again, and only the parts that still differ are looked at row by row
+(verification/repair.py). The text of a value is one both sides write the same byte for byte: MySQL's own text of
+the value (`CAST(… AS CHAR)`, text converted to utf8mb4, bytes as hex), a number's, a time's or hex followed by a
+comma (which none of them holds) and any other text prefixed by its length, NULL told apart, so no two rows share a
+text unless their values are equal. The lakehouse's texts are written by DuckDB
+over each chunk of rows (its formatting of integers, decimals, dates, times of day and bytes is MySQL's), and by
+Arrow for the few types DuckDB would write otherwise.
+
+The ranges need not be read at one consistent point: a digest only narrows where to look. A range found equal
+while its rows changed in flight holds, on the lakehouse's side, rows the source then held, and the changes in
+flight bring both to the same rows when they are applied (an image replaces a row whatever it held); the rows
+that are looked at are compared again at one point (consistency.compare_to_repair).
 
 Only a table keyed by one integer column, with no FLOAT or DOUBLE column (whose text differs between the server
-and Python), is digested; any other is compared row by row. A range whose digests differ for any reason (a value
-whose text the two sides write differently included) is only compared row by row: a digest never decides that
-rows are equal on its own without a difference being possible to miss but by a CRC-32 sum coinciding.
+and Python), and no column policy (whose values are made in Python), is digested; any other is compared row by
+row. A range whose digests differ for any reason (a value whose text the two sides write differently included)
+is only compared row by row: a digest never decides that rows are equal on its own without a difference being
+possible to miss but by a CRC-32 sum coinciding.
 """
 
 from __future__ import annotations
 
-import bisect
 import zlib
-from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,14 +40,18 @@ from deltalake import DeltaTable
 from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.mysql_types import BINARY_TYPES, INTEGER_TYPES, PRINTED_BINARY_TYPES, ColumnSpec
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.current_rows import DELETED_COLUMN
 from cdc_assets.lake.delta import read_query, read_query_chunks
+from cdc_assets.source import server as source
 from cdc_assets.source.rows import quote_identifier
 from cdc_assets.stages.current.apply import quote
 
-ROWS_PER_RANGE = 20_000  # rows a range holds, about: what one differing range costs to compare row by row
-STREAM_ROWS = 100_000  # lakehouse rows hashed at a time
+ROWS_PER_RANGE = 20_000  # rows a range holds, about: a query of its own on the source
+ROWS_PER_PART = 500  # rows a part of a differing range holds, about: what one differing part costs to compare row by row
+STREAM_ROWS = 200_000  # lakehouse rows hashed at a time
+SOURCE_CONNECTIONS = 2  # connections the source's digests are shared out over
 _UNDIGESTED = ("float", "double")
 
 
@@ -63,22 +79,80 @@ def _value_sql(col: ColumnSpec) -> str:
     return f"CONVERT({name} USING utf8mb4)"
 
 
+_DELIMITED = (*INTEGER_TYPES, *BINARY_TYPES, "vector", "bit", "year", "decimal", "date", "datetime", "timestamp", "time")
+
+
+def _self_delimited(col: ColumnSpec) -> bool:
+    """Whether the column's text never holds a comma (digits, signs, dates, hex), so a comma can end it and no
+    length need frame it: the server's cheaper text for most columns."""
+    return col.type in _DELIMITED
+
+
 def row_text_sql(shape: TableShape) -> str:
-    """Each row's digest text, as a SQL expression: every value's byte length, a colon and its text; `-` for NULL."""
+    """Each row's digest text, as a SQL expression: a value whose text holds no comma written followed by one (`N,`
+    for NULL), any other as its byte length, a colon and its text (`-` for NULL)."""
     parts = []
     for col in shape.columns:
         value = _value_sql(col)
-        parts.append(f"IF({quote_identifier(col.name)} IS NULL, '-', CONCAT(LENGTH({value}), ':', {value}))")
+        if _self_delimited(col):
+            parts.append(f"IFNULL({value}, 'N'), ','")
+        else:
+            parts.append(f"IF({quote_identifier(col.name)} IS NULL, '-', CONCAT(LENGTH({value}), ':', {value}))")
     return "CONCAT(" + ", ".join(parts) + ")"
 
 
+def _duckdb_value(col: ColumnSpec, t: pa.DataType, name: str) -> str | None:
+    """The column's value as the text of a digest, as a DuckDB expression over its Arrow values (None: a type left
+    to `_value_texts`)."""
+    if col.type == "vector":
+        return None
+    if pa.types.is_integer(t) or pa.types.is_string(t):
+        return f"{name}::VARCHAR"
+    if pa.types.is_decimal(t) and t.precision <= 38:
+        return f"{name}::VARCHAR"  # every digit of the scale, as MySQL prints it (a zero too)
+    if pa.types.is_binary(t):
+        return f"hex({name})"
+    if pa.types.is_date32(t):
+        return f"strftime({name}, '%Y-%m-%d')"
+    if pa.types.is_timestamp(t) and t.unit == "us":  # tz-aware ones are handed over in UTC, without their zone
+        if not col.fsp:
+            return f"strftime({name}, '%Y-%m-%d %H:%M:%S')"
+        return f"left(strftime({name}, '%Y-%m-%d %H:%M:%S.%f'), {20 + col.fsp})"
+    return None
+
+
+def row_texts(shape: TableShape, rows: pa.Table) -> pa.Array:
+    """Each row's digest text (binary), as `row_text_sql` writes it on the server."""
+    columns: dict[str, pa.Array] = {}
+    parts = []
+    for n, col in enumerate(shape.columns):
+        values = rows.column(col.name).combine_chunks()
+        if pa.types.is_timestamp(values.type) and values.type.tz is not None:
+            values = pc.cast(values, pa.timestamp(values.type.unit))  # its UTC wall time, as the server's session
+        name = f"c{n}"
+        value = _duckdb_value(col, values.type, name)
+        if value is None:
+            values, value = pc.cast(_value_texts(col, values), pa.string()), name
+        columns[name] = values
+        if _self_delimited(col):
+            parts.append(f"coalesce({value}, 'N') || ','")
+        else:
+            parts.append(f"coalesce(strlen({value})::VARCHAR || ':' || {value}, '-')")
+    if not parts:
+        return pa.array([b""] * rows.num_rows, pa.binary())
+    with duckdb.connect() as con:
+        con.register("rows", pa.table(columns))
+        texts = con.sql(f"SELECT concat({', '.join(parts)}) AS t FROM rows").arrow().read_all().column("t")
+    return pc.cast(texts.combine_chunks(), pa.binary())
+
+
 def _value_texts(col: ColumnSpec, values: pa.Array) -> pa.Array:
-    """The column's values as the text of a digest (binary), in the lakehouse's process: as `_value_sql` writes."""
+    """The column's values as the text of a digest (binary), in Arrow: the types `_duckdb_value` leaves."""
     t = values.type
     if col.type == "vector":
         texts = [None if v is None else np.asarray(v, "<f4").tobytes().hex().upper().encode() for v in values.to_pylist()]
         return pa.array(texts, pa.binary())
-    if pa.types.is_binary(t):
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return pa.array([None if v is None else v.hex().upper().encode() for v in values.to_pylist()], pa.binary())
     if pa.types.is_timestamp(t):  # MySQL prints as many fraction digits as the column declares
         whole = pc.cast(pc.floor_temporal(values, unit="second"), pa.timestamp("s", tz=t.tz))
@@ -93,88 +167,161 @@ def _value_texts(col: ColumnSpec, values: pa.Array) -> pa.Array:
     return pc.cast(pc.cast(values, pa.string()), pa.binary())
 
 
-def _row_texts(shape: TableShape, rows: pa.Table) -> pa.Array:
-    parts = []
-    for col in shape.columns:
-        values = rows.column(col.name).combine_chunks()
-        texts = _value_texts(col, values)
-        lengths = pc.cast(pc.binary_length(texts), pa.string())
-        framed = pc.binary_join_element_wise(pc.cast(lengths, pa.binary()), texts, b":")
-        parts.append(pc.fill_null(framed, b"-"))
-    return pc.binary_join_element_wise(*parts, b"")
+Part = tuple[int | None, int | None]  # keys from low (None: unbounded) up to, not including, high (None: unbounded)
+Digests = dict[int, tuple[int, int]]  # part number -> (rows, sum of their CRC-32s); parts without rows left out
 
 
-def range_bounds(current: DeltaTable, key: str) -> list[int]:
-    """The lower bounds of key ranges of about ROWS_PER_RANGE of the lakehouse's rows each (the first is the
-    smallest key: keys below it, on the source's side, fall in range 0)."""
-    keys = read_query(current, f"SELECT {quote(key)} AS k FROM current ORDER BY k", "current").column("k")
-    values = pc.cast(keys, pa.int64()) if not pa.types.is_decimal(keys.type) else keys
-    picked = values.take(pa.array(range(0, len(values), ROWS_PER_RANGE))).to_pylist() if len(values) else []
-    return [int(v) for v in picked]
+def _keys(current: DeltaTable, key: str, where: str = "") -> np.ndarray:
+    """The lakehouse's keys (in `where`'s parts), as numbers numpy can sort."""
+    keys = read_query(current, f"SELECT {quote(key)} AS k FROM current{where}", "current").column("k").combine_chunks()
+    return _as_numbers(keys)
 
 
-Digests = dict[int, tuple[int, int]]  # range number -> (rows, sum of their CRC-32s)
+def _as_numbers(keys: pa.Array) -> np.ndarray:
+    if pa.types.is_decimal(keys.type) or pa.types.is_unsigned_integer(keys.type):  # BIGINT UNSIGNED: decimal(20,0)
+        return pc.cast(keys, pa.uint64()).to_numpy(zero_copy_only=False)
+    return pc.cast(keys, pa.int64()).to_numpy(zero_copy_only=False)
 
 
-def source_digests(conn: pymysql.Connection, shape: TableShape, bounds: Sequence[int]) -> Digests:
-    """The source's digest of each key range, in one query (inside the connection's consistent snapshot)."""
+def parts_of_table(current: DeltaTable, key: str) -> list[Part]:
+    """The whole key range cut into parts of about ROWS_PER_RANGE of the lakehouse's rows each."""
+    return cut(np.sort(_keys(current, key)), [(None, None)], ROWS_PER_RANGE)
+
+
+def parts_within(current: DeltaTable, key: str, parts: list[Part]) -> list[Part]:
+    """`parts` cut again into parts of about ROWS_PER_PART of the lakehouse's rows each."""
+    return cut(np.sort(_keys(current, key, _where(quote(key), parts))), parts, ROWS_PER_PART)
+
+
+def cut(keys: np.ndarray, parts: list[Part], rows: int) -> list[Part]:
+    """Each part cut at every `rows`-th of the sorted `keys` it holds (a part holding none stays whole)."""
+    cuts: list[Part] = []
+    for low, high in parts:
+        first = 0 if low is None else int(np.searchsorted(keys, low, side="left"))
+        end = len(keys) if high is None else int(np.searchsorted(keys, high, side="left"))
+        edges = [low, *(int(k) for k in keys[first + rows : end : rows]), high]
+        cuts += [(a, b) for a, b in zip(edges, edges[1:], strict=False) if a is None or b is None or a < b]
+    return cuts
+
+
+def _where(quoted: str, parts: list[Part]) -> str:
+    """A WHERE clause keeping the rows of `parts` ('' when a part is unbounded on both sides)."""
+    clauses = []
+    for low, high in _spans(parts):
+        bounds = [f"{quoted} >= {low}" if low is not None else "", f"{quoted} < {high}" if high is not None else ""]
+        if not any(bounds):
+            return ""
+        clauses.append("(" + " AND ".join(b for b in bounds if b) + ")")
+    return " WHERE " + " OR ".join(clauses) if clauses else " WHERE FALSE"
+
+
+def _spans(parts: list[Part]) -> list[Part]:
+    """Parts next to each other (one's high the next's low) joined: a whole table's parts are one span."""
+    spans: list[Part] = []
+    for low, high in parts:
+        if spans and spans[-1][1] is not None and spans[-1][1] == low:
+            spans[-1] = (spans[-1][0], high)
+        else:
+            spans.append((low, high))
+    return spans
+
+
+def source_digests(url: MySQLUrl, shape: TableShape, parts: list[Part], connections: int = SOURCE_CONNECTIONS) -> Digests:
+    """The source's digest of each part: a query per part (a range scan of the primary key), the parts shared out
+    over `connections` connections so the server digests on as many cores."""
     key = quote_identifier(shape.primary_key[0])
     table = f"{quote_identifier(shape.table.schema)}.{quote_identifier(shape.table.table)}"
-    cut = f"INTERVAL({key}, {', '.join(str(b) for b in bounds)})" if bounds else "0"
-    with conn.cursor(pymysql.cursors.Cursor) as cur:
-        cur.execute(f"SELECT {cut} AS r, COUNT(*), SUM(CRC32({row_text_sql(shape)})) FROM {table} GROUP BY r")
-        return {int(r): (int(n), int(s)) for r, n, s in cur.fetchall()}
+    text = row_text_sql(shape)
+
+    def digest(numbers: list[int]) -> Digests:
+        found: Digests = {}
+        conn = source.connect(url)
+        try:
+            with conn.cursor(pymysql.cursors.Cursor) as cur:
+                for n in numbers:
+                    where = _where(key, [parts[n]])
+                    cur.execute(f"SELECT COUNT(*), SUM(CRC32({text})) FROM {table}{where}")
+                    rows, total = cur.fetchone()
+                    if rows:
+                        found[n] = (int(rows), int(total))
+        finally:
+            conn.close()
+        return found
+
+    shares = [list(range(i, len(parts), connections)) for i in range(min(connections, len(parts)))]
+    with ThreadPoolExecutor(len(shares) or 1) as pool:
+        return {n: d for found in pool.map(digest, shares) for n, d in found.items()}
 
 
-def _lake_chunks(current: DeltaTable, shape: TableShape) -> Iterator[pa.Table]:
+def lake_digests(current: DeltaTable, shape: TableShape, parts: list[Part]) -> Digests:
+    """The lakehouse's digest of each part: as `source_digests`, from its current-state rows in those parts."""
     names = [f.name for f in pa.schema(current.schema().to_arrow())]
-    where = f" WHERE {quote(DELETED_COLUMN)} IS NOT TRUE" if DELETED_COLUMN in names else ""
+    key = shape.primary_key[0]
+    conditions = _where(quote(key), parts).removeprefix(" WHERE ")
+    if DELETED_COLUMN in names:
+        deleted = f"{quote(DELETED_COLUMN)} IS NOT TRUE"
+        conditions = f"({conditions}) AND {deleted}" if conditions else deleted
     columns = ", ".join(quote(c) for c in shape.column_names)
-    yield from read_query_chunks(current, f"SELECT {columns} FROM current{where}", "current", STREAM_ROWS)
-
-
-def lake_digests(current: DeltaTable, shape: TableShape, bounds: Sequence[int]) -> Digests:
-    """The lakehouse's digest of each key range: as `source_digests`, from its current-state rows."""
-    size = len(bounds) + 1
+    sql = f"SELECT {columns} FROM current" + (f" WHERE {conditions}" if conditions else "")
+    key_type = pa.schema(current.schema().to_arrow()).field(key).type
+    dtype = np.uint64 if pa.types.is_decimal(key_type) or pa.types.is_unsigned_integer(key_type) else np.int64
+    # a row's part: the last whose low is not above its key (the WHERE kept only rows inside some part)
+    lows = np.array([np.iinfo(dtype).min if low is None else low for low, _ in parts], dtype)
+    size = len(parts)
     counts = np.zeros(size, np.int64)
     sums = [0] * size
-    for rows in _lake_chunks(current, shape):
-        keys = rows.column(shape.primary_key[0])
-        if pa.types.is_integer(keys.type):  # INTERVAL: range 0 below the first bound, i from bound i on
-            ranges = np.searchsorted(np.asarray(bounds, np.int64), keys.to_numpy(), side="right")
-        else:  # BIGINT UNSIGNED (decimal(20,0)): beyond int64
-            ranges = np.fromiter((bisect.bisect_right(bounds, int(k)) for k in keys.to_pylist()), np.int64, rows.num_rows)
-        crcs = np.fromiter((zlib.crc32(t) for t in _row_texts(shape, rows).to_pylist()), np.float64, rows.num_rows)
-        counts += np.bincount(ranges, minlength=size)
-        # each range's sum of CRC-32s in a chunk stays far below 2**53: exact in float64
-        for r, total in enumerate(np.bincount(ranges, weights=crcs, minlength=size)):
-            sums[r] += int(total)
-    return {r: (int(counts[r]), sums[r]) for r in range(size) if counts[r]}
+    for rows in read_query_chunks(current, sql, "current", STREAM_ROWS):
+        numbers = np.searchsorted(lows, _as_numbers(rows.column(key).combine_chunks()), side="right") - 1
+        crcs = np.fromiter(map(zlib.crc32, row_texts(shape, rows).to_pylist()), np.float64, rows.num_rows)
+        counts += np.bincount(numbers, minlength=size)
+        # each part's sum of CRC-32s in a chunk stays far below 2**53: exact in float64
+        for n, total in enumerate(np.bincount(numbers, weights=crcs, minlength=size)):
+            sums[n] += int(total)
+    return {n: (int(counts[n]), sums[n]) for n in range(size) if counts[n]}
 
 
-def differing_ranges(source: Digests, lake: Digests, bounds: Sequence[int]) -> list[tuple[int | None, int | None]]:
-    """The key ranges [low, high) whose digests differ (None: unbounded)."""
-    edges: list[int | None] = [None, *bounds, None]
-    return [(edges[r], edges[r + 1]) for r in sorted(source.keys() | lake.keys()) if source.get(r) != lake.get(r)]
+def differing_parts(source: Digests, lake: Digests, parts: list[Part]) -> list[Part]:
+    """The parts whose digests differ."""
+    return [parts[n] for n in sorted(source.keys() | lake.keys()) if source.get(n) != lake.get(n)]
 
 
-def keys_in_ranges(
-    conn: pymysql.Connection, current: DeltaTable, table: TableRef, key: str, ranges: list[tuple[int | None, int | None]]
-) -> set[tuple]:
-    """Every key either side holds in the ranges: the rows to compare one by one."""
-    if not ranges:
+def keys_in_parts(conn: pymysql.Connection, current: DeltaTable, table: TableRef, key: str, parts: list[Part]) -> set[tuple]:
+    """Every key either side holds in the parts: the rows to compare one by one."""
+    if not parts:
         return set()
-
-    def where(quoted: str) -> str:
-        parts = []
-        for low, high in ranges:
-            bounds = [f"{quoted} >= {low}" if low is not None else "", f"{quoted} < {high}" if high is not None else ""]
-            parts.append("(" + (" AND ".join(b for b in bounds if b) or "TRUE") + ")")
-        return " OR ".join(parts)
-
     with conn.cursor(pymysql.cursors.Cursor) as cur:
         q = quote_identifier(key)
-        cur.execute(f"SELECT {q} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)} WHERE {where(q)}")
+        cur.execute(f"SELECT {q} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}{_where(q, parts)}")
         found = {(row[0],) for row in cur.fetchall()}
-    lake = read_query(current, f"SELECT {quote(key)} AS k FROM current WHERE {where(quote(key))}", "current")
+    lake = read_query(current, f"SELECT {quote(key)} AS k FROM current{_where(quote(key), parts)}", "current")
     return found | {(v,) for v in lake.column("k").to_pylist()}
+
+
+@dataclass
+class Narrowed:
+    """Where a table may differ from its source, by its digests."""
+
+    keys: set[tuple]  # every key of the parts that still differed: the only rows that can differ
+    ranges: int  # the key ranges the table was cut into
+    differing: int  # of those, the ranges whose digests differed
+
+    def describe(self) -> str:
+        return f"{self.differing} of {self.ranges} key ranges differed by their digests"
+
+
+def narrowed(url: MySQLUrl, conn: pymysql.Connection, current: DeltaTable, shape: TableShape) -> Narrowed:
+    """The keys that may differ: the table's ranges digested on both sides at once, the ranges that differ cut
+    into parts and digested again, and the keys of the parts that still differ."""
+    key = shape.primary_key[0]
+    ranges = parts_of_table(current, key)
+    with ThreadPoolExecutor(1) as pool:
+        theirs = pool.submit(source_digests, url, shape, ranges)
+        ours = lake_digests(current, shape, ranges)
+        differing = differing_parts(theirs.result(), ours, ranges)
+    parts = parts_within(current, key, differing) if differing else []
+    if parts:
+        with ThreadPoolExecutor(1) as pool:
+            theirs = pool.submit(source_digests, url, shape, parts)
+            ours = lake_digests(current, shape, parts)
+            parts = differing_parts(theirs.result(), ours, parts)
+    return Narrowed(keys_in_parts(conn, current, shape.table, key, parts), len(ranges), len(differing))

@@ -31,7 +31,6 @@ import dataclasses
 import datetime as dt
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,8 +244,7 @@ def _digested(
     settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]
 ) -> tuple[dict[TableRef, set[tuple]], dict[TableRef, str]]:
     """For each large table a digest can cover (verification/digests.py), the keys of the ranges whose digests
-    differ: the only rows that can differ (empty: the table is equal); and how many ranges those were. The source
-    computes its digests while this process computes the lakehouse's."""
+    differ: the only rows that can differ (empty: the table is equal); and how many ranges those were."""
     found: dict[TableRef, set[tuple]] = {}
     said: dict[TableRef, str] = {}
     large = {t: current for t in tables if (current := lakehouse.open(CURRENT, t)) is not None and row_count(current) >= DIGEST_FROM_ROWS}
@@ -260,13 +258,8 @@ def _digested(
             lake_columns = [f.name for f in pa.schema(current.schema().to_arrow()) if not f.name.startswith("_cdc_")]
             if shape is None or not digests.digestible(shape) or shape.column_names != lake_columns:
                 continue
-            bounds = digests.range_bounds(current, shape.primary_key[0])
-            with ThreadPoolExecutor(1) as pool:
-                theirs = pool.submit(digests.source_digests, conn, shape, bounds)
-                ours = digests.lake_digests(current, shape, bounds)
-                ranges = digests.differing_ranges(theirs.result(), ours, bounds)
-            found[table] = digests.keys_in_ranges(conn, current, table, shape.primary_key[0], ranges)
-            said[table] = f"{len(ranges)} of {len(bounds) + 1} key ranges differed by their digests"
+            narrowed = digests.narrowed(settings.url, conn, current, shape)
+            found[table], said[table] = narrowed.keys, narrowed.describe()
     finally:
         conn.close()
     return found, said
