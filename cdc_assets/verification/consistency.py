@@ -420,7 +420,7 @@ def _scan_binlog(
         _collect(batch.rows, batch.shapes, batch.statements, captured)
 
 
-def _open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | None, int | None]:
+def open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | None, int | None]:
     """The current-state table (one object) and an applied seq its rows hold at least.
 
     delta-rs reads commit history from the newest commit even on a table loaded at an older version, so the
@@ -723,7 +723,7 @@ def _compare_at_one_point(
             # Changes up to `low` are in the snapshot; those after it up to `high` may be or not: in flight.
             position = point.high
             failpoints.hit("verify.in_snapshot")
-            opened = for_each_table(tables, lambda table: _open_current(lakehouse, table))
+            opened = for_each_table(tables, lambda table: open_current(lakehouse, table))
             targets = [
                 _Target(
                     table, policy.lake_shape(shapes[table]) if shapes[table] else None, applied, current,

@@ -304,6 +304,8 @@ class Narrowed:
     keys: set[tuple]  # every key of the parts that still differed: the only rows that can differ
     ranges: int  # the key ranges the table was cut into
     differing: int  # of those, the ranges whose digests differed
+    source_rows: int
+    lake_rows: int
 
     def describe(self) -> str:
         return f"{self.differing} of {self.ranges} key ranges differed by their digests"
@@ -317,11 +319,13 @@ def narrowed(url: MySQLUrl, conn: pymysql.Connection, current: DeltaTable, shape
     with ThreadPoolExecutor(1) as pool:
         theirs = pool.submit(source_digests, url, shape, ranges)
         ours = lake_digests(current, shape, ranges)
-        differing = differing_parts(theirs.result(), ours, ranges)
+        theirs_now = theirs.result()
+        differing = differing_parts(theirs_now, ours, ranges)
+    rows = (sum(n for n, _ in theirs_now.values()), sum(n for n, _ in ours.values()))
     parts = parts_within(current, key, differing) if differing else []
     if parts:
         with ThreadPoolExecutor(1) as pool:
             theirs = pool.submit(source_digests, url, shape, parts)
             ours = lake_digests(current, shape, parts)
             parts = differing_parts(theirs.result(), ours, parts)
-    return Narrowed(keys_in_parts(conn, current, shape.table, key, parts), len(ranges), len(differing))
+    return Narrowed(keys_in_parts(conn, current, shape.table, key, parts), len(ranges), len(differing), *rows)

@@ -49,7 +49,6 @@ from cdc_assets.core.ops import REPAIR, REPAIR_DELETE, UNLOGGED_ROWS
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.delta import row_count
-from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA, BatchManifest, RawBatch
 from cdc_assets.lake.repair_marks import owing_repair, repaired
 from cdc_assets.lake.state import Checkpoint, known_tables, load_checkpoint, load_registry, load_schemas
@@ -59,7 +58,8 @@ from cdc_assets.source.foreign_keys import foreign_keys
 from cdc_assets.source.rows import source_shapes
 from cdc_assets.verification import digests
 from cdc_assets.verification.cascades import cascaded_keys, parents_before_changes
-from cdc_assets.verification.consistency import ConsistentComparison, compare_many, compare_to_repair
+from cdc_assets.verification.changed_keys import CheckedState, save_checked
+from cdc_assets.verification.consistency import ConsistentComparison, compare_many, compare_to_repair, open_current
 
 Image = list[str | None]
 DIGEST_FROM_ROWS = 500_000  # a table this large is first narrowed by key-range digests, not compared row by row
@@ -180,21 +180,24 @@ def repair(
     known = load_schemas(lakehouse.store, load_checkpoint(lakehouse.store))
     captured_before = checkpoint_seq(lakehouse)  # every statement up to here is in the source the comparison reads
     unsuspected = [t for t in tables if t not in suspects]
-    digested, narrowed = _digested(settings, lakehouse, unsuspected)  # large tables: the ranges whose digests differ
+    digested = _digested(settings, lakehouse, unsuspected)  # large tables: the parts whose digests differ
+    narrowed = {t: d.narrowed.describe() for t, d in digested.items()}
     rest = [t for t in unsuspected if t not in digested]
     first = compare_many(settings, lakehouse, rest, repairing=True) if rest else []
-    candidates = _candidates(first, known, report) | {t: keys for t, keys in digested.items() if keys}
+    candidates = _candidates(first, known, report) | {t: d.narrowed.keys for t, d in digested.items() if d.narrowed.keys}
     candidates |= {t: keys for t, keys in suspects.items() if t in tables}
-    equal = [t for t, keys in digested.items() if not keys]
+    equal = [t for t, d in digested.items() if not d.narrowed.keys]
     report.tables += [RepairedTable(str(t), left="equal to the source: nothing to repair", narrowed=narrowed[t]) for t in equal]
     for table in equal:
         repaired(lakehouse.store, str(table), captured_before)
     if not candidates:
         settle_marks(lakehouse, [c for c in first if c.ok], captured_before)
+        _found_equal(lakehouse, digested, set(equal), str(load_checkpoint(lakehouse.store).position))
         report.seconds = time.monotonic() - began
         return report
     shapes: dict[TableRef, TableShape] = {}
     changes: dict[TableRef, list[tuple[Image | None, Image | None]]] = {}
+    settled: set[TableRef] = set()  # tables compared at the repair's point: equal, or given their changes
     spool = SpoolDirectory()
     policy = policy_from_env()  # the rows compared are the source's as the lakehouse holds them (core/column_policy)
     with capture_session(settings, lakehouse, log, owner, journal=journal) as session:
@@ -219,6 +222,7 @@ def repair(
                 report.tables.append(RepairedTable(name, left="not repaired: its columns changed; run the repair again"))
                 continue
             found = repair_changes(shape, *c.rows)
+            settled.add(c.table)
             if not found:
                 report.tables.append(RepairedTable(name, left="equal to the source at the repair's point", narrowed=narrowed.get(c.table)))
                 continue
@@ -233,6 +237,7 @@ def repair(
             report.batch = captured.batches[-1]
         settle_marks(lakehouse, [c for c in comparisons if not c.not_compared and c.rows is not None], through)
         report.position = str(checkpoint.position)
+        _found_equal(lakehouse, digested, settled | set(equal), report.position)
     spool.remove()
     report.capture = finished(captured, settings, lakehouse, began)
     report.tables.sort(key=lambda t: t.table)
@@ -240,29 +245,46 @@ def repair(
     return report
 
 
-def _digested(
-    settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]
-) -> tuple[dict[TableRef, set[tuple]], dict[TableRef, str]]:
-    """For each large table a digest can cover (verification/digests.py), the keys of the ranges whose digests
-    differ: the only rows that can differ (empty: the table is equal); and how many ranges those were."""
-    found: dict[TableRef, set[tuple]] = {}
-    said: dict[TableRef, str] = {}
-    large = {t: current for t in tables if (current := lakehouse.open(CURRENT, t)) is not None and row_count(current) >= DIGEST_FROM_ROWS}
+@dataclass(frozen=True)
+class DigestedTable:
+    """A large table narrowed by its digests, and the current state they were taken of."""
+
+    narrowed: digests.Narrowed
+    version: int  # the current-state table's Delta version digested
+    applied_seq: int  # every change up to this seq is in the rows digested
+
+
+def _digested(settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]) -> dict[TableRef, DigestedTable]:
+    """For each large table a digest can cover (verification/digests.py), the keys of the parts whose digests
+    differ: the only rows that can differ (none: the table is equal)."""
+    found: dict[TableRef, DigestedTable] = {}
+    opened = {t: open_current(lakehouse, t) for t in tables}
+    large = {t: (current, seq) for t, (current, seq) in opened.items() if current is not None and seq is not None and row_count(current) >= DIGEST_FROM_ROWS}
     if not large:
-        return found, said
+        return found
     conn = source.connect(settings.url)
     try:
         shapes = source_shapes(conn, list(large))
-        for table, current in large.items():
+        for table, (current, seq) in large.items():
             shape = shapes.get(table)
             lake_columns = [f.name for f in pa.schema(current.schema().to_arrow()) if not f.name.startswith("_cdc_")]
             if shape is None or not digests.digestible(shape) or shape.column_names != lake_columns:
                 continue
-            narrowed = digests.narrowed(settings.url, conn, current, shape)
-            found[table], said[table] = narrowed.keys, narrowed.describe()
+            found[table] = DigestedTable(digests.narrowed(settings.url, conn, current, shape), current.version(), seq)
     finally:
         conn.close()
-    return found, said
+    return found
+
+
+def _found_equal(lakehouse: Lakehouse, digested: dict[TableRef, DigestedTable], tables: set[TableRef], position: str) -> None:
+    """The digested tables made equal (or found equal) by the repair recorded as found equal at the version
+    digested, so the check after the repair's apply compares only the keys changed since (the repair's among them)
+    and the row counts, not every row again: outside the parts compared at the repair's point, the version's rows
+    were the source's or are brought to them by the changes after its applied seq (verification/digests.py)."""
+    for table in tables & digested.keys():
+        d = digested[table]
+        state = CheckedState(d.version, d.applied_seq, d.narrowed.source_rows, d.narrowed.lake_rows, position)
+        save_checked(lakehouse.store, table, state)
 
 
 def checkpoint_seq(lakehouse: Lakehouse) -> int:
