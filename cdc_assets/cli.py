@@ -1,4 +1,4 @@
-"""`cdc-lakehouse`: sync, verify, status, snapshot, publish, export and demo. It parses and prints; the runs are the Dagster
+"""`cdc-lakehouse`: sync, verify, status, snapshot, publish, export, forget and demo. It parses and prints; the runs are the Dagster
 definitions' own (cdc_assets/commands/runs.py), on the persistent instance in DAGSTER_HOME (default
 `.local/dagster_home`), so `make dev` shows them. Errors a user can fix end with one sentence and exit code 2,
 never a traceback.
@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 from cdc_assets.cli_progress import ProgressDisplay
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, check_numeric_settings
-from cdc_assets.lake.layout import CHANGES, CURRENT, RAW
+from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY, RAW
 from cdc_assets.runtime import forked_capture
 from cdc_assets.runtime.instance import ensure_dagster_home
 
@@ -85,6 +85,15 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("export_table", metavar="TABLE", help="schema.table")
     export.add_argument("--as-of", required=True, help="an ISO time (UTC unless it has an offset) or seq:N")
     export.add_argument("--to", required=True, help="the Parquet file to write")
+    forget = sub.add_parser(
+        "forget", help="remove every row and version of some keys of a table from every layer and from storage"
+    )
+    forget.add_argument("forget_table", metavar="TABLE", help="schema.table")
+    forget.add_argument(
+        "--key", action="append", dest="forget_keys", metavar="KEY",
+        help="a primary key: its value, or a JSON array of the values of a composite key ('[42, \"abc\"]'); repeatable",
+    )  # fmt: skip
+    forget.add_argument("--keys-file", metavar="FILE", help="a file of keys, one a line, written as --key takes them")
     status = sub.add_parser("status", help="checkpoint, lag, tables, last batch and freshness")
     status.add_argument("--json", action="store_true", help="print JSON")
     demo_command = sub.add_parser("demo", help="local source + live workload + sync until caught up + verify")
@@ -368,6 +377,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_forget(args: argparse.Namespace) -> int:
+    from cdc_assets.commands.forget import run_forget
+
+    record = run_forget(args.forget_table, args.forget_keys, args.keys_file)
+    layers = record.layers
+    raw = layers[RAW]
+    print(
+        f"forgot {len(record.key_hashes)} key{'s' if len(record.key_hashes) != 1 else ''} of {record.table}: "
+        f"{raw.rows_removed} row changes in {raw.files_rewritten} raw batches, "
+        + ", ".join(f"{layers[layer].rows_removed} rows of {layer}/" for layer in (CHANGES, CURRENT, HISTORY))
+        + f"; {sum(c.files_purged for c in layers.values())} files of older versions removed from storage"
+    )
+    print(f"recorded in {record.key} (hashes of the keys, never a key)")
+    for sink in record.published_by:
+        print(
+            f"sink {sink}: had published changes of these keys, and cannot unsend them: ask its consumers to "
+            "forget them too"
+        )
+    print("note: the source's binary logs hold these rows until they are purged (PURGE BINARY LOGS on the source)")
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.poll_seconds is not None and args.poll_seconds <= 0:
         raise CdcUserError(f"--poll-seconds {args.poll_seconds:g} is not a positive number of seconds: use e.g. 0.5.")
@@ -479,6 +510,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "repair": cmd_repair,
     "publish": cmd_publish,
     "export": cmd_export,
+    "forget": cmd_forget,
     "demo": cmd_demo,
 }
 

@@ -66,6 +66,12 @@ FAILPOINTS = frozenset(
         "snapshot.captured",  # the rows are read and capture has reached the snapshot's position, nothing loaded
         "snapshot.overwritten",  # a table's current state is overwritten at the snapshot's seq, its progress not saved
         "snapshot.chunk_written",  # a Spark snapshot task has written and recorded a chunk (in the executor)
+        # a table's rows rewritten in every layer (cdc_assets/stages/rewrite, lake/raw_batches.py): `cdc-lakehouse forget`
+        "rewrite.raw_data_written",  # a raw batch's new data file is written, its manifest still names the old one
+        "rewrite.raw_manifest_switched",  # a raw batch's manifest names the new data, the old data file not deleted
+        "rewrite.layer_committed",  # a Delta table's rewrite is committed, its old versions' files and log not purged
+        "rewrite.layer_vacuumed",  # a Delta table's old files are vacuumed, its log before a new checkpoint not removed
+        "forget.layers_rewritten",  # every layer of a forget is rewritten, its record not yet marked done
         # the rest of the product
         "sinks.published_unconfirmed",  # RabbitMQ: a window is published, its confirms not yet received
         "sinks.window_acknowledged",  # a sink's window is acknowledged by the broker, its checkpoint not yet saved

@@ -24,3 +24,6 @@ CURRENT_STAGE = CURRENT_LOCK = CURRENT
 # per table, the Delta version and `_cdc_seq` up to which its current state was last found equal to the source:
 # <schema>/<table>.json (verification/changed_keys.py)
 CHECKED_STATE = f"{STATE}/checked"
+# what each `cdc-lakehouse forget` did (table, hashes of the keys, time, rows removed per layer; never a clear key):
+# <schema>/<table>/<id>.json (stages/rewrite/forget.py)
+FORGOTTEN_STATE = f"{STATE}/forgotten"

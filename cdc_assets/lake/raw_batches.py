@@ -15,6 +15,7 @@ import bisect
 import hashlib
 import io
 import json
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -133,6 +134,13 @@ class BatchManifest:
     data_sha256: str
     data_bytes: int
     raw: dict[str, Any]
+
+    @property
+    def data_file(self) -> str:
+        """The name of the batch's data file in its folder: `changes.parquet` as capture writes it; a batch
+        rewritten in place (`rewrite_batch_data`: a person forgotten) names its new file, so the manifest, replaced
+        atomically, switches readers from the old data to the new in one step."""
+        return str(self.raw.get("data_file") or DATA_FILE)
 
     def truncates(self) -> list[dict[str, Any]]:
         """The batch's TRUNCATE statements, each with the `table` it empties and its `seq`."""
@@ -309,10 +317,10 @@ def read_rows(store: ObjectStore, manifest: BatchManifest) -> pa.Table:
 
 def _checked_data(store: ObjectStore, manifest: BatchManifest) -> bytes:
     try:
-        data = store.get(_key(manifest.name, DATA_FILE))
+        data = store.get(_key(manifest.name, manifest.data_file))
     except MissingObject as exc:
         raise CdcUserError(
-            f"Raw batch {manifest.name} is missing its data file {DATA_FILE}: restore raw/{manifest.name}/ "
+            f"Raw batch {manifest.name} is missing its data file {manifest.data_file}: restore raw/{manifest.name}/ "
             "from a backup."
         ) from exc
     if hashlib.sha256(data).hexdigest() != manifest.data_sha256:
@@ -338,3 +346,62 @@ def seq_ceiling_at(names: list[str], manifest_at: Callable[[int], BatchManifest]
     the end of the batch holding `position`. 0 before the first batch."""
     index = bisect.bisect_right(names, position.batch_name()) - 1
     return manifest_at(index).next_seq - 1 if index >= 0 else 0
+
+
+# -- rewriting a batch in place (cdc_assets/stages/rewrite: a person forgotten, a column policy applied) ---------------
+
+
+def batch_folders(store: ObjectStore) -> list[str]:
+    """The folder of every visible batch, in raw/ and in archive/ (the chains of earlier lakehouses): each holds a
+    manifest."""
+    suffix = f"/{MANIFEST_FILE}"
+    keys = [*store.list_keys(RAW), *store.list_keys(ARCHIVE)]
+    return sorted(key[: -len(suffix)] for key in keys if key.endswith(suffix))
+
+
+def read_folder_manifest(store: ObjectStore, folder: str) -> BatchManifest:
+    """The manifest of the batch in `folder` (under raw/ or archive/)."""
+    return BatchManifest.from_json(json.loads(store.get(f"{folder}/{MANIFEST_FILE}")))
+
+
+def read_folder_rows(store: ObjectStore, folder: str, manifest: BatchManifest) -> pa.Table:
+    """The rows of the batch in `folder`, checked against its manifest's digest."""
+    data = store.get(f"{folder}/{manifest.data_file}")
+    if hashlib.sha256(data).hexdigest() != manifest.data_sha256:
+        raise CdcUserError(
+            f"Raw batch {folder} is corrupt (its data does not match the manifest's SHA-256): restore it from a backup."
+        )
+    return pq.read_table(io.BytesIO(data))
+
+
+def rewrite_batch_data(store: ObjectStore, folder: str, manifest: BatchManifest, rows: pa.Table) -> BatchManifest:
+    """Replace the rows of a visible batch, keeping everything else of it: the new data under a name of its own
+    (its digest's), then the manifest naming it with its new digest, size and row count (one atomic replace: readers
+    see the old batch or the new, never a mix), then the old data file is deleted. Positions, seqs, GTIDs, shapes and
+    statements stay as they are, so the chain and every seq of the rows kept are unchanged. A crash between the steps
+    leaves a data file the manifest does not name: `remove_unnamed_data` deletes it."""
+    with tempfile.TemporaryDirectory(prefix="cdc-rewrite-") as work:
+        path = Path(work) / DATA_FILE
+        pq.write_table(rows.cast(RAW_ROWS_SCHEMA), path, compression="zstd")
+        digest, size = _file_digest(path)
+        name = f"changes-{digest[:16]}.parquet"
+        store.put_file(f"{folder}/{name}", path)
+    failpoints.hit("rewrite.raw_data_written")
+    body = dict(manifest.raw) | {"data_file": name, "data_sha256": digest, "data_bytes": size, "rows": rows.num_rows}
+    store.put(f"{folder}/{MANIFEST_FILE}", json.dumps(body, indent=1, sort_keys=True).encode())
+    failpoints.hit("rewrite.raw_manifest_switched")
+    new = BatchManifest.from_json(body)
+    remove_unnamed_data(store, folder, new)
+    return new
+
+
+def remove_unnamed_data(store: ObjectStore, folder: str, manifest: BatchManifest) -> int:
+    """Delete the data files of a batch's folder its manifest does not name (what a rewrite stopped midway left: the
+    new file not yet named, or the old one no longer named); returns how many."""
+    stale = [
+        key for key in store.list_keys(folder)
+        if key.rsplit("/", 1)[-1].endswith(".parquet") and key.rsplit("/", 1)[-1] != manifest.data_file
+    ]  # fmt: skip
+    for key in stale:
+        store.delete(key)
+    return len(stale)

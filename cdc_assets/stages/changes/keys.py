@@ -41,10 +41,16 @@ def json_keys(images: pa.Array | pa.ChunkedArray, key_idx: list[int]) -> pa.Arra
     """The key of each row image as the JSON array of its key columns' texts (NULL for a NULL image)."""
     if not len(images):
         return pa.array([], pa.string())
-    elements = [_json_element(pc.list_element(images, i)) for i in key_idx]
-    inner = elements[0] if len(elements) == 1 else pc.binary_join_element_wise(*elements, ",")
-    keys = pc.binary_join_element_wise("[", inner, "]", "")
+    keys = json_key_texts([pc.list_element(images, i) for i in key_idx])
     return pc.if_else(pc.is_valid(images), keys, pa.scalar(None, pa.string()))
+
+
+def json_key_texts(columns: list[pa.Array | pa.ChunkedArray]) -> pa.Array | pa.ChunkedArray:
+    """The JSON array of each row's texts in `columns` (canonical texts of the key columns): the key text every layer
+    is matched by (a forget rewrites current state by the texts of its typed key columns)."""
+    elements = [_json_element(column) for column in columns]
+    inner = elements[0] if len(elements) == 1 else pc.binary_join_element_wise(*elements, ",")
+    return pc.binary_join_element_wise("[", inner, "]", "")
 
 
 def keyed_changes(rows: pa.Table, table_keys: pa.Table) -> pa.Table:

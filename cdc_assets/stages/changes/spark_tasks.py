@@ -24,7 +24,7 @@ from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import conform_to_log, rows_for_tables, typed_changes, with_batch
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, write_files
 from cdc_assets.lake.layout import CHANGES, RAW
-from cdc_assets.lake.raw_batches import DATA_FILE, RAW_ROWS_SCHEMA
+from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA
 from spark_resources.transforms import arrow_frame, spark_schema
 
 # Keying over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical texts, keys as JSON
@@ -81,8 +81,9 @@ def _read_raw(access: FileAccess, starts: dict[str, str | None]) -> Callable[[It
     def read(tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs = access.filesystem()
         for task in tasks:
-            for batch, digest in zip(task.column("batch").to_pylist(), task.column("sha256").to_pylist(), strict=True):
-                path = access.path(f"{RAW}/{batch}/{DATA_FILE}")
+            names, files, digests = (task.column(c).to_pylist() for c in ("batch", "data_file", "sha256"))
+            for batch, data_file, digest in zip(names, files, digests, strict=True):
+                path = access.path(f"{RAW}/{batch}/{data_file}")
                 check = hashlib.sha256()
                 with fs.open_input_stream(path) as source:
                     while block := source.read(1 << 20):
@@ -101,11 +102,15 @@ def _read_raw(access: FileAccess, starts: dict[str, str | None]) -> Callable[[It
     return read
 
 
+_TASKS = pa.schema([("batch", pa.string()), ("data_file", pa.string()), ("sha256", pa.string())])
+
+
 def raw_changes(
-    spark: SparkSession, access: FileAccess, batches: list[tuple[str, str]], starts: dict[str, str | None]
+    spark: SparkSession, access: FileAccess, batches: list[tuple[str, str, str]], starts: dict[str, str | None]
 ) -> DataFrame:
-    """The raw rows of the batches (name, data SHA-256) for the tables in `starts`, read by Spark tasks."""
-    tasks = arrow_frame(spark, pa.table({"batch": [b for b, _ in batches], "sha256": [d for _, d in batches]}))
+    """The raw rows of the batches (name, data file, data SHA-256) for the tables in `starts`, read by Spark tasks."""
+    names, files, digests = (list(c) for c in zip(*batches, strict=True)) if batches else ([], [], [])
+    tasks = arrow_frame(spark, pa.table({"batch": names, "data_file": files, "sha256": digests}, schema=_TASKS))
     return tasks.repartition(max(1, min(len(batches), 64))).mapInArrow(_read_raw(access, starts), spark_schema(RAW_WITH_BATCH))
 
 
