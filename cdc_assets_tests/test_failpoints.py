@@ -44,6 +44,11 @@ WALKED_ELSEWHERE = {
     "verify.in_snapshot": "test_consistency.py (DDL in flight during a verify)",
     "history.before_commit": "test_history.py (the CLI killed there; history needs CDC_HISTORY_TABLES)",
     "history.before_seed_commit": "test_history.py::test_a_seed_stopped_part_way_is_done_once (the CLI killed there)",
+    "rewrite.raw_data_written": "test_forget.py::test_a_forget_killed_at_each_failpoint_and_run_again_finishes",
+    "rewrite.raw_manifest_switched": "test_forget.py::test_a_forget_killed_at_each_failpoint_and_run_again_finishes",
+    "rewrite.layer_committed": "test_forget.py::test_a_forget_killed_at_each_failpoint_and_run_again_finishes",
+    "rewrite.layer_vacuumed": "test_forget.py::test_a_forget_killed_at_each_failpoint_and_run_again_finishes",
+    "forget.layers_rewritten": "test_forget.py::test_a_forget_killed_at_each_failpoint_and_run_again_finishes",
 }
 
 BATCH_ROWS = 40  # small raw batches: a capture writes several, so it can be stopped between two

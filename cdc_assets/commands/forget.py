@@ -79,10 +79,8 @@ def run_forget(table_text: str, keys: list[str] | None, keys_file: str | None) -
     canonical = canonical_keys(shape, [parse_key(text, len(shape.primary_key)) for text in texts])
     refuse_beside_continuous(lakehouse)
     lakehouse.check_writable()
-    held = source_holds(settings, shape, canonical)
-    if held:
-        raise CdcUserError(
-            f"The source still holds {held} of the {len(canonical)} key{'s' if len(canonical) != 1 else ''} in {table}: "
-            "delete those rows at the source first (forget follows a DELETE there), then run forget again."
-        )
-    return forget(settings, lakehouse, table, canonical, published_by=lambda seq: sinks_published(lakehouse, table, seq))
+    return forget(
+        settings, lakehouse, table, canonical,
+        source_holds=lambda shape, keys: source_holds(settings, shape, keys),
+        published_by=lambda seq: sinks_published(lakehouse, table, seq),
+    )  # fmt: skip

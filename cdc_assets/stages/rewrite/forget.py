@@ -7,10 +7,13 @@ Keys are matched as every layer keys its rows: the JSON array of the key columns
 since is still found. A key-changing update from a forgotten key to another one keeps the other key's row (as an
 insert of it); one from another key into a forgotten one keeps the other key's removal (as a delete of it).
 
-Why it holds the capture, change-log and current-state locks for its whole run, and captures first: a sync between
-two layers' rewrites would take the rows of a batch not yet rewritten into a change log already rewritten; and a
-DELETE at the source not yet captured would bring the person's whole row back (a delete carries its before-image)
-with the next sync. Capture then only reads on past the checkpoint, so nothing before it is read again.
+Why it holds the snapshot, capture, change-log and current-state locks for its whole run, and first brings the
+table up to date (capture, then the table's change log and current state, on Arrow): a DELETE at the source not yet
+captured would bring the person's whole row back (a delete carries its before-image) with the next sync; and with the
+DELETE applied, current state lacks the keys as the source does at every step a crash may stop the rewrite at, so a
+sync in between passes its checks. Capture then only reads on past the checkpoint, so nothing before it is read
+again; a sync after a crash may take rows of a batch not yet rewritten into a change log already rewritten, and the
+forget run again removes them with the rest.
 
 Why it is exactly once across crashes: the record is written (`pending`) before any layer is touched, each layer's
 rewrite can be run again (a file already without the keys is not written again; old versions are purged every
@@ -49,11 +52,15 @@ from cdc_assets.lake.layout import (
     SNAPSHOT_LOCK,
 )
 from cdc_assets.lake.locks import lakehouse_lock
+from cdc_assets.lake.raw_batches import batch_folders, read_folder_manifest, read_folder_rows
 from cdc_assets.lake.state import load_checkpoint, load_progress, load_registry, load_schemas
 from cdc_assets.lake.store import Lakehouse, MissingObject
 from cdc_assets.stages.changes.keys import json_key_texts, json_keys
+from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.stages.rewrite.layers import LAYERS, LayerCount, rewrite_table_layers
 from cdc_assets.stages.snapshot.records import load_record
+from spark_resources.engine import Transforms
 
 PENDING, DONE = "pending", "done"
 
@@ -117,75 +124,72 @@ def key_hash(table: TableRef, key: str) -> str:
 
 @dataclass(frozen=True)
 class ForgetKeys:
-    """`layers.TableRewrite` that drops every row and version of `keys` (canonical JSON key texts)."""
+    """`layers.TableRewrite` that drops every row and version of the keys whose `key_hash` is in `hashes`. Rows
+    are matched by the hash, not the key, so a forget stopped midway is finished from its record alone: the keys
+    linked by a key change (`linked_keys`) may no longer be found once a layer has lost their rows."""
 
-    keys: frozenset[str]
+    table: TableRef
+    hashes: frozenset[str]
 
     def _gone(self, keys: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
-        return pc.fill_null(pc.is_in(keys, value_set=pa.array(sorted(self.keys), pa.string())), False)
+        """Whether each key text is one of the keys (False for NULL: a change of no row, a schema change)."""
+        texts = pc.unique(pc.drop_null(keys)).to_pylist() if len(keys) else []
+        found = [text for text in texts if key_hash(self.table, text) in self.hashes]
+        return pc.fill_null(pc.is_in(keys, value_set=pa.array(found, pa.string())), False)
 
     def raw_rows(self, rows: pa.Table, shape: TableShape) -> pa.Table | None:
         index = shape.key_indexes()
-        after, before = rows.column("after"), rows.column("before")
-        after_gone, before_gone = self._gone(json_keys(after, index)), self._gone(json_keys(before, index))
-        keep_after = pc.and_(pc.is_valid(after), pc.invert(after_gone))
-        keep_before = pc.and_(pc.is_valid(before), pc.invert(before_gone))
-        if not pc.any(pc.or_(after_gone, before_gone)).as_py():
-            return None
-        update = pc.equal(rows.column("op"), ops.UPDATE)
-        op = pc.if_else(pc.and_(update, pc.invert(keep_before)), ops.INSERT, rows.column("op"))  # a key left it
-        op = pc.if_else(pc.and_(update, pc.invert(keep_after)), ops.DELETE, op)  # a key moved into a forgotten one
-        null_images = pa.nulls(rows.num_rows, after.type)
-        rows = rows.set_column(rows.column_names.index("op"), "op", op)
-        rows = rows.set_column(rows.column_names.index("after"), "after", pc.if_else(keep_after, after, null_images))
-        rows = rows.set_column(rows.column_names.index("before"), "before", pc.if_else(keep_before, before, null_images))
-        return rows.filter(pc.or_(keep_after, keep_before))
+        gone = pc.or_(self._gone(json_keys(rows.column("after"), index)), self._gone(json_keys(rows.column("before"), index)))
+        return rows.filter(pc.invert(gone)) if pc.any(gone).as_py() else None
 
     def change_rows(self, rows: pa.Table) -> pa.Table | None:
-        key, before_key = rows.column("_cdc_key"), rows.column("_cdc_before_key")
-        gone, before_gone = self._gone(key), self._gone(before_key)
-        if not pc.any(pc.or_(gone, before_gone)).as_py():
-            return None
-        update = pc.equal(rows.column("_cdc_op"), ops.UPDATE)
-        # an update between a forgotten key and another: the other key's half stays, as an insert or a delete
-        to_insert = pc.and_(update, pc.and_(pc.invert(gone), before_gone))
-        to_delete = pc.and_(update, pc.and_(gone, pc.and_(pc.is_valid(before_key), pc.invert(before_gone))))
-        if pc.any(to_insert).as_py() or pc.any(to_delete).as_py():
-            rows = _half_of_key_change(rows, to_insert, to_delete)
-        drop = pc.or_(pc.and_(gone, pc.invert(to_delete)), pc.and_(before_gone, pc.invert(to_insert)))
-        return rows.filter(pc.invert(drop))
+        gone = pc.or_(self._gone(rows.column("_cdc_key")), self._gone(rows.column("_cdc_before_key")))
+        return rows.filter(pc.invert(gone)) if pc.any(gone).as_py() else None
 
     def current_rows(self, rows: pa.Table, shape: TableShape) -> pa.Table | None:
+        return self._typed_rows(rows, shape)
+
+    def history_rows(self, rows: pa.Table, shape: TableShape) -> pa.Table | None:
+        return self._typed_rows(rows, shape)
+
+    def _typed_rows(self, rows: pa.Table, shape: TableShape) -> pa.Table | None:
+        """Rows of typed key columns (current state, history versions) without those of the keys: each row's key
+        texts written back from its typed values (`encode_column`, what `decode_column` reads)."""
+        if not rows.num_rows:
+            return None
         columns = [shape.columns[i] for i in shape.key_indexes()]
-        texts = [pa.array(encode_column(c, rows.column(c.name)), pa.string()) for c in columns]
-        gone = self._gone(json_key_texts(texts)) if rows.num_rows else pa.array([], pa.bool_())
-        return rows.filter(pc.invert(gone)) if pc.any(gone).as_py() else None
-
-    def history_rows(self, rows: pa.Table) -> pa.Table | None:
-        gone = self._gone(rows.column("_cdc_key"))
+        gone = self._gone(json_key_texts([pa.array(encode_column(c, rows.column(c.name)), pa.string()) for c in columns]))
         return rows.filter(pc.invert(gone)) if pc.any(gone).as_py() else None
 
 
-def _half_of_key_change(rows: pa.Table, to_insert: pa.Array, to_delete: pa.Array) -> pa.Table:
-    """Change-log rows of key-changing updates turned into the half that stays: an insert of the new key (no
-    before-image), or a delete of the old key (its row, from the before-image, as a delete's columns hold it)."""
-    names = rows.column_names
-    before = rows.column("_cdc_before").combine_chunks()
-    columns = {}
-    for name in names:
-        column = rows.column(name)
-        if name == "_cdc_op":
-            column = pc.if_else(to_delete, ops.DELETE, pc.if_else(to_insert, ops.INSERT, column))
-        elif name == "_cdc_key":
-            column = pc.if_else(to_delete, rows.column("_cdc_before_key"), column)
-        elif name == "_cdc_before_key":
-            column = pc.if_else(to_insert, pa.scalar(None, pa.string()), column)
-        elif name == "_cdc_before":
-            column = pc.if_else(to_insert, pa.nulls(rows.num_rows, column.type), column)
-        elif not name.startswith("_cdc_") and name in before.type.names:
-            column = pc.if_else(to_delete, before.field(name), column)
-        columns[name] = column
-    return pa.table(columns, schema=rows.schema)
+def linked_keys(lakehouse: Lakehouse, table: TableRef, keys: Iterable[str]) -> list[str]:
+    """`keys` and every key a key-changing update of the table's raw batches linked to one of them, either way and
+    through any number of changes: the same source row under another key holds the same person's values."""
+    links: dict[str, set[str]] = {}
+    store = lakehouse.store
+    for folder in batch_folders(store):
+        manifest = read_folder_manifest(store, folder)
+        versions = {v: shape for v, shape in manifest.shapes.items() if shape.table == table}
+        if not versions:
+            continue
+        rows = read_folder_rows(store, folder, manifest)
+        mine = pc.and_(pc.equal(rows.column("schema"), table.schema), pc.equal(rows.column("table"), table.table))
+        updates = rows.filter(pc.and_(mine, pc.equal(rows.column("op"), ops.UPDATE)))
+        for version, shape in versions.items():
+            part = updates.filter(pc.equal(updates.column("table_version"), version))
+            index = shape.key_indexes()
+            before, after = json_keys(part.column("before"), index), json_keys(part.column("after"), index)
+            for old, new in zip(before.to_pylist(), after.to_pylist(), strict=True):
+                if old is not None and new is not None and old != new:
+                    links.setdefault(old, set()).add(new)
+                    links.setdefault(new, set()).add(old)
+    found, pending = set(keys), list(keys)
+    while pending:
+        for other in links.get(pending.pop(), ()):
+            if other not in found:
+                found.add(other)
+                pending.append(other)
+    return sorted(found)
 
 
 # -- the record -----------------------------------------------------------------------------------------------------
@@ -197,7 +201,8 @@ class ForgetRecord:
 
     id: str
     table: str
-    key_hashes: list[str]
+    given: list[str]  # the hashes of the keys given (a forget run again with them finds this record)
+    key_hashes: list[str]  # the hashes of every key forgotten: those given and those a key change linked to them
     started_at: float
     status: str = PENDING
     finished_at: float | None = None
@@ -213,6 +218,7 @@ class ForgetRecord:
         return {
             "id": self.id,
             "table": self.table,
+            "given": self.given,
             "key_hashes": self.key_hashes,
             "keys": len(self.key_hashes),
             "started_at": self.started_at,
@@ -226,7 +232,7 @@ class ForgetRecord:
     @staticmethod
     def from_json(d: dict[str, Any]) -> ForgetRecord:
         return ForgetRecord(
-            d["id"], d["table"], list(d["key_hashes"]), float(d["started_at"]), d["status"], d.get("finished_at"),
+            d["id"], d["table"], list(d["given"]), list(d["key_hashes"]), float(d["started_at"]), d["status"], d.get("finished_at"),
             d.get("first_seq"), list(d.get("published_by", [])),
             {layer: LayerCount.from_json(c) for layer, c in (d.get("layers") or {}).items()},
         )  # fmt: skip
@@ -289,13 +295,16 @@ def forget(
     lakehouse: Lakehouse,
     table: TableRef,
     keys: list[str],
+    source_holds: Callable[[TableShape, list[str]], int],
     owner: str = "cdc-lakehouse forget",
     published_by: Callable[[int], list[str]] = lambda _: [],
 ) -> ForgetRecord:
-    """Remove every row and version of `keys` (canonical JSON key texts, `canonical_keys`) of `table` from every
-    layer and from storage, and record it. `published_by(seq)`: the sinks that have sent the table's changes up to
-    `seq`, asked before anything is rewritten (a resumed forget keeps what its first run found)."""
-    hashes = sorted({key_hash(table, key) for key in keys})
+    """Remove every row and version of `keys` (canonical JSON key texts, `canonical_keys`) of `table`, and of the
+    keys key changes linked to them, from every layer and from storage, and record it. `source_holds(shape, keys)`:
+    how many of the keys the source still has (forget refuses then). `published_by(seq)`: the sinks that have sent
+    the table's changes up to `seq`. Both are asked before anything is rewritten; a forget run again after a crash
+    finds its pending record and finishes it, keeping what its first run found."""
+    given = sorted({key_hash(table, key) for key in keys})
     wait = lakehouse.lock_wait_seconds
     with ExitStack() as held:
         held.enter_context(lakehouse.faults_are_user_errors())
@@ -311,16 +320,28 @@ def forget(
                 f"A snapshot of {table} was stopped part-way: finish it with `cdc-lakehouse snapshot {table}`, then "
                 "run forget again."
             )
-        capture(settings, lakehouse, owner=owner)  # the source's DELETE of the keys, before the layers are rewritten
+        # the source's DELETE of the keys taken in first: current state then lacks them as the source does, whatever
+        # step a crash stops the rewrite at, and no later capture reads the DELETE's before-image again
+        capture(settings, lakehouse, owner=owner)
+        process_new_batches(lakehouse, lambda _: Transforms(), [str(table)], owner=owner)
+        apply_pending(lakehouse, lambda _: Transforms(), [str(table)], owner=owner)
         shape = table_shape(lakehouse, table)
-        record = next(
-            (r for r in forget_records(lakehouse, table) if r.status == PENDING and r.key_hashes == hashes), None
-        )
+        record = next((r for r in forget_records(lakehouse, table) if r.status == PENDING and r.given == given), None)
         if record is None:
+            linked = linked_keys(lakehouse, table, keys)
+            still = source_holds(shape, linked)
+            if still:
+                raise CdcUserError(
+                    f"The source still holds {still} of the {len(linked)} key{'s' if len(linked) != 1 else ''} in "
+                    f"{table}{' (with those key changes linked to the keys given)' if len(linked) > len(keys) else ''}: "
+                    "delete those rows at the source first (forget follows a DELETE there), then run forget again."
+                )
             began = time.time()
-            digest = hashlib.sha256("".join(hashes).encode()).hexdigest()[:12]
-            record = ForgetRecord(f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime(began))}-{digest}", str(table), hashes, began)
-            record.first_seq = first_seq_of(lakehouse, table, keys)
+            hashes = sorted({key_hash(table, key) for key in linked})
+            digest = hashlib.sha256("".join(given).encode()).hexdigest()[:12]
+            stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(began))
+            record = ForgetRecord(f"{stamp}-{digest}", str(table), given, hashes, began)
+            record.first_seq = first_seq_of(lakehouse, table, linked)
             record.published_by = published_by(record.first_seq) if record.first_seq is not None else []
             save_record(lakehouse, record)
 
@@ -328,7 +349,8 @@ def forget(
             record.layers[layer] = record.layers.get(layer, LayerCount()).add(count)
             save_record(lakehouse, record)
 
-        rewrite_table_layers(lakehouse, table, ForgetKeys(frozenset(keys)), shape, layer_done)
+        rewrite = ForgetKeys(table, frozenset(record.key_hashes))
+        rewrite_table_layers(lakehouse, table, rewrite, shape, layer_done)
         failpoints.hit("forget.layers_rewritten")
         record.status, record.finished_at = DONE, time.time()
         record.layers = {layer: record.layers.get(layer, LayerCount()) for layer in LAYERS}

@@ -68,8 +68,9 @@ class TableRewrite(Protocol):
         """Current-state rows: the source columns (typed) and `_cdc_*` columns; `shape` is the table's newest."""
         ...
 
-    def history_rows(self, rows: pa.Table) -> pa.Table | None:
-        """History versions: the source columns, `_cdc_key` and the validity columns."""
+    def history_rows(self, rows: pa.Table, shape: TableShape) -> pa.Table | None:
+        """History versions: the source columns (typed), `_cdc_key` (the key's typed values as JSON, not the change
+        log's texts) and the validity columns; `shape` is the table's newest."""
         ...
 
 
@@ -112,7 +113,7 @@ def rewrite_table_layers(
         (RAW, lambda: _rewrite_raw(lakehouse, table, rewrite)),
         (CHANGES, lambda: _rewrite_delta(lakehouse, CHANGES, table, rewrite.change_rows)),
         (CURRENT, lambda: _rewrite_delta(lakehouse, CURRENT, table, lambda rows: rewrite.current_rows(rows, shape))),
-        (HISTORY, lambda: _rewrite_delta(lakehouse, HISTORY, table, rewrite.history_rows)),
+        (HISTORY, lambda: _rewrite_delta(lakehouse, HISTORY, table, lambda rows: rewrite.history_rows(rows, shape))),
     ]
     for layer, step in steps:
         count = step()
