@@ -206,3 +206,36 @@ def test_bad_input_gets_one_sentence(cdc: CdcEnv, capsys: pytest.CaptureFixture[
         err = capsys.readouterr().err.strip()
         assert err.startswith("error: ") and words in err and "\n" not in err, (argv, err)
     assert _records(cdc) == []
+
+
+def test_forget_names_the_sinks_that_had_published_the_keys(
+    cdc: CdcEnv, rabbitmq: object, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Sinks cannot unsend: a real RabbitMQ sink published the person's changes, and forget says so."""
+    import pika
+
+    name = cdc.database
+    with pika.BlockingConnection(pika.URLParameters(rabbitmq.url())) as connection:
+        channel = connection.channel()
+        channel.exchange_declare(name, "topic", durable=True)
+        channel.queue_declare(name, durable=True)
+        channel.queue_bind(name, name, "#")
+    monkeypatch.setenv("CDC_RABBITMQ_URL", rabbitmq.url())
+    monkeypatch.setenv("CDC_RABBITMQ_EXCHANGE", name)
+    monkeypatch.delenv("CDC_KINESIS_STREAM", raising=False)
+    try:
+        _people(cdc)
+        _person(cdc, 918279999, "published-4b7e", visits=False)
+        assert cdc.sync() == 0  # publishes to RabbitMQ too
+        cdc.execute("DELETE FROM people WHERE id = 918279999")
+        capsys.readouterr()
+        assert _forget(f"{cdc.database}.people", "--key", "918279999") == 0
+        out = capsys.readouterr().out
+        assert "sink rabbitmq: had published changes of these keys, and cannot unsend them" in out, out
+        assert [r["published_by"] for r in _records(cdc)] == [["rabbitmq"]]
+        _assert_equal_to_source(cdc)
+        assert _scan(cdc, ["918279999", "published-4b7e"]) == []
+    finally:
+        with pika.BlockingConnection(pika.URLParameters(rabbitmq.url())) as connection:
+            connection.channel().queue_delete(name)
+            connection.channel().exchange_delete(name)
