@@ -239,3 +239,25 @@ def test_forget_names_the_sinks_that_had_published_the_keys(
         with pika.BlockingConnection(pika.URLParameters(rabbitmq.url())) as connection:
             connection.channel().queue_delete(name)
             connection.channel().exchange_delete(name)
+
+
+def test_forget_by_the_clear_key_of_a_table_whose_key_column_is_hashed(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key column a column policy hashes: the user names the person by the source's key, the lakehouse holds and
+    forgets its keyed hash."""
+    from cdc_assets.core.column_policy import hash_text
+
+    db, secret = cdc.database, "forget-test-secret-0123456789"
+    monkeypatch.setenv("CDC_HASH_COLUMNS", f"{db}.members.id,{db}.members.email")
+    monkeypatch.setenv("CDC_HASH_KEY", secret)
+    cdc.execute(
+        "CREATE TABLE members (id INT PRIMARY KEY, email VARCHAR(100), city VARCHAR(40))",
+        f"INSERT INTO members SELECT seq, CONCAT('m', seq, '@example.com'), 'Lyon' FROM {cdc.numbers(20)}",
+        "INSERT INTO members VALUES (918275555, 'hashed-6d0a@example.invalid', 'Ville-6d0a')",
+    )
+    assert cdc.sync() == 0
+    cdc.execute("UPDATE members SET city = 'Autre-6d0a' WHERE id = 918275555", "DELETE FROM members WHERE id = 918275555")
+    assert _forget(f"{db}.members", "--key", "0918275555") == 0  # as the source would read it: the INT 918275555
+    _assert_equal_to_source(cdc)
+    hashed = hash_text(secret.encode(), "918275555")
+    assert _scan(cdc, [hashed, hash_text(secret.encode(), "hashed-6d0a@example.invalid"), "6d0a"]) == []
+    assert _scan(cdc, [hash_text(secret.encode(), "7")]) != []  # a key kept is there, hashed

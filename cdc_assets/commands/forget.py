@@ -10,11 +10,13 @@ sent: the command names those that had published a change of the keys.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pymysql
 
+from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import decode_column
 from cdc_assets.core.names import TableRef
@@ -26,7 +28,7 @@ from cdc_assets.sinks.checkpoint import SINKS_STATE, load_checkpoint
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_rows_with_keys
 from cdc_assets.stages.follow import refuse_beside_continuous
-from cdc_assets.stages.rewrite.forget import ForgetRecord, canonical_keys, forget, parse_key, table_shape
+from cdc_assets.stages.rewrite.forget import ForgetRecord, canonical_keys, forget, hashed_key, parse_key, table_shape
 
 NO_SUCH_TABLE = 1146
 
@@ -46,7 +48,9 @@ def given_keys(keys: list[str] | None, keys_file: str | None) -> list[str]:
 
 
 def source_holds(settings: SourceSettings, shape: TableShape, keys: list[str]) -> int:
-    """How many of `keys` (canonical JSON key texts) the source table still holds (0 when the table is gone)."""
+    """How many of `keys` (JSON key texts at the source) the source table still holds (0 when the table is gone)."""
+    if not keys:
+        return 0
     columns = [shape.columns[i] for i in shape.key_indexes()]
     values = [json.loads(key) for key in keys]
     typed = pa.table({c.name: decode_column(c, pa.array([v[n] for v in values], pa.string())) for n, c in enumerate(columns)})
@@ -60,6 +64,12 @@ def source_holds(settings: SourceSettings, shape: TableShape, keys: list[str]) -
     finally:
         conn.close()
     return rows.num_rows
+
+
+def at_source(given: dict[str, str], hashed: bool) -> Callable[[list[str]], list[str]]:
+    """The source's key texts of lakehouse keys: those given are known; a key a key change linked to them is its own
+    text at the source, unless a column policy hashes a key column (then it cannot be asked for, and is left out)."""
+    return lambda keys: [given[k] if k in given else k for k in keys if k in given or not hashed]
 
 
 def sinks_published(lakehouse: Lakehouse, table: TableRef, seq: int) -> list[str]:
@@ -76,11 +86,13 @@ def run_forget(table_text: str, keys: list[str] | None, keys_file: str | None) -
     table = TableRef.parse(table_text)
     shape = table_shape(lakehouse, table)
     texts = given_keys(keys, keys_file)
-    canonical = canonical_keys(shape, [parse_key(text, len(shape.primary_key)) for text in texts])
+    policy = policy_from_env()
+    canonical = canonical_keys(shape, [parse_key(text, len(shape.primary_key)) for text in texts], policy)
     refuse_beside_continuous(lakehouse)
     lakehouse.check_writable()
+    clear = at_source(canonical, hashed_key(shape, policy))
     return forget(
-        settings, lakehouse, table, canonical,
-        source_holds=lambda shape, keys: source_holds(settings, shape, keys),
+        settings, lakehouse, table, sorted(canonical),
+        source_holds=lambda shape, keys: source_holds(settings, shape, clear(keys)),
         published_by=lambda seq: sinks_published(lakehouse, table, seq),
     )  # fmt: skip

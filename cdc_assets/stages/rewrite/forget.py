@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 
 from cdc_assets.capture.run import capture
 from cdc_assets.core import failpoints, ops
+from cdc_assets.core.column_policy import CLEAR, HASH, ColumnPolicy
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import decode_column, encode_column
 from cdc_assets.core.names import TableRef
@@ -94,11 +95,13 @@ def parse_key(text: str, arity: int) -> list[str]:
     return parts
 
 
-def canonical_keys(shape: TableShape, keys: list[list[str]]) -> list[str]:
-    """The keys' JSON texts as every layer holds them: each value read at its column's type and written back in the
-    canonical form (`core.mysql_types`)."""
+def canonical_keys(shape: TableShape, keys: list[list[str]], policy: ColumnPolicy | None = None) -> dict[str, str]:
+    """Each key's JSON text as every layer holds it, mapped to its JSON text at the source: each value read at its
+    column's type and written back in the canonical form (`core.mysql_types`); a key column a column policy hashes
+    (`CDC_HASH_COLUMNS`) holds the value's keyed hash in the lakehouse. `shape` is the source's."""
     columns = [shape.columns[i] for i in shape.key_indexes()]
-    texts = []
+    rules = policy.rules(shape) if policy is not None else {}
+    clear, lake = [], []
     for n, column in enumerate(columns):
         given = pa.array([key[n] for key in keys], pa.string())
         try:
@@ -108,8 +111,17 @@ def canonical_keys(shape: TableShape, keys: list[list[str]]) -> list[str]:
                 f"A value given for the key column {column.name} of {shape.table} is not a {column.type.upper()}: "
                 "give each key's values as the source prints them."
             ) from exc
-        texts.append(pa.array(encode_column(column, typed), pa.string()))
-    return sorted(set(json_key_texts(texts).to_pylist()))
+        texts = encode_column(column, typed)
+        clear.append(pa.array(texts, pa.string()))
+        if policy is not None and rules.get(column.name, CLEAR) == HASH:
+            texts = [None if t is None else policy.police_text(HASH, column, t) for t in texts]
+        lake.append(pa.array(texts, pa.string()))
+    return dict(zip(json_key_texts(lake).to_pylist(), json_key_texts(clear).to_pylist(), strict=True))
+
+
+def hashed_key(shape: TableShape, policy: ColumnPolicy | None) -> bool:
+    """Whether a column policy hashes a key column of the table (its lakehouse keys are not the source's)."""
+    return policy is not None and any(policy.rule(shape.table, name) == HASH for name in shape.primary_key)
 
 
 def key_hash(table: TableRef, key: str) -> str:
@@ -299,9 +311,9 @@ def forget(
     owner: str = "cdc-lakehouse forget",
     published_by: Callable[[int], list[str]] = lambda _: [],
 ) -> ForgetRecord:
-    """Remove every row and version of `keys` (canonical JSON key texts, `canonical_keys`) of `table`, and of the
-    keys key changes linked to them, from every layer and from storage, and record it. `source_holds(shape, keys)`:
-    how many of the keys the source still has (forget refuses then). `published_by(seq)`: the sinks that have sent
+    """Remove every row and version of `keys` (JSON key texts as the lakehouse holds them, `canonical_keys`) of
+    `table`, and of the keys key changes linked to them, from every layer and from storage, and record it.
+    `source_holds(shape, keys)`: how many of the keys the source still has (forget refuses then). `published_by(seq)`: the sinks that have sent
     the table's changes up to `seq`. Both are asked before anything is rewritten; a forget run again after a crash
     finds its pending record and finishes it, keeping what its first run found."""
     given = sorted({key_hash(table, key) for key in keys})
