@@ -4,6 +4,8 @@ every other table goes on and the checkpoint moves; after the fix it catches up 
 
 from __future__ import annotations
 
+import shutil
+
 import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
@@ -11,7 +13,7 @@ from deltalake import write_deltalake
 from cdc_assets.cli import main
 from cdc_assets.commands.runs import collect_status
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake.layout import CURRENT, HISTORY
 from cdc_assets.lake.quarantine import CAPTURE, quarantined_tables
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.stages.current.apply import read_current
@@ -126,4 +128,40 @@ def test_an_alter_the_lakehouse_cannot_convert_quarantines_only_its_table(cdc: C
     assert main(["snapshot", odd]) == 0
     assert quarantined_tables(cdc.lakehouse.store) == {}
     assert cdc.sync() == 0
+    _all_equal(cdc)
+
+
+def test_a_history_that_cannot_take_its_changes_quarantines_only_its_table(cdc: CdcEnv, monkeypatch) -> None:
+    """A history table (CDC_HISTORY_TABLES) that cannot take in its table's changes (here one of its own columns
+    removed by hand) ended every table's sync after their merges, before any progress was saved. Now only its table
+    is held back, named with the history table whose removal makes it again; the others go on."""
+    db = cdc.database
+    monkeypatch.setenv("CDC_HISTORY_TABLES", f"{db}.healthy,{db}.odd")
+    cdc.execute(
+        "CREATE TABLE healthy (id INT PRIMARY KEY, v VARCHAR(10))",
+        "CREATE TABLE odd (id INT PRIMARY KEY, v VARCHAR(10))",
+        "INSERT INTO healthy VALUES (1, 'a')",
+        "INSERT INTO odd VALUES (1, 'abc')",
+    )
+    assert cdc.sync() == 0
+    odd = TableRef(db, "odd")
+    history = cdc.lakehouse.open(HISTORY, odd)
+    assert history is not None
+    rows = pa.table(history.to_pyarrow_table())
+    broken = rows.drop_columns(["_cdc_valid_from_seq"])  # a column of the history's own removed by hand
+    write_deltalake(cdc.lakehouse.table_uri(HISTORY, odd), broken, mode="overwrite", schema_mode="overwrite")
+    cdc.execute("INSERT INTO odd VALUES (2, 'xyz')", "INSERT INTO healthy VALUES (2, 'b')")
+    assert cdc.sync() == 1  # the odd table is held back; the run went on
+    held = quarantined_tables(cdc.lakehouse.store)
+    assert list(held) == [f"{db}.odd"] and held[f"{db}.odd"].stage == "current"
+    assert f"history/{db}/odd" in held[f"{db}.odd"].sentence(), held[f"{db}.odd"].sentence()
+    assert _rows(cdc, "healthy") == [(1, "a"), (2, "b")]
+    kept = cdc.lakehouse.open(HISTORY, TableRef(db, "healthy"))
+    assert kept is not None and sorted(kept.to_pyarrow_table().column("id").to_pylist()) == [1, 2]
+    # following the sentence: the history removed is made again from the change log, and the table goes on
+    shutil.rmtree(cdc.lakehouse.table_uri(HISTORY, odd))
+    assert cdc.sync() == 0
+    assert quarantined_tables(cdc.lakehouse.store) == {}
+    remade = cdc.lakehouse.open(HISTORY, odd)
+    assert remade is not None and sorted(remade.to_pyarrow_table().column("v").to_pylist()) == ["abc", "xyz"]
     _all_equal(cdc)

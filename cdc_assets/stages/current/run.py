@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import release_unused_memory, sorted_rows, where
+from cdc_assets.core.errors import TableUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.parallel import for_each_table
@@ -21,9 +22,9 @@ from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.shapes import TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.change_rows import DDL_COLUMN
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
-from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_LOCK, CURRENT_STAGE
+from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_LOCK, CURRENT_STAGE, HISTORY
 from cdc_assets.lake.locks import Lease, lakehouse_lock
-from cdc_assets.lake.quarantine import TablesFailed, of_the_table, quarantined_tables, run_isolated, settle
+from cdc_assets.lake.quarantine import TablesFailed, describe, of_the_table, quarantined_tables, run_isolated, settle
 from cdc_assets.lake.state import TableProgress, known_tables, load_progress, save_progress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.current import apply as current_state
@@ -147,11 +148,11 @@ def apply_pending(
 
         # one table whose changes cannot be applied is quarantined; the others go on (lake/quarantine)
         failed = run_isolated(targets, quarantined_tables(store, (CURRENT,)), work)
+        failed |= _keep_histories(lakehouse, targets - set(failed), lease, log)
         report.quarantined = settle(
             store, CURRENT, targets, failed, lambda t: applied_seq(lakehouse, TableRef.parse(t)), log
         )
         targets -= set(failed)
-        _keep_histories(lakehouse, targets, lease, log)
         failpoints.hit("current.merged_before_progress")
         lease.check()
 
@@ -211,18 +212,30 @@ def _apply_to(
         _apply(lakehouse, pending, report, lease, log, dropped)
 
 
-def _keep_histories(lakehouse: Lakehouse, targets: Collection[str], lease: Lease, log: Any | None) -> None:
+def _keep_histories(lakehouse: Lakehouse, targets: Collection[str], lease: Lease, log: Any | None) -> dict[str, BaseException]:
     """The history tables of the run's tables that CDC_HISTORY_TABLES selects, moved forward in the same run
-    (before its progress is saved, so a crash in between applies them again: see stages/history)."""
+    (before its progress is saved, so a crash in between applies them again: see stages/history). A history that
+    cannot take in its table's changes holds back that table only (returned with its error), as its merge would."""
     selected = sorted(t for t in targets if t in lakehouse.history)
+    failed: dict[str, BaseException] = {}
 
     def keep(name: str) -> str:
         lease.check()
-        return keep_history(lakehouse, TableRef.parse(name), log)
+        try:
+            return keep_history(lakehouse, TableRef.parse(name), log)
+        except Exception as exc:
+            if not of_the_table(exc):
+                raise
+            failed[name] = TableUserError(
+                f"its history could not take in its changes ({describe(exc)}); the history table "
+                f"{HISTORY}/{TableRef.parse(name).path} is made again from the change log once it is removed"
+            )
+            return "not kept: quarantined"
 
     outcomes = for_each_table(selected, keep)
     if log is not None and selected:
         log.info("history: " + ", ".join(f"{t}: {o}" for t, o in zip(selected, outcomes, strict=True)))
+    return failed
 
 
 def _pending_estimate(lakehouse: Lakehouse, tables: Collection[str]) -> int:
