@@ -370,17 +370,17 @@ def test_a_current_state_table_removed_by_hand_is_a_difference_and_sync_rebuilds
 
 
 def test_a_snapshot_loaded_table_removed_by_hand_names_snapshot(cdc: CdcEnv, spark, capsys) -> None:
-    """A table loaded by a snapshot has rows its change log never saw: sync refuses to rebuild it from the log
-    and names the fix, which then works."""
+    """A table loaded by a snapshot has rows its change log never saw: sync does not rebuild it from the log but
+    holds it back, naming the fix, which then works."""
     cdc.execute("CREATE TABLE s (id INT PRIMARY KEY, v INT)", "INSERT INTO s VALUES (1, 1), (2, 2)")
     assert main(["snapshot", f"{cdc.database}.s"]) == 0
     cdc.execute("INSERT INTO s VALUES (3, 3)")
     assert cdc.sync() == 0
     shutil.rmtree(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "s")))
     capsys.readouterr()
-    assert cdc.sync() == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and f"run `cdc-lakehouse snapshot {cdc.database}.s`" in err, err
+    assert cdc.sync() == 1  # that table is held back (test_quarantine: the others go on)
+    printed = capsys.readouterr()
+    assert f"run `cdc-lakehouse snapshot {cdc.database}.s`" in printed.out + printed.err, printed
     assert main(["snapshot", f"{cdc.database}.s"]) == 0
     assert cdc.sync() == 0
     [c] = cdc.verify()

@@ -19,7 +19,7 @@ from deltalake.table import TableMerger
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import sorted_by_key, where
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.errors import TableUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE, UNLOGGED_ROWS
 from cdc_assets.core.parallel import for_each_table
@@ -131,7 +131,7 @@ def applied_floor(lakehouse: Lakehouse, table: TableRef, current: DeltaTable | N
             return last_drop - 1
     if current is None and progress is not None:
         if progress.present and progress.snapshot_seq is not None:
-            raise CdcUserError(
+            raise TableUserError(  # that table's alone: the others go on (lake/quarantine)
                 f"The current state of {table} is missing from the lakehouse ({lakehouse.table_key(CURRENT, table)}) "
                 f"and was loaded by a snapshot, so its change log cannot rebuild it: run `cdc-lakehouse snapshot {table}`."
             )
