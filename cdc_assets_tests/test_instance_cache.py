@@ -4,10 +4,13 @@ the copies must be what Dagster itself builds, and a sync must run on such a hom
 from __future__ import annotations
 
 import sqlite3
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.keys import RAW_ASSET
 from cdc_assets.runtime import empty_home
 from cdc_assets.runtime import instance as home_setup
@@ -85,3 +88,28 @@ def test_an_unwritable_cache_leaves_homes_as_dagster_creates_them(
     assert not home_setup.cache_complete()
     assert cdc.sync() == 0
     assert [r.is_success for r in dagster.get_runs()] == [True]
+
+
+def test_a_new_home_taken_at_once_for_two_lakehouses_goes_to_one_of_them(tmp_path: Path) -> None:
+    """Commands for different lakehouses starting together on one new DAGSTER_HOME: exactly one takes it, every
+    other is refused, and the mark names the one that took it (a plain write of the mark let several believe the
+    home theirs, and their runs would have mixed)."""
+    for attempt in range(20):
+        home = tmp_path / f"home{attempt}"
+        home.mkdir()
+        lakehouses = [str(tmp_path / f"lake{attempt}-{n}") for n in range(6)]
+        start = threading.Barrier(len(lakehouses))
+
+        def take(location: str, home: Path = home, start: threading.Barrier = start) -> str | None:
+            start.wait()
+            try:
+                home_setup.claim(home, location, "DAGSTER_HOME")
+            except CdcUserError:
+                return None
+            return location
+
+        with ThreadPoolExecutor(len(lakehouses)) as pool:
+            took = [t for t in pool.map(take, lakehouses) if t is not None]
+        assert len(took) == 1, took
+        assert (home / home_setup.HOME_MARK).read_text().strip() == home_setup.lakehouse_identity(took[0])
+        assert not [p for p in home.iterdir() if p.name.endswith(".partial")]

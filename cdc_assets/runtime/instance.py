@@ -27,6 +27,7 @@ import re
 import shutil
 import sqlite3
 import tempfile
+import threading
 from pathlib import Path
 
 from cdc_assets.core.errors import CdcUserError
@@ -111,11 +112,20 @@ def claim(home: Path, location: str, chosen_by: str) -> None:
     another lakehouse is refused with the fix. `chosen_by` says where the home came from, for the sentence."""
     mark = home / HOME_MARK
     identity = lakehouse_identity(location)
-    try:
-        owner = mark.read_text().strip()
-    except FileNotFoundError:
-        mark.write_text(identity + "\n")
-        return
+    if not mark.exists():
+        # written whole, then linked into place: of two commands taking a new home at once for two lakehouses,
+        # one makes the mark and the other reads it (a plain write would let both believe the home theirs)
+        home.mkdir(parents=True, exist_ok=True)
+        partial = mark.with_name(f".{mark.name}.{os.getpid()}.{threading.get_ident()}.partial")
+        partial.write_text(identity + "\n")
+        try:
+            os.link(partial, mark)
+            return
+        except FileExistsError:
+            pass
+        finally:
+            partial.unlink(missing_ok=True)
+    owner = mark.read_text().strip()
     if owner != identity:
         raise CdcUserError(
             f"{chosen_by} holds the runs of the lakehouse at {owner}, not of {identity}: the runs of two lakehouses "
