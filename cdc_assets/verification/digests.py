@@ -184,13 +184,15 @@ def _as_numbers(keys: pa.Array) -> np.ndarray:
 
 
 def parts_of_table(current: DeltaTable, key: str) -> list[Part]:
-    """The whole key range cut into parts of about ROWS_PER_RANGE of the lakehouse's rows each."""
-    return cut(np.sort(_keys(current, key)), [(None, None)], ROWS_PER_RANGE)
+    """The whole key range cut into parts of about ROWS_PER_RANGE of the lakehouse's rows each (its keys sorted as
+    runs: a current state's files mostly hold them in order, which a stable sort takes in a fraction of a quicksort's
+    time)."""
+    return cut(np.sort(_keys(current, key), kind="stable"), [(None, None)], ROWS_PER_RANGE)
 
 
 def parts_within(current: DeltaTable, key: str, parts: list[Part]) -> list[Part]:
     """`parts` cut again into parts of about ROWS_PER_PART of the lakehouse's rows each."""
-    return cut(np.sort(_keys(current, key, _where(quote(key), parts))), parts, ROWS_PER_PART)
+    return cut(np.sort(_keys(current, key, _where(quote(key), parts)), kind="stable"), parts, ROWS_PER_PART)
 
 
 def cut(keys: np.ndarray, parts: list[Part], rows: int) -> list[Part]:
