@@ -86,7 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--as-of", required=True, help="an ISO time (UTC unless it has an offset) or seq:N")
     export.add_argument("--to", required=True, help="the Parquet file to write")
     forget = sub.add_parser(
-        "forget", help="remove every row and version of some keys of a table from every layer and from storage"
+        "forget",
+        help="remove every row and version of some keys of a table from every layer and from storage; or, with "
+        "--rewrite-policies, rewrite its earlier layers under column policies added since it was captured",
     )
     forget.add_argument("forget_table", metavar="TABLE", help="schema.table")
     forget.add_argument(
@@ -94,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
         help="a primary key: its value, or a JSON array of the values of a composite key ('[42, \"abc\"]'); repeatable",
     )  # fmt: skip
     forget.add_argument("--keys-file", metavar="FILE", help="a file of keys, one a line, written as --key takes them")
+    forget.add_argument(
+        "--rewrite-policies", action="store_true",
+        help="no key: apply the column policies added since the table was captured to its earlier layers",
+    )  # fmt: skip
     status = sub.add_parser("status", help="checkpoint, lag, tables, last batch and freshness")
     status.add_argument("--json", action="store_true", help="print JSON")
     demo_command = sub.add_parser("demo", help="local source + live workload + sync until caught up + verify")
@@ -380,6 +386,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_forget(args: argparse.Namespace) -> int:
     from cdc_assets.commands.forget import run_forget
 
+    if args.rewrite_policies:
+        return _rewrite_policies(args)
     record = run_forget(args.forget_table, args.forget_keys, args.keys_file)
     layers = record.layers
     raw = layers[RAW]
@@ -396,6 +404,29 @@ def cmd_forget(args: argparse.Namespace) -> int:
             "forget them too"
         )
     print("note: the source's binary logs hold these rows until they are purged (PURGE BINARY LOGS on the source)")
+    return EXIT_OK
+
+
+def _rewrite_policies(args: argparse.Namespace) -> int:
+    """`forget TABLE --rewrite-policies`: the column policies added since capture applied to the earlier layers."""
+    from cdc_assets.commands.forget import run_rewrite_policies
+
+    if args.forget_keys or args.keys_file:
+        raise CdcUserError("--rewrite-policies takes no key: run it alone, and forget keys with a run of their own.")
+    record = run_rewrite_policies(args.forget_table)
+    if record is None:
+        print(f"{args.forget_table}: no column policy was added to it since it was captured: nothing to rewrite")
+        return EXIT_OK
+    layers, words = record.layers, {"exclude": "excluded", "hash": "hashed", "mask": "masked"}
+    columns = ", ".join(f"{name} ({words[rule]})" for name, rule in sorted(record.columns.items()))
+    print(
+        f"rewrote {record.table} under the column policies on {columns}: {layers[RAW].files_rewritten} raw batches, "
+        + ", ".join(f"{layers[layer].files_rewritten} files of {layer}/" for layer in (CHANGES, CURRENT, HISTORY))
+        + f"; {sum(c.files_purged for c in layers.values())} files of older versions removed from storage"
+    )
+    print(f"recorded in {record.key}")
+    print("note: sinks cannot unsend the clear values they published before the policy, and the source's binary logs "
+          "hold them until they are purged (PURGE BINARY LOGS on the source)")
     return EXIT_OK
 
 

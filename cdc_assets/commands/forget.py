@@ -1,5 +1,6 @@
 """`cdc-lakehouse forget TABLE --key K … | --keys-file FILE`: a person's rows removed from every layer of the
-lakehouse and from storage (`stages/rewrite/forget.py` does the work and keeps the record).
+lakehouse and from storage (`stages/rewrite/forget.py` does the work and keeps the record); `forget TABLE
+--rewrite-policies`: column policies added since capture applied to every earlier layer (`stages/rewrite/policies.py`).
 
 It refuses while the source still holds one of the keys: forget follows a DELETE at the source. Were the row still
 there, `verify` and the checks would report it missing, and the next change of it, a snapshot or a repair would
@@ -29,6 +30,7 @@ from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_rows_with_keys
 from cdc_assets.stages.follow import refuse_beside_continuous
 from cdc_assets.stages.rewrite.forget import ForgetRecord, canonical_keys, forget, hashed_key, parse_key, table_shape
+from cdc_assets.stages.rewrite.policies import PolicyRewriteRecord, rewrite_policies
 
 NO_SUCH_TABLE = 1146
 
@@ -96,3 +98,16 @@ def run_forget(table_text: str, keys: list[str] | None, keys_file: str | None) -
         source_holds=lambda shape, keys: source_holds(settings, shape, clear(keys)),
         published_by=lambda seq: sinks_published(lakehouse, table, seq),
     )  # fmt: skip
+
+
+def run_rewrite_policies(table_text: str) -> PolicyRewriteRecord | None:
+    """`cdc-lakehouse forget TABLE --rewrite-policies`: the column policies added since capture applied to every
+    earlier layer (None: no policy was added to a captured column of the table)."""
+    resources = initialized_resources()
+    settings, lakehouse = resources.binlog.settings(), resources.lakehouse.get()
+    table = TableRef.parse(table_text)
+    table_shape(lakehouse, table)  # one sentence for a table the lakehouse does not know
+    policy = policy_from_env()
+    refuse_beside_continuous(lakehouse)
+    lakehouse.check_writable()
+    return rewrite_policies(settings, lakehouse, table, policy)

@@ -260,19 +260,24 @@ class ColumnPolicy:
         for name, rule in added.items():
             if rule not in (HASH, MASK) or name not in rows.column_names:
                 continue
-            values = rows.column(name).to_pylist()
-            if rule == HASH:
-                clear = [v is not None and not HASH_FORM.fullmatch(str(v)) for v in values]
-            else:
-                clear = [v is not None and mask_text(str(v)) != v for v in values]
-            if not any(clear):
-                continue
-            found += sum(clear)
-            texts = [str(v) if c else None for v, c in zip(values, clear, strict=True)]
-            policed = self._police_texts(rule, texts)
-            column = pa.array([p if c else v for v, p, c in zip(values, policed, clear, strict=True)], pa.string())
-            rows = rows.set_column(rows.column_names.index(name), name, column)
+            texts, count = self.settle_texts(rule, [None if v is None else str(v) for v in rows.column(name).to_pylist()])
+            if count:
+                found += count
+                rows = rows.set_column(rows.column_names.index(name), name, pa.array(texts, pa.string()))
         return rows, found
+
+    def settle_texts(self, rule: str, texts: list[str | None]) -> tuple[list[str | None], int]:
+        """Texts of a column a policy (hash or mask) was added to after capture, each clear one left from before it
+        policed (a hash's leftovers are the texts not shaped like a hash; masking a masked text changes nothing), and
+        how many were clear: the one home of telling such leftovers, for the comparisons and for the rewrite."""
+        if rule == HASH:
+            clear = [t is not None and not HASH_FORM.fullmatch(t) for t in texts]
+        else:
+            clear = [t is not None and mask_text(t) != t for t in texts]
+        if not any(clear):
+            return texts, 0
+        policed = self._police_texts(rule, [t if c else None for t, c in zip(texts, clear, strict=True)])
+        return [p if c else t for t, p, c in zip(texts, policed, clear, strict=True)], sum(clear)
 
 
 def clear_left_sentence(table: TableRef, added: Mapping[str, str], found: int) -> str:

@@ -27,3 +27,6 @@ CHECKED_STATE = f"{STATE}/checked"
 # what each `cdc-lakehouse forget` did (table, hashes of the keys, time, rows removed per layer; never a clear key):
 # <schema>/<table>/<id>.json (stages/rewrite/forget.py)
 FORGOTTEN_STATE = f"{STATE}/forgotten"
+# what each `cdc-lakehouse forget TABLE --rewrite-policies` did (the columns and their rules, rows per layer; no value):
+# <schema>/<table>/<id>.json (stages/rewrite/policies.py)
+POLICY_REWRITES_STATE = f"{STATE}/policy_rewrites"

@@ -374,11 +374,14 @@ def read_folder_rows(store: ObjectStore, folder: str, manifest: BatchManifest) -
     return pq.read_table(io.BytesIO(data))
 
 
-def rewrite_batch_data(store: ObjectStore, folder: str, manifest: BatchManifest, rows: pa.Table) -> BatchManifest:
+def rewrite_batch_data(
+    store: ObjectStore, folder: str, manifest: BatchManifest, rows: pa.Table, shapes: dict[int, TableShape] | None = None
+) -> BatchManifest:
     """Replace the rows of a visible batch, keeping everything else of it: the new data under a name of its own
     (its digest's), then the manifest naming it with its new digest, size and row count (one atomic replace: readers
-    see the old batch or the new, never a mix), then the old data file is deleted. Positions, seqs, GTIDs, shapes and
-    statements stay as they are, so the chain and every seq of the rows kept are unchanged. A crash between the steps
+    see the old batch or the new, never a mix), then the old data file is deleted. Positions, seqs, GTIDs and
+    statements stay as they are, so the chain and every seq of the rows kept are unchanged; `shapes` replaces some
+    table versions' shapes (a column policy applied: the images' columns changed with them). A crash between the steps
     leaves a data file the manifest does not name: `remove_unnamed_data` deletes it."""
     with tempfile.TemporaryDirectory(prefix="cdc-rewrite-") as work:
         path = Path(work) / DATA_FILE
@@ -388,6 +391,8 @@ def rewrite_batch_data(store: ObjectStore, folder: str, manifest: BatchManifest,
         store.put_file(f"{folder}/{name}", path)
     failpoints.hit("rewrite.raw_data_written")
     body = dict(manifest.raw) | {"data_file": name, "data_sha256": digest, "data_bytes": size, "rows": rows.num_rows}
+    if shapes:
+        body["tables"] = [(shapes.get(i) or shape).versioned_json(i) for i, shape in sorted(manifest.shapes.items())]
     store.put(f"{folder}/{MANIFEST_FILE}", json.dumps(body, indent=1, sort_keys=True).encode())
     failpoints.hit("rewrite.raw_manifest_switched")
     new = BatchManifest.from_json(body)

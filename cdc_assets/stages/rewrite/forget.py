@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -59,7 +59,7 @@ from cdc_assets.lake.store import Lakehouse, MissingObject
 from cdc_assets.stages.changes.keys import json_key_texts, json_keys
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current.run import apply_pending
-from cdc_assets.stages.rewrite.layers import LAYERS, LayerCount, rewrite_table_layers
+from cdc_assets.stages.rewrite.layers import LAYERS, LayerCount, TableRewrite, rewrite_table_layers
 from cdc_assets.stages.snapshot.records import load_record
 from spark_resources.engine import Transforms
 
@@ -142,6 +142,9 @@ class ForgetKeys:
 
     table: TableRef
     hashes: frozenset[str]
+
+    def raw_shape(self, shape: TableShape) -> TableShape:
+        return shape
 
     def _gone(self, keys: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
         """Whether each key text is one of the keys (False for NULL: a change of no row, a schema change)."""
@@ -302,6 +305,68 @@ def first_seq_of(lakehouse: Lakehouse, table: TableRef, keys: Iterable[str]) -> 
     return None if low is None else int(low)
 
 
+class RewriteRecord(Protocol):
+    """What a rewrite run keeps in `_state/` (a forget's, a policy rewrite's): pending until every layer is done."""
+
+    layers: dict[str, LayerCount]
+    status: str
+    finished_at: float | None
+
+
+R = TypeVar("R", bound=RewriteRecord)
+
+
+def run_rewrite(
+    settings: SourceSettings,
+    lakehouse: Lakehouse,
+    table: TableRef,
+    owner: str,
+    begin: Callable[[TableShape], tuple[R, TableRewrite]],
+    save: Callable[[R], None],
+    finish: Callable[[R], None] = lambda _: None,
+) -> R:
+    """The one skeleton of a run that rewrites a table's earlier layers (forget, `--rewrite-policies`): under the
+    snapshot, capture, change-log and current-state locks, the table brought up to date first, then `begin(shape)`
+    finds the run's pending record or saves a new one (before any layer is touched) and gives the rewrite; each
+    layer's count is saved as it is done, `finish` runs once every layer is, and only then the record says `done`.
+    Run again after a crash anywhere, the same command finds the pending record and finishes it."""
+    wait = lakehouse.lock_wait_seconds
+    with ExitStack() as held:
+        held.enter_context(lakehouse.faults_are_user_errors())
+        for name, purpose in (
+            (SNAPSHOT_LOCK, "snapshot"),
+            (CAPTURE_LOCK, "capture"),
+            (CHANGES_LOCK, "change-log update"),
+            (CURRENT_LOCK, "current-state update"),
+        ):
+            held.enter_context(lakehouse_lock(lakehouse, name, purpose, owner, wait))
+        if load_record(lakehouse.store, table) is not None:
+            raise CdcUserError(
+                f"A snapshot of {table} was stopped part-way: finish it with `cdc-lakehouse snapshot {table}`, then "
+                "run this command again."
+            )
+        # the source's changes taken in first: for a forget, its DELETE of the keys (current state then lacks them as
+        # the source does, whatever step a crash stops the rewrite at, and no later capture reads the DELETE's
+        # before-image again); for a policy rewrite, every row captured before it under the policy's rules
+        capture(settings, lakehouse, owner=owner)
+        process_new_batches(lakehouse, lambda _: Transforms(), [str(table)], owner=owner)
+        apply_pending(lakehouse, lambda _: Transforms(), [str(table)], owner=owner)
+        shape = table_shape(lakehouse, table)
+        record, rewrite = begin(shape)
+
+        def layer_done(layer: str, count: LayerCount) -> None:
+            record.layers[layer] = record.layers.get(layer, LayerCount()).add(count)
+            save(record)
+
+        rewrite_table_layers(lakehouse, table, rewrite, shape, layer_done)
+        failpoints.hit("forget.layers_rewritten")
+        finish(record)
+        record.status, record.finished_at = DONE, time.time()
+        record.layers = {layer: record.layers.get(layer, LayerCount()) for layer in LAYERS}
+        save(record)
+        return record
+
+
 def forget(
     settings: SourceSettings,
     lakehouse: Lakehouse,
@@ -317,27 +382,8 @@ def forget(
     the table's changes up to `seq`. Both are asked before anything is rewritten; a forget run again after a crash
     finds its pending record and finishes it, keeping what its first run found."""
     given = sorted({key_hash(table, key) for key in keys})
-    wait = lakehouse.lock_wait_seconds
-    with ExitStack() as held:
-        held.enter_context(lakehouse.faults_are_user_errors())
-        for name, purpose in (
-            (SNAPSHOT_LOCK, "snapshot"),
-            (CAPTURE_LOCK, "capture"),
-            (CHANGES_LOCK, "change-log update"),
-            (CURRENT_LOCK, "current-state update"),
-        ):
-            held.enter_context(lakehouse_lock(lakehouse, name, purpose, owner, wait))
-        if load_record(lakehouse.store, table) is not None:
-            raise CdcUserError(
-                f"A snapshot of {table} was stopped part-way: finish it with `cdc-lakehouse snapshot {table}`, then "
-                "run forget again."
-            )
-        # the source's DELETE of the keys taken in first: current state then lacks them as the source does, whatever
-        # step a crash stops the rewrite at, and no later capture reads the DELETE's before-image again
-        capture(settings, lakehouse, owner=owner)
-        process_new_batches(lakehouse, lambda _: Transforms(), [str(table)], owner=owner)
-        apply_pending(lakehouse, lambda _: Transforms(), [str(table)], owner=owner)
-        shape = table_shape(lakehouse, table)
+
+    def begin(shape: TableShape) -> tuple[ForgetRecord, TableRewrite]:
         record = next((r for r in forget_records(lakehouse, table) if r.status == PENDING and r.given == given), None)
         if record is None:
             linked = linked_keys(lakehouse, table, keys)
@@ -356,15 +402,6 @@ def forget(
             record.first_seq = first_seq_of(lakehouse, table, linked)
             record.published_by = published_by(record.first_seq) if record.first_seq is not None else []
             save_record(lakehouse, record)
+        return record, ForgetKeys(table, frozenset(record.key_hashes))
 
-        def layer_done(layer: str, count: LayerCount) -> None:
-            record.layers[layer] = record.layers.get(layer, LayerCount()).add(count)
-            save_record(lakehouse, record)
-
-        rewrite = ForgetKeys(table, frozenset(record.key_hashes))
-        rewrite_table_layers(lakehouse, table, rewrite, shape, layer_done)
-        failpoints.hit("forget.layers_rewritten")
-        record.status, record.finished_at = DONE, time.time()
-        record.layers = {layer: record.layers.get(layer, LayerCount()) for layer in LAYERS}
-        save_record(lakehouse, record)
-        return record
+    return run_rewrite(settings, lakehouse, table, owner, begin, lambda record: save_record(lakehouse, record))

@@ -52,8 +52,13 @@ LAYERS = (RAW, CHANGES, CURRENT, HISTORY)
 
 class TableRewrite(Protocol):
     """What a rewrite does to one table's rows, in each form a layer holds them. Each method returns the rows
-    rewritten (same schema; fewer rows when some go), or None when it changes none of them (then nothing is
-    written)."""
+    rewritten (fewer rows when some go; columns dropped or retyped when a column policy is applied), or None when it
+    changes none of them (then nothing is written). A Delta transform given no rows returns the table's rows' new
+    schema (an empty table), or None when it keeps the schema."""
+
+    def raw_shape(self, shape: TableShape) -> TableShape:
+        """The shape of one raw-batch table version once its images are rewritten (`raw_rows`)."""
+        ...
 
     def raw_rows(self, rows: pa.Table, shape: TableShape) -> pa.Table | None:
         """Raw-batch rows of one version of the table (`lake.raw_batches.RAW_ROWS_SCHEMA`; `before`/`after` are
@@ -136,7 +141,8 @@ def _rewrite_raw(lakehouse: Lakehouse, table: TableRef, rewrite: TableRewrite) -
         rows = read_folder_rows(store, folder, manifest)
         mine = pc.and_(pc.equal(rows.column("schema"), table.schema), pc.equal(rows.column("table"), table.table))
         parts = [rows.filter(pc.invert(mine))]
-        changed = False
+        shapes = {v: rewrite.raw_shape(shape) for v, shape in versions.items()}
+        changed = any(shapes[v] != shape for v, shape in versions.items())
         for version, shape in sorted(versions.items()):
             part = rows.filter(pc.and_(mine, pc.equal(rows.column("table_version"), version)))
             new = rewrite.raw_rows(part, shape) if part.num_rows else None
@@ -147,7 +153,7 @@ def _rewrite_raw(lakehouse: Lakehouse, table: TableRef, rewrite: TableRewrite) -
         if not changed:
             continue
         kept = pa.concat_tables([p.cast(rows.schema) for p in parts])
-        rewrite_batch_data(store, folder, manifest, kept.sort_by([("seq", "ascending")]))
+        rewrite_batch_data(store, folder, manifest, kept.sort_by([("seq", "ascending")]), shapes)
         count.files_rewritten += 1
     return count
 
@@ -156,12 +162,18 @@ def _rewrite_delta(
     lakehouse: Lakehouse, layer: str, table: TableRef, transform: Callable[[pa.Table], pa.Table | None]
 ) -> LayerCount:
     """The table's Delta table in `layer`: each data file whose rows `transform` changes written again, one commit
-    replacing them; then its old versions purged. A layer the table has no Delta table in counts nothing."""
+    replacing them; then its old versions purged. A layer the table has no Delta table in counts nothing.
+
+    When `transform` changes the schema (a column policy: a column dropped, an INT now a hash), every file is written
+    again in the new schema and one overwrite commit replaces them all and the schema: the table is never seen with
+    files of two schemas, and no old file keeps a dropped column's values."""
     current = lakehouse.open(layer, table)
     if current is None:
         return LayerCount()
     count = LayerCount()
     schema = pa.schema(current.schema().to_arrow())
+    reshaped = transform(schema.empty_table())
+    new_schema = reshaped.schema if reshaped is not None and _layout(reshaped.schema) != _layout(schema) else None
     actions = pa.table(current.get_add_actions(flatten=True))
     access, key = lakehouse.file_access(), lakehouse.table_key(layer, table)
     replaced: list[str] = []
@@ -170,22 +182,36 @@ def _rewrite_delta(
         groups = [conformed(rows, schema) for rows in read_files(access, key, [path])]
         rows = pa.concat_tables(groups) if groups else schema.empty_table()
         new = transform(rows)
-        if new is None:
+        if new is None and new_schema is None:
             continue
+        new = conformed(rows if new is None else new, new_schema) if new_schema is not None else new
+        assert new is not None
         count.rows_removed += rows.num_rows - new.num_rows
         replaced.append(path)
         written.extend(write_files(access, key, str(table), [new]))
-    if replaced:
+    properties = CommitProperties(custom_metadata={REWRITE_KEY: "true"}, max_commit_retries=0)
+    if new_schema is not None:
+        current.create_write_transaction(
+            add_actions(written), mode="overwrite", schema=new_schema, commit_properties=properties
+        )
+        count.files_rewritten = len(replaced)
+        failpoints.hit("rewrite.layer_committed")
+    elif replaced:
         current.create_write_transaction(
             [*remove_actions(current, replaced), *add_actions(written)],
             mode="append",
             schema=current.schema(),
-            commit_properties=CommitProperties(custom_metadata={REWRITE_KEY: "true"}, max_commit_retries=0),
+            commit_properties=properties,
         )
         count.files_rewritten = len(replaced)
         failpoints.hit("rewrite.layer_committed")
     count.files_purged += purge_old_versions(lakehouse, layer, table)
     return count
+
+
+def _layout(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
+    """A schema's columns and types (nullability and metadata aside, as Delta and Arrow differ there)."""
+    return [(f.name, f.type) for f in schema]
 
 
 _VERSIONED = re.compile(r"^(\d{20})\.")  # a log file of one version: NNN.json, NNN.checkpoint.parquet, NNN.crc, …
