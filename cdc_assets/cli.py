@@ -388,7 +388,9 @@ def cmd_forget(args: argparse.Namespace) -> int:
 
     if args.rewrite_policies:
         return _rewrite_policies(args)
-    record = run_forget(args.forget_table, args.forget_keys, args.keys_file)
+    record, outcome = run_forget(args.forget_table, args.forget_keys, args.keys_file)
+    if record is None:
+        return _run_failed(outcome)
     layers = record.layers
     raw = layers[RAW]
     print(
@@ -407,13 +409,22 @@ def cmd_forget(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _run_failed(outcome: RunOutcome) -> int:
+    """A forget run that failed on something no sentence names: what failed (the full error is in the run)."""
+    for problem in outcome.failed_checks or ["the run failed"]:
+        print(f"failed: {problem}")
+    return EXIT_FAILED
+
+
 def _rewrite_policies(args: argparse.Namespace) -> int:
     """`forget TABLE --rewrite-policies`: the column policies added since capture applied to the earlier layers."""
     from cdc_assets.commands.forget import run_rewrite_policies
 
     if args.forget_keys or args.keys_file:
         raise CdcUserError("--rewrite-policies takes no key: run it alone, and forget keys with a run of their own.")
-    record = run_rewrite_policies(args.forget_table)
+    record, outcome = run_rewrite_policies(args.forget_table)
+    if not outcome.success:
+        return _run_failed(outcome)
     if record is None:
         print(f"{args.forget_table}: no column policy was added to it since it was captured: nothing to rewrite")
         return EXIT_OK

@@ -3,7 +3,7 @@
 After a forget, every table must equal the source less the forgotten keys (the source deleted them first), every
 change of the raw batches must still be in its change log once, and a scan of every byte under the lakehouse and the
 Dagster home (Parquet values read with pyarrow, the Delta logs' JSON, the raw batches, `_state/`, Dagster's
-databases) must find no value of a forgotten row: not its key, nor its distinctive e-mail. A forget killed at each of
+databases, where each forget's run keeps its config and event log: forget runs as the `forget` job) must find no value of a forgotten row: not its key, nor its distinctive e-mail. A forget killed at each of
 its failpoints and run again ends the same way.
 """
 
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from dagster import DagsterRun, DagsterRunStatus, RunsFilter
 
 from cdc_assets.core import failpoints
+from cdc_assets.defs.keys import FORGET_JOB
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.layout import FORGOTTEN_STATE
 from cdc_assets_tests.conftest import CdcEnv
@@ -73,6 +75,12 @@ def leaks_in(files: Iterable[tuple[str, bytes]], needles: list[str]) -> list[str
             texts = {t for row in pq.read_table(io.BytesIO(data)).to_pylist() for t in _values(row)}
             found += [f"{name}: a value is {n!r}" for n in needles if any(n in t for t in texts)]
     return found
+
+
+def _forget_runs() -> list[DagsterRun]:
+    from cdc_assets.commands.runs import instance
+
+    return list(instance().get_runs(RunsFilter(job_name=FORGET_JOB)))
 
 
 def _scan(cdc: CdcEnv, needles: list[str]) -> list[str]:
@@ -146,6 +154,11 @@ def test_forget_one_key_and_several_removes_them_from_every_layer_and_storage(cd
     _assert_equal_to_source(cdc)
     needles = ["918273645", "918273646", "918273647", "918273600", "forget-me-7f3a", "forget-too-91c2", "forget-also-5e1d"]
     assert _scan(cdc, needles) == []
+
+    # each forget was a run of the `forget` job (visible in `dagster dev`), its config naming no key
+    runs = _forget_runs()
+    assert len(runs) == 4 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+    assert not [r for r in runs for n in needles if n in json.dumps(r.run_config)]
 
     # the record: what was done, with hashes and no key
     records = _records(cdc)

@@ -10,29 +10,27 @@ sent: the command names those that had published a change of the keys.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+import time
 from pathlib import Path
 
-import pyarrow as pa
-import pymysql
-
+from cdc_assets.commands.runs import RunOutcome, run_job
 from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.mysql_types import decode_column
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.settings import SourceSettings
-from cdc_assets.core.shapes import TableShape
+from cdc_assets.defs.keys import FORGET_JOB, FORGET_OP
 from cdc_assets.defs.resources import initialized_resources
-from cdc_assets.lake.store import Lakehouse
-from cdc_assets.sinks.checkpoint import SINKS_STATE, load_checkpoint
-from cdc_assets.source import server as source
-from cdc_assets.source.rows import read_source_rows_with_keys
 from cdc_assets.stages.follow import refuse_beside_continuous
-from cdc_assets.stages.rewrite.forget import ForgetRecord, canonical_keys, forget, hashed_key, parse_key, table_shape
-from cdc_assets.stages.rewrite.policies import PolicyRewriteRecord, rewrite_policies
-
-NO_SUCH_TABLE = 1146
+from cdc_assets.stages.rewrite import person
+from cdc_assets.stages.rewrite.forget import (
+    DONE,
+    ForgetRecord,
+    canonical_keys,
+    forget_records,
+    key_hash,
+    parse_key,
+    table_shape,
+)
+from cdc_assets.stages.rewrite.policies import PolicyRewriteRecord, rewrite_records
 
 
 def given_keys(keys: list[str] | None, keys_file: str | None) -> list[str]:
@@ -49,65 +47,34 @@ def given_keys(keys: list[str] | None, keys_file: str | None) -> list[str]:
     return texts
 
 
-def source_holds(settings: SourceSettings, shape: TableShape, keys: list[str]) -> int:
-    """How many of `keys` (JSON key texts at the source) the source table still holds (0 when the table is gone)."""
-    if not keys:
-        return 0
-    columns = [shape.columns[i] for i in shape.key_indexes()]
-    values = [json.loads(key) for key in keys]
-    typed = pa.table({c.name: decode_column(c, pa.array([v[n] for v in values], pa.string())) for n, c in enumerate(columns)})
-    conn = source.connect(settings.url)
-    try:
-        rows = read_source_rows_with_keys(conn, shape.table, columns, list(shape.primary_key), typed)
-    except pymysql.err.ProgrammingError as exc:
-        if exc.args and exc.args[0] == NO_SUCH_TABLE:
-            return 0
-        raise
-    finally:
-        conn.close()
-    return rows.num_rows
-
-
-def at_source(given: dict[str, str], hashed: bool) -> Callable[[list[str]], list[str]]:
-    """The source's key texts of lakehouse keys: those given are known; a key a key change linked to them is its own
-    text at the source, unless a column policy hashes a key column (then it cannot be asked for, and is left out)."""
-    return lambda keys: [given[k] if k in given else k for k in keys if k in given or not hashed]
-
-
-def sinks_published(lakehouse: Lakehouse, table: TableRef, seq: int) -> list[str]:
-    """The sinks whose checkpoint for `table` is at or past `seq`: they have sent that change on."""
-    suffix = ".json"
-    names = [key.rsplit("/", 1)[-1][: -len(suffix)] for key in lakehouse.store.list_keys(SINKS_STATE) if key.endswith(suffix)]
-    return sorted(name for name in names if load_checkpoint(lakehouse.store, name).seq_of(str(table)) >= seq)
-
-
-def run_forget(table_text: str, keys: list[str] | None, keys_file: str | None) -> ForgetRecord:
-    """`cdc-lakehouse forget`: the keys read and checked, then forgotten in every layer."""
-    resources = initialized_resources()
-    settings, lakehouse = resources.binlog.settings(), resources.lakehouse.get()
+def run_forget(table_text: str, keys: list[str] | None, keys_file: str | None) -> tuple[ForgetRecord | None, RunOutcome]:
+    """`cdc-lakehouse forget`: the keys read and checked here (a wrong one gets its sentence before any run), then
+    forgotten in every layer by a run of the `forget` job, which gets them through a private file (`person.keys_file`),
+    never in its config. The run's record (None when the run failed)."""
+    lakehouse = initialized_resources().lakehouse.get()
     table = TableRef.parse(table_text)
     shape = table_shape(lakehouse, table)
     texts = given_keys(keys, keys_file)
     policy = policy_from_env()
     canonical = canonical_keys(shape, [parse_key(text, len(shape.primary_key)) for text in texts], policy)
     refuse_beside_continuous(lakehouse)
-    lakehouse.check_writable()
-    clear = at_source(canonical, hashed_key(shape, policy))
-    return forget(
-        settings, lakehouse, table, sorted(canonical),
-        source_holds=lambda shape, keys: source_holds(settings, shape, clear(keys)),
-        published_by=lambda seq: sinks_published(lakehouse, table, seq),
-    )  # fmt: skip
+    with person.keys_file(canonical) as path:
+        outcome = run_job(FORGET_JOB, op_config={FORGET_OP: {"config": {"table": str(table), "keys_file": path}}})
+    given = sorted({key_hash(table, key) for key in canonical})
+    done = [r for r in forget_records(lakehouse, table) if r.given == given and r.status == DONE]
+    return (done[-1] if done and outcome.success else None), outcome
 
 
-def run_rewrite_policies(table_text: str) -> PolicyRewriteRecord | None:
+def run_rewrite_policies(table_text: str) -> tuple[PolicyRewriteRecord | None, RunOutcome]:
     """`cdc-lakehouse forget TABLE --rewrite-policies`: the column policies added since capture applied to every
-    earlier layer (None: no policy was added to a captured column of the table)."""
-    resources = initialized_resources()
-    settings, lakehouse = resources.binlog.settings(), resources.lakehouse.get()
+    earlier layer by a run of the `forget` job; its record (None: no policy was added to a captured column of the
+    table, or the run failed)."""
+    lakehouse = initialized_resources().lakehouse.get()
     table = TableRef.parse(table_text)
     table_shape(lakehouse, table)  # one sentence for a table the lakehouse does not know
-    policy = policy_from_env()
+    policy_from_env()  # a bad setting's sentence before any run
     refuse_beside_continuous(lakehouse)
-    lakehouse.check_writable()
-    return rewrite_policies(settings, lakehouse, table, policy)
+    began = time.time()
+    outcome = run_job(FORGET_JOB, op_config={FORGET_OP: {"config": {"table": str(table), "rewrite_policies": True}}})
+    done = [r for r in rewrite_records(lakehouse, table) if r.status == DONE and (r.finished_at or 0) >= began]
+    return (done[-1] if done and outcome.success else None), outcome

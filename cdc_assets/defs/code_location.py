@@ -13,7 +13,15 @@ from cdc_assets.defs.checks import ALL_CHECKS
 from cdc_assets.defs.continuous import build_continuous_sensor, continuous_job
 from cdc_assets.defs.examples import example_assets, example_sensors
 from cdc_assets.defs.freshness import current_freshness_policy, freshness_policy
-from cdc_assets.defs.jobs import apply_job, build_lag_check_job, capture_job, equality_job, new_tables_job, snapshot_job
+from cdc_assets.defs.jobs import (
+    apply_job,
+    build_lag_check_job,
+    capture_job,
+    equality_job,
+    forget_job,
+    new_tables_job,
+    snapshot_job,
+)
 from cdc_assets.defs.progress import progress_logger
 from cdc_assets.defs.resources import initialized_resources, resources_from_env
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule, lag_check_schedule
@@ -83,6 +91,7 @@ def build_definitions(table_assets: bool = True) -> Definitions:
             build_lag_check_job(names, [sink_lag_check_key(s) for s in sinks]),
             snapshot_job,
             equality_job,
+            forget_job,
             continuous_job,
             sync_job,
             repair_job,

@@ -1,6 +1,7 @@
 """Jobs: `capture` materializes the raw batches, `apply_changes` the change logs and current state of the tables a
 run selects, `check_lag` runs the tables' lag checks alone (the sinks' jobs are in defs/sinks.py); `snapshot` loads
-existing rows; `check_equality` compares every row of every table with the source. Assets and checks are selected
+existing rows; `check_equality` compares every row of every table with the source; `forget` rewrites a table's
+earlier layers (a person's keys removed, or column policies added since capture applied). Assets and checks are selected
 by key or group, so this module needs neither their modules nor the wiring around them."""
 
 from typing import Any
@@ -19,6 +20,8 @@ from dagster import (
 )
 from pydantic import Field
 
+from cdc_assets.core.column_policy import policy_from_env
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
 from cdc_assets.defs.assets.tables import table_materializations
@@ -29,6 +32,8 @@ from cdc_assets.defs.keys import (
     CHANGES_TABLE_PREFIX,
     CURRENT_TABLE_PREFIX,
     EQUALITY_JOB,
+    FORGET_JOB,
+    FORGET_OP,
     LAG_JOB,
     NEW_TABLES_JOB,
     RAW_ASSET,
@@ -42,8 +47,12 @@ from cdc_assets.defs.table_checks import LAG_CHECK, equality_verdicts
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables
 from cdc_assets.runtime.event_log import log_batch
+from cdc_assets.sinks.checkpoint import sinks_published
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current.run import apply_pending
+from cdc_assets.stages.rewrite.layers import LayerCount
+from cdc_assets.stages.rewrite.person import forget_keys_in, read_keys_file
+from cdc_assets.stages.rewrite.policies import rewrite_policies
 from cdc_assets.stages.snapshot.run import take_snapshot
 from cdc_assets.verification.changed_keys import compare_every_row
 from spark_resources.resources import TransformsResource
@@ -195,3 +204,53 @@ def take_in_new_tables(
 @job(name=NEW_TABLES_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "apply"}, description=take_in_new_tables.description)
 def new_tables_job() -> None:
     take_in_new_tables()
+
+
+class ForgetConfig(Config):
+    table: str = Field(description="schema.table")
+    keys_file: str = Field(
+        default="",
+        description="the private file `cdc-lakehouse forget` wrote the keys to, alive while the command runs (never a "
+        "key here: a run's config is kept and shown)",
+    )
+    rewrite_policies: bool = Field(default=False, description="no keys: apply column policies added since capture")
+
+
+@op(
+    name=FORGET_OP,
+    description=(
+        "Rewrites one table's earlier layers (raw batches, change log, current state, history) and purges what held "
+        "the old rows from storage: every row and version of some keys (`cdc-lakehouse forget TABLE --key …`, the "
+        "keys read from a file, never from the config), or the column policies added since the table was captured "
+        "(`--rewrite-policies`). Exactly once across crashes: run again, it finishes what a stopped run began."
+    ),
+)
+def forget_rows(
+    context: OpExecutionContext, config: ForgetConfig, binlog: BinlogResource, lakehouse: LakehouseResource
+) -> None:
+    house, owner, table = lakehouse.get(), run_owner(context.run.run_id), TableRef.parse(config.table)
+    policy = policy_from_env()
+    if config.rewrite_policies:
+        rewritten = rewrite_policies(binlog.settings(), house, table, policy, owner=owner)
+        if rewritten is None:
+            context.log.info(f"{table}: no column policy was added to it since it was captured: nothing to rewrite")
+            return
+        layers, figures = rewritten.layers, {"policy_rewrite": rewritten.key, "policy_columns": ", ".join(sorted(rewritten.columns))}
+    elif config.keys_file:
+        keys = read_keys_file(config.keys_file)
+        forgot = forget_keys_in(
+            binlog.settings(), house, table, keys, policy, owner, lambda seq: sinks_published(house.store, str(table), seq)
+        )
+        layers = forgot.layers
+        figures = {"forget_record": forgot.key, "forgotten_keys": len(forgot.key_hashes), "published_by": ", ".join(forgot.published_by)}
+    else:
+        raise CdcUserError("The forget job needs keys_file (written by `cdc-lakehouse forget`) or rewrite_policies: true.")
+    figures |= {f"{layer}_{what}": n for layer, count in layers.items() for what, n in count.to_json().items()}
+    context.log.info(f"{table}: rewritten, {sum(c.files_purged for c in layers.values())} files of older versions purged")
+    changes = AssetMaterialization(changes_asset_key(str(table)), metadata=layers.get("changes", LayerCount()).to_json())
+    log_batch(context, [changes, *table_materializations(house, {str(table): figures}).values()])
+
+
+@job(name=FORGET_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "forget"}, description=forget_rows.description)
+def forget_job() -> None:
+    forget_rows()

@@ -29,6 +29,8 @@ EQUALITY_JOB = "check_equality"  # every row of every table compared with the so
 SNAPSHOT_JOB = "snapshot"
 CONTINUOUS_JOB = "continuous"
 SYNC_JOB = "sync"  # `cdc-lakehouse sync` in one run: capture, apply and checks (defs/sync.py)
+FORGET_JOB = "forget"  # `cdc-lakehouse forget TABLE --key …` / `--rewrite-policies` (defs/jobs.py)
+FORGET_OP = "forget_rows"
 REPAIR_JOB = "repair"  # `cdc-lakehouse repair TABLE…`: the sync job's op with the tables to repair in its config
 
 SOURCE_TABLE_PREFIX = "mysql"  # each source table, external: mysql/<schema>/<table>

@@ -95,3 +95,11 @@ def load_checkpoint(store: ObjectStore, sink: str) -> SinkCheckpoint:
 
 def save_checkpoint(store: ObjectStore, checkpoint: SinkCheckpoint) -> None:
     store.put(checkpoint_key(checkpoint.sink), json.dumps(checkpoint.to_json(), indent=1).encode())
+
+
+def sinks_published(store: ObjectStore, table: str, seq: int) -> list[str]:
+    """The sinks whose checkpoint for `table` is at or past `seq`: they have sent that change on (a forget names
+    them, as they cannot unsend it)."""
+    suffix = ".json"
+    names = [key.rsplit("/", 1)[-1][: -len(suffix)] for key in store.list_keys(SINKS_STATE) if key.endswith(suffix)]
+    return sorted(name for name in names if load_checkpoint(store, name).seq_of(table) >= seq)
