@@ -120,3 +120,19 @@ def test_a_rewrite_killed_at_each_failpoint_and_run_again_finishes(cdc: CdcEnv, 
         _assert_equal_to_source(cdc)
         assert all(r.clear_left is None for r in cdc.verify() if r.table == TableRef(db, f"t{n}")), point
         assert _scan(cdc, needles[n]) == [], point
+
+
+def test_a_policy_added_to_a_key_column_is_not_rewritten(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every layer is keyed on the clear key: the command refuses in one sentence naming the snapshot."""
+    db = cdc.database
+    cdc.execute("CREATE TABLE k (id INT PRIMARY KEY, v INT)", "INSERT INTO k VALUES (1, 10)")
+    assert cdc.sync() == 0
+    monkeypatch.setenv("CDC_HASH_COLUMNS", f"{db}.k.id")
+    monkeypatch.setenv("CDC_HASH_KEY", SECRET)
+    cdc.sync()
+    capsys.readouterr()
+    assert main(["forget", f"{db}.k", "--rewrite-policies"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "key column id" in err and f"cdc-lakehouse snapshot {db}.k" in err and "\n" not in err, err
+    assert main(["forget", f"{db}.k", "--rewrite-policies", "--key", "1"]) == 2
+    assert "takes no key" in capsys.readouterr().err
