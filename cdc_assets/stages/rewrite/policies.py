@@ -112,9 +112,9 @@ class ApplyPolicies:
             if rule in (HASH, MASK):
                 child, found = self._settled_column(rule, child)
                 changed = changed or bool(found)
-                f = f.with_type(pa.string())
             arrays.append(child)
-        struct = pa.StructArray.from_arrays(arrays, fields=[f.with_type(a.type) for f, a in zip(kept, arrays, strict=True)], mask=values.is_null())
+        retyped = [f.with_type(a.type) for f, a in zip(kept, arrays, strict=True)]
+        struct = pa.StructArray.from_arrays(arrays, fields=retyped, mask=values.is_null())
         return struct, changed
 
 
