@@ -158,6 +158,7 @@ def test_forget_one_key_and_several_removes_them_from_every_layer_and_storage(cd
     # each forget was a run of the `forget` job (visible in `dagster dev`), its config naming no key
     runs = _forget_runs()
     assert len(runs) == 4 and all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+    assert all("keys_file" in json.dumps(r.run_config) for r in runs)  # only the path of the file holding the keys
     assert not [r for r in runs for n in needles if n in json.dumps(r.run_config)]
 
     # the record: what was done, with hashes and no key
