@@ -159,7 +159,7 @@ def cascaded_since_checked(
         if source.preflight(conn, settings.url, settings.server_id).logs_foreign_key_cascades:
             return {}
         known = set(known_tables(lakehouse.store))
-        fks = [fk for fk in foreign_keys(conn) if str(fk.child) in known and fk.parent in tables]
+        fks = [fk for fk in foreign_keys(conn, known) if fk.parent in tables]
     finally:
         conn.close()
     if not fks:

@@ -341,7 +341,7 @@ def cascaded_by(settings: SourceSettings, lakehouse: Lakehouse, batches: list[Ba
         if server.logs_foreign_key_cascades:
             return {}
         known = set(known_tables(lakehouse.store))
-        fks = [fk for fk in foreign_keys(conn) if str(fk.child) in known]
+        fks = foreign_keys(conn, known)
     finally:
         conn.close()
     if not fks:
