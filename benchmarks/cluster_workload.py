@@ -10,17 +10,23 @@ Arrow in the run's process; every stage on a standalone cluster (`--workers` wor
 pyspark wheel); every stage through a Spark Connect server whose master is that cluster. Each engine runs its syncs
 in turn on the same binlog, as whole processes; ratios are against Arrow (and Connect against the cluster). Spark's
 fixed cost per job is what grows with tables when a stage's job count does (benchmarks.spark_jobs counts them).
+
+The cluster's syncs write Spark's event log, and each is then split into phases (benchmarks.spark_phases): the
+driver's start, each stage's wall time, its Spark jobs' count and seconds, and the run process's own time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 from benchmarks.memory import watch
 from benchmarks.spark_cluster import cluster_pids
+from benchmarks.spark_phases import Phase, event_log_conf, phases, print_table
 from benchmarks.workloads import BENCH_DIR, CLI, SCHEMA, fresh_server, mixed_tables, more_oltp, remove_work
 from cdc_assets.local_source.processes import free_port
 from cdc_assets.local_spark import cluster as spark_cluster
@@ -28,6 +34,10 @@ from cdc_assets.local_spark import connect_server
 
 READER_SERVER_ID = 4245
 NO_SPARK = str(10**15)  # CDC_SPARK_MIN_ROWS that keeps every run on Arrow
+
+
+def load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _sync(env: dict[str, str], beside: list[int]) -> float:
@@ -50,16 +60,24 @@ def main() -> None:
     print(f"workload (a): {workload.row_changes} row changes over {workload.tables} tables", flush=True)
     work = Path(tempfile.mkdtemp(prefix="cdc-bench-cluster-workload-"))
     state, connect_state = BENCH_DIR / "cluster-workload-spark", BENCH_DIR / "cluster-workload-connect"
-    base = {**os.environ, "CDC_MYSQL_URL": server.reader_url(), "CDC_SERVER_ID": str(READER_SERVER_ID), "CDC_TABLES": f"{SCHEMA}.*"}
+    base = {
+        **os.environ,
+        "CDC_MYSQL_URL": server.reader_url(),
+        "CDC_SERVER_ID": str(READER_SERVER_ID),
+        "CDC_TABLES": f"{SCHEMA}.*",
+    }
     base.pop("CDC_SPARK_MIN_ROWS", None)
     failed = None
+    events = work / "spark-events"
+    found: dict[str, tuple[list[Phase], float]] = {}
+    print(f"load average at start: {load()}", flush=True)
     cluster = spark_cluster.start(state, workers=args.workers)
     connect = None
     try:
         port = free_port()
         engines = {
             "arrow": {"CDC_SPARK_MASTER": "local[2]", "CDC_SPARK_MIN_ROWS": NO_SPARK},
-            "cluster": {"CDC_SPARK_MASTER": cluster.master},
+            "cluster": {"CDC_SPARK_MASTER": cluster.master, "CDC_SPARK_CONF": json.dumps(event_log_conf(events))},
             "connect": {"CDC_SPARK_MASTER": f"sc://127.0.0.1:{port}"},
         }
         envs = {
@@ -76,7 +94,13 @@ def main() -> None:
                 # for its own syncs (a standalone cluster gives an application every free core)
                 if name == "connect":
                     connect = connect_server.start(connect_state, port, master=cluster.master)
+                known, began = set(os.listdir(events)), time.time()
                 seconds[name][round_name] = _sync(env, beside)
+                if name == "cluster":
+                    found[round_name] = (
+                        phases(began, seconds[name][round_name], Path(env["DAGSTER_HOME"]), events, known)[0],
+                        seconds[name][round_name],
+                    )
                 if connect is not None:
                     connect_server.stop(connect)
                     connect = None
@@ -96,6 +120,9 @@ def main() -> None:
     for round_name in ("from empty", "incremental"):
         a, c, k = (seconds[n][round_name] for n in ("arrow", "cluster", "connect"))
         print(f"| {round_name} | {a:.1f} | {c:.1f} | {c / a:.2f} | ≤ 2 | {k:.1f} | {k / c:.2f} | ≤ 1.3 |")
+    for round_name, (phase_list, total) in found.items():
+        print_table(f"the cluster's sync, {round_name}, by phase", phase_list, total)
+    print(f"\nload average at the end: {load()}")
 
 
 if __name__ == "__main__":

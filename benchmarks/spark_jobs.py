@@ -1,7 +1,7 @@
 """How many Spark jobs each stage runs, and how long each phase takes, for a few tables and for many.
 
     .venv/bin/python -m benchmarks.spark_jobs [--tables 2,20,200] [--rows-per-table 200] [--oltp 2000]
-        [--master local[2]]
+        [--master local[2] | --workers 2] [--tasks-per-core 32,2 [--turns 2]]
 
 For each table count, workload (a)'s shape (benchmarks.workloads.mixed_tables: a bulk load, then single-row OLTP
 transactions over every table) is written to a fresh MariaDB, captured, and taken through the change-log and
@@ -9,11 +9,18 @@ current-state stages on Spark (every stage run pinned to Spark, whatever its siz
 then once more for a second round of transactions (an incremental run). The job counts are Spark's own: the jobs
 its status tracker knows of after each phase, less those before it (every job the run submits, from any thread).
 A stage whose job count grows with the number of tables pays Spark's fixed cost per job that many times over.
+
+`--workers N` starts a standalone cluster of N one-core workers (cdc_assets.local_spark.cluster) and runs on it.
+`--tasks-per-core a,b` measures each table count under each value of spark_resources.transforms.TASKS_PER_CORE in
+turn, in the same session (`--turns` times over, alternating): 32 per core on two cores is the 64 tasks a job over
+many small items had before task_count; the seconds then compare the tasks' fixed cost within one invocation.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -62,7 +69,17 @@ def main() -> None:
     parser.add_argument("--rows-per-table", type=int, default=200)
     parser.add_argument("--oltp", type=int, default=2000)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--workers", type=int, default=0, help="run on a standalone cluster of this many workers")
+    parser.add_argument("--tasks-per-core", default="", help="comma-separated TASKS_PER_CORE values to compare")
+    parser.add_argument("--turns", type=int, default=1)
     args = parser.parse_args()
+    import spark_resources.transforms as transforms
+    from cdc_assets.local_spark import cluster as spark_cluster
+
+    print(f"load average at start: {'/'.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    state = BENCH_DIR / "spark-jobs-cluster"
+    if args.workers:
+        args.master = spark_cluster.start(state, workers=args.workers).master
     from pyspark.sql import SparkSession
 
     from spark_resources.session import spark_config
@@ -72,22 +89,42 @@ def main() -> None:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     counts = [int(n) for n in args.tables.split(",")]
+    settings = [int(v) for v in args.tasks_per_core.split(",") if v] or [transforms.TASKS_PER_CORE]
     work = Path(tempfile.mkdtemp(prefix="cdc-spark-jobs-"))
     failed = None
+    runs: dict[tuple[int, int], list[list[tuple[str, int, float]]]] = {}
     try:
-        results = {n: measured(n, args.rows_per_table, args.oltp, spark, work) for n in counts}
+        for turn in range(args.turns):
+            for n in counts:
+                for per_core in (
+                    settings if turn % 2 == 0 else settings[::-1]
+                ):  # the first of a session pays its warm-up
+                    transforms.TASKS_PER_CORE = per_core
+                    found = measured(n, args.rows_per_table, args.oltp, spark, work / f"{turn}-{per_core}")
+                    runs.setdefault((n, per_core), []).append(found)
+                    print(f"{n} tables, {per_core} tasks per core: {found}", flush=True)
     except BaseException as exc:
         failed = f"the measurement failed ({type(exc).__name__})"
         raise
     finally:
         spark.stop()
+        if args.workers:
+            spark_cluster.stop(state)
         remove_work(work, failed)
+    # each phase's median over the turns
+    results = {
+        key: [(phase, jobs, statistics.median(r[i][2] for r in found)) for i, (phase, jobs, _) in enumerate(found[0])]
+        for key, found in runs.items()
+    }
+    columns = [(n, per_core) for n in counts for per_core in settings]
+    label = (lambda n, c: f"{n} tables, {c} tasks/core") if len(settings) > 1 else (lambda n, c: f"{n} tables")
     print(f"\nSpark jobs per stage run on {args.master} (workload (a)'s shape, {args.rows_per_table} rows a table, "
           f"{args.oltp} transactions, then {args.oltp // 2} more)")  # fmt: skip
-    print("| stage run | " + " | ".join(f"{n} tables: jobs, s" for n in counts) + " |")
-    print("|---|" + "---|" * len(counts))
-    for i, (phase, _, _) in enumerate(results[counts[0]]):
-        print(f"| {phase} | " + " | ".join(f"{results[n][i][1]}, {results[n][i][2]:.1f}" for n in counts) + " |")
+    print("| stage run | " + " | ".join(f"{label(n, c)}: jobs, s" for n, c in columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for i, (phase, _, _) in enumerate(results[columns[0]]):
+        print(f"| {phase} | " + " | ".join(f"{results[k][i][1]}, {results[k][i][2]:.1f}" for k in columns) + " |")
+    print(f"load average at the end: {'/'.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

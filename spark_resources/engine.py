@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,3 +30,34 @@ def choose_transforms(changes: int, min_rows: int, session: Callable[[], Any]) -
     """Spark from `min_rows` changes on, Arrow below: a Spark job's fixed cost (a JVM, a job's start) is seconds,
     more than a few hundred thousand changes take on Arrow."""
     return Transforms(session if changes >= min_rows else None)
+
+
+@contextmanager
+def spark_phase(session: Callable[[], Any], phase: str, log: Any | None = None) -> Iterator[Callable[[], Any]]:
+    """`session`, whose jobs carry the description `cdc-lakehouse: <phase>` (Spark's UI, REST API and event log
+    show it), so a run's Spark jobs are attributable to its stages; the session is still started only when asked
+    for. The description is a property of the asking thread (jobs submitted from the per-table threads have none);
+    a Connect session has no SparkContext here and its jobs go undescribed. `log` gets the phase's wall time and how
+    much of it went to getting the session (a driver JVM's start, or reaching a Connect server)."""
+    began = time.monotonic()
+    asked: list[Any] = []  # the SparkContext (None on Connect), once the session was asked for
+    waited: list[float] = []
+
+    def described() -> Any:
+        asking = time.monotonic()
+        spark = session()
+        if not asked:
+            waited.append(time.monotonic() - asking)
+        context = getattr(spark, "_sc", None)  # a classic session's SparkContext (Connect: none)
+        if context is not None and not asked:
+            context.setLocalProperty("spark.job.description", f"cdc-lakehouse: {phase}")
+        asked.append(context)
+        return spark
+
+    try:
+        yield described
+    finally:
+        if asked and asked[0] is not None:
+            asked[0].setLocalProperty("spark.job.description", None)
+        if log is not None:
+            log.info(f"{phase} on spark: {time.monotonic() - began:.2f} s, {sum(waited):.2f} s of them to get the session")

@@ -24,7 +24,7 @@ from cdc_assets.lake.files import (
     write_files,
 )
 from cdc_assets.lake.store import Lakehouse
-from spark_resources.transforms import arrow_frame, spark_schema
+from spark_resources.transforms import arrow_frame, spark_schema, task_count
 
 
 def rewrite_files(
@@ -55,7 +55,7 @@ def rewrite_files(
                 for action in write_files(access, target_key or table_key, table_text, rows):
                     yield pa.RecordBatch.from_pylist([action], schema=FILE_ACTION_SCHEMA)
 
-    written = tasks.repartition(min(len(groups), 64)).mapInArrow(rewrite, spark_schema(FILE_ACTION_SCHEMA))
+    written = tasks.repartition(task_count(spark, len(groups))).mapInArrow(rewrite, spark_schema(FILE_ACTION_SCHEMA))
     return [row.asDict() for row in written.collect()]
 
 
@@ -103,7 +103,7 @@ def compact_tables(
                 for action in write_files(access, keys[i], str(i), rows):
                     yield pa.RecordBatch.from_pylist([action], schema=FILE_ACTION_SCHEMA)
 
-    written = [r.asDict() for r in tasks.repartition(min(len(work), 64)).mapInArrow(rewrite, spark_schema(FILE_ACTION_SCHEMA)).collect()]
+    written = [r.asDict() for r in tasks.repartition(task_count(spark, len(work))).mapInArrow(rewrite, spark_schema(FILE_ACTION_SCHEMA)).collect()]
 
     def commit(i: int) -> TableRef:
         table, existing, small, schema = due[i]

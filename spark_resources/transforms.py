@@ -18,3 +18,18 @@ def arrow_frame(spark: SparkSession, rows: pa.Table) -> DataFrame:
     """A frame of rows held here, typed from their Arrow schema: Spark Connect cannot infer a schema from an
     empty table, and inference could widen or rename a type where the Arrow schema is exact."""
     return spark.createDataFrame(rows, schema=spark_schema(rows.schema))
+
+
+MAX_TASKS = 64  # tasks of one job over many small items (tables, batches, file groups), on a cluster of any size
+TASKS_PER_CORE = 2  # per executor core: enough to even out unequal items, few enough that each pays its start once
+
+
+def task_count(spark: SparkSession, items: int) -> int:
+    """How many tasks a job over `items` small items (each a table's merge, a batch's read, a group of files) gets:
+    a few per executor core, not one per item. Each task pays a fixed start (scheduling, its closure with every
+    item's plan, a Python worker's round trip), so 64 tasks over 200 tables on two cores cost seconds of start
+    alone (benchmarks/README.md, "Where a cluster sync's seconds go"). A Connect session has no SparkContext here:
+    it keeps MAX_TASKS."""
+    context = getattr(spark, "_sc", None)
+    cores = context.defaultParallelism if context is not None else MAX_TASKS
+    return max(1, min(items, MAX_TASKS, cores * TASKS_PER_CORE))

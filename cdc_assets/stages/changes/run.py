@@ -38,7 +38,7 @@ from cdc_assets.lake.store import Lakehouse, ObjectStore
 from cdc_assets.stages.changes.keys import keyed_changes
 from cdc_assets.stages.changes.log import AppendResult, append_changes
 from cdc_assets.stages.changes.plan import ChangePlan, ChangesReport, Piece, plan_piece, record_progress
-from spark_resources.engine import TransformsFor
+from spark_resources.engine import TransformsFor, spark_phase
 
 MAX_ROWS_PER_ARROW_JOB = 500_000  # row changes keyed at once on Arrow: bounds the memory of the stage
 
@@ -185,7 +185,8 @@ def _process(
     if engine.session is not None:
         from cdc_assets.stages.changes.on_spark import process_on_spark  # pyspark loads only for a Spark run
 
-        process_on_spark(lakehouse, engine.session, manifests, starts, progress, report, lease, log)
+        with spark_phase(engine.session, "change logs", log) as session:
+            process_on_spark(lakehouse, session, manifests, starts, progress, report, lease, log)
         return
     for chunk in _chunks(manifests, MAX_ROWS_PER_ARROW_JOB):
         newest: dict[str, TableShape] = {}  # per table, the shape of its newest changes taken in

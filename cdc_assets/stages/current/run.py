@@ -47,7 +47,7 @@ from cdc_assets.stages.current.steps import (
     record_outcomes,
     table_plan,
 )
-from spark_resources.engine import Transforms, TransformsFor
+from spark_resources.engine import Transforms, TransformsFor, spark_phase
 
 
 def table_steps(pending: PendingTable) -> list[Step]:
@@ -197,7 +197,8 @@ def _apply_to(
     if engine.session is not None:  # on Spark no pending row is read here
         from cdc_assets.stages.current.on_spark import apply_on_spark  # pyspark loads only for a Spark run
 
-        apply_on_spark(lakehouse, engine.session, targets, reached, current, report, lease, log, dropped)
+        with spark_phase(engine.session, "current state", log) as session:
+            apply_on_spark(lakehouse, session, targets, reached, current, report, lease, log, dropped)
         return
 
     def take_in(new: list[str]) -> set[str]:

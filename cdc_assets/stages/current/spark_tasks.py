@@ -51,7 +51,7 @@ from cdc_assets.stages.current.rules import (
     newest_rows,
     written_rows,
 )
-from spark_resources.transforms import arrow_frame, spark_schema
+from spark_resources.transforms import arrow_frame, spark_schema, task_count
 
 SPARK_FILE_ROWS = FILE_ROWS
 ACTION = ACTION_COLUMN
@@ -93,7 +93,7 @@ def table_frame(
                     rows = rows.filter(pc.greater(rows.column("_cdc_seq"), after_seq))
                 yield from rows.to_batches()
 
-    return tasks.repartition(min(len(paths), 64)).mapInArrow(read, spark_schema(schema))
+    return tasks.repartition(task_count(spark, len(paths))).mapInArrow(read, spark_schema(schema))
 
 
 @dataclass
@@ -363,7 +363,7 @@ def summarize_tables(spark: SparkSession, access: FileAccess, tables: dict[str, 
                     yield pa.RecordBatch.from_pylist(out, schema=SUMMARY_SCHEMA)
 
     frame = arrow_frame(spark, pa.table({"table": [t for t, _ in work], "path": [p for _, p in work]}))
-    rows = frame.repartition(min(len(work), 64)).mapInArrow(read, spark_schema(SUMMARY_SCHEMA)).collect()
+    rows = frame.repartition(task_count(spark, len(work))).mapInArrow(read, spark_schema(SUMMARY_SCHEMA)).collect()
     for row in (r.asDict() for r in rows):
         summary = found[row["table"]]
         if row["changes"] is not None:
@@ -453,7 +453,7 @@ def merge_small_tables(spark: SparkSession, access: FileAccess, work: list[Small
                     yield pa.RecordBatch.from_pylist([action], schema=MERGED_SCHEMA)
 
     frame = arrow_frame(spark, pa.table({"work": pa.array(range(len(work)), pa.int64())}))
-    rows = [r.asDict() for r in frame.repartition(min(len(work), 64)).mapInArrow(merge, spark_schema(MERGED_SCHEMA)).collect()]
+    rows = [r.asDict() for r in frame.repartition(task_count(spark, len(work))).mapInArrow(merge, spark_schema(MERGED_SCHEMA)).collect()]
     done = []
     for i in range(len(work)):
         mine = [r for r in rows if r["work"] == i]

@@ -62,7 +62,7 @@ from cdc_assets.stages.snapshot.loaded_tables import (
     register_loaded,
     resume_quarantined_capture,
 )
-from spark_resources.engine import TransformsFor
+from spark_resources.engine import TransformsFor, spark_phase
 
 SNAPSHOT_CHUNK_ROWS = 100_000  # rows read from the source and held in memory at once
 SNAPSHOT_WRITE_ROWS = 2_000_000  # rows handed to delta-rs at once: several files' worth
@@ -102,7 +102,8 @@ def take_snapshot(
                 from cdc_assets.stages.snapshot.on_spark import snapshot_on_spark  # pyspark loads only for Spark
 
                 tables = _requested_tables(settings, requested)
-                return snapshot_on_spark(settings, lakehouse, tables, engine.session, log, owner)
+                with spark_phase(engine.session, "snapshot", log) as session:
+                    return snapshot_on_spark(settings, lakehouse, tables, session, log, owner)
         return _take_snapshot(settings, lakehouse, requested, log, owner)
 
 
