@@ -28,7 +28,8 @@ from cdc_assets.lake.layout import FORGOTTEN_STATE
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.exactly_once import check_exactly_once
 
-pytestmark = pytest.mark.both_sources
+# Tests that ask the source run on both flavours; the crash walk, S3, sinks and bad input are the lakehouse's
+# alone and run on MariaDB (the suite must stay within its time).
 
 # failpoints of a forget, each walked by test_a_forget_killed_at_each_failpoint_and_run_again_finishes
 # (the Nth time it is reached: the Delta layers are the change log, current state and history, in that order)
@@ -122,6 +123,7 @@ def _person(cdc: CdcEnv, key: int, mark: str, was: int | None = None, visits: bo
         cdc.execute(f"INSERT INTO visits VALUES ({key}, '2026-01-02', 'visit-{mark}'), ({key}, '2026-01-03', 'again-{mark}')")
 
 
+@pytest.mark.both_sources
 def test_forget_one_key_and_several_removes_them_from_every_layer_and_storage(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     db = cdc.database
     monkeypatch.setenv("CDC_HISTORY_TABLES", f"{db}.people,{db}.visits")
@@ -262,6 +264,7 @@ def test_forget_names_the_sinks_that_had_published_the_keys(
             connection.channel().exchange_delete(name)
 
 
+@pytest.mark.both_sources
 def test_forget_by_the_clear_key_of_a_table_whose_key_column_is_hashed(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     """A key column a column policy hashes: the user names the person by the source's key, the lakehouse holds and
     forgets its keyed hash."""
