@@ -239,6 +239,7 @@ def _runs() -> ModuleType:
 
 
 def _print_sync(outcome: RunOutcome, seconds: float | None = None) -> None:
+    from cdc_assets.defs.assets.metadata import policy_warnings_of
     from cdc_assets.defs.keys import CHANGES_TABLE_PREFIX, CURRENT_TABLE_PREFIX, RAW_ASSET
 
     raw = outcome.of(RAW_ASSET)
@@ -261,7 +262,7 @@ def _print_sync(outcome: RunOutcome, seconds: float | None = None) -> None:
         print(f"quarantined: {sentence}")
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
-    for warning in [*(raw.get("policy_warnings") or []), *outcome.warnings]:  # a column policy added: what it left
+    for warning in [*policy_warnings_of(raw.get("policy_warnings")), *outcome.warnings]:  # a column policy added
         print(f"warning: {warning}")
     took = outcome.seconds if seconds is None else seconds
     print(f"sync {'succeeded' if outcome.success else 'FAILED'} in {took:.1f}s")

@@ -101,5 +101,11 @@ def capture_metadata(report: CaptureReport, max_batch_rows: int | None = None) -
         "lag_bytes": report.lag_bytes,
         "lag_seconds": round(report.lag_seconds, 3),
         "duration_seconds": round(report.seconds, 3),
-        "policy_warnings": MetadataValue.json(report.policy_warnings),
+        # a Markdown list the UI shows as text (a JSON value shows as a blob); `policy_warnings_of` reads it back
+        "policy_warnings": MetadataValue.md("\n".join(f"- {w}" for w in report.policy_warnings) or "none"),
     }
+
+
+def policy_warnings_of(value: object) -> list[str]:
+    """The sentences of a capture's `policy_warnings` metadata (a Markdown list, or "none")."""
+    return [line[2:] for line in str(value or "").splitlines() if line.startswith("- ")]

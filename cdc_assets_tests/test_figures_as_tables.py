@@ -1,0 +1,47 @@
+"""Issue 30, item 4: the figures a run records per table read as tables and plain values in the UI, never as JSON
+blobs (`[Show JSON]`): the tables' materializations, the run's own assets and every check evaluation of a sync."""
+
+from __future__ import annotations
+
+from dagster import AssetRecordsFilter, DagsterEventType, JsonMetadataValue, TableMetadataValue
+
+from cdc_assets.commands.runs import instance
+from cdc_assets.defs.assets.metadata import figures_table
+from cdc_assets.defs.keys import RAW_ASSET, table_asset_key
+from cdc_assets_tests.conftest import CdcEnv
+
+
+def test_figures_of_many_tables_are_one_table_value() -> None:
+    value = figures_table({"shop.b": {"lag_seconds": 2.5}, "shop.a": {"lag_seconds": 1.0, "rows": 3}})
+    assert isinstance(value, TableMetadataValue)
+    assert [c.name for c in value.schema.columns] == ["table", "lag_seconds", "rows"]
+    assert [r.data["table"] for r in value.records] == ["shop.a", "shop.b"]
+
+
+def test_a_syncs_figures_are_never_json(cdc: CdcEnv) -> None:
+    cdc.execute(
+        "CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))",
+        "CREATE TABLE u (id INT PRIMARY KEY)",
+        "INSERT INTO t VALUES (1, 'a'), (2, 'b')",
+        "INSERT INTO u VALUES (1)",
+    )
+    assert cdc.sync() == 0
+    dagster = instance()
+    keys = [RAW_ASSET, table_asset_key(f"{cdc.database}.t"), table_asset_key(f"{cdc.database}.u")]
+    seen = 0
+    for key in keys:
+        [record] = dagster.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=1).records
+        metadata = record.asset_materialization.metadata
+        assert metadata, key
+        blobs = [name for name, value in metadata.items() if isinstance(value, JsonMetadataValue)]
+        assert not blobs, (key, blobs)
+        seen += len(metadata)
+    run = dagster.get_runs(limit=1)[0]
+    checks = [
+        e.dagster_event.event_specific_data
+        for e in dagster.all_logs(run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+    ]
+    assert checks
+    blobs = [(c.check_name, n) for c in checks for n, v in c.metadata.items() if isinstance(v, JsonMetadataValue)]
+    assert not blobs, blobs
+    assert seen > 3
