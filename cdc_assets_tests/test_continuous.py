@@ -151,6 +151,32 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
     assert build_continuous_sensor().default_status == DefaultSensorStatus.RUNNING
 
 
+def test_on_spark_each_cycle_takes_the_session_begun_at_the_start(cdc: CdcEnv) -> None:
+    """CDC_SPARK_MIN_ROWS=0 (a cluster's default): every cycle with a change runs its stages on Spark. The run starts
+    its session when it starts, beside its first polls, so no cycle waits for a JVM's start; the tables follow."""
+    cdc.execute("CREATE TABLE acct (id INT PRIMARY KEY, owner VARCHAR(40), balance INT)")
+    _write_transactions(cdc, transactions=40, rows_each=5)
+    earlier = {r.run_id for r in _continuous_runs()}
+    process = _start({"CDC_SPARK_MIN_ROWS": "0", "CDC_SPARK_MASTER": "local[1]"})
+    try:
+        _wait_for("the catch-up on Spark", lambda: _equal(cdc, 1), process, timeout_s=180)
+        _write_transactions(cdc, transactions=20, rows_each=5, start=40)
+        _wait_for("the new writes on Spark", lambda: _equal(cdc, 1), process, timeout_s=120)
+        stopped = run_cli("stop", timeout=120)
+        assert stopped.returncode == 0 and STOPPED in stopped.stdout, stopped.stdout + stopped.stderr
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0 and STOPPED in out, out + err
+    [run] = _continuous_runs(but=earlier)
+    said = [e.user_message or "" for e in instance().all_logs(run.run_id)]
+    on_spark = [m for m in said if m.startswith(("change logs on spark:", "current state on spark:")) and " s of them" in m]
+    assert len(on_spark) >= 4, said  # two cycles at least, both stages of each on Spark
+    # the first stage on Spark took the session whose start the run began before any cycle
+    assert "its start begun" in on_spark[0], said
+
+
 def test_killed_then_restarted_under_a_writer_ends_exactly_once(cdc: CdcEnv) -> None:
     cdc.execute("CREATE TABLE acct (id INT PRIMARY KEY, owner VARCHAR(40), balance INT)")
     earlier = {r.run_id for r in _continuous_runs()}

@@ -383,6 +383,8 @@ def test_a_sync_the_run_would_send_to_spark_leaves_the_stages_to_the_run(cdc: Cd
     said = _run_messages()
     assert any("take Spark" in m for m in said), said  # the child left them
     assert any("on spark" in m for m in said), said  # and the run took them on Spark
+    # on the session whose start the command began when the child said so, while it was still starting the run
+    assert any("change logs on spark" in m and "its start begun" in m for m in said), said
 
 
 def test_a_fork_kept_to_the_capture_leaves_the_stages_to_the_run(cdc: CdcEnv, own_home, monkeypatch) -> None:

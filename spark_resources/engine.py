@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from spark_resources.session import early_start_began
+
 DEFAULT_SPARK_MIN_ROWS = 1_000_000  # changes in one stage run from which it goes to Spark (a local master)
 
 
@@ -60,4 +62,6 @@ def spark_phase(session: Callable[[], Any], phase: str, log: Any | None = None) 
         if asked and asked[0] is not None:
             asked[0].setLocalProperty("spark.job.description", None)
         if log is not None:
-            log.info(f"{phase} on spark: {time.monotonic() - began:.2f} s, {sum(waited):.2f} s of them to get the session")
+            early = early_start_began() if asked else None
+            ahead = f" (its start begun {began - early:.2f} s before the stage)" if early is not None and early < began else ""
+            log.info(f"{phase} on spark: {time.monotonic() - began:.2f} s, {sum(waited):.2f} s of them to get the session{ahead}")

@@ -8,6 +8,7 @@ from dagster import ConfigurableResource
 from pydantic import Field, PrivateAttr
 
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS, Transforms, choose_transforms
+from spark_resources.session import start_session_early, wait_for_early_start
 
 
 class LazySparkResource(ConfigurableResource):
@@ -23,6 +24,7 @@ class LazySparkResource(ConfigurableResource):
         if self._spark_session is None:
             from dagster_pyspark.resources import spark_session_from_config
 
+            wait_for_early_start()  # a session begun before the run (start_session_early) is the one it takes
             self._spark_session = spark_session_from_config(self.spark_config)
         return self._spark_session
 
@@ -42,6 +44,12 @@ class TransformsResource(ConfigurableResource):
             "runs take the same transforms on Arrow in the run's process, as a Spark job's fixed cost exceeds them."
         ),
     )
+
+    def start_session_if_spark_takes_every_run(self) -> None:
+        """A long-lived run whose every stage run with a change takes Spark (`min_rows` 0: the default on a
+        cluster or a Connect server) starts the session now, in the background, not in its first cycle."""
+        if self.min_rows == 0:
+            start_session_early(self.pyspark.spark_config)
 
     def for_changes(self, changes: int) -> Transforms:
         """The engine for a stage run that processes `changes` changes."""

@@ -3,8 +3,11 @@ Connect server (`sc://…`) by CDC_SPARK_MASTER, plus any settings of the user's
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import threading
+import time
 from typing import Any
 
 DEFAULT_SPARK_MASTER = "local[*]"
@@ -43,6 +46,80 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             config |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
     return {**config, **(extra or {})}
+
+
+def user_spark_settings() -> dict[str, str]:
+    """CDC_SPARK_CONF: Spark settings of the user's, as a JSON object of names and values, on top of ours. A value
+    that is not one raises ValueError with the sentence the user reads (a CdcUserError where the resources are built)."""
+    text = os.environ.get("CDC_SPARK_CONF")
+    if not text:
+        return {}
+    try:
+        settings = json.loads(text)
+    except ValueError:
+        settings = None
+    if not isinstance(settings, dict) or not all(isinstance(k, str) for k in settings):
+        raise ValueError(
+            'CDC_SPARK_CONF is not a JSON object of Spark settings: write it as e.g. {"spark.executor.memory": "2g"}.'
+        )
+    return {k: str(v) for k, v in settings.items()}
+
+
+def run_spark_config() -> dict[str, Any]:
+    """The session a run's resources build: CDC_SPARK_MASTER's, with CDC_SPARK_CONF on top."""
+    return spark_config(os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER, user_spark_settings())
+
+
+_early_start: threading.Thread | None = None
+_early_began: float | None = None  # time.monotonic() of start_session_early's call
+_early_lock = threading.Lock()
+
+
+def start_session_early(config: dict[str, Any]) -> None:
+    """Start the session `config` describes in a thread of its own, once per process. A driver JVM's start and the
+    application's registration with a cluster take seconds (benchmarks/README.md, "Where a cluster sync's seconds
+    go"); a process that knows it will take Spark spends them beside its other work (Dagster's import, the run's
+    start, the capture) instead of before its first Spark stage. A start that fails here is not reported: the run,
+    asking for the session, starts it again and fails with the cause."""
+    global _early_start, _early_began
+    with _early_lock:
+        if _early_start is not None:
+            return
+        _early_began = time.monotonic()
+        _early_start = threading.Thread(target=_start_session, args=(config,), name="spark-session-start", daemon=True)
+        _early_start.start()
+
+
+def start_run_session_early() -> None:
+    """start_session_early for the session a run's resources build (a bad CDC_SPARK_CONF is said by them)."""
+    try:
+        config = run_spark_config()
+    except ValueError:
+        return
+    start_session_early(config)
+
+
+def _start_session(config: dict[str, Any]) -> None:
+    try:
+        from pyspark.sql import SparkSession
+
+        SparkSession.builder.config(map=config).getOrCreate()
+    except Exception:
+        pass  # the run's own start says why (see start_session_early)
+
+
+def early_start_began() -> float | None:
+    """When this process began starting its session ahead of the run (time.monotonic()), if it did."""
+    return _early_began
+
+
+def wait_for_early_start() -> None:
+    """Let an early start (start_session_early) finish before the session is asked for: the run then takes the
+    session it started, or, when it failed, starts one itself."""
+    with _early_lock:
+        started = _early_start
+    if started is not None:
+        started.join()
 
 
 def _on_this_machine(master: str) -> bool:

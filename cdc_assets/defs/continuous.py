@@ -179,6 +179,7 @@ def follow_binlog(
             with _followers_mutex:
                 _followers.pop(threading.current_thread(), None)
 
+    transforms.start_session_if_spark_takes_every_run()  # its JVM's start beside the first poll, not in a cycle
     follower = threading.Thread(target=run, name="continuous-follower")
     with _followers_mutex:
         _followers[follower] = stop

@@ -7,7 +7,6 @@ hand plain settings to the Dagster-free code below them.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +42,7 @@ from cdc_assets.sinks.settings import SinkSettings, sink_settings
 from cdc_assets.source.server import source_settings
 from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
 from spark_resources.resources import LazySparkResource, TransformsResource
-from spark_resources.session import DEFAULT_SPARK_MASTER, spark_config
+from spark_resources.session import DEFAULT_SPARK_MASTER, run_spark_config
 
 
 class BinlogResource(ConfigurableResource):
@@ -209,22 +208,6 @@ def _env_value(setting: EnvSetting, resolved: bool = False) -> Any:
     return EnvVar.int(setting.variable) if setting.whole_number else EnvVar(setting.variable)
 
 
-def spark_settings() -> dict[str, str]:
-    """CDC_SPARK_CONF: Spark settings of the user's, as a JSON object of names and values, on top of ours."""
-    text = os.environ.get("CDC_SPARK_CONF")
-    if not text:
-        return {}
-    try:
-        settings = json.loads(text)
-    except ValueError:
-        settings = None
-    if not isinstance(settings, dict) or not all(isinstance(k, str) for k in settings):
-        raise CdcUserError(
-            'CDC_SPARK_CONF is not a JSON object of Spark settings: write it as e.g. {"spark.executor.memory": "2g"}.'
-        )
-    return {k: str(v) for k, v in settings.items()}
-
-
 @dataclass(frozen=True)
 class Resources:
     """The code location's resources, by key (the names assets and checks ask for)."""
@@ -266,7 +249,11 @@ def resources_from_env(resolved: bool = False) -> Resources:
         max_attempts=retries.max_attempts,
     )
     master = os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER
-    pyspark = LazySparkResource(spark_config=spark_config(master, spark_settings()))
+    try:
+        session_config = run_spark_config()
+    except ValueError as exc:  # CDC_SPARK_CONF's sentence
+        raise CdcUserError(str(exc)) from None
+    pyspark = LazySparkResource(spark_config=session_config)
     return Resources(
         binlog=BinlogResource(
             **{name: _env_value(setting, resolved) for name, setting in SOURCE_ENV.items()},

@@ -44,6 +44,7 @@ from typing import Any
 from cdc_assets.core import progress
 
 FORK_ENV = "CDC_SYNC_FORK"
+SPARK_WANTED = "spark"  # the child's message that a stage goes to Spark (the run's), sent before it leaves it
 PR_SET_PDEATHSIG = 1
 _started: dict[str, ForkedCapture] = {}
 
@@ -61,22 +62,45 @@ class ForkedCapture:
     run_id: str
     pid: int
     read_fd: int
+    on_spark: Callable[[], None] | None = None  # called, from the reader thread, when a stage is left to Spark
     steps: dict[str, Any] = field(default_factory=dict)  # what the child reported after its capture, by kind
     user_error: str | None = None  # the sentence a stage of the child ended with (the run ends with it there)
-    _pipe: Any = None
+    _received: queue.SimpleQueue[tuple[str, Any, list[str]] | None] = field(default_factory=queue.SimpleQueue)
+    _reader: threading.Thread | None = None
     _over: bool = False
+
+    def listen(self) -> None:
+        """Read the child's messages as they come, in a thread: the op asks for them only once Dagster is imported
+        and the run started, and a stage the child leaves to Spark starts the session (`on_spark`) before that."""
+        self._reader = threading.Thread(target=self._read, name="forked-capture-reader", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        with os.fdopen(self.read_fd, "rb") as pipe:
+            while True:
+                try:
+                    message = pickle.load(pipe)
+                except Exception:  # ended (EOF), or killed in the middle of a message
+                    break
+                if message[0] == SPARK_WANTED and self.on_spark is not None:
+                    try:
+                        self.on_spark()
+                    except Exception:  # a head start only: the run starts what it needs when it needs it
+                        pass
+                self._received.put(message)
+        self._received.put(None)
 
     def _next(self, log: Any) -> tuple[str, Any] | None:
         """The child's next message (its log lines replayed to `log`), or None once it has said all it will."""
         if self._over:
             return None
-        if self._pipe is None:
-            self._pipe = os.fdopen(self.read_fd, "rb")
-        try:
-            kind, value, messages = pickle.load(self._pipe)
-        except Exception:  # ended (EOF), or killed in the middle of a message
+        if self._reader is None:
+            self.listen()
+        received = self._received.get()
+        if received is None:
             self._end(log)
             return None
+        kind, value, messages = received
         for message in messages:
             log.info(message)
         return kind, value
@@ -86,10 +110,6 @@ class ForkedCapture:
         from cdc_assets.core import failpoints
 
         self._over = True
-        if self._pipe is not None:
-            self._pipe.close()
-        else:
-            os.close(self.read_fd)
         _, status = os.waitpid(self.pid, 0)
         code = os.waitstatus_to_exitcode(status)
         if code == failpoints.EXIT_CODE:
@@ -193,8 +213,9 @@ def wanted() -> bool:
     )
 
 
-def start(run_id: str) -> ForkedCapture | None:
-    """Fork a child that captures for the run `run_id`; None when this sync captures in its run instead."""
+def start(run_id: str, on_spark: Callable[[], None] | None = None) -> ForkedCapture | None:
+    """Fork a child that captures for the run `run_id`; None when this sync captures in its run instead.
+    `on_spark` is called as soon as the child finds a stage that takes Spark (and leaves it to the run)."""
     if not wanted():
         return None
     read_fd, write_fd = os.pipe()
@@ -213,7 +234,8 @@ def start(run_id: str) -> ForkedCapture | None:
     os.close(write_fd)
     if relayed is not None:
         relayed.in_parent()
-    forked = ForkedCapture(run_id, pid, read_fd)
+    forked = ForkedCapture(run_id, pid, read_fd, on_spark)
+    forked.listen()
     _started[run_id] = forked
     return forked
 
