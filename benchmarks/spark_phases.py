@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 STAGES = ("change logs", "current state")
-_WALL = re.compile(r"^(change logs|current state) on spark: ([0-9.]+) s, ([0-9.]+) s of them to get the session$")
+_WALL = re.compile(
+    r"^(change logs|current state) on spark: ([0-9.]+) s, ([0-9.]+) s of them to get the session"
+    r"(?: \(its start begun ([0-9.]+) s before the stage\))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ def _dagster_marks(dagster_home: Path) -> dict[str, float]:
                 marks[f"{found[1]} end"] = entry.timestamp
                 marks[f"{found[1]} begin"] = entry.timestamp - float(found[2])
                 marks[f"{found[1]} session"] = float(found[3])
+                marks[f"{found[1]} session begun ahead"] = float(found[4] or 0)
         return marks
     finally:
         instance.dispose()
@@ -117,6 +121,10 @@ def phases(
         Phase("process start, Dagster's import, the run's start", marks["run start"] - began),
         Phase("capture (forked at process start) and its recording", marks["change logs begin"] - marks["run start"]),
         Phase("  of the change logs: getting the session (the driver JVM's start)", marks["change logs session"]),
+        Phase(
+            "  the session's start begun before the change logs (spark_resources.session.start_session_early)",
+            marks["change logs session begun ahead"],
+        ),
         Phase(
             "  of the change logs: the application's start to its first and last executor's registration (s)",
             min(executors, default=app_start) - app_start,
