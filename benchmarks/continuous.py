@@ -50,6 +50,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1, help="windows per rate (the median is printed)")
     parser.add_argument("--big-table-rows", type=int, default=0, help="rows of the large table (0: none)")
     parser.add_argument("--big-table-rate", type=int, default=1000, help="changes/s of the window that writes it")
+    parser.add_argument(
+        "--warm-up-seconds",
+        type=float,
+        default=0,
+        help="write at the first rate this long before the windows and wait for it to land: the windows then measure "
+        "a run past its start (a Spark session started, its executors' Python workers up), as a long-running mode is",
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",") if r]
     big = BigTable(BIG_TABLE, args.big_table_rows) if args.big_table_rows > 0 else None
@@ -84,6 +91,18 @@ def main() -> None:
     try:
         memory.start()
         probe.start()
+        if args.warm_up_seconds > 0:  # seed 0: ids 1000.., below every window's (seed >= 10 at 1,000/s)
+            _write(server, rates[0], args.warm_up_seconds, seed=0)
+            with server.admin_connection() as conn, conn.cursor() as cur:
+                cur.execute(f"SELECT MAX(id) FROM {SCHEMA}.ticks")
+                last = int(cur.fetchone()[0])
+            _wait_for("the continuous mode to take in the warm-up", lambda last=last: probe.last_id >= last, 600)
+            warm = sorted(probe.latencies.values())
+            print(
+                f"  warm-up: {args.warm_up_seconds:.0f} s at {rates[0]:,} changes/s from the run's start; latency p50 "
+                f"{statistics.median(warm):.2f} s, max {warm[-1]:.2f} s (the run's and its engine's start included)",
+                flush=True,
+            )
         for label, rate, writes_big in cases:
             for run in range(args.runs):
                 first = probe.last_id + 1
