@@ -293,9 +293,7 @@ def _exit_code(outcome: RunOutcome) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     run_id = str(uuid.uuid4())
     if args.from_command_line:  # a process of its own: its capture starts now, in a child, beside Dagster's import
-        from spark_resources.session import start_run_session_early
-
-        forked_capture.start(run_id, on_spark=start_run_session_early)
+        forked_capture.start(run_id)
     outcome = _runs().run_sync(args.verbose, run_id)
     _print_sync(outcome, wall_seconds())
     return _exit_code(outcome)

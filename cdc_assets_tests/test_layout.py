@@ -71,12 +71,14 @@ ALLOWED = {
         "spark_resources.engine",
         "spark_resources.session",
     },
-    "spark_resources.engine": set(),
+    # a stage's log line says how far ahead of it the session's start was begun
+    "spark_resources.engine": {"spark_resources.session"},
     "spark_resources.transforms": set(),
     "spark_resources.session": set(),
     # generic Spark jobs over a table's files (rewrite, compact), run by every stage's Spark half
     "spark_resources.files_job": {"cdc_assets.core", "cdc_assets.lake", "spark_resources.transforms"},
-    "spark_resources.resources": {"spark_resources.engine"},
+    # the session a run takes is the one begun ahead of it, when one was (session.start_session_early)
+    "spark_resources.resources": {"spark_resources.engine", "spark_resources.session"},
     # what the commands do, above the definitions: runs of their jobs on the instance, verify, status, the demo
     "cdc_assets.commands": {
         "cdc_assets.core",

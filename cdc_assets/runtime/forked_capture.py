@@ -44,7 +44,6 @@ from typing import Any
 from cdc_assets.core import progress
 
 FORK_ENV = "CDC_SYNC_FORK"
-SPARK_WANTED = "spark"  # the child's message that a stage goes to Spark (the run's), sent before it leaves it
 PR_SET_PDEATHSIG = 1
 _started: dict[str, ForkedCapture] = {}
 
@@ -62,7 +61,6 @@ class ForkedCapture:
     run_id: str
     pid: int
     read_fd: int
-    on_spark: Callable[[], None] | None = None  # called, from the reader thread, when a stage is left to Spark
     steps: dict[str, Any] = field(default_factory=dict)  # what the child reported after its capture, by kind
     user_error: str | None = None  # the sentence a stage of the child ended with (the run ends with it there)
     _received: queue.SimpleQueue[tuple[str, Any, list[str]] | None] = field(default_factory=queue.SimpleQueue)
@@ -71,7 +69,8 @@ class ForkedCapture:
 
     def listen(self) -> None:
         """Read the child's messages as they come, in a thread: the op asks for them only once Dagster is imported
-        and the run started, and a stage the child leaves to Spark starts the session (`on_spark`) before that."""
+        and the run started, and a stage the child leaves to Spark (message `spark`, before `left`) starts the run's
+        session here before that (spark_resources.session.start_session_early)."""
         self._reader = threading.Thread(target=self._read, name="forked-capture-reader", daemon=True)
         self._reader.start()
 
@@ -82,11 +81,10 @@ class ForkedCapture:
                     message = pickle.load(pipe)
                 except Exception:  # ended (EOF), or killed in the middle of a message
                     break
-                if message[0] == SPARK_WANTED and self.on_spark is not None:
-                    try:
-                        self.on_spark()
-                    except Exception:  # a head start only: the run starts what it needs when it needs it
-                        pass
+                if message[0] == "spark":
+                    from spark_resources.session import start_run_session_early
+
+                    start_run_session_early()  # a head start only: the run starts what it needs when it needs it
                 self._received.put(message)
         self._received.put(None)
 
@@ -213,9 +211,8 @@ def wanted() -> bool:
     )
 
 
-def start(run_id: str, on_spark: Callable[[], None] | None = None) -> ForkedCapture | None:
-    """Fork a child that captures for the run `run_id`; None when this sync captures in its run instead.
-    `on_spark` is called as soon as the child finds a stage that takes Spark (and leaves it to the run)."""
+def start(run_id: str) -> ForkedCapture | None:
+    """Fork a child that captures for the run `run_id`; None when this sync captures in its run instead."""
     if not wanted():
         return None
     read_fd, write_fd = os.pipe()
@@ -234,7 +231,7 @@ def start(run_id: str, on_spark: Callable[[], None] | None = None) -> ForkedCapt
     os.close(write_fd)
     if relayed is not None:
         relayed.in_parent()
-    forked = ForkedCapture(run_id, pid, read_fd, on_spark)
+    forked = ForkedCapture(run_id, pid, read_fd)
     forked.listen()
     _started[run_id] = forked
     return forked

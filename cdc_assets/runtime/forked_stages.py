@@ -31,7 +31,6 @@ from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, tables_behind
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.lake.table_facts import table_facts
-from cdc_assets.runtime.forked_capture import SPARK_WANTED
 from cdc_assets.stages.changes.run import missing_change_logs, process_new_batches
 from cdc_assets.stages.current.apply import missing_current_tables
 from cdc_assets.stages.current.run import apply_pending
@@ -110,7 +109,7 @@ def run_stages(settings: SourceSettings, house: Lakehouse, report: CaptureReport
         comparisons = compare_changed(settings, house, [TableRef.parse(t) for t in checked])
         send("checks", (comparisons, schema_differences(settings, house, checked), lags_now(settings, house)))
     except LeftToRun as exc:
-        send(SPARK_WANTED, str(exc))  # the parent starts the run's session now, beside Dagster's import and the run's start
+        send("spark", str(exc))  # the parent starts the run's session now, beside Dagster's import and the run's start
         send("left", str(exc))
     except CdcUserError as exc:
         send("user_error", str(exc))
