@@ -44,8 +44,14 @@ def mysql(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_server.Loc
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """A test marked `both_sources` runs once against each flavour (ids `[mariadb]`, `[mysql]`)."""
-    if "source" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_sources"):
+    """A test marked `both_sources` runs once against each flavour (ids `[mariadb]`, `[mysql]`), unless it is marked
+    `lakehouse_side` too: what it proves is the lakehouse's (S3, storage), whatever the source."""
+    definition = metafunc.definition
+    if (
+        "source" in metafunc.fixturenames
+        and definition.get_closest_marker("both_sources")
+        and not definition.get_closest_marker("lakehouse_side")
+    ):
         metafunc.parametrize("source", local_server.FLAVOURS, indirect=True)
 
 

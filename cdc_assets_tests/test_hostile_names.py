@@ -125,6 +125,7 @@ def test_hostile_names_end_to_end_locally(cdc: CdcEnv, hostile: list[TableRef]) 
     _assert_all_equal(rest, dropped=(dot_dot,))
 
 
+@pytest.mark.lakehouse_side  # S3's side: the source's is the local variant's, on both
 def test_hostile_names_on_s3(cdc: CdcEnv, hostile: list[TableRef], monkeypatch, s3_endpoint: str) -> None:
     use_s3(monkeypatch, s3_endpoint)
     bucket = f"hostile-{cdc.server.flavour}"  # a bucket of its own per flavour

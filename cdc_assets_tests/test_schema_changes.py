@@ -197,6 +197,7 @@ def test_all_changes_in_one_sync_with_one_row_batches(cdc: CdcEnv, monkeypatch) 
     _assert_equal_to_source(cdc)
 
 
+@pytest.mark.lakehouse_side  # S3's side: the source's is the local variant's, on both
 def test_schema_changes_on_s3(cdc: CdcEnv, monkeypatch, s3_endpoint: str) -> None:
     import boto3
 
