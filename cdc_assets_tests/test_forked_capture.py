@@ -374,7 +374,7 @@ def test_a_child_ended_in_a_stage_ends_its_sync_and_the_next_sync_completes(
 def test_a_sync_the_run_would_send_to_spark_leaves_the_stages_to_the_run(cdc: CdcEnv, own_home, monkeypatch) -> None:
     _create_tables(cdc)
     _write_tables(cdc, transactions=50)
-    monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "1")  # every stage run takes Spark
+    monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "0")  # every stage run takes Spark (a cluster's default)
     # the child would stop at its first append: it must not get there
     process = _sync_process({failpoints.CHILD_ENV: "changes.before_commit=exit"})
     out, err = process.communicate(timeout=600)
@@ -383,8 +383,10 @@ def test_a_sync_the_run_would_send_to_spark_leaves_the_stages_to_the_run(cdc: Cd
     said = _run_messages()
     assert any("take Spark" in m for m in said), said  # the child left them
     assert any("on spark" in m for m in said), said  # and the run took them on Spark
-    # on the session whose start the command began when the child said so, while it was still starting the run
+    # on the session whose start the command began when the child said so (at its first batch: every stage takes
+    # Spark), while it was still starting the run; the capture's report came after that word, and was taken
     assert any("change logs on spark" in m and "its start begun" in m for m in said), said
+    assert not any("capturing here" in m for m in said), said
 
 
 def test_a_fork_kept_to_the_capture_leaves_the_stages_to_the_run(cdc: CdcEnv, own_home, monkeypatch) -> None:

@@ -28,6 +28,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cdc_assets.lake.layout import STATE
@@ -84,6 +85,7 @@ class CaptureJournal:
     run_id: str
     recorder: Recorder = field(default_factory=Recorder.this_process)
     batches: dict[str, str] = field(default_factory=dict)
+    listed: Callable[[str], None] | None = None  # called with each batch this run listed (a forked sync's child: runtime/forked_capture)
 
     @property
     def key(self) -> str:
@@ -136,6 +138,8 @@ class CaptureJournal:
         if self.batches.get(name) != self.run_id:
             self.batches[name] = self.run_id
             self._save(store)
+            if self.listed is not None:
+                self.listed(name)
 
     def taken_over(self) -> dict[str, str]:
         """The batches of other runs this journal took over: name -> the run that captured them."""

@@ -121,6 +121,8 @@ class ForkedCapture:
         from cdc_assets.core.errors import CdcUserError
 
         message = self._next(log)
+        while message is not None and message[0] == "spark":  # said during the capture (the session is starting)
+            message = self._next(log)
         if message is None:  # killed before it said anything: the op captures from the checkpoint
             log.warning("the capture begun before the run ended without a report: capturing here")
             return None
@@ -255,6 +257,30 @@ def _die_with(parent: int) -> bool:
     return os.getppid() == parent
 
 
+def _once(said: Callable[[], None]) -> Callable[[str], None]:
+    """A journal's `listed` hook that calls `said` at the first batch only."""
+    pending = [said]
+
+    def listed(_batch: str) -> None:
+        if pending:
+            pending.pop()()
+
+    return listed
+
+
+def _every_stage_takes_spark() -> bool:
+    """Whether the run takes Spark for any stage run with a change (CDC_SPARK_MIN_ROWS 0, a cluster's default): then
+    the capture's first batch is enough to know the run will start a session."""
+    from cdc_assets.core.settings import spark_min_rows
+    from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
+    from spark_resources.session import DEFAULT_SPARK_MASTER
+
+    try:
+        return spark_min_rows(os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER, DEFAULT_SPARK_MIN_ROWS) == 0
+    except Exception:  # a bad value: the run says it
+        return False
+
+
 def _child(run_id: str, parent: int, write_fd: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C reaches the whole group: the child just ends
     if not _die_with(parent):
@@ -273,20 +299,23 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
         from cdc_assets.verification.repair import repaired_after
 
         said: tuple[str, Any]
-        try:
-            # The same variables and parsing as the resources' (core.settings.SOURCE_ENV, LAKEHOUSE_ENV), read
-            # here because this process does not import Dagster.
-            settings = source_settings_from_env()
-            house = local_lakehouse_from_env()
-            journal = CaptureJournal(run_id, Recorder.of(parent))  # the parent records the batches
-            report = capture(settings, house, log=messages, owner=_owner(run_id), journal=journal)
-            report = repaired_after(settings, house, report, _owner(run_id), messages, journal)
-            said = ("report", report)
-        except CdcUserError as exc:
-            said = ("user_error", str(exc))
-        except Exception as exc:
-            said = ("failed", f"{type(exc).__name__}: {exc}")
         with _Sender(write_fd, messages) as send:
+            try:
+                # The same variables and parsing as the resources' (core.settings.SOURCE_ENV, LAKEHOUSE_ENV), read
+                # here because this process does not import Dagster.
+                settings = source_settings_from_env()
+                house = local_lakehouse_from_env()
+                # the parent records the batches; with a run whose every stage takes Spark, the first batch also
+                # tells it to start the session, which then starts beside the rest of the capture
+                first_batch = _once(lambda: send("spark", "a batch captured")) if _every_stage_takes_spark() else None
+                journal = CaptureJournal(run_id, Recorder.of(parent), listed=first_batch)
+                report = capture(settings, house, log=messages, owner=_owner(run_id), journal=journal)
+                report = repaired_after(settings, house, report, _owner(run_id), messages, journal)
+                said = ("report", report)
+            except CdcUserError as exc:
+                said = ("user_error", str(exc))
+            except Exception as exc:
+                said = ("failed", f"{type(exc).__name__}: {exc}")
             send(*said)
             if said[0] == "report" and stages_wanted():
                 from cdc_assets.runtime.forked_stages import run_stages
