@@ -63,6 +63,13 @@ def _wait_for(what: str, condition: Callable[[], bool], process: subprocess.Pope
         time.sleep(0.5)
 
 
+def _stopped(process: subprocess.Popen[str]) -> tuple[str, str]:
+    """`cdc-lakehouse stop`, which must say the continuous mode stopped; then the run's own output."""
+    stopped = run_cli("stop", timeout=120)
+    assert stopped.returncode == 0 and STOPPED in stopped.stdout, stopped.stdout + stopped.stderr
+    return process.communicate(timeout=60)
+
+
 def _equal(cdc: CdcEnv, tables: int) -> bool:
     diffs = cdc.verify()
     return len(diffs) == tables and all(d.ok and d.in_flight_keys == 0 for d in diffs)
@@ -111,9 +118,7 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
         assert not skipped.run_requests and skipped.cursor == list_batches(cdc.lakehouse.store)[-1]
 
         time.sleep(4)  # long enough for a full check at CDC_FULL_CHECK_INTERVAL_SECONDS=4
-        stopped = run_cli("stop", timeout=120)
-        assert stopped.returncode == 0 and STOPPED in stopped.stdout, stopped.stdout + stopped.stderr
-        out, err = process.communicate(timeout=60)
+        out, err = _stopped(process)
     finally:
         if process.poll() is None:
             process.kill()
@@ -160,9 +165,7 @@ def test_on_spark_each_cycle_takes_the_session_begun_at_the_start(cdc: CdcEnv) -
     process = _start({"CDC_SPARK_MIN_ROWS": "0", "CDC_SPARK_MASTER": "local[1]"})
     try:
         _wait_for("the catch-up on Spark", lambda: _equal(cdc, 1), process, timeout_s=180)
-        stopped = run_cli("stop", timeout=120)
-        assert stopped.returncode == 0 and STOPPED in stopped.stdout, stopped.stdout + stopped.stderr
-        out, err = process.communicate(timeout=60)
+        out, err = _stopped(process)
     finally:
         if process.poll() is None:
             process.kill()
@@ -202,9 +205,7 @@ def test_killed_then_restarted_under_a_writer_ends_exactly_once(cdc: CdcEnv) -> 
     try:
         _wait_for("the catch-up after the restart", lambda: _equal(cdc, 1), second)
         # the killed run's record still says STARTED: `stop` ends it too, rather than wait for it for ever
-        stopped = run_cli("stop", timeout=120)
-        assert stopped.returncode == 0 and STOPPED in stopped.stdout, stopped.stdout + stopped.stderr
-        out, err = second.communicate(timeout=60)
+        out, err = _stopped(second)
     finally:
         if second.poll() is None:
             second.kill()

@@ -66,7 +66,7 @@ def test_make_dev_catches_up_by_itself_and_fails_freshness_when_capture_stops(
     with dagster_dev(tmp_path / "dagster-dev.log"):
         writer.start()
         try:
-            time.sleep(20)  # the workload keeps writing while the automation sensor ticks
+            time.sleep(10)  # the workload keeps writing while the automation sensor ticks
         finally:
             stop.set()
             writer.join()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from cdc_assets.commands.runs import instance
 from cdc_assets.defs.keys import table_asset_key
+from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.local_source.server import free_port
 from cdc_assets_tests.browser import Page, chromium
 from cdc_assets_tests.conftest import CdcEnv
@@ -28,6 +29,7 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
         "INSERT INTO orders VALUES (1, 'new', 12.50), (2, 'paid', 7.25), (3, 'paid', 1.00)",
     )
     assert cdc.sync() == 0  # the registry knows the table when `make dev` loads the definitions
+    captured = len(list_batches(cdc.lakehouse.store))
     cdc.execute("INSERT INTO orders VALUES (4, 'shipped', 3.00)", "UPDATE orders SET status = 'shipped' WHERE id = 2")
     shots = Path(os.environ.get("CDC_UI_SCREENSHOTS") or tmp_path)
     port = free_port()
@@ -62,7 +64,13 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             _settle(page)
             page.screenshot(shots / "ui-table-lineage.png")
 
-            # one table materialized from its page: one run, which succeeds and brings the table up to date
+            # one table materialized from its page: one run, which succeeds and brings the table up to date with
+            # what is captured. The table's asset applies the raw batches it finds; capturing them is the raw asset's
+            # (make dev's automation, by itself): the click waits for the capture of the two changes written above
+            deadline = time.monotonic() + 180
+            while len(list_batches(cdc.lakehouse.store)) <= captured:
+                assert dev.poll() is None and time.monotonic() < deadline, "make dev's automation never captured"
+                time.sleep(1)
             page.open(asset_url)
             page.wait_for_text("Materialize", timeout_s=60)
             before = instance().get_latest_materialization_event(key)
