@@ -271,13 +271,12 @@ def _once(said: Callable[[], None]) -> Callable[[str], None]:
 def _every_stage_takes_spark() -> bool:
     """Whether the run takes Spark for any stage run with a change (CDC_SPARK_MIN_ROWS 0, a cluster's default): then
     the capture's first batch is enough to know the run will start a session."""
-    from cdc_assets.core.settings import spark_min_rows
-    from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
-    from spark_resources.session import DEFAULT_SPARK_MASTER
+    from cdc_assets.core.errors import CdcUserError
+    from cdc_assets.runtime.forked_stages import run_min_rows
 
     try:
-        return spark_min_rows(os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER, DEFAULT_SPARK_MIN_ROWS) == 0
-    except Exception:  # a bad value: the run says it
+        return run_min_rows() == 0
+    except CdcUserError:  # a bad value: the run says it
         return False
 
 
