@@ -43,6 +43,13 @@ BIG_TARGET_P95 = 5.0  # issue 16: 1,000 changes/s with a 10M-row table among tho
 BIG_TABLE = "big"
 
 
+def _last_tick(server: local_server.LocalServer) -> int:
+    """The id of the newest tick written: the continuous mode has caught up once the probe has seen it."""
+    with server.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT MAX(id) FROM {SCHEMA}.ticks")
+        return int(cur.fetchone()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", default="1000,5000", help="comma-separated row changes per second")
@@ -93,9 +100,7 @@ def main() -> None:
         probe.start()
         if args.warm_up_seconds > 0:  # seed 0: ids 1000.., below every window's (seed >= 10 at 1,000/s)
             _write(server, rates[0], args.warm_up_seconds, seed=0)
-            with server.admin_connection() as conn, conn.cursor() as cur:
-                cur.execute(f"SELECT MAX(id) FROM {SCHEMA}.ticks")
-                last = int(cur.fetchone()[0])
+            last = _last_tick(server)
             _wait_for("the continuous mode to take in the warm-up", lambda last=last: probe.last_id >= last, 600)
             warm = sorted(probe.latencies.values())
             print(
@@ -110,9 +115,7 @@ def main() -> None:
                 seed = rate // 100 + run + (1 if writes_big else 0)
                 changes, took = _write(server, rate, args.seconds, seed=seed, big=writes_big)
                 loads.append(os.getloadavg())
-                with server.admin_connection() as conn, conn.cursor() as cur:
-                    cur.execute(f"SELECT MAX(id) FROM {SCHEMA}.ticks")
-                    last = int(cur.fetchone()[0])
+                last = _last_tick(server)
                 _wait_for("the continuous mode to catch up", lambda last=last: probe.last_id >= last, 300)
                 latencies = sorted(v for k, v in probe.latencies.items() if first <= k <= last)
                 r = {
