@@ -1,19 +1,22 @@
 """`cdc-lakehouse repair` beside `cdc-lakehouse snapshot`: a large table that drifted in a few rows made equal again.
 
-    .venv/bin/python -m benchmarks.repair [--sizes 1000000,10000000] [--drift 4]
+    .venv/bin/python -m benchmarks.repair [--sizes 1000000,10000000] [--drift 2]
 
 For each size, a table of N rows (as workload (b) makes it) is loaded by `snapshot`, then its current state is
 changed behind the pipeline's back in a few rows (one deleted, some changed, one added that the source lacks), as a
-partition emptied without row events or a tool writing to the Delta table would leave it. Then, each as a whole
-process on the same drifted lakehouse copied twice, in one invocation: `repair TABLE` (only the rows that differ are
-read again and written) and `snapshot TABLE` (the whole table read again), each followed by `verify` (not timed).
-The ratio is repair's seconds over snapshot's.
+partition emptied without row events or a tool writing to the Delta table would leave it. `repair TABLE` makes it
+equal (the table's first repair: every data file's digest texts written). Then it drifts again in other rows, and
+on two copies of that lakehouse, each as a whole process in one invocation: `repair TABLE` again (the digests of the
+data files neither the first repair's apply nor the drift wrote again are kept from the first) and `snapshot TABLE`
+(the whole table read again); each command is followed by `verify` (not timed). The ratios are a repair's seconds
+over the snapshot's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,16 +33,33 @@ from cdc_assets.lake.layout import CURRENT
 READER_SERVER_ID = 4244
 
 
-def _drift(lakehouse: Path, table: str, rows: int, changed: int) -> None:
-    """A few rows of the current state changed behind the pipeline's back: the first one deleted, `changed` rows
+def _drift(lakehouse: Path, table: str, rows: int, changed: int, shift: int = 0) -> None:
+    """A few rows of the current state changed behind the pipeline's back: key `1 + shift` deleted, `changed` rows
     across the key range given another note, and one row the source lacks added."""
     current = DeltaTable(str(lakehouse / CURRENT / TableRef(SCHEMA, table).path))
-    current.delete("id = 1")
-    keys = ", ".join(str(1 + (rows - 1) * (i + 1) // (changed + 1)) for i in range(changed))
+    current.delete(f"id = {1 + shift}")
+    keys = ", ".join(str(1 + shift + (rows - 1) * (i + 1) // (changed + 1)) for i in range(changed))
     current.update(predicate=f"id IN ({keys})", updates={"note": "'drifted'"})
     schema = pa.schema(current.schema().to_arrow())
-    extra = {f.name: [None] for f in schema} | {"id": [rows + 10], "account": [1], "_cdc_seq": [0]}
+    extra = {f.name: [None] for f in schema} | {"id": [rows + 10 + shift], "account": [1], "_cdc_seq": [0]}
     write_deltalake(current, pa.table(extra).cast(schema), mode="append")
+
+
+def _run(env: dict[str, str], lakehouse: Path, home: Path, *command: str) -> tuple[float, float, str, str]:
+    """A command timed as a whole process on `lakehouse`, then `verify` (not timed): seconds, peak RSS, its
+    output and verify's last line."""
+    run_env = {**env, "CDC_LAKEHOUSE": str(lakehouse), "DAGSTER_HOME": str(home)}
+    done = timed(run_env, CLI, *command)
+    if done["code"] != 0:
+        raise SystemExit(f"{' '.join(command)} failed:\n{done['out']}{done['err']}")
+    verdict = _cli(run_env, "verify").strip().splitlines()[-1]
+    return done["seconds"], done["peak_mb"], done["out"], verdict
+
+
+def _kept(out: str) -> str:
+    """How many of the table's data files' digests the repair found kept, from its report."""
+    found = re.search(r"(\d+) of (\d+) data files' digests kept", out)
+    return f"{found.group(1)} of {found.group(2)}" if found else "-"
 
 
 def main() -> None:
@@ -59,31 +79,29 @@ def main() -> None:
     }
     lines = []
     for size in [int(s) for s in args.sizes.split(",")]:
-        table = f"t_{size}"
+        table, name = f"t_{size}", f"{SCHEMA}.t_{size}"
         make_table(server, table, size)
         table_env = _table_env(env, work, table)
         _cli(table_env, "snapshot")
         _drift(work / table, table, size, args.drift)
-        measured = {}
-        for command in ("repair", "snapshot"):
-            copy = work / f"{table}-{command}"
-            shutil.copytree(work / table, copy)
-            run_env = {**table_env, "CDC_LAKEHOUSE": str(copy), "DAGSTER_HOME": str(work / f"{table}-{command}-dh")}
-            done = timed(run_env, CLI, command, f"{SCHEMA}.{table}")
-            if done["code"] != 0:
-                raise SystemExit(f"{command} failed:\n{done['out']}{done['err']}")
-            verdict = _cli(run_env, "verify").strip().splitlines()[-1]
-            measured[command] = (done["seconds"], done["peak_mb"], verdict)
-            print(f"{table}: {command} {done['seconds']:.1f} s, peak {done['peak_mb']:.0f} MB; verify: {verdict}", flush=True)
-            shutil.rmtree(copy, ignore_errors=True)
-        repair, snapshot = measured["repair"], measured["snapshot"]
+        first = _run(table_env, work / table, work / f"{table}-dh", "repair", name)
+        print(f"{table}: first repair {first[0]:.1f} s, peak {first[1]:.0f} MB; verify: {first[3]}", flush=True)
+        _drift(work / table, table, size, args.drift, shift=1)
+        copy = work / f"{table}-snapshot"
+        shutil.copytree(work / table, copy)
+        again = _run(table_env, work / table, work / f"{table}-dh", "repair", name)
+        print(f"{table}: repair again {again[0]:.1f} s, peak {again[1]:.0f} MB, {_kept(again[2])} files' digests kept; verify: {again[3]}", flush=True)
+        snapshot = _run(table_env, copy, work / f"{table}-snapshot-dh", "snapshot", name)
+        print(f"{table}: snapshot {snapshot[0]:.1f} s, peak {snapshot[1]:.0f} MB; verify: {snapshot[3]}", flush=True)
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.rmtree(work / table, ignore_errors=True)
         lines.append(
-            f"| {size:,} | {args.drift + 2} | {repair[0]:.1f} | {repair[1]:,.0f} | {snapshot[0]:.1f} | {snapshot[1]:,.0f} "
-            f"| {repair[0] / snapshot[0]:.2f} | {repair[2]} |"
+            f"| {size:,} | {args.drift + 2} | {first[0]:.1f} | {again[0]:.1f} | {_kept(again[2])} | {max(first[1], again[1]):,.0f} "
+            f"| {snapshot[0]:.1f} | {snapshot[1]:,.0f} | {first[0] / snapshot[0]:.2f} | {again[0] / snapshot[0]:.2f} | {again[3]} |"
         )
-    print("\n| table rows | rows drifted | repair (s) | repair peak RSS (MB) | snapshot (s) | snapshot peak RSS (MB) "
-          "| repair / snapshot | verify after repair |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| table rows | rows drifted | first repair (s) | repair again (s) | data files' digests kept | repair peak RSS (MB) "
+          "| snapshot (s) | snapshot peak RSS (MB) | first repair / snapshot | repair again / snapshot | verify after repair |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lines))
     shutil.rmtree(work, ignore_errors=True)
 

@@ -11,12 +11,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from cdc_assets.cli import main
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake import files
+from cdc_assets.lake.layout import CURRENT, FILE_DIGESTS_STATE
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import source_shapes
+from cdc_assets.stages.rewrite.layers import purge_old_versions
 from cdc_assets.verification import digests
 from cdc_assets_tests.conftest import CdcEnv
 
@@ -56,22 +59,73 @@ def test_equal_tables_have_equal_digests_and_a_drifted_row_shows_in_its_range(cd
         shape = source_shapes(conn, [table])[table]
         assert shape is not None and digests.digestible(shape)
         current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
-        ranges = digests.parts_of_table(current, "id")
+        lake = digests.lake_rows(cdc.lakehouse, table, current, shape)
+        ranges = digests.parts_of_table(lake)
         assert len(ranges) == 6 and ranges[0][0] is None and ranges[-1][1] is None, ranges
         # every type's text written alike on both sides: the whole table's digests are equal, range by range
-        assert digests.source_digests(url, shape, ranges) == digests.lake_digests(current, shape, ranges)
+        assert digests.source_digests(url, shape, ranges) == digests.lake_digests(*lake.digested(), ranges)
         current.update(predicate="id = 15", updates={"emoji": "'drifted'"})
         current.delete("id = 3")
         current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
-        lake = digests.lake_digests(current, shape, ranges)
-        differing = digests.differing_parts(digests.source_digests(url, shape, ranges), lake, ranges)
+        lake = digests.lake_rows(cdc.lakehouse, table, current, shape)
+        differing = digests.differing_parts(digests.source_digests(url, shape, ranges), digests.lake_digests(*lake.digested(), ranges), ranges)
         assert len(differing) == 2, (differing, ranges)
-        parts = digests.parts_within(current, "id", differing)
+        parts = digests.parts_within(lake, differing)
         assert len(parts) > len(differing) and all(any(_inside(p, r) for r in differing) for p in parts), parts
-        narrowed = digests.narrowed(url, conn, current, shape)
+        narrowed = digests.narrowed(url, conn, digests.lake_rows(cdc.lakehouse, table, current, shape))
         assert (narrowed.ranges, narrowed.differing) == (6, 2)
         keys = {k for (k,) in narrowed.keys}
         assert {3, 15} <= keys and len(keys) <= 2 * (digests.ROWS_PER_PART + 1), keys
+    finally:
+        conn.close()
+
+
+@pytest.mark.both_sources
+def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc: CdcEnv, monkeypatch) -> None:
+    """A repair writes the digest texts of a file once: the next reads them back for the files the table still holds,
+    writes them for a file written since (a drift rewrites a file under a new name), and so still finds the drift;
+    columns changed or a rewrite that purges rows from storage leave nothing kept to be read."""
+    monkeypatch.setattr(digests, "ROWS_PER_RANGE", 10)
+    monkeypatch.setattr(digests, "ROWS_PER_PART", 3)
+    monkeypatch.setattr(files, "FIRST_PIECE_ROWS", 15)  # current state's files of 15 to 30 rows
+    monkeypatch.setenv("CDC_CURRENT_FILE_KB", "1")
+    cdc.execute("CREATE TABLE k (id INT PRIMARY KEY, v VARCHAR(20), n DECIMAL(8,2))")
+    cdc.execute("INSERT INTO k SELECT seq, CONCAT('v', seq), seq / 4 FROM " + cdc.numbers(90))
+    assert cdc.sync() == 0 and main(["snapshot", f"{cdc.database}.k"]) == 0  # in pieces of 15 to 30 rows
+    table = TableRef(cdc.database, "k")
+    url = source.MySQLUrl.parse(cdc.server.reader_url())
+    conn = source.connect(url)
+    kept = cdc.lakehouse.store.list_keys
+    folder = f"{FILE_DIGESTS_STATE}/{table.path}"
+
+    def narrowed() -> digests.Narrowed:
+        current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
+        shape = source_shapes(conn, [table])[table]
+        assert shape is not None
+        return digests.narrowed(url, conn, digests.lake_rows(cdc.lakehouse, table, current, shape))
+
+    try:
+        first = narrowed()
+        assert first.files >= 3 and first.files_kept == 0 and not first.keys, first
+        assert len(kept(folder)) == first.files
+        again = narrowed()
+        assert (again.files, again.files_kept, again.keys) == (first.files, first.files, set()), again
+        assert f"{first.files} of {first.files} data files' digests kept from an earlier repair" in again.describe(), again.describe()
+        cdc.execute("ALTER TABLE k ADD COLUMN w INT")
+        assert cdc.sync() == 0
+        widened = narrowed()  # every text holds the new column now
+        assert widened.files_kept == 0 and not widened.keys, widened
+        assert narrowed().files_kept == widened.files
+        current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
+        current.update(predicate="id = 45", updates={"v": "'drifted'"})  # its file written again
+        drifted = narrowed()
+        assert drifted.files_kept == drifted.files - 1 and (45,) in drifted.keys, drifted
+        assert len(kept(folder)) == drifted.files  # the replaced file's digests removed
+        purge_old_versions(cdc.lakehouse, CURRENT, table)  # as forget's rewrite does
+        assert kept(folder) == []
+        cdc.lakehouse.store.put(f"{folder}/x.parquet", b"left over")
+        cdc.lakehouse.delete_table(CURRENT, table)
+        assert kept(folder) == []
     finally:
         conn.close()
 

@@ -3,6 +3,7 @@ changes the change log, the history and the sinks see, exactly once; everything 
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pyarrow as pa
@@ -167,3 +168,48 @@ def test_a_large_table_is_narrowed_by_key_range_digests(cdc: CdcEnv, capsys, mon
     assert _ops(cdc, "t") == [("repair", 5), ("repair", 7), ("repair_delete", 1000)]
     assert main(["repair", f"{cdc.database}.t"]) == 0
     assert "equal to the source: nothing to repair (0 of 20 key ranges differed" in capsys.readouterr().out
+
+
+@pytest.mark.lakehouse_side  # S3's side: the source's is the local variant's, on both
+def test_a_large_table_on_s3_keeps_its_data_files_digests_for_the_next_repair(cdc: CdcEnv, capsys, monkeypatch, s3_endpoint: str) -> None:
+    """On S3 too, a repair keeps each data file's digests under `_state/file_digests/`, and the next repair writes
+    texts only for the files written since: still finding the row drifted in one of them."""
+    import boto3
+
+    from cdc_assets.lake import files
+    from cdc_assets.lake.store import Lakehouse, S3Access
+    from cdc_assets.verification import digests, repair
+    from cdc_assets_tests.conftest import use_s3
+
+    use_s3(monkeypatch, s3_endpoint)
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="repair")
+    monkeypatch.setenv("CDC_LAKEHOUSE", f"s3://repair/{cdc.database}")
+    lakehouse = Lakehouse(f"s3://repair/{cdc.database}", S3Access.of(client, endpoint_url=s3_endpoint))
+    monkeypatch.setattr(repair, "DIGEST_FROM_ROWS", 100)
+    monkeypatch.setattr(digests, "ROWS_PER_RANGE", 20)
+    monkeypatch.setattr(files, "FIRST_PIECE_ROWS", 50)  # current state's files of 50 to 100 rows
+    monkeypatch.setenv("CDC_CURRENT_FILE_KB", "1")
+    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
+    cdc.execute("INSERT INTO t SELECT seq, CONCAT('v', seq) FROM " + cdc.numbers(400))
+    assert cdc.sync() == 0 and main(["snapshot", f"{cdc.database}.t"]) == 0
+    table = TableRef(cdc.database, "t")
+
+    def drift(key: int) -> None:
+        current = DeltaTable(lakehouse.table_uri(CURRENT, table), storage_options=lakehouse.storage_options())
+        current.update(predicate=f"id = {key}", updates={"v": "'tampered'"})
+
+    drift(7)
+    capsys.readouterr()
+    assert main(["repair", f"{cdc.database}.t"]) == 0
+    out = capsys.readouterr().out
+    assert "1 rows written as the source has them" in out and "; 0 of " in out, out
+    kept = client.list_objects_v2(Bucket="repair", Prefix=f"{cdc.database}/_state/file_digests/{table.path}/").get("Contents", [])
+    assert len(kept) >= 4, kept
+    drift(390)  # another file written again
+    assert main(["repair", f"{cdc.database}.t"]) == 0
+    out = capsys.readouterr().out
+    found = re.search(r"(\d+) of (\d+) data files' digests kept", out)
+    # all but two kept: the file the first repair's apply wrote again, and the one this drift did
+    assert "1 rows written as the source has them" in out and found and int(found[1]) == int(found[2]) - 2, out
+    assert main(["verify"]) == 0

@@ -30,3 +30,6 @@ FORGOTTEN_STATE = f"{STATE}/forgotten"
 # what each `cdc-lakehouse forget TABLE --rewrite-policies` did (the columns and their rules, rows per layer; no value):
 # <schema>/<table>/<id>.json (stages/rewrite/policies.py)
 POLICY_REWRITES_STATE = f"{STATE}/policy_rewrites"
+# per current-state data file, the key and CRC-32 of each row's digest text, kept for the next repair:
+# <schema>/<table>/<name>.parquet (lake/file_digests.py)
+FILE_DIGESTS_STATE = f"{STATE}/file_digests"

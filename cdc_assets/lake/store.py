@@ -26,7 +26,7 @@ from cdc_assets.core.names import TableRef, name_of_segment
 from cdc_assets.core.settings import S3Retries, TableSelection, lakehouse_values_from_env
 from cdc_assets.lake.delta import open_table
 from cdc_assets.lake.files import FileAccess
-from cdc_assets.lake.layout import DELTA_LOG, STATE
+from cdc_assets.lake.layout import CURRENT, DELTA_LOG, STATE
 
 
 class MissingObject(KeyError):
@@ -447,11 +447,16 @@ class Lakehouse:
         return self.store.has_prefix(f"{self.table_key(layer, table)}/{DELTA_LOG}")
 
     def delete_table(self, layer: str, table: TableRef) -> None:
-        """Remove one table's Delta table (its log first), never anything beside it."""
+        """Remove one table's Delta table (its log first) and, of a current state, its kept file digests; never
+        anything beside them."""
         kept = getattr(self, "_kept", None)
         if kept is not None:
             kept.forget(self.table_uri(layer, table))
         self.store.delete_table(self.table_key(layer, table))
+        if layer == CURRENT:
+            from cdc_assets.lake.file_digests import remove_file_digests  # here: that module imports this one
+
+            remove_file_digests(self.store, table)
 
     def storage_options(self) -> dict[str, str] | None:
         """delta-rs object-store options: those of the S3 the boto3 client reaches (None for a directory)."""

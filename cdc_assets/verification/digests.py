@@ -10,7 +10,10 @@ the value (`CAST(… AS CHAR)`, text converted to utf8mb4, bytes as hex), a numb
 comma (which none of them holds) and any other text prefixed by its length, NULL told apart, so no two rows share a
 text unless their values are equal. The lakehouse's texts are written by DuckDB
 over each chunk of rows (its formatting of integers, decimals, dates, times of day and bytes is MySQL's), and by
-Arrow for the few types DuckDB would write otherwise.
+Arrow for the few types DuckDB would write otherwise. A Delta data file never changes once written, so each file's
+rows' keys and CRC-32s are kept once computed (lake/file_digests.py, named after the file and the table's columns)
+and a later repair writes texts only for the files written since; the keys of those are read first, so the ranges
+are cut and the source starts digesting while the lakehouse's texts are written.
 
 The ranges need not be read at one consistent point: a digest only narrows where to look. A range found equal
 while its rows changed in flight holds, on the lakehouse's side, rows the source then held, and the changes in
@@ -26,6 +29,7 @@ possible to miss but by a CRC-32 sum coinciding.
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,7 +47,11 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.current_rows import DELETED_COLUMN
-from cdc_assets.lake.delta import read_query, read_query_chunks
+from cdc_assets.lake.delta import read_query_chunks
+from cdc_assets.lake.file_digests import keep_only_file_digests, load_file_digests, save_file_digests
+from cdc_assets.lake.files import conformed, read_files
+from cdc_assets.lake.layout import CURRENT
+from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import quote_identifier
 from cdc_assets.stages.current.apply import quote
@@ -169,12 +177,7 @@ def _value_texts(col: ColumnSpec, values: pa.Array) -> pa.Array:
 
 Part = tuple[int | None, int | None]  # keys from low (None: unbounded) up to, not including, high (None: unbounded)
 Digests = dict[int, tuple[int, int]]  # part number -> (rows, sum of their CRC-32s); parts without rows left out
-
-
-def _keys(current: DeltaTable, key: str, where: str = "") -> np.ndarray:
-    """The lakehouse's keys (in `where`'s parts), as numbers numpy can sort."""
-    keys = read_query(current, f"SELECT {quote(key)} AS k FROM current{where}", "current").column("k").combine_chunks()
-    return _as_numbers(keys)
+DIGEST_TEXT_FORMAT = "1"  # changed whenever `row_texts` writes a text otherwise: digest rows kept before are not read
 
 
 def _as_numbers(keys: pa.Array) -> np.ndarray:
@@ -183,16 +186,118 @@ def _as_numbers(keys: pa.Array) -> np.ndarray:
     return pc.cast(keys, pa.int64()).to_numpy(zero_copy_only=False)
 
 
-def parts_of_table(current: DeltaTable, key: str) -> list[Part]:
+def _live(rows: pa.Table) -> pa.Table:
+    """The rows not marked deleted (a soft-deleted row is not in the table's current state)."""
+    if DELETED_COLUMN not in rows.column_names:
+        return rows
+    return rows.filter(pc.invert(pc.fill_null(rows.column(DELETED_COLUMN), False)))
+
+
+def digest_rows(shape: TableShape, rows: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """Each live row's key and the CRC-32 of its digest text."""
+    rows = _live(rows)
+    crcs = np.fromiter(map(zlib.crc32, row_texts(shape, rows).to_pylist()), np.uint32, rows.num_rows)
+    return _as_numbers(rows.column(shape.primary_key[0]).combine_chunks()), crcs
+
+
+@dataclass(frozen=True)
+class DataFile:
+    path: str  # relative to the table's directory, as the Delta log names it
+    name: str  # of its digest rows kept (lake/file_digests.py)
+
+
+@dataclass
+class LakeRows:
+    """A current state's rows as its digests need them: the keys of every row at once (to cut the ranges at), the
+    CRC-32s of each data file's rows kept from an earlier repair, and the files whose CRC-32s are still to write."""
+
+    lakehouse: Lakehouse
+    table: TableRef
+    shape: TableShape
+    schema: pa.Schema  # of the columns read: the shape's, and the deleted mark where kept
+    kept: list[tuple[np.ndarray, np.ndarray]]  # (keys, CRC-32s) of the files whose digest rows were kept
+    unkept: list[DataFile]  # files whose digest rows are written now
+    sorted_keys: np.ndarray  # every live row's key, sorted
+    files: int  # the table's data files
+
+    def digested(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every live row's key and CRC-32: the files' kept, the others' written now and kept for the next repair."""
+        access, key = self.lakehouse.file_access(), self.lakehouse.table_key(CURRENT, self.table)
+        found = list(self.kept)
+        for f in self.unkept:
+            parts = [digest_rows(self.shape, conformed(rows, self.schema)) for rows in read_files(access, key, [f.path], self.schema.names)]
+            keys = np.concatenate([k for k, _ in parts]) if parts else np.array([], self.sorted_keys.dtype)
+            crcs = np.concatenate([c for _, c in parts]) if parts else np.array([], np.uint32)
+            save_file_digests(self.lakehouse.store, self.table, f.name, pa.table({"key": keys, "crc": crcs}))
+            found.append((keys, crcs))
+        if not found:
+            return np.array([], self.sorted_keys.dtype), np.array([], np.uint32)
+        return np.concatenate([k for k, _ in found]), np.concatenate([c for _, c in found])
+
+
+def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape: TableShape) -> LakeRows:
+    """The current state's keys and what is kept of its files' digest rows (the objects kept for files it no longer
+    holds removed). A table whose files a reader cannot take one by one (deletion vectors, mapped column names,
+    partitions) is read whole through a query, and nothing is kept of it."""
+    schema = pa.schema(current.schema().to_arrow())
+    read = pa.schema([schema.field(n) for n in [*shape.column_names, DELETED_COLUMN] if n in schema.names])
+    key = shape.primary_key[0]
+    if not _files_read_alone(current):
+        keys, crcs = _query_rows(current, shape, read)
+        return LakeRows(lakehouse, table, shape, read, [(keys, crcs)], [], np.sort(keys, kind="stable"), 0)
+    actions = pa.table(current.get_add_actions(flatten=True))
+    texts = hashlib.sha256(f"{DIGEST_TEXT_FORMAT}|{shape.columns!r}|{shape.primary_key!r}|{read}".encode()).hexdigest()
+    files: list[DataFile] = []
+    if actions.num_rows:
+        times = pc.cast(actions.column("modification_time"), pa.int64()).to_pylist()
+        for path, size, when in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), times, strict=True):
+            name = hashlib.sha256(f"{texts}|{path}|{size}|{when}".encode()).hexdigest()[:40]
+            files.append(DataFile(path, name))
+    keep_only_file_digests(lakehouse.store, table, {f.name for f in files})
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    unkept: list[DataFile] = []
+    keys: list[np.ndarray] = []
+    access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
+    for f in files:
+        rows = load_file_digests(lakehouse.store, table, f.name)
+        if rows is not None:
+            kept.append((rows.column("key").to_numpy(), rows.column("crc").to_numpy()))
+            keys.append(kept[-1][0])
+            continue
+        unkept.append(f)
+        wanted = pa.schema([read.field(n) for n in (key, DELETED_COLUMN) if n in read.names])
+        keys += [_as_numbers(_live(conformed(r, wanted)).column(key).combine_chunks()) for r in read_files(access, table_key, [f.path], wanted.names)]
+    every = np.concatenate(keys) if keys else _as_numbers(pa.array([], read.field(key).type))
+    return LakeRows(lakehouse, table, shape, read, kept, unkept, np.sort(every, kind="stable"), len(files))
+
+
+def _files_read_alone(current: DeltaTable) -> bool:
+    """Whether each data file holds its rows as the table shows them: no deletion vector hides some, no column is
+    read by another name, no value lives in the file's path."""
+    protocol = current.protocol()
+    features = set(protocol.reader_features or []) | set(protocol.writer_features or [])
+    mapped = current.metadata().configuration.get("delta.columnMapping.mode", "none") != "none"
+    return "deletionVectors" not in features and not mapped and not current.metadata().partition_columns
+
+
+def _query_rows(current: DeltaTable, shape: TableShape, read: pa.Schema) -> tuple[np.ndarray, np.ndarray]:
+    sql = f"SELECT {', '.join(quote(n) for n in read.names)} FROM current"
+    parts = [digest_rows(shape, rows) for rows in read_query_chunks(current, sql, "current", STREAM_ROWS)]
+    if not parts:
+        return _as_numbers(pa.array([], read.field(shape.primary_key[0]).type)), np.array([], np.uint32)
+    return np.concatenate([k for k, _ in parts]), np.concatenate([c for _, c in parts])
+
+
+def parts_of_table(rows: LakeRows) -> list[Part]:
     """The whole key range cut into parts of about ROWS_PER_RANGE of the lakehouse's rows each (its keys sorted as
     runs: a current state's files mostly hold them in order, which a stable sort takes in a fraction of a quicksort's
     time)."""
-    return cut(np.sort(_keys(current, key), kind="stable"), [(None, None)], ROWS_PER_RANGE)
+    return cut(rows.sorted_keys, [(None, None)], ROWS_PER_RANGE)
 
 
-def parts_within(current: DeltaTable, key: str, parts: list[Part]) -> list[Part]:
+def parts_within(rows: LakeRows, parts: list[Part]) -> list[Part]:
     """`parts` cut again into parts of about ROWS_PER_PART of the lakehouse's rows each."""
-    return cut(np.sort(_keys(current, key, _where(quote(key), parts)), kind="stable"), parts, ROWS_PER_PART)
+    return cut(rows.sorted_keys, parts, ROWS_PER_PART)
 
 
 def cut(keys: np.ndarray, parts: list[Part], rows: int) -> list[Part]:
@@ -255,31 +360,29 @@ def source_digests(url: MySQLUrl, shape: TableShape, parts: list[Part], connecti
         return {n: d for found in pool.map(digest, shares) for n, d in found.items()}
 
 
-def lake_digests(current: DeltaTable, shape: TableShape, parts: list[Part]) -> Digests:
-    """The lakehouse's digest of each part: as `source_digests`, from its current-state rows in those parts."""
-    names = [f.name for f in pa.schema(current.schema().to_arrow())]
-    key = shape.primary_key[0]
-    conditions = _where(quote(key), parts).removeprefix(" WHERE ")
-    if DELETED_COLUMN in names:
-        deleted = f"{quote(DELETED_COLUMN)} IS NOT TRUE"
-        conditions = f"({conditions}) AND {deleted}" if conditions else deleted
-    columns = ", ".join(quote(c) for c in shape.column_names)
-    sql = f"SELECT {columns} FROM current" + (f" WHERE {conditions}" if conditions else "")
-    key_type = pa.schema(current.schema().to_arrow()).field(key).type
-    dtype = np.uint64 if pa.types.is_decimal(key_type) or pa.types.is_unsigned_integer(key_type) else np.int64
-    # a row's part: the last whose low is not above its key (the WHERE kept only rows inside some part)
-    lows = np.array([np.iinfo(dtype).min if low is None else low for low, _ in parts], dtype)
-    size = len(parts)
-    counts = np.zeros(size, np.int64)
-    sums = [0] * size
-    for rows in read_query_chunks(current, sql, "current", STREAM_ROWS):
-        numbers = np.searchsorted(lows, _as_numbers(rows.column(key).combine_chunks()), side="right") - 1
-        crcs = np.fromiter(map(zlib.crc32, row_texts(shape, rows).to_pylist()), np.float64, rows.num_rows)
-        counts += np.bincount(numbers, minlength=size)
-        # each part's sum of CRC-32s in a chunk stays far below 2**53: exact in float64
-        for n, total in enumerate(np.bincount(numbers, weights=crcs, minlength=size)):
-            sums[n] += int(total)
-    return {n: (int(counts[n]), sums[n]) for n in range(size) if counts[n]}
+def _part_numbers(keys: np.ndarray, parts: list[Part]) -> np.ndarray:
+    """Each key's part (-1: in none): the last whose low is not above it, if the key is below its high."""
+    if not parts:
+        return np.full(len(keys), -1, np.int64)
+    info = np.iinfo(keys.dtype)
+    lows = np.array([info.min if low is None else low for low, _ in parts], keys.dtype)
+    highs = np.array([info.max if high is None else high for _, high in parts], keys.dtype)
+    unbounded = np.array([high is None for _, high in parts])
+    numbers = np.searchsorted(lows, keys, side="right") - 1
+    inside = numbers >= 0
+    clipped = np.maximum(numbers, 0)
+    inside &= (keys < highs[clipped]) | unbounded[clipped]
+    return np.where(inside, numbers, -1)
+
+
+def lake_digests(keys: np.ndarray, crcs: np.ndarray, parts: list[Part]) -> Digests:
+    """The lakehouse's digest of each part, as `source_digests`, from its rows' keys and CRC-32s (`LakeRows`)."""
+    numbers = _part_numbers(keys, parts)
+    inside = numbers >= 0
+    counts = np.bincount(numbers[inside], minlength=len(parts))
+    # a part's sum of CRC-32s stays far below 2**53 (it holds about ROWS_PER_RANGE rows): exact in float64
+    sums = np.bincount(numbers[inside], weights=crcs[inside].astype(np.float64), minlength=len(parts))
+    return {n: (int(counts[n]), int(sums[n])) for n in range(len(parts)) if counts[n]}
 
 
 def differing_parts(source: Digests, lake: Digests, parts: list[Part]) -> list[Part]:
@@ -287,16 +390,16 @@ def differing_parts(source: Digests, lake: Digests, parts: list[Part]) -> list[P
     return [parts[n] for n in sorted(source.keys() | lake.keys()) if source.get(n) != lake.get(n)]
 
 
-def keys_in_parts(conn: pymysql.Connection, current: DeltaTable, table: TableRef, key: str, parts: list[Part]) -> set[tuple]:
-    """Every key either side holds in the parts: the rows to compare one by one."""
+def keys_in_parts(conn: pymysql.Connection, keys: np.ndarray, table: TableRef, key: str, parts: list[Part]) -> set[tuple]:
+    """Every key either side holds in the parts (the lakehouse's among its rows' `keys`): the rows to compare one by
+    one."""
     if not parts:
         return set()
     with conn.cursor(pymysql.cursors.Cursor) as cur:
         q = quote_identifier(key)
         cur.execute(f"SELECT {q} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}{_where(q, parts)}")
         found = {(row[0],) for row in cur.fetchall()}
-    lake = read_query(current, f"SELECT {quote(key)} AS k FROM current{_where(quote(key), parts)}", "current")
-    return found | {(v,) for v in lake.column("k").to_pylist()}
+    return found | {(int(k),) for k in keys[_part_numbers(keys, parts) >= 0]}
 
 
 @dataclass
@@ -308,26 +411,30 @@ class Narrowed:
     differing: int  # of those, the ranges whose digests differed
     source_rows: int
     lake_rows: int
+    files: int = 0  # the lakehouse's data files digested
+    files_kept: int = 0  # of them, those whose rows' CRC-32s were kept from an earlier repair
 
     def describe(self) -> str:
-        return f"{self.differing} of {self.ranges} key ranges differed by their digests"
+        kept = f"; {self.files_kept} of {self.files} data files' digests kept from an earlier repair" if self.files else ""
+        return f"{self.differing} of {self.ranges} key ranges differed by their digests{kept}"
 
 
-def narrowed(url: MySQLUrl, conn: pymysql.Connection, current: DeltaTable, shape: TableShape) -> Narrowed:
-    """The keys that may differ: the table's ranges digested on both sides at once, the ranges that differ cut
-    into parts and digested again, and the keys of the parts that still differ."""
-    key = shape.primary_key[0]
-    ranges = parts_of_table(current, key)
+def narrowed(url: MySQLUrl, conn: pymysql.Connection, lake: LakeRows) -> Narrowed:
+    """The keys that may differ: the table's ranges digested on both sides at once (the lakehouse's files' CRC-32s
+    written meanwhile where none are kept), the ranges that differ cut into parts and digested again, and the keys
+    of the parts that still differ."""
+    shape = lake.shape
+    ranges = parts_of_table(lake)
     with ThreadPoolExecutor(1) as pool:
         theirs = pool.submit(source_digests, url, shape, ranges)
-        ours = lake_digests(current, shape, ranges)
+        keys, crcs = lake.digested()
+        ours = lake_digests(keys, crcs, ranges)
         theirs_now = theirs.result()
         differing = differing_parts(theirs_now, ours, ranges)
     rows = (sum(n for n, _ in theirs_now.values()), sum(n for n, _ in ours.values()))
-    parts = parts_within(current, key, differing) if differing else []
+    parts = parts_within(lake, differing) if differing else []
     if parts:
-        with ThreadPoolExecutor(1) as pool:
-            theirs = pool.submit(source_digests, url, shape, parts)
-            ours = lake_digests(current, shape, parts)
-            parts = differing_parts(theirs.result(), ours, parts)
-    return Narrowed(keys_in_parts(conn, current, shape.table, key, parts), len(ranges), len(differing), *rows)
+        parts = differing_parts(source_digests(url, shape, parts), lake_digests(keys, crcs, parts), parts)
+    found = Narrowed(keys_in_parts(conn, keys, shape.table, shape.primary_key[0], parts), len(ranges), len(differing), *rows)
+    found.files, found.files_kept = lake.files, lake.files - len(lake.unkept)
+    return found

@@ -35,6 +35,7 @@ from deltalake import CommitProperties, DeltaTable
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.file_digests import remove_file_digests
 from cdc_assets.lake.files import add_actions, conformed, read_files, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES, CURRENT, DELTA_LOG, HISTORY, RAW
 from cdc_assets.lake.raw_batches import (
@@ -223,6 +224,8 @@ def purge_old_versions(lakehouse: Lakehouse, layer: str, table: TableRef) -> int
     (commits and older checkpoints: their add actions carry each file's min and max values). Time travel to an
     older version is gone with them; the pipeline's seqs live on in the checkpoint's app transactions. Returns the
     files and log entries removed."""
+    if layer == CURRENT:  # the CRC-32s of rows a rewrite removed go with them (the next repair writes them again)
+        remove_file_digests(lakehouse.store, table)
     current = lakehouse.open(layer, table)
     if current is None:
         return 0
