@@ -221,15 +221,30 @@ class LakeRows:
     files: int  # the table's data files
 
     def digested(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every live row's key and CRC-32: the files' kept, the others' written now and kept for the next repair."""
+        """Every live row's key and CRC-32: the files' kept, the others' written now (their texts written together,
+        STREAM_ROWS at a time) and kept for the next repair."""
         access, key = self.lakehouse.file_access(), self.lakehouse.table_key(CURRENT, self.table)
         found = list(self.kept)
+        pending: list[tuple[DataFile, pa.Table]] = []
+
+        def written() -> None:
+            rows = pa.concat_tables([r for _, r in pending])
+            keys, crcs = digest_rows(self.shape, rows)
+            start = 0
+            for f, r in pending:
+                end = start + r.num_rows
+                save_file_digests(self.lakehouse.store, self.table, f.name, pa.table({"key": keys[start:end], "crc": crcs[start:end]}))
+                found.append((keys[start:end], crcs[start:end]))
+                start = end
+            pending.clear()
+
         for f in self.unkept:
-            parts = [digest_rows(self.shape, conformed(rows, self.schema)) for rows in read_files(access, key, [f.path], self.schema.names)]
-            keys = np.concatenate([k for k, _ in parts]) if parts else np.array([], self.sorted_keys.dtype)
-            crcs = np.concatenate([c for _, c in parts]) if parts else np.array([], np.uint32)
-            save_file_digests(self.lakehouse.store, self.table, f.name, pa.table({"key": keys, "crc": crcs}))
-            found.append((keys, crcs))
+            groups = [_live(conformed(rows, self.schema)) for rows in read_files(access, key, [f.path], self.schema.names)]
+            pending.append((f, pa.concat_tables(groups) if groups else self.schema.empty_table()))
+            if sum(r.num_rows for _, r in pending) >= STREAM_ROWS:
+                written()
+        if pending:
+            written()
         if not found:
             return np.array([], self.sorted_keys.dtype), np.array([], np.uint32)
         return np.concatenate([k for k, _ in found]), np.concatenate([c for _, c in found])
