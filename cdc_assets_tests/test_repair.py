@@ -205,7 +205,7 @@ def test_a_large_table_on_s3_keeps_its_data_files_digests_for_the_next_repair(cd
     out = capsys.readouterr().out
     assert "1 rows written as the source has them" in out and "; 0 of " in out, out
     kept = client.list_objects_v2(Bucket="repair", Prefix=f"{cdc.database}/_state/file_digests/{table.path}/").get("Contents", [])
-    assert len(kept) >= 4, kept
+    assert len(kept) == 1, kept  # the files' rows share an object
     drift(390)  # another file written again
     assert main(["repair", f"{cdc.database}.t"]) == 0
     out = capsys.readouterr().out

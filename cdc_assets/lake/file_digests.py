@@ -1,64 +1,105 @@
-"""Each current-state data file's digest rows, kept beside the lakehouse: a key and a CRC-32 per row.
+"""Current-state data files' digest rows, kept beside the lakehouse: per row, its file's name, its key, a CRC-32.
 
 A repair digests a large table's key ranges on both sides (verification/digests.py). On the lakehouse's side that
 means writing every row's text and its CRC-32, the larger part of a repair's time, though a Delta data file never
 changes once written: an update writes a new file under a new name and removes the old one from the table. So the
-key and CRC-32 of each row of a file are kept once computed, named after the file (its path, size and
-modification time in the Delta log) and after how its texts are written (the table's columns and their types), and
-a later repair reads only the files written since. An object named after a file the table no longer holds, or after
-columns it no longer has, is never read again; the repair that finds it removes it.
+key and CRC-32 of each row are kept once computed, under a name made of its file's (path, size and modification
+time in the Delta log) and of how its text is written (the table's columns and their types), and a later repair
+writes texts only for the files written since. Rows under a name the table no longer has are never read as its.
 
-Under `_state/file_digests/<schema>/<table>/<name>.parquet`: a CRC-32 of a row's text is kept only while the file
-holding the row is part of the table, and a rewrite that removes rows from storage (`forget`) or a table dropped
-removes its table's objects with them.
+A table's current state holds thousands of small files, so the rows of many files share one object, of about
+OBJECT_ROWS rows: `_state/file_digests/<schema>/<table>/<id>.parquet`. An object none of whose files the table still
+holds is removed; one holding more rows of removed files than of present ones is written again without them. A
+CRC-32 of a row's text is kept only while the file holding the row is part of the table: a rewrite that removes rows
+from storage (`forget`) or a table dropped removes its table's objects with them.
 """
 
 from __future__ import annotations
 
 import io
+import uuid
+from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.layout import FILE_DIGESTS_STATE
 from cdc_assets.lake.store import MissingObject, ObjectStore
 
-FILE_DIGEST_SCHEMAS = (pa.schema([("key", pa.int64()), ("crc", pa.uint32())]), pa.schema([("key", pa.uint64()), ("crc", pa.uint32())]))
+OBJECT_ROWS = 1_000_000  # digest rows an object holds, about
+
+
+def file_digest_schema(key_type: pa.DataType) -> pa.Schema:
+    return pa.schema([("name", pa.string()), ("key", key_type), ("crc", pa.uint32())])
 
 
 def _folder(table: TableRef) -> str:
     return f"{FILE_DIGESTS_STATE}/{table.path}"
 
 
-def load_file_digests(store: ObjectStore, table: TableRef, name: str) -> pa.Table | None:
-    """The digest rows kept under `name` (None: not kept)."""
-    try:
-        data = store.get(f"{_folder(table)}/{name}.parquet")
-    except MissingObject:
-        return None
-    rows = pq.read_table(io.BytesIO(data))
-    if rows.schema not in FILE_DIGEST_SCHEMAS:
-        return None  # written otherwise: computed again
-    return rows
+@dataclass
+class KeptDigests:
+    """The digest rows kept for the files named: at most one object's rows per name."""
+
+    rows: list[pa.Table]  # name, key, crc
+    names: set[str]  # the names they cover
+    carried: list[pa.Table]  # rows to write again in objects of their own (theirs held mostly removed files' rows)
+    stale: list[str]  # objects to remove once those are written
 
 
-def save_file_digests(store: ObjectStore, table: TableRef, name: str, rows: pa.Table) -> None:
-    """Keep a file's digest rows (`key`, `crc`) under `name`: written whole or not at all."""
-    sink = io.BytesIO()
-    pq.write_table(rows, sink, compression="zstd")
-    store.put(f"{_folder(table)}/{name}.parquet", sink.getvalue())
-
-
-def keep_only_file_digests(store: ObjectStore, table: TableRef, names: set[str]) -> int:
-    """Remove the table's kept digest rows not under `names` (files the table no longer holds, or texts written
-    for other columns); returns how many were removed."""
-    removed = 0
+def load_file_digests(store: ObjectStore, table: TableRef, names: set[str], key_type: pa.DataType) -> KeptDigests:
+    """The rows kept under `names`, and what to tidy: objects of no present file, or of mostly removed ones."""
+    kept = KeptDigests([], set(), [], [])
+    schema = file_digest_schema(key_type)
     for key in store.list_keys(_folder(table)):
-        if key.rsplit("/", 1)[-1].removesuffix(".parquet") not in names:
-            store.delete(key)
-            removed += 1
-    return removed
+        try:
+            rows = pq.read_table(io.BytesIO(store.get(key)))
+        except (MissingObject, pa.ArrowInvalid, OSError):
+            kept.stale.append(key)  # gone meanwhile, or not whole: its files' texts are written again
+            continue
+        if rows.schema != schema:
+            kept.stale.append(key)  # written for another key type
+            continue
+        here = set(pc.unique(rows.column("name")).to_pylist())
+        fresh = (here & names) - kept.names
+        mine = rows.filter(pc.is_in(rows.column("name"), pa.array(sorted(fresh), pa.string()))) if fresh != here else rows
+        kept.names |= fresh
+        if mine.num_rows:
+            kept.rows.append(mine)
+        if 2 * mine.num_rows < rows.num_rows:
+            kept.stale.append(key)
+            if mine.num_rows:
+                kept.carried.append(mine)
+    return kept
+
+
+def save_file_digests(store: ObjectStore, table: TableRef, rows: list[pa.Table]) -> None:
+    """Keep digest rows (`name`, `key`, `crc`) in objects of about OBJECT_ROWS rows, each written whole or not at all."""
+    pending: list[pa.Table] = []
+    held = 0
+
+    def written() -> None:
+        sink = io.BytesIO()
+        pq.write_table(pa.concat_tables(pending), sink, compression="zstd")
+        store.put(f"{_folder(table)}/{uuid.uuid4().hex}.parquet", sink.getvalue())
+        pending.clear()
+
+    for part in rows:
+        if part.num_rows:
+            pending.append(part)
+            held += part.num_rows
+        if held >= OBJECT_ROWS:
+            written()
+            held = 0
+    if pending:
+        written()
+
+
+def remove_objects(store: ObjectStore, keys: list[str]) -> None:
+    for key in keys:
+        store.delete(key)
 
 
 def remove_file_digests(store: ObjectStore, table: TableRef) -> None:

@@ -48,7 +48,7 @@ from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.current_rows import DELETED_COLUMN
 from cdc_assets.lake.delta import read_query_chunks
-from cdc_assets.lake.file_digests import keep_only_file_digests, load_file_digests, save_file_digests
+from cdc_assets.lake.file_digests import KeptDigests, load_file_digests, remove_objects, save_file_digests
 from cdc_assets.lake.files import conformed, read_files
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
@@ -181,7 +181,7 @@ DIGEST_TEXT_FORMAT = "1"  # changed whenever `row_texts` writes a text otherwise
 
 
 def _as_numbers(keys: pa.Array) -> np.ndarray:
-    if pa.types.is_decimal(keys.type) or pa.types.is_unsigned_integer(keys.type):  # BIGINT UNSIGNED: decimal(20,0)
+    if _unsigned(keys.type):
         return pc.cast(keys, pa.uint64()).to_numpy(zero_copy_only=False)
     return pc.cast(keys, pa.int64()).to_numpy(zero_copy_only=False)
 
@@ -209,13 +209,13 @@ class DataFile:
 @dataclass
 class LakeRows:
     """A current state's rows as its digests need them: the keys of every row at once (to cut the ranges at), the
-    CRC-32s of each data file's rows kept from an earlier repair, and the files whose CRC-32s are still to write."""
+    CRC-32s of its files' rows kept from an earlier repair, and the files whose CRC-32s are still to write."""
 
     lakehouse: Lakehouse
     table: TableRef
     shape: TableShape
     schema: pa.Schema  # of the columns read: the shape's, and the deleted mark where kept
-    kept: list[tuple[np.ndarray, np.ndarray]]  # (keys, CRC-32s) of the files whose digest rows were kept
+    kept: KeptDigests
     unkept: list[DataFile]  # files whose digest rows are written now
     sorted_keys: np.ndarray  # every live row's key, sorted
     files: int  # the table's data files
@@ -224,18 +224,16 @@ class LakeRows:
         """Every live row's key and CRC-32: the files' kept, the others' written now (their texts written together,
         STREAM_ROWS at a time) and kept for the next repair."""
         access, key = self.lakehouse.file_access(), self.lakehouse.table_key(CURRENT, self.table)
-        found = list(self.kept)
+        found = [(_as_numbers(r.column("key").combine_chunks()), r.column("crc").to_numpy()) for r in self.kept.rows]
+        new: list[pa.Table] = []
         pending: list[tuple[DataFile, pa.Table]] = []
 
         def written() -> None:
-            rows = pa.concat_tables([r for _, r in pending])
-            keys, crcs = digest_rows(self.shape, rows)
-            start = 0
-            for f, r in pending:
-                end = start + r.num_rows
-                save_file_digests(self.lakehouse.store, self.table, f.name, pa.table({"key": keys[start:end], "crc": crcs[start:end]}))
-                found.append((keys[start:end], crcs[start:end]))
-                start = end
+            keys, crcs = digest_rows(self.shape, pa.concat_tables([r for _, r in pending]))
+            names = pa.array([f.name for f, _ in pending], pa.string())
+            counts = pa.array([r.num_rows for _, r in pending], pa.int64())
+            new.append(pa.table({"name": pc.cast(pc.take(names, _repeat(counts)), pa.string()), "key": keys, "crc": crcs}))
+            found.append((keys, crcs))
             pending.clear()
 
         for f in self.unkept:
@@ -245,45 +243,51 @@ class LakeRows:
                 written()
         if pending:
             written()
+        if new or self.kept.carried:
+            save_file_digests(self.lakehouse.store, self.table, [*self.kept.carried, *new])
+        remove_objects(self.lakehouse.store, self.kept.stale)  # after what they held that is still needed is written
         if not found:
-            return np.array([], self.sorted_keys.dtype), np.array([], np.uint32)
+            return self.sorted_keys[:0], np.array([], np.uint32)
         return np.concatenate([k for k, _ in found]), np.concatenate([c for _, c in found])
 
 
+def _repeat(counts: pa.Array) -> pa.Array:
+    """0 repeated counts[0] times, 1 counts[1] times, …: each row's file number."""
+    return pa.array(np.repeat(np.arange(len(counts)), counts.to_numpy()))
+
+
 def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape: TableShape) -> LakeRows:
-    """The current state's keys and what is kept of its files' digest rows (the objects kept for files it no longer
-    holds removed). A table whose files a reader cannot take one by one (deletion vectors, mapped column names,
-    partitions) is read whole through a query, and nothing is kept of it."""
+    """The current state's keys and what is kept of its files' digest rows. A table whose files a reader cannot
+    take one by one (deletion vectors, mapped column names, partitions) is read whole through a query, and nothing
+    is kept of it."""
     schema = pa.schema(current.schema().to_arrow())
     read = pa.schema([schema.field(n) for n in [*shape.column_names, DELETED_COLUMN] if n in schema.names])
     key = shape.primary_key[0]
+    key_type = pa.uint64() if _unsigned(read.field(key).type) else pa.int64()
     if not _files_read_alone(current):
         keys, crcs = _query_rows(current, shape, read)
-        return LakeRows(lakehouse, table, shape, read, [(keys, crcs)], [], np.sort(keys, kind="stable"), 0)
+        kept = KeptDigests([pa.table({"name": pa.nulls(len(keys), pa.string()), "key": keys, "crc": crcs})], set(), [], [])
+        return LakeRows(lakehouse, table, shape, read, kept, [], np.sort(keys, kind="stable"), 0)
     actions = pa.table(current.get_add_actions(flatten=True))
     texts = hashlib.sha256(f"{DIGEST_TEXT_FORMAT}|{shape.columns!r}|{shape.primary_key!r}|{read}".encode()).hexdigest()
     files: list[DataFile] = []
     if actions.num_rows:
         times = pc.cast(actions.column("modification_time"), pa.int64()).to_pylist()
         for path, size, when in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), times, strict=True):
-            name = hashlib.sha256(f"{texts}|{path}|{size}|{when}".encode()).hexdigest()[:40]
-            files.append(DataFile(path, name))
-    keep_only_file_digests(lakehouse.store, table, {f.name for f in files})
-    kept: list[tuple[np.ndarray, np.ndarray]] = []
-    unkept: list[DataFile] = []
-    keys: list[np.ndarray] = []
+            files.append(DataFile(path, hashlib.sha256(f"{texts}|{path}|{size}|{when}".encode()).hexdigest()[:32]))
+    kept = load_file_digests(lakehouse.store, table, {f.name for f in files}, key_type)
+    unkept = [f for f in files if f.name not in kept.names]
+    keys = [_as_numbers(r.column("key").combine_chunks()) for r in kept.rows]
     access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
-    for f in files:
-        rows = load_file_digests(lakehouse.store, table, f.name)
-        if rows is not None:
-            kept.append((rows.column("key").to_numpy(), rows.column("crc").to_numpy()))
-            keys.append(kept[-1][0])
-            continue
-        unkept.append(f)
-        wanted = pa.schema([read.field(n) for n in (key, DELETED_COLUMN) if n in read.names])
+    wanted = pa.schema([read.field(n) for n in (key, DELETED_COLUMN) if n in read.names])
+    for f in unkept:
         keys += [_as_numbers(_live(conformed(r, wanted)).column(key).combine_chunks()) for r in read_files(access, table_key, [f.path], wanted.names)]
-    every = np.concatenate(keys) if keys else _as_numbers(pa.array([], read.field(key).type))
+    every = np.concatenate(keys) if keys else _as_numbers(pa.array([], key_type))
     return LakeRows(lakehouse, table, shape, read, kept, unkept, np.sort(every, kind="stable"), len(files))
+
+
+def _unsigned(t: pa.DataType) -> bool:
+    return pa.types.is_decimal(t) or pa.types.is_unsigned_integer(t)  # BIGINT UNSIGNED: decimal(20,0)
 
 
 def _files_read_alone(current: DeltaTable) -> bool:
