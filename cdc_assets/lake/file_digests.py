@@ -20,8 +20,8 @@ import io
 import uuid
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from cdc_assets.core.names import TableRef
@@ -32,7 +32,8 @@ OBJECT_ROWS = 1_000_000  # digest rows an object holds, about
 
 
 def file_digest_schema(key_type: pa.DataType) -> pa.Schema:
-    return pa.schema([("name", pa.string()), ("key", key_type), ("crc", pa.uint32())])
+    """An object's columns: a file's name once per object (dictionary-encoded), each row's key and CRC-32."""
+    return pa.schema([("name", pa.dictionary(pa.int32(), pa.string())), ("key", key_type), ("crc", pa.uint32())])
 
 
 def _folder(table: TableRef) -> str:
@@ -55,16 +56,18 @@ def load_file_digests(store: ObjectStore, table: TableRef, names: set[str], key_
     schema = file_digest_schema(key_type)
     for key in store.list_keys(_folder(table)):
         try:
-            rows = pq.read_table(io.BytesIO(store.get(key)))
+            rows = pq.read_table(io.BytesIO(store.get(key)), read_dictionary=["name"])
         except (MissingObject, pa.ArrowInvalid, OSError):
             kept.stale.append(key)  # gone meanwhile, or not whole: its files' texts are written again
             continue
         if rows.schema != schema:
             kept.stale.append(key)  # written for another key type
             continue
-        here = set(pc.unique(rows.column("name")).to_pylist())
-        fresh = (here & names) - kept.names
-        mine = rows.filter(pc.is_in(rows.column("name"), pa.array(sorted(fresh), pa.string()))) if fresh != here else rows
+        names_here = rows.column("name").combine_chunks()
+        dictionary = names_here.dictionary.to_pylist()
+        fresh = (set(dictionary) & names) - kept.names
+        wanted = np.array([name in fresh for name in dictionary], bool)
+        mine = rows if wanted.all() else rows.filter(pa.array(wanted[names_here.indices.to_numpy(zero_copy_only=False)]))
         kept.names |= fresh
         if mine.num_rows:
             kept.rows.append(mine)
@@ -82,7 +85,8 @@ def save_file_digests(store: ObjectStore, table: TableRef, rows: list[pa.Table])
 
     def written() -> None:
         sink = io.BytesIO()
-        pq.write_table(pa.concat_tables(pending), sink, compression="zstd")
+        rows = pa.concat_tables([p.cast(file_digest_schema(p.schema.field("key").type)) for p in pending])
+        pq.write_table(rows.unify_dictionaries().combine_chunks(), sink, compression="zstd")
         store.put(f"{_folder(table)}/{uuid.uuid4().hex}.parquet", sink.getvalue())
         pending.clear()
 

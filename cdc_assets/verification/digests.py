@@ -230,9 +230,9 @@ class LakeRows:
 
         def written() -> None:
             keys, crcs = digest_rows(self.shape, pa.concat_tables([r for _, r in pending]))
-            names = pa.array([f.name for f, _ in pending], pa.string())
-            counts = pa.array([r.num_rows for _, r in pending], pa.int64())
-            new.append(pa.table({"name": pc.cast(pc.take(names, _repeat(counts)), pa.string()), "key": keys, "crc": crcs}))
+            numbers = np.repeat(np.arange(len(pending), dtype=np.int32), [r.num_rows for _, r in pending])
+            names = pa.DictionaryArray.from_arrays(pa.array(numbers), pa.array([f.name for f, _ in pending], pa.string()))
+            new.append(pa.table({"name": names, "key": keys, "crc": crcs}))
             found.append((keys, crcs))
             pending.clear()
 
@@ -249,11 +249,6 @@ class LakeRows:
         if not found:
             return self.sorted_keys[:0], np.array([], np.uint32)
         return np.concatenate([k for k, _ in found]), np.concatenate([c for _, c in found])
-
-
-def _repeat(counts: pa.Array) -> pa.Array:
-    """0 repeated counts[0] times, 1 counts[1] times, …: each row's file number."""
-    return pa.array(np.repeat(np.arange(len(counts)), counts.to_numpy()))
 
 
 def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape: TableShape) -> LakeRows:
