@@ -96,12 +96,12 @@ def main() -> None:
         shutil.rmtree(copy, ignore_errors=True)
         shutil.rmtree(work / table, ignore_errors=True)
         lines.append(
-            f"| {size:,} | {args.drift + 2} | {first[0]:.1f} | {again[0]:.1f} | {_kept(again[2])} | {max(first[1], again[1]):,.0f} "
+            f"| {size:,} | {args.drift + 2} | {first[0]:.1f} | {again[0]:.1f} | {_kept(again[2])} | {first[1]:,.0f} | {again[1]:,.0f} "
             f"| {snapshot[0]:.1f} | {snapshot[1]:,.0f} | {first[0] / snapshot[0]:.2f} | {again[0] / snapshot[0]:.2f} | {again[3]} |"
         )
-    print("\n| table rows | rows drifted | first repair (s) | repair again (s) | data files' digests kept | repair peak RSS (MB) "
+    print("\n| table rows | rows drifted | first repair (s) | repair again (s) | data files' digests kept | first repair peak RSS (MB) | repair again peak RSS (MB) "
           "| snapshot (s) | snapshot peak RSS (MB) | first repair / snapshot | repair again / snapshot | verify after repair |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lines))
     shutil.rmtree(work, ignore_errors=True)
 

@@ -78,27 +78,29 @@ def load_file_digests(store: ObjectStore, table: TableRef, names: set[str], key_
     return kept
 
 
-def save_file_digests(store: ObjectStore, table: TableRef, rows: list[pa.Table]) -> None:
-    """Keep digest rows (`name`, `key`, `crc`) in objects of about OBJECT_ROWS rows, each written whole or not at all."""
-    pending: list[pa.Table] = []
-    held = 0
+class FileDigestWriter:
+    """Digest rows (`name`, `key`, `crc`) kept in objects of about OBJECT_ROWS rows as they come, each object
+    written whole or not at all."""
 
-    def written() -> None:
+    def __init__(self, store: ObjectStore, table: TableRef) -> None:
+        self.store, self.table = store, table
+        self.pending: list[pa.Table] = []
+        self.held = 0
+
+    def add(self, rows: pa.Table) -> None:
+        if rows.num_rows:
+            self.pending.append(rows.cast(file_digest_schema(rows.schema.field("key").type)))
+            self.held += rows.num_rows
+        if self.held >= OBJECT_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
         sink = io.BytesIO()
-        rows = pa.concat_tables([p.cast(file_digest_schema(p.schema.field("key").type)) for p in pending])
-        pq.write_table(rows.unify_dictionaries().combine_chunks(), sink, compression="zstd")
-        store.put(f"{_folder(table)}/{uuid.uuid4().hex}.parquet", sink.getvalue())
-        pending.clear()
-
-    for part in rows:
-        if part.num_rows:
-            pending.append(part)
-            held += part.num_rows
-        if held >= OBJECT_ROWS:
-            written()
-            held = 0
-    if pending:
-        written()
+        pq.write_table(pa.concat_tables(self.pending).unify_dictionaries().combine_chunks(), sink, compression="zstd")
+        self.store.put(f"{_folder(self.table)}/{uuid.uuid4().hex}.parquet", sink.getvalue())
+        self.pending, self.held = [], 0
 
 
 def remove_objects(store: ObjectStore, keys: list[str]) -> None:

@@ -48,7 +48,7 @@ from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.current_rows import DELETED_COLUMN
 from cdc_assets.lake.delta import read_query_chunks
-from cdc_assets.lake.file_digests import KeptDigests, load_file_digests, remove_objects, save_file_digests
+from cdc_assets.lake.file_digests import FileDigestWriter, KeptDigests, load_file_digests, remove_objects
 from cdc_assets.lake.files import conformed, read_files
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
@@ -222,18 +222,30 @@ class LakeRows:
 
     def digested(self) -> tuple[np.ndarray, np.ndarray]:
         """Every live row's key and CRC-32: the files' kept, the others' written now (their texts written together,
-        STREAM_ROWS at a time) and kept for the next repair."""
+        STREAM_ROWS at a time) and kept for the next repair. Called once: the kept rows are let go as they are read."""
         access, key = self.lakehouse.file_access(), self.lakehouse.table_key(CURRENT, self.table)
-        found = [(_as_numbers(r.column("key").combine_chunks()), r.column("crc").to_numpy()) for r in self.kept.rows]
-        new: list[pa.Table] = []
+        every_key, every_crc = np.empty_like(self.sorted_keys), np.empty(len(self.sorted_keys), np.uint32)
+        at = 0
+
+        def found(keys: np.ndarray, crcs: np.ndarray) -> None:
+            nonlocal at
+            every_key[at : at + len(keys)], every_crc[at : at + len(keys)] = keys, crcs
+            at += len(keys)
+
+        for rows in self.kept.rows:
+            found(_as_numbers(rows.column("key").combine_chunks()), rows.column("crc").to_numpy())
+        self.kept.rows = []
+        writer = FileDigestWriter(self.lakehouse.store, self.table)
+        for rows in self.kept.carried:
+            writer.add(rows)
         pending: list[tuple[DataFile, pa.Table]] = []
 
         def written() -> None:
             keys, crcs = digest_rows(self.shape, pa.concat_tables([r for _, r in pending]))
             numbers = np.repeat(np.arange(len(pending), dtype=np.int32), [r.num_rows for _, r in pending])
             names = pa.DictionaryArray.from_arrays(pa.array(numbers), pa.array([f.name for f, _ in pending], pa.string()))
-            new.append(pa.table({"name": names, "key": keys, "crc": crcs}))
-            found.append((keys, crcs))
+            writer.add(pa.table({"name": names, "key": keys, "crc": crcs}))
+            found(keys, crcs)
             pending.clear()
 
         for f in self.unkept:
@@ -243,12 +255,10 @@ class LakeRows:
                 written()
         if pending:
             written()
-        if new or self.kept.carried:
-            save_file_digests(self.lakehouse.store, self.table, [*self.kept.carried, *new])
+        writer.flush()
         remove_objects(self.lakehouse.store, self.kept.stale)  # after what they held that is still needed is written
-        if not found:
-            return self.sorted_keys[:0], np.array([], np.uint32)
-        return np.concatenate([k for k, _ in found]), np.concatenate([c for _, c in found])
+        assert at == len(every_key), (at, len(every_key))  # the same files' rows as their keys read first
+        return every_key, every_crc
 
 
 def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape: TableShape) -> LakeRows:
@@ -390,12 +400,16 @@ def _part_numbers(keys: np.ndarray, parts: list[Part]) -> np.ndarray:
 
 
 def lake_digests(keys: np.ndarray, crcs: np.ndarray, parts: list[Part]) -> Digests:
-    """The lakehouse's digest of each part, as `source_digests`, from its rows' keys and CRC-32s (`LakeRows`)."""
-    numbers = _part_numbers(keys, parts)
-    inside = numbers >= 0
-    counts = np.bincount(numbers[inside], minlength=len(parts))
-    # a part's sum of CRC-32s stays far below 2**53 (it holds about ROWS_PER_RANGE rows): exact in float64
-    sums = np.bincount(numbers[inside], weights=crcs[inside].astype(np.float64), minlength=len(parts))
+    """The lakehouse's digest of each part, as `source_digests`, from its rows' keys and CRC-32s (`LakeRows`),
+    STREAM_ROWS at a time (a part's number per row is eight bytes)."""
+    counts = np.zeros(len(parts), np.int64)
+    sums = np.zeros(len(parts), np.float64)
+    for start in range(0, len(keys), STREAM_ROWS):
+        numbers = _part_numbers(keys[start : start + STREAM_ROWS], parts)
+        inside = numbers >= 0
+        counts += np.bincount(numbers[inside], minlength=len(parts))
+        # a part's sum of CRC-32s stays far below 2**53 (it holds about ROWS_PER_RANGE rows): exact in float64
+        sums += np.bincount(numbers[inside], weights=crcs[start : start + STREAM_ROWS][inside], minlength=len(parts))
     return {n: (int(counts[n]), int(sums[n])) for n in range(len(parts)) if counts[n]}
 
 
@@ -413,7 +427,10 @@ def keys_in_parts(conn: pymysql.Connection, keys: np.ndarray, table: TableRef, k
         q = quote_identifier(key)
         cur.execute(f"SELECT {q} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}{_where(q, parts)}")
         found = {(row[0],) for row in cur.fetchall()}
-    return found | {(int(k),) for k in keys[_part_numbers(keys, parts) >= 0]}
+    for start in range(0, len(keys), STREAM_ROWS):
+        chunk = keys[start : start + STREAM_ROWS]
+        found |= {(int(k),) for k in chunk[_part_numbers(chunk, parts) >= 0]}
+    return found
 
 
 @dataclass
