@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.layout import FILE_DIGESTS_STATE
+from cdc_assets.lake.layout import file_digests_folder
 from cdc_assets.lake.store import MissingObject, ObjectStore
 
 OBJECT_ROWS = 1_000_000  # digest rows an object holds, about
@@ -37,7 +37,7 @@ def file_digest_schema(key_type: pa.DataType) -> pa.Schema:
 
 
 def _folder(table: TableRef) -> str:
-    return f"{FILE_DIGESTS_STATE}/{table.path}"
+    return file_digests_folder(table.path)
 
 
 @dataclass

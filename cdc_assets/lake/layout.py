@@ -33,3 +33,8 @@ POLICY_REWRITES_STATE = f"{STATE}/policy_rewrites"
 # per current-state data file, the key and CRC-32 of each row's digest text, kept for the next repair:
 # <schema>/<table>/<name>.parquet (lake/file_digests.py)
 FILE_DIGESTS_STATE = f"{STATE}/file_digests"
+
+
+def file_digests_folder(table_path: str) -> str:
+    """Where a table's kept digest rows live (`TableRef.path`): removed with its current state."""
+    return f"{FILE_DIGESTS_STATE}/{table_path}"

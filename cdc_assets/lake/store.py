@@ -26,7 +26,7 @@ from cdc_assets.core.names import TableRef, name_of_segment
 from cdc_assets.core.settings import S3Retries, TableSelection, lakehouse_values_from_env
 from cdc_assets.lake.delta import open_table
 from cdc_assets.lake.files import FileAccess
-from cdc_assets.lake.layout import CURRENT, DELTA_LOG, STATE
+from cdc_assets.lake.layout import CURRENT, DELTA_LOG, STATE, file_digests_folder
 
 
 class MissingObject(KeyError):
@@ -453,10 +453,8 @@ class Lakehouse:
         if kept is not None:
             kept.forget(self.table_uri(layer, table))
         self.store.delete_table(self.table_key(layer, table))
-        if layer == CURRENT:
-            from cdc_assets.lake.file_digests import remove_file_digests  # here: that module imports this one
-
-            remove_file_digests(self.store, table)
+        if layer == CURRENT:  # the digest rows a repair kept of its files (lake/file_digests.py)
+            self.store.delete_table(file_digests_folder(table.path))
 
     def storage_options(self) -> dict[str, str] | None:
         """delta-rs object-store options: those of the S3 the boto3 client reaches (None for a directory)."""
