@@ -81,6 +81,17 @@ def test_equal_tables_have_equal_digests_and_a_drifted_row_shows_in_its_range(cd
         conn.close()
 
 
+def loaded_in_pieces(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch, name: str, rows: int, piece_rows: int) -> TableRef:
+    """A table of `rows` rows (id, v, n), its current state loaded by `snapshot` as files of `piece_rows` to twice
+    as many rows: many data files, as a large table's."""
+    monkeypatch.setattr(files, "FIRST_PIECE_ROWS", piece_rows)
+    monkeypatch.setenv("CDC_CURRENT_FILE_KB", "1")
+    cdc.execute(f"CREATE TABLE {name} (id INT PRIMARY KEY, v VARCHAR(20), n DECIMAL(8,2))")
+    cdc.execute(f"INSERT INTO {name} SELECT seq, CONCAT('v', seq), seq / 4 FROM " + cdc.numbers(rows))
+    assert cdc.sync() == 0 and main(["snapshot", f"{cdc.database}.{name}"]) == 0
+    return TableRef(cdc.database, name)
+
+
 @pytest.mark.both_sources
 def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc: CdcEnv, monkeypatch) -> None:
     """A repair writes the digest texts of a file once: the next reads them back for the files the table still holds,
@@ -88,12 +99,7 @@ def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc:
     columns changed or a rewrite that purges rows from storage leave nothing kept to be read."""
     monkeypatch.setattr(digests, "ROWS_PER_RANGE", 10)
     monkeypatch.setattr(digests, "ROWS_PER_PART", 3)
-    monkeypatch.setattr(files, "FIRST_PIECE_ROWS", 15)  # current state's files of 15 to 30 rows
-    monkeypatch.setenv("CDC_CURRENT_FILE_KB", "1")
-    cdc.execute("CREATE TABLE k (id INT PRIMARY KEY, v VARCHAR(20), n DECIMAL(8,2))")
-    cdc.execute("INSERT INTO k SELECT seq, CONCAT('v', seq), seq / 4 FROM " + cdc.numbers(90))
-    assert cdc.sync() == 0 and main(["snapshot", f"{cdc.database}.k"]) == 0  # in pieces of 15 to 30 rows
-    table = TableRef(cdc.database, "k")
+    table = loaded_in_pieces(cdc, monkeypatch, "k", 90, 15)
     url = source.MySQLUrl.parse(cdc.server.reader_url())
     conn = source.connect(url)
     kept = cdc.lakehouse.store.list_keys

@@ -176,10 +176,10 @@ def test_a_large_table_on_s3_keeps_its_data_files_digests_for_the_next_repair(cd
     texts only for the files written since: still finding the row drifted in one of them."""
     import boto3
 
-    from cdc_assets.lake import files
     from cdc_assets.lake.store import Lakehouse, S3Access
     from cdc_assets.verification import digests, repair
     from cdc_assets_tests.conftest import use_s3
+    from cdc_assets_tests.test_digests import loaded_in_pieces
 
     use_s3(monkeypatch, s3_endpoint)
     client = boto3.client("s3")
@@ -188,12 +188,7 @@ def test_a_large_table_on_s3_keeps_its_data_files_digests_for_the_next_repair(cd
     lakehouse = Lakehouse(f"s3://repair/{cdc.database}", S3Access.of(client, endpoint_url=s3_endpoint))
     monkeypatch.setattr(repair, "DIGEST_FROM_ROWS", 100)
     monkeypatch.setattr(digests, "ROWS_PER_RANGE", 20)
-    monkeypatch.setattr(files, "FIRST_PIECE_ROWS", 50)  # current state's files of 50 to 100 rows
-    monkeypatch.setenv("CDC_CURRENT_FILE_KB", "1")
-    cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
-    cdc.execute("INSERT INTO t SELECT seq, CONCAT('v', seq) FROM " + cdc.numbers(400))
-    assert cdc.sync() == 0 and main(["snapshot", f"{cdc.database}.t"]) == 0
-    table = TableRef(cdc.database, "t")
+    table = loaded_in_pieces(cdc, monkeypatch, "t", 400, 50)
 
     def drift(key: int) -> None:
         current = DeltaTable(lakehouse.table_uri(CURRENT, table), storage_options=lakehouse.storage_options())
@@ -210,6 +205,6 @@ def test_a_large_table_on_s3_keeps_its_data_files_digests_for_the_next_repair(cd
     assert main(["repair", f"{cdc.database}.t"]) == 0
     out = capsys.readouterr().out
     found = re.search(r"(\d+) of (\d+) data files' digests kept", out)
-    # all but two kept: the file the first repair's apply wrote again, and the one this drift did
-    assert "1 rows written as the source has them" in out and found and int(found[1]) == int(found[2]) - 2, out
+    # all kept but the files the first repair's apply wrote again (its merge may cut one in two) and the drift's
+    assert "1 rows written as the source has them" in out and found and 2 <= int(found[2]) - int(found[1]) <= 3, out
     assert main(["verify"]) == 0
