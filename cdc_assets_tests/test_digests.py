@@ -4,12 +4,14 @@ equal tables have equal digests, and a row changed behind the pipeline's back sh
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from decimal import Decimal
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import CommitProperties, DeltaTable
 
 from cdc_assets.cli import main
 from cdc_assets.core.mysql_types import ColumnSpec
@@ -20,7 +22,7 @@ from cdc_assets.lake.layout import CURRENT, FILE_DIGESTS_STATE
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import source_shapes
-from cdc_assets.stages.rewrite.layers import purge_old_versions
+from cdc_assets.stages.rewrite.layers import REWRITE_KEY, purge_old_versions
 from cdc_assets.verification import digests
 from cdc_assets_tests.conftest import CdcEnv
 
@@ -117,17 +119,36 @@ def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc:
         assert len(kept(folder)) == 1  # the files' rows share an object
         again = narrowed()
         assert (again.files, again.files_kept, again.keys) == (first.files, first.files, set()), again
-        assert f"{first.files} of {first.files} data files' digests kept from an earlier repair" in again.describe(), again.describe()
-        cdc.execute("ALTER TABLE k ADD COLUMN w INT")
-        assert cdc.sync() == 0
-        widened = narrowed()  # every text holds the new column now
-        assert widened.files_kept == 0 and not widened.keys, widened
-        assert narrowed().files_kept == widened.files
+        kept_all = f"{first.files} of {first.files} data files' digests kept from an earlier repair"
+        assert kept_all in again.describe(), again.describe()
         current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
         current.update(predicate="id = 45", updates={"v": "'drifted'"})  # its file written again
         drifted = narrowed()
         assert drifted.files_kept == drifted.files - 1 and (45,) in drifted.keys, drifted
-        assert kept(folder) and narrowed().files_kept == drifted.files  # the rewritten file's rows kept too
+        assert narrowed().files_kept == drifted.files  # the rewritten file's rows kept too
+        # a data file written again in place, outside Delta (its log's size and time unchanged): digested again
+        current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
+        first_file, other_file = sorted(current.file_uris())[:2]
+        original = Path(first_file).read_bytes()
+        shutil.copyfile(other_file, first_file)
+        overwritten = narrowed()
+        assert overwritten.files_kept == overwritten.files - 1 and len(overwritten.keys) > 1, overwritten
+        Path(first_file).write_bytes(original)  # delta-rs reads a file's footer where its log says it ends
+        # a rewrite that purges rows (forget) committed while a repair digests: nothing the repair wrote is kept
+        shape = source_shapes(conn, [table])[table]
+        assert shape is not None
+        purge_old_versions(cdc.lakehouse, CURRENT, table)
+        lake = digests.lake_rows(cdc.lakehouse, table, DeltaTable(cdc.lakehouse.table_uri(CURRENT, table)), shape)
+        rewrite = CommitProperties(custom_metadata={REWRITE_KEY: "true"})
+        DeltaTable(cdc.lakehouse.table_uri(CURRENT, table)).update(predicate="id = 46", updates={"v": "'v46'"}, commit_properties=rewrite)
+        lake.digested()
+        assert kept(folder) == []
+        assert main(["repair", f"{cdc.database}.k"]) == 0  # equal again
+        cdc.execute("ALTER TABLE k ADD COLUMN w INT")
+        assert cdc.sync() == 0
+        widened = narrowed()  # every text holds the new column now
+        assert widened.files_kept == 0 and not widened.keys, widened
+        assert kept(folder) and narrowed().files_kept == widened.files
         purge_old_versions(cdc.lakehouse, CURRENT, table)  # as forget's rewrite does
         assert kept(folder) == []
         cdc.lakehouse.store.put(f"{folder}/x.parquet", b"left over")
@@ -143,7 +164,8 @@ def test_kept_digest_objects_hold_mostly_present_files(tmp_path) -> None:
     store, table = Lakehouse(str(tmp_path)).store, TableRef("s", "t")
 
     def rows(name: str, n: int) -> pa.Table:
-        return pa.table({"name": [name] * n, "key": pa.array(range(n), pa.int64()), "crc": pa.array([7] * n, pa.uint32())})
+        keys, crcs = pa.array(range(n), pa.int64()), pa.array([7] * n, pa.uint32())
+        return pa.table({"name": [name] * n, "key": keys, "crc": crcs})
 
     for parts in ([rows("a", 3), rows("b", 1)], [rows("c", 2)], [rows("d", 2), rows("a", 3)]):
         writer = file_digests.FileDigestWriter(store, table)
@@ -158,6 +180,28 @@ def test_kept_digest_objects_hold_mostly_present_files(tmp_path) -> None:
     assert len(kept.stale) == 2 and carried in ([["d", "d"]], [["b"]]), (kept.stale, carried)
     kept = file_digests.load_file_digests(store, table, {"a", "b", "d"}, pa.uint64())  # another key type: none read
     assert kept.names == set() and len(kept.stale) == 3
+
+
+def test_a_name_in_an_objects_dictionary_without_rows_is_not_taken_as_kept(tmp_path) -> None:
+    """Rows filtered out of an object keep their names in its dictionary: a name is kept only where rows hold it."""
+    store, table = Lakehouse(str(tmp_path)).store, TableRef("s", "t")
+    names = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["a", "x"]))
+    for rows in (
+        pa.table({"name": names, "key": pa.array([1, 2], pa.int64()), "crc": pa.array([7, 7], pa.uint32())}),
+        pa.table({"name": ["x"] * 3, "key": pa.array([5, 6, 7], pa.int64()), "crc": pa.array([1, 1, 1], pa.uint32())}),
+    ):
+        writer = file_digests.FileDigestWriter(store, table)
+        writer.add(rows)
+        writer.flush()
+    folder = f"{FILE_DIGESTS_STATE}/{table.path}"
+    for reverse in (False, True):  # whichever object is read first (objects are read in the order of their keys)
+        order = store.list_keys(folder)[:: -1 if reverse else 1]
+        for n, key in enumerate(order):
+            store.move(key, f"{folder}/moving-{n}")
+        for n in range(len(order)):
+            store.move(f"{folder}/moving-{n}", f"{folder}/{n}.parquet")
+        kept = file_digests.load_file_digests(store, table, {"a", "x"}, pa.int64())
+        assert kept.names == {"a", "x"} and sorted(k for r in kept.rows for k in r.column("key").to_pylist()) == [1, 2, 5, 6, 7]
 
 
 def _inside(part: digests.Part, outer: digests.Part) -> bool:

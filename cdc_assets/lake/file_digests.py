@@ -8,10 +8,11 @@ time in the Delta log) and of how its text is written (the table's columns and t
 writes texts only for the files written since. Rows under a name the table no longer has are never read as its.
 
 A table's current state holds thousands of small files, so the rows of many files share one object, of about
-OBJECT_ROWS rows: `_state/file_digests/<schema>/<table>/<id>.parquet`. An object none of whose files the table still
-holds is removed; one holding more rows of removed files than of present ones is written again without them. A
-CRC-32 of a row's text is kept only while the file holding the row is part of the table: a rewrite that removes rows
-from storage (`forget`) or a table dropped removes its table's objects with them.
+OBJECT_ROWS rows: `_state/file_digests/<schema>/<table>/<id>.parquet`. A repair removes an object none of whose files
+the table still holds, and writes one holding more rows of removed files than of present ones again without them:
+what is kept of removed files stays below what is kept of present ones. A rewrite that removes rows from storage
+(`forget`, a policy rewrite) removes the table's objects, and so does a repair that finds such a rewrite committed
+while it digested; dropping the table removes them too.
 """
 
 from __future__ import annotations
@@ -57,17 +58,20 @@ def load_file_digests(store: ObjectStore, table: TableRef, names: set[str], key_
     for key in store.list_keys(_folder(table)):
         try:
             rows = pq.read_table(io.BytesIO(store.get(key)), read_dictionary=["name"])
-        except (MissingObject, pa.ArrowInvalid, OSError):
+        except (MissingObject, pa.ArrowInvalid):
             kept.stale.append(key)  # gone meanwhile, or not whole: its files' texts are written again
             continue
         if rows.schema != schema:
             kept.stale.append(key)  # written for another key type
             continue
         names_here = rows.column("name").combine_chunks()
+        indices = names_here.indices.to_numpy(zero_copy_only=False)
         dictionary = names_here.dictionary.to_pylist()
-        fresh = (set(dictionary) & names) - kept.names
+        # the names of rows it holds (a dictionary may list a name none of its rows has: never taken as kept)
+        held = [name for name, n in zip(dictionary, np.bincount(indices, minlength=len(dictionary)), strict=True) if n]
+        fresh = (set(held) & names) - kept.names
         wanted = np.array([name in fresh for name in dictionary], bool)
-        mine = rows if wanted.all() else rows.filter(pa.array(wanted[names_here.indices.to_numpy(zero_copy_only=False)]))
+        mine = rows if wanted[indices].all() else rows.filter(pa.array(wanted[indices]))
         kept.names |= fresh
         if mine.num_rows:
             kept.rows.append(mine)
@@ -104,6 +108,7 @@ class FileDigestWriter:
 
 
 def remove_objects(store: ObjectStore, keys: list[str]) -> None:
+    """Remove objects a load found stale, once what they held that is still needed is written elsewhere."""
     for key in keys:
         store.delete(key)
 

@@ -452,9 +452,9 @@ class Lakehouse:
         kept = getattr(self, "_kept", None)
         if kept is not None:
             kept.forget(self.table_uri(layer, table))
-        self.store.delete_table(self.table_key(layer, table))
-        if layer == CURRENT:  # the digest rows a repair kept of its files (lake/file_digests.py)
+        if layer == CURRENT:  # first the digest rows a repair kept of its files (lake/file_digests.py)
             self.store.delete_table(file_digests_folder(table.path))
+        self.store.delete_table(self.table_key(layer, table))
 
     def storage_options(self) -> dict[str, str] | None:
         """delta-rs object-store options: those of the S3 the boto3 client reaches (None for a directory)."""

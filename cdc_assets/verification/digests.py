@@ -38,8 +38,10 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pymysql
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.mysql_types import BINARY_TYPES, INTEGER_TYPES, PRINTED_BINARY_TYPES, ColumnSpec
@@ -48,13 +50,20 @@ from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.current_rows import DELETED_COLUMN
 from cdc_assets.lake.delta import read_query_chunks
-from cdc_assets.lake.file_digests import FileDigestWriter, KeptDigests, load_file_digests, remove_objects
+from cdc_assets.lake.file_digests import (
+    FileDigestWriter,
+    KeptDigests,
+    load_file_digests,
+    remove_file_digests,
+    remove_objects,
+)
 from cdc_assets.lake.files import conformed, read_files
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import quote_identifier
 from cdc_assets.stages.current.apply import quote
+from cdc_assets.stages.rewrite.layers import REWRITE_KEY
 
 ROWS_PER_RANGE = 20_000  # rows a range holds, about: a query of its own on the source
 ROWS_PER_PART = 500  # rows a part of a differing range holds, about: what one differing part costs to compare row by row
@@ -219,6 +228,7 @@ class LakeRows:
     unkept: list[DataFile]  # files whose digest rows are written now
     sorted_keys: np.ndarray  # every live row's key, sorted
     files: int  # the table's data files
+    version: int  # the Delta version read
 
     def digested(self) -> tuple[np.ndarray, np.ndarray]:
         """Every live row's key and CRC-32: the files' kept, the others' written now (their texts written together,
@@ -243,22 +253,64 @@ class LakeRows:
         def written() -> None:
             keys, crcs = digest_rows(self.shape, pa.concat_tables([r for _, r in pending]))
             numbers = np.repeat(np.arange(len(pending), dtype=np.int32), [r.num_rows for _, r in pending])
-            names = pa.DictionaryArray.from_arrays(pa.array(numbers), pa.array([f.name for f, _ in pending], pa.string()))
+            dictionary = pa.array([f.name for f, _ in pending], pa.string())
+            names = pa.DictionaryArray.from_arrays(pa.array(numbers), dictionary)
             writer.add(pa.table({"name": names, "key": keys, "crc": crcs}))
             found(keys, crcs)
             pending.clear()
 
         for f in self.unkept:
-            groups = [_live(conformed(rows, self.schema)) for rows in read_files(access, key, [f.path], self.schema.names)]
+            read = read_files(access, key, [f.path], self.schema.names)
+            groups = [_live(conformed(rows, self.schema)) for rows in read]
             pending.append((f, pa.concat_tables(groups) if groups else self.schema.empty_table()))
             if sum(r.num_rows for _, r in pending) >= STREAM_ROWS:
                 written()
         if pending:
             written()
+        if at != len(every_key):  # the same files' rows as their keys read first: never, unless a file changed
+            raise RuntimeError(
+                f"{self.table}: {at} rows digested where {len(every_key)} keys were read; run the repair again"
+            )
         writer.flush()
         remove_objects(self.lakehouse.store, self.kept.stale)  # after what they held that is still needed is written
-        assert at == len(every_key), (at, len(every_key))  # the same files' rows as their keys read first
+        if _rewritten_since(self.lakehouse, self.table, self.version):
+            remove_file_digests(self.lakehouse.store, self.table)  # forget's purge may have come before this writer
         return every_key, every_crc
+
+
+def _rewritten_since(lakehouse: Lakehouse, table: TableRef, version: int) -> bool:
+    """Whether a rewrite that removes rows from storage (forget, a policy rewrite) committed to the current state
+    after `version`, or its log before the newest version is gone (which such a rewrite's purge does)."""
+    latest = lakehouse.open(CURRENT, table)
+    if latest is None:
+        return True
+    newer = latest.version() - version
+    if newer <= 0:
+        return False
+    try:
+        commits = latest.history(newer)
+    except DeltaError:
+        return True
+    return len(commits) < newer or any(REWRITE_KEY in c for c in commits)
+
+
+def _file_identities(lakehouse: Lakehouse, table: TableRef, paths: list[str]) -> dict[str, str]:
+    """Each data file's size and modification time as the storage says (one listing of the table's directory): a
+    file written again in place, outside Delta, is not taken for the file its digest rows were kept of."""
+    access = lakehouse.file_access()
+    fs, folder = access.filesystem(), access.path(lakehouse.table_key(CURRENT, table))
+    listed = {
+        info.base_name: f"{info.size}|{info.mtime_ns}"
+        for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+        if info.type == pafs.FileType.File
+    }
+    found = {}
+    for path in paths:
+        if path not in listed:  # in a folder of its own: asked alone
+            info = fs.get_file_info(f"{folder}/{path}")
+            listed[path] = f"{info.size}|{info.mtime_ns}" if info.type == pafs.FileType.File else "missing"
+        found[path] = listed[path]
+    return found
 
 
 def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape: TableShape) -> LakeRows:
@@ -271,26 +323,32 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
     key_type = pa.uint64() if _unsigned(read.field(key).type) else pa.int64()
     if not _files_read_alone(current):
         keys, crcs = _query_rows(current, shape, read)
-        kept = KeptDigests([pa.table({"name": pa.nulls(len(keys), pa.string()), "key": keys, "crc": crcs})], set(), [], [])
-        return LakeRows(lakehouse, table, shape, read, kept, [], np.sort(keys, kind="stable"), 0)
+        whole = pa.table({"name": pa.nulls(len(keys), pa.string()), "key": keys, "crc": crcs})
+        kept = KeptDigests([whole], set(), [], [])
+        return LakeRows(lakehouse, table, shape, read, kept, [], np.sort(keys, kind="stable"), 0, current.version())
     actions = pa.table(current.get_add_actions(flatten=True))
     texts = hashlib.sha256(f"{DIGEST_TEXT_FORMAT}|{shape.columns!r}|{shape.primary_key!r}|{read}".encode()).hexdigest()
     files: list[DataFile] = []
     if actions.num_rows:
+        paths = actions.column("path").to_pylist()
+        stored = _file_identities(lakehouse, table, paths)
         times = pc.cast(actions.column("modification_time"), pa.int64()).to_pylist()
-        for path, size, when in zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist(), times, strict=True):
-            files.append(DataFile(path, hashlib.sha256(f"{texts}|{path}|{size}|{when}".encode()).hexdigest()[:32]))
+        logged = zip(actions.column("size_bytes").to_pylist(), times, strict=True)
+        for path, (size, when) in zip(paths, logged, strict=True):
+            identity = f"{texts}|{path}|{size}|{when}|{stored[path]}"
+            files.append(DataFile(path, hashlib.sha256(identity.encode()).hexdigest()[:32]))
     kept = load_file_digests(lakehouse.store, table, {f.name for f in files}, key_type)
     unkept = [f for f in files if f.name not in kept.names]
     keys = [_as_numbers(r.column("key").combine_chunks()) for r in kept.rows]
     access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
     wanted = pa.schema([read.field(n) for n in (key, DELETED_COLUMN) if n in read.names])
     for f in unkept:
-        keys += [_as_numbers(_live(conformed(r, wanted)).column(key).combine_chunks()) for r in read_files(access, table_key, [f.path], wanted.names)]
+        for rows in read_files(access, table_key, [f.path], wanted.names):
+            keys.append(_as_numbers(_live(conformed(rows, wanted)).column(key).combine_chunks()))
     every = np.concatenate(keys) if keys else _as_numbers(pa.array([], key_type))
     del keys
     every.sort(kind="stable")  # in place: a 10M-row table's keys are 80 MB
-    return LakeRows(lakehouse, table, shape, read, kept, unkept, every, len(files))
+    return LakeRows(lakehouse, table, shape, read, kept, unkept, every, len(files), current.version())
 
 
 def _unsigned(t: pa.DataType) -> bool:
@@ -468,6 +526,5 @@ def narrowed(url: MySQLUrl, conn: pymysql.Connection, lake: LakeRows) -> Narrowe
     parts = parts_within(lake, differing) if differing else []
     if parts:
         parts = differing_parts(source_digests(url, shape, parts), lake_digests(keys, crcs, parts), parts)
-    found = Narrowed(keys_in_parts(conn, keys, shape.table, shape.primary_key[0], parts), len(ranges), len(differing), *rows)
-    found.files, found.files_kept = lake.files, lake.files - len(lake.unkept)
-    return found
+    keys_found = keys_in_parts(conn, keys, shape.table, shape.primary_key[0], parts)
+    return Narrowed(keys_found, len(ranges), len(differing), *rows, lake.files, lake.files - len(lake.unkept))
