@@ -322,6 +322,7 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
     key = shape.primary_key[0]
     key_type = pa.uint64() if _unsigned(read.field(key).type) else pa.int64()
     if not _files_read_alone(current):
+        remove_file_digests(lakehouse.store, table)  # kept while its files could be read one by one: never read now
         keys, crcs = _query_rows(current, shape, read)
         whole = pa.table({"name": pa.nulls(len(keys), pa.string()), "key": keys, "crc": crcs})
         kept = KeptDigests([whole], set(), [], [])
