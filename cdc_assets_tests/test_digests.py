@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable
+from deltalake.table import TableFeatures
 
 from cdc_assets.cli import main
 from cdc_assets.core.mysql_types import ColumnSpec
@@ -149,6 +150,13 @@ def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc:
         widened = narrowed()  # every text holds the new column now
         assert widened.files_kept == 0 and not widened.keys, widened
         assert kept(folder) and narrowed().files_kept == widened.files
+        # deletion vectors allowed: a file's rows are no longer read alone; the table is read whole, nothing kept
+        DeltaTable(cdc.lakehouse.table_uri(CURRENT, table)).alter.add_feature(TableFeatures.DeletionVectors, True)
+        whole = narrowed()
+        assert (whole.files, whole.keys, whole.source_rows, whole.lake_rows) == (0, set(), 90, 90), whole
+        assert kept(folder) == []
+        narrowed()  # and kept again? never: still read whole
+        assert kept(folder) == []
         purge_old_versions(cdc.lakehouse, CURRENT, table)  # as forget's rewrite does
         assert kept(folder) == []
         cdc.lakehouse.store.put(f"{folder}/x.parquet", b"left over")
