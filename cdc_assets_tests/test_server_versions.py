@@ -4,6 +4,8 @@ they are (MySQL 9.7, MariaDB 10.11) exercised for real."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pymysql
 import pytest
 
@@ -129,3 +131,13 @@ def test_the_binlog_end_is_read_with_the_statement_the_server_has(source: LocalS
             assert executed == str(cur.fetchone()[0]).replace("\n", "") and executed
         else:
             assert executed == ""
+
+
+@pytest.mark.both_sources
+def test_each_local_server_keeps_its_temporary_tables_in_a_tmpdir_of_its_own(source: LocalServer) -> None:
+    """A starting server removes every #sql* file in its tmpdir: with /tmp shared, a replica or a benchmark's server
+    starting removed the session server's temporary tables in the middle of a query (`Error on delete of
+    '/tmp/#sql-temptable-…'`)."""
+    with source.admin_connection() as conn, conn.cursor() as cur:
+        cur.execute("SELECT @@tmpdir")
+        assert Path(str(cur.fetchone()[0])).resolve() == (source.base_dir / "tmp").resolve()

@@ -123,6 +123,9 @@ def _server_command(flavour: str, server: LocalServer, data_dir: Path, server_id
         f"--socket={server.socket_path}",
         f"--pid-file={base_dir / 'mysqld.pid'}",
         f"--log-error={base_dir / 'mysqld.err'}",
+        # a tmpdir of its own: a starting server removes every #sql* file in its tmpdir, another server's temporary
+        # tables among them when they share /tmp (the other's query then fails)
+        f"--tmpdir={base_dir / 'tmp'}",
         f"--server-id={server_id}",
         "--character-set-server=utf8mb4",
         "--collation-server=utf8mb4_unicode_ci",
@@ -191,6 +194,7 @@ def start(
     if not instance_file.exists():  # names this data directory's binlog history (see the demo's guard)
         instance_file.write_text(uuid.uuid4().hex + "\n")
     (data_dir / "binlog").mkdir(exist_ok=True)
+    (base_dir / "tmp").mkdir(exist_ok=True)
 
     if port is None:
         previous = int(port_file.read_text()) if port_file.exists() else None
