@@ -115,4 +115,5 @@ def remove_objects(store: ObjectStore, keys: list[str]) -> None:
 
 def remove_file_digests(store: ObjectStore, table: TableRef) -> None:
     """Remove every digest row kept for the table (its rows removed from storage, or the table dropped)."""
-    store.delete_table(_folder(table))
+    for key in store.list_keys(_folder(table)):
+        store.delete(key)

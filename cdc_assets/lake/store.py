@@ -453,7 +453,8 @@ class Lakehouse:
         if kept is not None:
             kept.forget(self.table_uri(layer, table))
         if layer == CURRENT:  # first the digest rows a repair kept of its files (lake/file_digests.py)
-            self.store.delete_table(file_digests_folder(table.path))
+            for key in self.store.list_keys(file_digests_folder(table.path)):
+                self.store.delete(key)  # objects, not a Delta table: delete_table's crash points are the table's
         self.store.delete_table(self.table_key(layer, table))
 
     def storage_options(self) -> dict[str, str] | None:
