@@ -70,8 +70,8 @@ def load_file_digests(store: ObjectStore, table: TableRef, names: set[str], key_
         # the names of rows it holds (a dictionary may list a name none of its rows has: never taken as kept)
         held = [name for name, n in zip(dictionary, np.bincount(indices, minlength=len(dictionary)), strict=True) if n]
         fresh = (set(held) & names) - kept.names
-        wanted = np.array([name in fresh for name in dictionary], bool)
-        mine = rows if wanted[indices].all() else rows.filter(pa.array(wanted[indices]))
+        wanted = np.array([name in fresh for name in dictionary], bool)[indices]
+        mine = rows if wanted.all() else rows.filter(pa.array(wanted))
         kept.names |= fresh
         if mine.num_rows:
             kept.rows.append(mine)

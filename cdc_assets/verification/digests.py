@@ -41,7 +41,6 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pymysql
 from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError
 
 from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.mysql_types import BINARY_TYPES, INTEGER_TYPES, PRINTED_BINARY_TYPES, TEXT_TYPES, ColumnSpec
@@ -63,7 +62,7 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import quote_identifier
 from cdc_assets.stages.current.apply import quote
-from cdc_assets.stages.rewrite.layers import REWRITE_KEY
+from cdc_assets.verification.changed_keys import written_by_others
 
 ROWS_PER_RANGE = 20_000  # rows a range holds, about: a query of its own on the source
 ROWS_PER_PART = 500  # rows a part of a differing range holds, about: what one differing part costs to compare row by row
@@ -206,8 +205,7 @@ def _live(rows: pa.Table) -> pa.Table:
 
 
 def digest_rows(shape: TableShape, rows: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Each live row's key and the CRC-32 of its digest text."""
-    rows = _live(rows)
+    """Each row's key and the CRC-32 of its digest text (rows of the current state: `_live`)."""
     crcs = np.fromiter(map(zlib.crc32, row_texts(shape, rows).to_pylist()), np.uint32, rows.num_rows)
     return _as_numbers(rows.column(shape.primary_key[0]).combine_chunks()), crcs
 
@@ -276,25 +274,10 @@ class LakeRows:
             )
         writer.flush()
         remove_objects(self.lakehouse.store, self.kept.stale)  # after what they held that is still needed is written
-        if _rewritten_since(self.lakehouse, self.table, self.version):
-            remove_file_digests(self.lakehouse.store, self.table)  # forget's purge may have come before this writer
+        latest = self.lakehouse.open(CURRENT, self.table)
+        if latest is None or written_by_others(latest, self.version) is not None:
+            remove_file_digests(self.lakehouse.store, self.table)  # a rewrite's purge (forget) may have come first
         return every_key, every_crc
-
-
-def _rewritten_since(lakehouse: Lakehouse, table: TableRef, version: int) -> bool:
-    """Whether a rewrite that removes rows from storage (forget, a policy rewrite) committed to the current state
-    after `version`, or its log before the newest version is gone (which such a rewrite's purge does)."""
-    latest = lakehouse.open(CURRENT, table)
-    if latest is None:
-        return True
-    newer = latest.version() - version
-    if newer <= 0:
-        return False
-    try:
-        commits = latest.history(newer)
-    except DeltaError:
-        return True
-    return len(commits) < newer or any(REWRITE_KEY in c for c in commits)
 
 
 def _file_identities(lakehouse: Lakehouse, table: TableRef, paths: list[str]) -> dict[str, str]:
@@ -370,7 +353,7 @@ def _files_read_alone(current: DeltaTable) -> bool:
 
 def _query_rows(current: DeltaTable, shape: TableShape, read: pa.Schema) -> tuple[np.ndarray, np.ndarray]:
     sql = f"SELECT {', '.join(quote(n) for n in read.names)} FROM current"
-    parts = [digest_rows(shape, rows) for rows in read_query_chunks(current, sql, "current", STREAM_ROWS)]
+    parts = [digest_rows(shape, _live(rows)) for rows in read_query_chunks(current, sql, "current", STREAM_ROWS)]
     if not parts:
         return _as_numbers(pa.array([], read.field(shape.primary_key[0]).type)), np.array([], np.uint32)
     return np.concatenate([k for k, _ in parts]), np.concatenate([c for _, c in parts])
@@ -392,11 +375,17 @@ def cut(keys: np.ndarray, parts: list[Part], rows: int) -> list[Part]:
     """Each part cut at every `rows`-th of the sorted `keys` it holds (a part holding none stays whole)."""
     cuts: list[Part] = []
     for low, high in parts:
-        first = 0 if low is None else int(np.searchsorted(keys, low, side="left"))
-        end = len(keys) if high is None else int(np.searchsorted(keys, high, side="left"))
-        edges = [low, *(int(k) for k in keys[first + rows : end : rows]), high]
+        held = _within(keys, low, high)
+        edges = [low, *(int(k) for k in keys[held.start + rows : held.stop : rows]), high]
         cuts += [(a, b) for a, b in zip(edges, edges[1:], strict=False) if a is None or b is None or a < b]
     return cuts
+
+
+def _within(sorted_keys: np.ndarray, low: int | None, high: int | None) -> slice:
+    """Where the part from `low` up to (not including) `high` lies in `sorted_keys`."""
+    first = 0 if low is None else int(np.searchsorted(sorted_keys, low, side="left"))
+    end = len(sorted_keys) if high is None else int(np.searchsorted(sorted_keys, high, side="left"))
+    return slice(first, end)
 
 
 def _where(quoted: str, parts: list[Part]) -> str:
@@ -482,18 +471,17 @@ def differing_parts(source: Digests, lake: Digests, parts: list[Part]) -> list[P
     return [parts[n] for n in sorted(source.keys() | lake.keys()) if source.get(n) != lake.get(n)]
 
 
-def keys_in_parts(conn: pymysql.Connection, keys: np.ndarray, table: TableRef, key: str, parts: list[Part]) -> set[tuple]:
-    """Every key either side holds in the parts (the lakehouse's among its rows' `keys`): the rows to compare one by
-    one."""
+def keys_in_parts(conn: pymysql.Connection, sorted_keys: np.ndarray, table: TableRef, key: str, parts: list[Part]) -> set[tuple]:
+    """Every key either side holds in the parts (the lakehouse's among its `sorted_keys`): the rows to compare one
+    by one."""
     if not parts:
         return set()
     with conn.cursor(pymysql.cursors.Cursor) as cur:
         q = quote_identifier(key)
         cur.execute(f"SELECT {q} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}{_where(q, parts)}")
         found = {(row[0],) for row in cur.fetchall()}
-    for start in range(0, len(keys), STREAM_ROWS):
-        chunk = keys[start : start + STREAM_ROWS]
-        found |= {(int(k),) for k in chunk[_part_numbers(chunk, parts) >= 0]}
+    for low, high in parts:
+        found |= {(int(k),) for k in sorted_keys[_within(sorted_keys, low, high)]}
     return found
 
 
@@ -530,5 +518,5 @@ def narrowed(url: MySQLUrl, conn: pymysql.Connection, lake: LakeRows) -> Narrowe
     parts = parts_within(lake, differing) if differing else []
     if parts:
         parts = differing_parts(source_digests(url, shape, parts), lake_digests(keys, crcs, parts), parts)
-    keys_found = keys_in_parts(conn, keys, shape.table, shape.primary_key[0], parts)
+    keys_found = keys_in_parts(conn, lake.sorted_keys, shape.table, shape.primary_key[0], parts)
     return Narrowed(keys_found, len(ranges), len(differing), *rows, lake.files, lake.files - len(lake.unkept))
