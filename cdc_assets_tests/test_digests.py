@@ -19,8 +19,8 @@ from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake import file_digests, files
-from cdc_assets.lake.layout import CURRENT, FILE_DIGESTS_STATE
-from cdc_assets.lake.store import Lakehouse
+from cdc_assets.lake.layout import CURRENT, file_digests_folder
+from cdc_assets.lake.store import Lakehouse, ObjectStore
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import source_shapes
 from cdc_assets.stages.rewrite.layers import REWRITE_KEY, purge_old_versions
@@ -106,7 +106,7 @@ def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc:
     url = source.MySQLUrl.parse(cdc.server.reader_url())
     conn = source.connect(url)
     kept = cdc.lakehouse.store.list_keys
-    folder = f"{FILE_DIGESTS_STATE}/{table.path}"
+    folder = file_digests_folder(table.path)
 
     def narrowed() -> digests.Narrowed:
         current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
@@ -166,6 +166,15 @@ def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc:
         conn.close()
 
 
+def _objects(store: ObjectStore, table: TableRef, *objects: list[pa.Table]) -> None:
+    """Digest rows kept as the objects given, one object each."""
+    for parts in objects:
+        writer = file_digests.FileDigestWriter(store, table)
+        for part in parts:
+            writer.add(part)
+        writer.flush()
+
+
 def test_kept_digest_objects_hold_mostly_present_files(tmp_path) -> None:
     """An object none of whose files the table holds is removed; one holding more rows of removed files than of
     present ones is written again with the present ones' rows only; rows under one name are read once."""
@@ -175,12 +184,8 @@ def test_kept_digest_objects_hold_mostly_present_files(tmp_path) -> None:
         keys, crcs = pa.array(range(n), pa.int64()), pa.array([7] * n, pa.uint32())
         return pa.table({"name": [name] * n, "key": keys, "crc": crcs})
 
-    for parts in ([rows("a", 3), rows("b", 1)], [rows("c", 2)], [rows("d", 2), rows("a", 3)]):
-        writer = file_digests.FileDigestWriter(store, table)
-        for part in parts:
-            writer.add(part)
-        writer.flush()
-    assert len(store.list_keys(f"{FILE_DIGESTS_STATE}/{table.path}")) == 3
+    _objects(store, table, [rows("a", 3), rows("b", 1)], [rows("c", 2)], [rows("d", 2), rows("a", 3)])
+    assert len(store.list_keys(file_digests_folder(table.path))) == 3
     kept = file_digests.load_file_digests(store, table, {"a", "b", "d"}, pa.int64())
     assert kept.names == {"a", "b", "d"} and sum(r.num_rows for r in kept.rows) == 3 + 1 + 2
     # whichever of the two objects holding a is read first, the other holds mostly rows read already: written again
@@ -194,14 +199,12 @@ def test_a_name_in_an_objects_dictionary_without_rows_is_not_taken_as_kept(tmp_p
     """Rows filtered out of an object keep their names in its dictionary: a name is kept only where rows hold it."""
     store, table = Lakehouse(str(tmp_path)).store, TableRef("s", "t")
     names = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array(["a", "x"]))
-    for rows in (
-        pa.table({"name": names, "key": pa.array([1, 2], pa.int64()), "crc": pa.array([7, 7], pa.uint32())}),
-        pa.table({"name": ["x"] * 3, "key": pa.array([5, 6, 7], pa.int64()), "crc": pa.array([1, 1, 1], pa.uint32())}),
-    ):
-        writer = file_digests.FileDigestWriter(store, table)
-        writer.add(rows)
-        writer.flush()
-    folder = f"{FILE_DIGESTS_STATE}/{table.path}"
+    _objects(
+        store, table,
+        [pa.table({"name": names, "key": pa.array([1, 2], pa.int64()), "crc": pa.array([7, 7], pa.uint32())})],
+        [pa.table({"name": ["x"] * 3, "key": pa.array([5, 6, 7], pa.int64()), "crc": pa.array([1, 1, 1], pa.uint32())})],
+    )  # fmt: skip
+    folder = file_digests_folder(table.path)
     for reverse in (False, True):  # whichever object is read first (objects are read in the order of their keys)
         order = store.list_keys(folder)[:: -1 if reverse else 1]
         for n, key in enumerate(order):
