@@ -11,6 +11,7 @@ side, the two sides of a RENAME together, as on the Arrow engine (stages/current
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from cdc_assets.lake.current_rows import (
     reshape_rows,
 )
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
-from cdc_assets.lake.files import add_actions, commit_files, remove_actions
+from cdc_assets.lake.files import FileAccess, add_actions, commit_files, remove_actions
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.locks import Lease
 from cdc_assets.lake.state import TableProgress, load_progress
@@ -64,7 +65,7 @@ from spark_resources.files_job import compact_tables, rewrite_files
 @dataclass
 class _Pending:
     table: TableRef
-    frame: Any
+    frame: Callable[[], Any]  # its pending rows as a Spark DataFrame, planned on first use
     events: list[dict[str, Any]]
     changes: int
     max_seq: int
@@ -111,14 +112,21 @@ def _pending(lakehouse: Lakehouse, spark: Any, logs: dict[str, _LogFiles]) -> li
         summary = summaries[name]
         if not summary.changes:
             continue
-        frame = table_frame(spark, access, log.files.table_key, log.files.paths, log.schema, log.applied)
         found.append(
             _Pending(
-                TableRef.parse(name), frame, summary.events, summary.changes, int(summary.max_seq or 0),
+                TableRef.parse(name), _frame_on_first_use(spark, access, log), summary.events, summary.changes, int(summary.max_seq or 0),
                 log.applied, log.shape, log.files, log.schema, summary.first_change, summary.last_change,
             )  # fmt: skip
         )
     return found
+
+
+def _frame_on_first_use(spark: Any, access: FileAccess, log: _LogFiles) -> Callable[[], Any]:
+    """The table's pending rows as a DataFrame, planned when first asked for: planning one costs the driver ~30 ms
+    of round trips (6 s for 200 tables), and only a table merged in jobs of its own needs it (small tables are
+    merged by one job over their files)."""
+    files = log.files
+    return functools.cache(lambda: table_frame(spark, access, files.table_key, files.paths, log.schema, log.applied))
 
 
 def _steps(pending: _Pending) -> list[Step]:
@@ -144,7 +152,7 @@ def _apply_segment(lakehouse: Lakehouse, spark: Any, table: TableRef, segment: S
     key = lakehouse.table_key(CURRENT, table)
     existing = lakehouse.open(CURRENT, table)  # the version the merge reads: its commit is fenced from it
     actions = pa.table(existing.get_add_actions(flatten=True)) if existing is not None else pa.table({"path": pa.array([], pa.string())})
-    window = segment.frame.where((F.col("_cdc_seq") > segment.after) & (F.col("_cdc_seq") <= segment.upto))
+    window = segment.frame().where((F.col("_cdc_seq") > segment.after) & (F.col("_cdc_seq") <= segment.upto))
     if segment.shape.primary_key:
         latest = latest_changes(window, segment.shape, segment.truncate_seq)
         done = merge_keyed(spark, access, key, str(table), latest, segment.shape, actions, segment.truncate_seq, segment.changes)

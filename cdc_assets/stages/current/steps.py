@@ -78,10 +78,10 @@ def table_plan(
 @dataclass(frozen=True)
 class SparkSegment:
     """The changes of one table between two of its schema changes, under one shape: those with a seq in
-    (`after`, `upto`], read from `frame` (the table's pending change-log rows) by Spark tasks."""
+    (`after`, `upto`], read from `frame()` (the table's pending change-log rows) by Spark tasks."""
 
     shape: TableShape
-    frame: Any  # a Spark DataFrame
+    frame: Callable[[], Any]  # the Spark DataFrame, planned on first use: a small table's job never needs it
     after: int
     upto: int
     truncate_seq: int | None
