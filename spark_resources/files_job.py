@@ -24,7 +24,7 @@ from cdc_assets.lake.files import (
     write_files,
 )
 from cdc_assets.lake.store import Lakehouse
-from spark_resources.transforms import arrow_frame, spark_schema, task_count
+from spark_resources.transforms import item_tasks
 
 
 def rewrite_files(
@@ -42,7 +42,7 @@ def rewrite_files(
     files (in `target_key`'s directory: a renamed table's); returns their add actions."""
     if not groups:
         return []
-    tasks = arrow_frame(spark, pa.table({"group": pa.array(groups, pa.list_(pa.string()))}))
+    tasks = pa.table({"group": pa.array(groups, pa.list_(pa.string()))})
 
     def rewrite(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -55,8 +55,7 @@ def rewrite_files(
                 for action in write_files(access, target_key or table_key, table_text, rows):
                     yield pa.RecordBatch.from_pylist([action], schema=FILE_ACTION_SCHEMA)
 
-    written = tasks.repartition(task_count(spark, len(groups))).mapInArrow(rewrite, spark_schema(FILE_ACTION_SCHEMA))
-    return [row.asDict() for row in written.collect()]
+    return [row.asDict() for row in item_tasks(spark, tasks, rewrite, FILE_ACTION_SCHEMA).collect()]
 
 
 def small_file_groups(paths_and_sizes: list[tuple[str, int]], target_bytes: int) -> list[list[str]]:
@@ -92,9 +91,7 @@ def compact_tables(
     keys = [lakehouse.table_key(layer, table) for table, _, _, _ in due]
     schemas = [schema for _, _, _, schema in due]
     work = [(i, group) for i, (_, _, small, _) in enumerate(due) for group in small_file_groups(small, target_bytes)]
-    tasks = arrow_frame(
-        spark, pa.table({"table": pa.array([i for i, _ in work], pa.int32()), "group": pa.array([g for _, g in work], pa.list_(pa.string()))})
-    )
+    tasks = pa.table({"table": pa.array([i for i, _ in work], pa.int32()), "group": pa.array([g for _, g in work], pa.list_(pa.string()))})
 
     def rewrite(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -103,7 +100,7 @@ def compact_tables(
                 for action in write_files(access, keys[i], str(i), rows):
                     yield pa.RecordBatch.from_pylist([action], schema=FILE_ACTION_SCHEMA)
 
-    written = [r.asDict() for r in tasks.repartition(task_count(spark, len(work))).mapInArrow(rewrite, spark_schema(FILE_ACTION_SCHEMA)).collect()]
+    written = [r.asDict() for r in item_tasks(spark, tasks, rewrite, FILE_ACTION_SCHEMA).collect()]
 
     def commit(i: int) -> TableRef:
         table, existing, small, schema = due[i]

@@ -3,6 +3,8 @@ schemas for Arrow ones (what mapInArrow and applyInArrow return)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -33,3 +35,21 @@ def task_count(spark: SparkSession, items: int) -> int:
     context = getattr(spark, "_sc", None)
     cores = context.defaultParallelism if context is not None else MAX_TASKS
     return max(1, min(items, MAX_TASKS, cores * TASKS_PER_CORE))
+
+
+TaskWork = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+def item_tasks(spark: SparkSession, items: pa.Table, work: TaskWork, schema: pa.Schema, tasks: int | None = None) -> DataFrame:
+    """`work` run by `tasks` tasks (default `task_count`), each given its share of `items` (small rows held here:
+    tables, batches, file groups, chunks) and returning rows of `schema`. The tasks are a range's partitions and
+    the items travel in the closure: spreading a frame of the items with a repartition costs a shuffle, a Spark
+    job of its own before every such job (benchmarks/README.md, "Jobs without a shuffle of their work list")."""
+    count = max(1, tasks if tasks is not None else task_count(spark, items.num_rows))
+
+    def run(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        taken = [batch.column(0) for batch in ids if batch.num_rows]
+        if taken:
+            yield from work(iter(items.take(pa.concat_arrays(taken)).to_batches()))
+
+    return spark.range(0, items.num_rows, 1, count).mapInArrow(run, spark_schema(schema))

@@ -25,7 +25,7 @@ from cdc_assets.lake.change_rows import conform_to_log, rows_for_tables, typed_c
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, write_files
 from cdc_assets.lake.layout import CHANGES, RAW
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA
-from spark_resources.transforms import arrow_frame, spark_schema, task_count
+from spark_resources.transforms import arrow_frame, item_tasks, spark_schema
 
 # Keying over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical texts, keys as JSON
 # texts), so one job covers every table whatever its columns. stages.changes.keys does the same on Arrow: both must
@@ -110,8 +110,8 @@ def raw_changes(
 ) -> DataFrame:
     """The raw rows of the batches (name, data file, data SHA-256) for the tables in `starts`, read by Spark tasks."""
     names, files, digests = (list(c) for c in zip(*batches, strict=True)) if batches else ([], [], [])
-    tasks = arrow_frame(spark, pa.table({"batch": names, "data_file": files, "sha256": digests}, schema=_TASKS))
-    return tasks.repartition(task_count(spark, len(batches))).mapInArrow(_read_raw(access, starts), spark_schema(RAW_WITH_BATCH))
+    tasks = pa.table({"batch": names, "data_file": files, "sha256": digests}, schema=_TASKS)
+    return item_tasks(spark, tasks, _read_raw(access, starts), RAW_WITH_BATCH)
 
 
 def _write_logs(targets: ChangeLogTargets) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

@@ -51,7 +51,7 @@ from cdc_assets.stages.current.rules import (
     newest_rows,
     written_rows,
 )
-from spark_resources.transforms import arrow_frame, spark_schema, task_count
+from spark_resources.transforms import arrow_frame, item_tasks, spark_schema
 
 SPARK_FILE_ROWS = FILE_ROWS
 ACTION = ACTION_COLUMN
@@ -83,7 +83,6 @@ def table_frame(
     only those past `after_seq` when it is given."""
     if not paths:
         return arrow_frame(spark, schema.empty_table())
-    tasks = arrow_frame(spark, pa.table({"path": paths}))
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -93,7 +92,7 @@ def table_frame(
                     rows = rows.filter(pc.greater(rows.column("_cdc_seq"), after_seq))
                 yield from rows.to_batches()
 
-    return tasks.repartition(task_count(spark, len(paths))).mapInArrow(read, spark_schema(schema))
+    return item_tasks(spark, pa.table({"path": paths}), read, schema)
 
 
 @dataclass
@@ -362,8 +361,8 @@ def summarize_tables(spark: SparkSession, access: FileAccess, tables: dict[str, 
                     )  # fmt: skip
                     yield pa.RecordBatch.from_pylist(out, schema=SUMMARY_SCHEMA)
 
-    frame = arrow_frame(spark, pa.table({"table": [t for t, _ in work], "path": [p for _, p in work]}))
-    rows = frame.repartition(task_count(spark, len(work))).mapInArrow(read, spark_schema(SUMMARY_SCHEMA)).collect()
+    items = pa.table({"table": [t for t, _ in work], "path": [p for _, p in work]})
+    rows = item_tasks(spark, items, read, SUMMARY_SCHEMA).collect()
     for row in (r.asDict() for r in rows):
         summary = found[row["table"]]
         if row["changes"] is not None:
@@ -452,8 +451,8 @@ def merge_small_tables(spark: SparkSession, access: FileAccess, work: list[Small
                     action.update({f"{k}_rows": counts[k] if last else 0 for k in counts})
                     yield pa.RecordBatch.from_pylist([action], schema=MERGED_SCHEMA)
 
-    frame = arrow_frame(spark, pa.table({"work": pa.array(range(len(work)), pa.int64())}))
-    rows = [r.asDict() for r in frame.repartition(task_count(spark, len(work))).mapInArrow(merge, spark_schema(MERGED_SCHEMA)).collect()]
+    items = pa.table({"work": pa.array(range(len(work)), pa.int64())})
+    rows = [r.asDict() for r in item_tasks(spark, items, merge, MERGED_SCHEMA).collect()]
     done = []
     for i in range(len(work)):
         mine = [r for r in rows if r["work"] == i]

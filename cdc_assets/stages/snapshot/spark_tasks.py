@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.column_policy import ColumnPolicy
@@ -21,7 +21,7 @@ from cdc_assets.lake.current_rows import DUP_COLUMN, current_piece_bytes, curren
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FileAccess, put_object, write_files
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_range_select, read_query_rows, read_source_chunks
-from spark_resources.transforms import arrow_frame, spark_schema
+from spark_resources.transforms import TaskWork, item_tasks
 
 READ_ROWS = 100_000  # rows a task holds at once
 CHUNK_SCHEMA = pa.schema(list(FILE_ACTION_SCHEMA) + [pa.field("chunk", pa.int64(), nullable=False)])
@@ -76,8 +76,8 @@ def with_seq(rows: pa.Table, seq: int) -> pa.Table:
     return rows.set_column(index, rows.schema.field(index), pa.array([seq] * rows.num_rows, pa.int64()))
 
 
-def _one_task_each(spark: SparkSession, ids: list[int]) -> object:
-    return arrow_frame(spark, pa.table({"chunk": pa.array(ids, pa.int64())})).repartition(len(ids))
+def _one_task_each(spark: SparkSession, ids: list[int], work: TaskWork, schema: pa.Schema) -> DataFrame:
+    return item_tasks(spark, pa.table({"chunk": pa.array(ids, pa.int64())}), work, schema, tasks=len(ids))
 
 
 def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: dict[int, ChunkRead]) -> list[dict]:
@@ -106,7 +106,7 @@ def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: 
         finally:
             conn.close()
 
-    written = _one_task_each(spark, sorted(chunks)).mapInArrow(read, spark_schema(CHUNK_SCHEMA))
+    written = _one_task_each(spark, sorted(chunks), read, CHUNK_SCHEMA)
     return [r.asDict() for r in written.collect()]
 
 
@@ -142,7 +142,7 @@ def read_whole_tables(
                     yield pa.RecordBatch.from_pylist([{**action, **where}], schema=WHOLE_SCHEMA)
 
     found: dict[int, tuple[list[dict], source.SnapshotPoint]] = {}
-    for row in _one_task_each(spark, sorted(tables)).mapInArrow(read, spark_schema(WHOLE_SCHEMA)).collect():
+    for row in _one_task_each(spark, sorted(tables), read, WHOLE_SCHEMA).collect():
         action = row.asDict()
         point = source.SnapshotPoint(
             BinlogPosition(action["low_file"], int(action["low_pos"])),
