@@ -1,13 +1,11 @@
-"""The stages' transforms: keying changes, the same on Spark (the change-log job's `keyed_frame`) and on Arrow
-(whichever engine wrote a change log, a key has one text). The newest change per key is one function both engines
-call (test_current_rows), proved end to end on each (test_engines_agree)."""
+"""The stages' transforms: keying changes (one function both engines call, `keyed_changes`, to the texts Spark's
+to_json wrote when Spark keyed in its own SQL: change logs hold them). The newest change per key is one function
+both engines call too (test_current_rows), proved end to end on each (test_engines_agree)."""
 
 import pyarrow as pa
 
 from cdc_assets.stages.changes.keys import keyed_changes
-from cdc_assets.stages.changes.spark_tasks import keyed_frame
 from spark_resources.engine import choose_transforms
-from spark_resources.transforms import arrow_frame
 
 
 def _raw_rows() -> tuple[pa.Table, pa.Table]:
@@ -36,11 +34,6 @@ def _raw_rows() -> tuple[pa.Table, pa.Table]:
     return rows, keys
 
 
-def _keyed_on_spark(spark: object, rows: pa.Table, keys: pa.Table) -> pa.Table:
-    keyed = keyed_frame(arrow_frame(spark, rows), arrow_frame(spark, keys))  # type: ignore[arg-type]
-    return keyed.orderBy("schema", "table", "seq").toArrow()
-
-
 def test_keyed_changes_in_one_job_over_tables() -> None:
     rows, keys = _raw_rows()
     keyed = keyed_changes(rows, keys).to_pylist()
@@ -50,11 +43,6 @@ def test_keyed_changes_in_one_job_over_tables() -> None:
         ("b", 3, '["7"]', '["7"]'),
         ("c", 4, '["q\\"uo\\\\te 🚀",null,"tab\\there\\u0001\\u001F"]', None),  # JSON as Spark's to_json writes it
     ]  # the row of a table version without keys (z) is left out
-
-
-def test_both_engines_key_a_change_the_same_way(spark: object) -> None:
-    rows, keys = _raw_rows()
-    assert _keyed_on_spark(spark, rows, keys).to_pylist() == keyed_changes(rows, keys).to_pylist()
 
 
 def test_engine_by_the_size_of_the_run() -> None:

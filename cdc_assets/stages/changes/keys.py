@@ -1,7 +1,6 @@
-"""The change-log stage's keying of changes on Arrow, in the run's process, to the same JSON texts as Spark's
-`spark_tasks.keyed_frame`. A Spark job costs seconds before it does any work, more than this takes on Arrow for a few
-hundred thousand changes; `spark_resources.engine.choose_transforms` picks the engine by how many changes a stage
-processes."""
+"""The change-log stage's keying of changes, on either engine: in the run's process on Arrow, in the tasks that read
+the raw batches on Spark (stages.changes.spark_tasks). The JSON texts are those Spark's to_json wrote when the Spark
+engine keyed in its own SQL: change logs written then hold them, so the texts must not change."""
 
 from __future__ import annotations
 
@@ -54,8 +53,8 @@ def json_key_texts(columns: list[pa.Array | pa.ChunkedArray]) -> pa.Array | pa.C
 
 
 def keyed_changes(rows: pa.Table, table_keys: pa.Table) -> pa.Table:
-    """Raw rows with `key` and `before_key` (`spark_resources.transforms.keyed_frame` on Arrow), ordered by table
-    and seq; rows whose (batch, table_version) has no entry in `table_keys` are left out."""
+    """Raw rows with `key` and `before_key`, ordered by table and seq; rows whose (batch, table_version) has no
+    entry in `table_keys` are left out."""
     index_of = {
         (k["batch"], k["table_version"]): tuple(k["key_idx"]) for k in table_keys.to_pylist()
     }  # a few per table and batch

@@ -58,9 +58,10 @@ def process_on_spark(
         access = lakehouse.file_access()
         spark = session()
         targets = ChangeLogTargets(access, {t: max_seq(opened[t]) for t in tables}, schemas, plan.versions, plan.ddl)
-        raw = raw_changes(spark, access, [(m.name, m.data_file, m.data_sha256) for m, _ in plan.reads], starts)
+        keys = plan.table_keys()
+        raw = raw_changes(spark, access, [(m.name, m.data_file, m.data_sha256) for m, _ in plan.reads], starts, keys)
         statement_rows = pa.concat_tables(plan.statement_rows) if plan.statement_rows else None
-        written = write_change_logs(spark, raw, statement_rows, plan.table_keys(), targets)
+        written = write_change_logs(spark, raw, statement_rows, keys, targets)
         report.rows_in += sum(m.rows for m, _ in plan.reads) + len(plan.statement_rows)
 
         def commit(table: str) -> AppendResult | None:

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
@@ -25,31 +24,15 @@ from cdc_assets.lake.change_rows import conform_to_log, rows_for_tables, typed_c
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, write_files
 from cdc_assets.lake.layout import CHANGES, RAW
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA
-from spark_resources.transforms import arrow_frame, item_tasks, spark_schema
+from cdc_assets.stages.changes.keys import keyed_changes
+from spark_resources.transforms import arrow_frame, item_tasks, spark_schema, task_count
 
 # Keying over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical texts, keys as JSON
-# texts), so one job covers every table whatever its columns. stages.changes.keys does the same on Arrow: both must
-# key a change identically, since a change log may be written by either engine over time (test_spark_transforms).
-
-
-def _key_json(image: Column) -> Column:
-    """The row's key as a JSON array of canonical texts: equal keys, equal text."""
-    return F.when(image.isNull(), F.lit(None)).otherwise(
-        F.to_json(F.transform(F.col("key_idx"), lambda i: F.element_at(image, i + 1)))
-    )
-
-
-def keyed_frame(changes: DataFrame, table_keys: DataFrame) -> DataFrame:
-    """Raw rows (the raw batch columns plus `batch`) with `key` / `before_key`: `table_keys` maps (batch,
-    table_version) to the 0-based positions of the key columns (`key_idx`)."""
-    return changes.join(F.broadcast(table_keys), on=["batch", "table_version"], how="inner").select(
-        *[F.col(c) for c in changes.columns],
-        _key_json(F.coalesce(F.col("after"), F.col("before"))).alias("key"),
-        _key_json(F.col("before")).alias("before_key"),
-    )
-
+# texts), so one job covers every table whatever its columns: the read tasks key each slice with the function the
+# Arrow engine calls (stages.changes.keys.keyed_changes), so a key has one text whichever engine wrote the log.
 
 RAW_WITH_BATCH = pa.schema(list(RAW_ROWS_SCHEMA) + [pa.field("batch", pa.string(), nullable=False)])
+KEYED_RAW = RAW_WITH_BATCH.append(pa.field("key", pa.string())).append(pa.field("before_key", pa.string()))
 WRITTEN_SCHEMA = pa.schema(
     list(FILE_ACTION_SCHEMA)
     + [
@@ -74,9 +57,11 @@ class ChangeLogTargets:
     ddl: dict[tuple[str, int], str]
 
 
-def _read_raw(access: FileAccess, starts: dict[str, str | None]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _read_raw(
+    access: FileAccess, starts: dict[str, str | None], table_keys: pa.Table
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A task's reader of raw batches: each batch's data file, checked against its manifest's SHA-256 and
-    read a row group at a time, with the rows of the wanted tables after each one's start."""
+    read a row group at a time, with the rows of the wanted tables after each one's start, keyed."""
 
     def read(tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs = access.filesystem()
@@ -97,7 +82,7 @@ def _read_raw(access: FileAccess, starts: dict[str, str | None]) -> Callable[[It
                     parquet = pq.ParquetFile(source)
                     for part in parquet.iter_batches(batch_size=READ_SLICE_ROWS):
                         rows = rows_for_tables(with_batch(pa.Table.from_batches([part]), batch), starts)
-                        yield from rows.cast(RAW_WITH_BATCH).to_batches()
+                        yield from keyed_changes(rows.cast(RAW_WITH_BATCH), table_keys).to_batches()
 
     return read
 
@@ -106,12 +91,14 @@ _TASKS = pa.schema([("batch", pa.string()), ("data_file", pa.string()), ("sha256
 
 
 def raw_changes(
-    spark: SparkSession, access: FileAccess, batches: list[tuple[str, str, str]], starts: dict[str, str | None]
+    spark: SparkSession, access: FileAccess, batches: list[tuple[str, str, str]], starts: dict[str, str | None],
+    table_keys: pa.Table,
 ) -> DataFrame:
-    """The raw rows of the batches (name, data file, data SHA-256) for the tables in `starts`, read by Spark tasks."""
+    """The raw rows of the batches (name, data file, data SHA-256) for the tables in `starts`, read and keyed by
+    Spark tasks (`table_keys`: the key columns' positions of each batch's table versions, plan.table_keys)."""
     names, files, digests = (list(c) for c in zip(*batches, strict=True)) if batches else ([], [], [])
     tasks = pa.table({"batch": names, "data_file": files, "sha256": digests}, schema=_TASKS)
-    return item_tasks(spark, tasks, _read_raw(access, starts), RAW_WITH_BATCH)
+    return item_tasks(spark, tasks, _read_raw(access, starts, table_keys), KEYED_RAW)
 
 
 def _write_logs(targets: ChangeLogTargets) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -166,13 +153,13 @@ def write_change_logs(
     table_keys: pa.Table,
     targets: ChangeLogTargets,
 ) -> list[dict]:
-    """Key the changes (one job over every table), then type and write each table's new change-log files on
-    the executors; returns the files' add actions with their counts (the only rows the run process sees)."""
-    changes = raw
+    """Type and write each table's new change-log files on the executors, from the keyed raw rows (`raw_changes`)
+    and the statements' rows (keyed here: one per DDL or TRUNCATE), in one job over every table; returns the files'
+    add actions with their counts (the only rows the run process sees)."""
+    keyed = raw
     if statement_rows is not None and statement_rows.num_rows:
-        changes = changes.unionByName(arrow_frame(spark, statement_rows.cast(RAW_WITH_BATCH)))
-    keyed = keyed_frame(changes, arrow_frame(spark, table_keys))
-    parallelism = max(1, min(len(targets.schemas), 8))
+        keyed = keyed.unionByName(arrow_frame(spark, keyed_changes(statement_rows.cast(RAW_WITH_BATCH), table_keys)))
+    parallelism = task_count(spark, len(targets.schemas))  # a few tasks per core, each writing many tables
     written = keyed.repartition(parallelism, "schema", "table").mapInArrow(
         _write_logs(targets), spark_schema(WRITTEN_SCHEMA)
     )
