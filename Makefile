@@ -52,10 +52,14 @@ $(STAMP): pyproject.toml constraints.txt
 ## Oracle MySQL (the tests' second source, and `make demo SOURCE=mysql`): Debian 12 has only MariaDB, so its unstable
 ## suite's mysql-server-core and libraries are unpacked under .local/mysql-dist with a private apt configuration
 ## (nothing of the system changes; about 50 MB, once). See cdc_assets/local_source/mysql_dist.py.
+## The Spark driver's class archive (about 160 MB in ~/.cache/cdc-lakehouse, once per pyspark and java; ~30 s): a
+## driver JVM maps its classes instead of loading them and starts about 5 s sooner. Spark's own log lines (stderr)
+## are dropped; a failure is said in one sentence and sessions start without it. See spark_resources/class_archive.py.
 install: system-deps $(STAMP)
 	@$(BIN)/python -m compileall -q -j 0 cdc_assets spark_resources >/dev/null
 	@$(BIN)/python -m cdc_assets.runtime.instance >/dev/null
 	@$(BIN)/python -m cdc_assets.local_source install-mysql
+	@$(BIN)/python -m spark_resources.class_archive 2>/dev/null
 
 ## `make demo SINKS=1` also publishes every change to a local RabbitMQ and a local Kinesis and reads them back.
 demo: install

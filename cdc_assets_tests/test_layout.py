@@ -74,7 +74,9 @@ ALLOWED = {
     # a stage's log line says how far ahead of it the session's start was begun
     "spark_resources.engine": {"spark_resources.session"},
     "spark_resources.transforms": set(),
-    "spark_resources.session": set(),
+    # a driver is given the class archive `make install` built
+    "spark_resources.session": {"spark_resources.class_archive"},
+    "spark_resources.class_archive": set(),
     # generic Spark jobs over a table's files (rewrite, compact), run by every stage's Spark half
     "spark_resources.files_job": {"cdc_assets.core", "cdc_assets.lake", "spark_resources.transforms"},
     # the session a run takes is the one begun ahead of it, when one was (session.start_session_early)

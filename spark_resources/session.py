@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any
 
+from spark_resources import class_archive
+
 DEFAULT_SPARK_MASTER = "local[*]"
 LOCAL_DRIVER_MEMORY = "640m"
 SHUFFLE_PARTITIONS = 4
@@ -30,7 +32,8 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
             "spark.sql.execution.arrow.pyspark.enabled": "true",
-            "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+            # the driver's classes mapped from an archive when `make install` built one (spark_resources.class_archive)
+            "spark.driver.extraJavaOptions": " ".join(filter(None, ["-Duser.timezone=UTC", class_archive.driver_options()])),
             # the JVM's heap: a job handles at most 200k changes; the default 1 GB put a run's Python process
             # and its JVM together just past 2 GB (benchmarks/README.md, huge transaction)
             "spark.driver.memory": LOCAL_DRIVER_MEMORY,

@@ -1,0 +1,58 @@
+"""The Spark driver's class archive (spark_resources.class_archive): `make install` builds it, a session's driver maps
+its classes from it, and an archive whose size is not the one its name holds is never given to a JVM (a JVM that maps
+a truncated archive dies of SIGBUS)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_resources import class_archive
+from spark_resources.session import spark_config
+
+FROM_ARCHIVE = "shared objects file (top)"  # the JVM's class+load log: a class of the dynamic archive
+
+DRIVER = """
+import sys
+from pyspark.sql import SparkSession
+from spark_resources.session import spark_config
+config = spark_config("local[1]")
+config["spark.driver.extraJavaOptions"] += " -Xlog:class+load=info:file=" + sys.argv[1]
+spark = SparkSession.builder.config(map=config).getOrCreate()
+assert spark.range(0, 8, 1, 2).mapInArrow(lambda batches: batches, "id long").count() == 8
+spark.stop()
+"""
+
+
+def test_a_drivers_classes_come_from_the_archive_make_install_built(tmp_path: Path) -> None:
+    archive = class_archive.archive_path()
+    assert archive is not None, "make install builds it: python -m spark_resources.class_archive"
+    assert f"-XX:SharedArchiveFile={archive}" in spark_config("local[1]")["spark.driver.extraJavaOptions"]
+    log = tmp_path / "classes.log"
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(log)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    sources = dict(line.split("]")[-1].strip().split(" source: ", 1) for line in log.read_text().splitlines() if " source: " in line)
+    assert sources["org.apache.spark.SparkContext"] == FROM_ARCHIVE
+    assert sum(source == FROM_ARCHIVE for source in sources.values()) > 5000  # ~13,000 of ~19,000 here
+    assert "cds" not in done.stderr.lower() and "sharedarchive" not in done.stderr.lower()  # nothing said of it
+
+
+def test_an_archive_is_given_to_a_driver_only_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    stem = class_archive.archive_stem()
+    assert stem is not None
+    assert class_archive.archive_path() is None and class_archive.driver_options() == ""  # none built here
+    stem.parent.mkdir(parents=True)
+    archive = stem.with_name(f"{stem.name}-100.jsa")
+    archive.write_bytes(b"\0" * 60)  # cut short: a JVM mapping it would die
+    assert class_archive.archive_path() is None
+    assert "SharedArchiveFile" not in spark_config("local[1]")["spark.driver.extraJavaOptions"]
+    archive.write_bytes(b"\0" * 100)
+    assert class_archive.archive_path() == archive
+    assert f"-XX:SharedArchiveFile={archive}" in spark_config("local[1]")["spark.driver.extraJavaOptions"]
+    assert "spark.driver.extraJavaOptions" not in spark_config("sc://127.0.0.1:15002")  # Connect: no driver here
