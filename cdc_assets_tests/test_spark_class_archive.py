@@ -56,3 +56,7 @@ def test_an_archive_is_given_to_a_driver_only_whole(tmp_path: Path, monkeypatch:
     assert class_archive.archive_path() == archive
     assert f"-XX:SharedArchiveFile={archive}" in spark_config("local[1]")["spark.driver.extraJavaOptions"]
     assert "spark.driver.extraJavaOptions" not in spark_config("sc://127.0.0.1:15002")  # Connect: no driver here
+    # a cluster's executors map it where they run on this machine; elsewhere the file is not there
+    assert str(archive) in spark_config("spark://127.0.0.1:7077")["spark.executor.extraJavaOptions"]
+    assert "spark.executor.extraJavaOptions" not in spark_config("spark://10.1.2.3:7077")
+    assert "spark.executor.extraJavaOptions" not in spark_config("local[2]")  # executors in the driver's JVM

@@ -12,8 +12,10 @@ holds the pyspark version, the java binary it was built with and the archive's s
 name and renamed into place. A JVM given a truncated archive dies of SIGBUS as it maps it, so an archive is used only
 when its size is the one its name holds. A session's driver (spark_resources.session.spark_config) is given it when it is there and starts as
 before when it is not. A JVM whose classpath or JDK does not match an archive does not use it (`-Xshare:auto`), and
-the JVM's CDS log is off, so nothing is printed either way. Executors are left alone: on a real cluster they run on
-other machines, where the file does not exist.
+the JVM's CDS log is off, so nothing is printed either way. Executors map it too when their cluster runs on this
+machine (the standalone cluster of `make spark-cluster-start` and the tests): the first job's wait for them fell from
+9.7-10.0 s to 6.7-6.8 s here. Elsewhere they are left alone: the file is not on their machines, and a JVM told of a
+missing archive maps none, not even the JDK's own.
 """
 
 from __future__ import annotations

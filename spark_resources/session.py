@@ -48,6 +48,10 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
         if _on_this_machine(master):  # executors on other machines must reach the driver at its own address
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             config |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+            if not master.startswith("local") and class_archive.driver_options():
+                # executors of a cluster on this machine run the same jars: they map the same archive (elsewhere
+                # the file is not there, and a JVM told of a missing archive maps none, not even the JDK's own)
+                config["spark.executor.extraJavaOptions"] = class_archive.driver_options()
     return {**config, **(extra or {})}
 
 
