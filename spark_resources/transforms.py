@@ -31,7 +31,7 @@ def task_count(spark: SparkSession, items: int) -> int:
     a few per executor core, not one per item. Each task pays a fixed start (scheduling, its closure with every
     item's plan, a Python worker's round trip), so 64 tasks over 200 tables on two cores cost seconds of start
     alone (benchmarks/README.md, "Where a cluster sync's seconds go"). A Connect session has no SparkContext here:
-    it keeps MAX_TASKS."""
+    it keeps MAX_TASKS (item_tasks gives it the server's default parallelism instead)."""
     context = getattr(spark, "_sc", None)
     cores = context.defaultParallelism if context is not None else MAX_TASKS
     return max(1, min(items, MAX_TASKS, cores * TASKS_PER_CORE))
@@ -45,11 +45,14 @@ def item_tasks(spark: SparkSession, items: pa.Table, work: TaskWork, schema: pa.
     tables, batches, file groups, chunks) and returning rows of `schema`. The tasks are a range's partitions and
     the items travel in the closure: spreading a frame of the items with a repartition costs a shuffle, a Spark
     job of its own before every such job (benchmarks/README.md, "Jobs without a shuffle of their work list")."""
-    count = max(1, tasks if tasks is not None else task_count(spark, items.num_rows))
-
     def run(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         taken = [batch.column(0) for batch in ids if batch.num_rows]
         if taken:
             yield from work(iter(items.take(pa.concat_arrays(taken)).to_batches()))
 
+    if tasks is None and getattr(spark, "_sc", None) is None:
+        # a Connect session: task_count cannot see the server's cores from here, a range without a count has as many
+        # partitions as they are (its default parallelism; empty ones for fewer items cost next to nothing)
+        return spark.range(0, items.num_rows).mapInArrow(run, spark_schema(schema))
+    count = max(1, tasks if tasks is not None else task_count(spark, items.num_rows))
     return spark.range(0, items.num_rows, 1, count).mapInArrow(run, spark_schema(schema))
