@@ -8,7 +8,10 @@ verified; a JVM started with it (`-XX:SharedArchiveFile`) maps them instead: 4.2
 
 `make install` builds the archive (`python -m spark_resources.class_archive`: a small local session and job, its JVM
 told to write the archive as it exits) in `$XDG_CACHE_HOME/cdc-lakehouse/` (default `~/.cache`), under a name that
-holds the pyspark version, the java binary it was built with and the archive's size; it is written under a temporary
+holds the pyspark version, a digest of the java binary and of the jars it was built with (a dynamic archive holds
+the classpath and checks its jars: a virtualenv elsewhere, another clone's, or pyspark installed again does not match
+it, and a JVM given an archive that does not match maps none at all, not even the JDK's own, and starts slower than
+without; a fresh clone's suite took 48 min instead of 30 so) and the archive's size; it is written under a temporary
 name and renamed into place. A JVM given a truncated archive dies of SIGBUS as it maps it, so an archive is used only
 when its size is the one its name holds. A session's driver (spark_resources.session.spark_config) is given it when it is there and starts as
 before when it is not. A JVM whose classpath or JDK does not match an archive does not use it (`-Xshare:auto`), and
@@ -21,6 +24,7 @@ missing archive maps none, not even the JDK's own.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -38,12 +42,16 @@ def _java() -> Path | None:
 
 
 def archive_stem() -> Path | None:
-    """This pyspark's and this java's archive, less its size and suffix; None without a java."""
-    java = _java()
-    if java is None:
+    """This pyspark's and this java's archive, less its size and suffix; None without a java or pyspark. The
+    archive holds the jars' paths: a pyspark installed elsewhere (another virtualenv, another clone) has its own."""
+    java, spec = _java(), importlib.util.find_spec("pyspark")
+    if java is None or spec is None or spec.origin is None:
         return None
     stat = java.stat()
-    digest = hashlib.sha256(f"{java}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    jars = Path(spec.origin).parent.resolve() / "jars"
+    # the JVM checks the jars it was built from: a pyspark installed again (same path, new files) needs a new one
+    held = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in jars.glob("*.jar")) if jars.is_dir() else []
+    digest = hashlib.sha256(f"{java}\0{stat.st_size}\0{stat.st_mtime_ns}\0{jars}\0{held}".encode()).hexdigest()[:12]
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "cdc-lakehouse" / f"spark-{version('pyspark')}-driver-classes-{digest}"
 
