@@ -60,3 +60,20 @@ def test_an_archive_is_given_to_a_driver_only_whole(tmp_path: Path, monkeypatch:
     assert str(archive) in spark_config("spark://127.0.0.1:7077")["spark.executor.extraJavaOptions"]
     assert "spark.executor.extraJavaOptions" not in spark_config("spark://10.1.2.3:7077")
     assert "spark.executor.extraJavaOptions" not in spark_config("local[2]")  # executors in the driver's JVM
+
+
+def test_only_the_newest_archives_are_kept(tmp_path: Path) -> None:
+    made = []
+    for n in range(5):  # five clones' archives, oldest first
+        archive = tmp_path / f"spark-4.3.0-driver-classes-{n:012x}-10.jsa"
+        archive.write_bytes(b"\0" * 10)
+        os.utime(archive, ns=(n * 10**9, n * 10**9))
+        made.append(archive)
+    partial = tmp_path / ".spark-4.3.0-driver-classes-000000000009.77.partial"
+    partial.write_bytes(b"\0")
+    os.utime(partial, (0, 0))  # a build that died long ago
+    fresh = tmp_path / ".spark-4.3.0-driver-classes-000000000010.78.partial"
+    fresh.write_bytes(b"\0")  # a build under way
+    removed = class_archive.prune_archives(tmp_path, 3)
+    assert sorted(removed) == sorted([made[0], made[1], partial])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*(a.name for a in made[2:]), fresh.name])

@@ -12,7 +12,8 @@ holds the pyspark version, a digest of the java binary and of the jars it was bu
 the classpath and checks its jars: a virtualenv elsewhere, another clone's, or pyspark installed again does not match
 it, and a JVM given an archive that does not match maps none at all, not even the JDK's own, and starts slower than
 without; a fresh clone's suite took 48 min instead of 30 so) and the archive's size; it is written under a temporary
-name and renamed into place. A JVM given a truncated archive dies of SIGBUS as it maps it, so an archive is used only
+name and renamed into place, and only the newest three are kept (KEPT_ARCHIVES: every clone or virtualenv has its
+own). A JVM given a truncated archive dies of SIGBUS as it maps it, so an archive is used only
 when its size is the one its name holds. A session's driver (spark_resources.session.spark_config) is given it when it is there and starts as
 before when it is not. A JVM whose classpath or JDK does not match an archive does not use it (`-Xshare:auto`), and
 the JVM's CDS log is off, so nothing is printed either way. Executors map it too when their cluster runs on this
@@ -28,10 +29,12 @@ import importlib.util
 import os
 import shutil
 import sys
+import time
 from importlib.metadata import version
 from pathlib import Path
 
 QUIET = "-Xshare:auto -Xlog:cds=off -Xlog:cds+dynamic=off"
+KEPT_ARCHIVES = 3  # each clone or virtualenv builds its own (~160 MB): a CI machine cloning for every run keeps these
 
 
 def _java() -> Path | None:
@@ -111,7 +114,19 @@ def build() -> Path | None:
         return None
     path = stem.with_name(f"{stem.name}-{partial.stat().st_size}.jsa")
     os.replace(partial, path)
+    prune_archives(path.parent, KEPT_ARCHIVES)
     return path
+
+
+def prune_archives(folder: Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` newest archives in `folder` (a JVM that maps one keeps it while it runs; one started
+    later without it starts as without an archive), and partial ones an hour old; returns those removed."""
+    archives = sorted(folder.glob("spark-*-driver-classes-*.jsa"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    stale = [p for p in folder.glob(".spark-*-driver-classes-*.partial") if time.time() - p.stat().st_mtime > 3600]
+    removed = archives[keep:] + stale
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
 
 
 def _exercise(spark: object) -> None:
