@@ -4,7 +4,7 @@ Before a session is up, a driver JVM loads, parses and verifies thousands of cla
 job thousands more (Catalyst, code generation, Arrow): on this 2-core machine 8.2 s to a local session and 5.9 s to
 its first job. A JDK's dynamic CDS archive (`-XX:ArchiveClassesAtExit`, JDK 13+) keeps those classes parsed and
 verified; a JVM started with it (`-XX:SharedArchiveFile`) maps them instead: 4.2-4.9 s and 3.1-3.4 s
-(benchmarks/README.md, "The driver's classes archived").
+(benchmarks/README.md, "Fewer driver round trips, fewer jobs, the JVMs' classes archived").
 
 `make install` builds the archive (`python -m spark_resources.class_archive`: a small local session and job, its JVM
 told to write the archive as it exits) in `$XDG_CACHE_HOME/cdc-lakehouse/` (default `~/.cache`), under a name that
@@ -82,9 +82,9 @@ def driver_options() -> str:
 
 def build() -> Path | None:
     """Build the archive unless it is there; the archive, or None when this machine cannot have one."""
-    stem = archive_stem()
-    if stem is None or archive_path() is not None:
-        return archive_path()
+    stem, built = archive_stem(), archive_path()
+    if stem is None or built is not None:
+        return built
     stem.parent.mkdir(parents=True, exist_ok=True)
     partial = stem.with_name(f".{stem.name}.{os.getpid()}.partial")
     from pyspark.sql import SparkSession

@@ -24,6 +24,7 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
     if master.startswith("sc://"):
         config: dict[str, Any] = {"spark.remote": master}
     else:
+        archive = class_archive.driver_options()  # one look for both JVMs: it stats every jar of pyspark
         config = {
             "spark.master": master,
             "spark.app.name": "cdc-lakehouse",
@@ -33,7 +34,7 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
             "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             # the driver's classes mapped from an archive when `make install` built one (spark_resources.class_archive)
-            "spark.driver.extraJavaOptions": " ".join(filter(None, ["-Duser.timezone=UTC", class_archive.driver_options()])),
+            "spark.driver.extraJavaOptions": " ".join(filter(None, ["-Duser.timezone=UTC", archive])),
             # the JVM's heap: a job handles at most 200k changes; the default 1 GB put a run's Python process
             # and its JVM together just past 2 GB (benchmarks/README.md, huge transaction)
             "spark.driver.memory": LOCAL_DRIVER_MEMORY,
@@ -48,10 +49,10 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
         if _on_this_machine(master):  # executors on other machines must reach the driver at its own address
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             config |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-            if not master.startswith("local") and class_archive.driver_options():
+            if not master.startswith("local") and archive:
                 # executors of a cluster on this machine run the same jars: they map the same archive (elsewhere
                 # the file is not there, and a JVM told of a missing archive maps none, not even the JDK's own)
-                config["spark.executor.extraJavaOptions"] = class_archive.driver_options()
+                config["spark.executor.extraJavaOptions"] = archive
     return {**config, **(extra or {})}
 
 
