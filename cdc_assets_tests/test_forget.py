@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterable
@@ -59,6 +60,14 @@ def _values(value: object) -> list[str]:
     return [] if value is None else [value.decode("latin-1") if isinstance(value, bytes) else str(value)]
 
 
+def _needle_pattern(needle: str) -> re.Pattern[bytes]:
+    """A needle as found in bytes. A number's text counts only as a whole number: a six-digit value is otherwise
+    found, one run in a few dozen, as the microseconds of a logged time or inside a run's id
+    (`00:23:12.735392`), which is no leak."""
+    text = re.escape(needle.encode())
+    return re.compile(rb"(?<![0-9A-Za-z.])" + text + rb"(?![0-9A-Za-z])" if needle.isdigit() else text)
+
+
 def leaks(roots: list[Path], needles: list[str]) -> list[str]:
     """Where any of `needles` is found under `roots`: in a file's bytes (any file: Delta logs, JSON state,
     SQLite databases), or among the values of a Parquet file as pyarrow reads them (an INT key is not its text
@@ -69,13 +78,23 @@ def leaks(roots: list[Path], needles: list[str]) -> list[str]:
 
 def leaks_in(files: Iterable[tuple[str, bytes]], needles: list[str]) -> list[str]:
     """`leaks` over (name, content) pairs: files, or the objects of an S3 bucket."""
+    patterns = {n: _needle_pattern(n) for n in needles}
     found = []
     for name, data in files:
-        found += [f"{name}: bytes hold {n!r}" for n in needles if n.encode() in data]
+        found += [f"{name}: bytes hold {n!r}" for n, p in patterns.items() if p.search(data)]
         if name.endswith(".parquet"):
-            texts = {t for row in pq.read_table(io.BytesIO(data)).to_pylist() for t in _values(row)}
-            found += [f"{name}: a value is {n!r}" for n in needles if any(n in t for t in texts)]
+            texts = {t.encode() for row in pq.read_table(io.BytesIO(data)).to_pylist() for t in _values(row)}
+            found += [f"{name}: a value is {n!r}" for n, p in patterns.items() if any(p.search(t) for t in texts)]
     return found
+
+
+def test_the_scan_finds_a_number_as_a_value_not_as_the_digits_of_a_time_or_an_id() -> None:
+    """The leak scan's own rule (a rewrite test once failed on a log line's microseconds, `12.735392`)."""
+    logged = b'{"message": "2026-11-27 00:23:12.735392 synced", "timestamp": 1795738992.7353921, "run": "a735392b"}'
+    assert leaks_in([("runs.db", logged)], ["735392"]) == []
+    for held in (b'{"age": 735392}', b'"735392"', b"age=735392.", b"[735392,"):
+        assert leaks_in([("runs.db", held)], ["735392"]) == ["runs.db: bytes hold '735392'"], held
+    assert leaks_in([("runs.db", b"x-one-k0e9@")], ["one-k0e9"]) != []  # a text needle is found anywhere
 
 
 def _forget_runs() -> list[DagsterRun]:
