@@ -2,6 +2,7 @@
 its classes from it, and an archive whose size is not the one its name holds is never given to a JVM (a JVM that maps
 a truncated archive dies of SIGBUS)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -14,14 +15,16 @@ from spark_resources.session import spark_config
 
 FROM_ARCHIVE = "shared objects file (top)"  # the JVM's class+load log: a class of the dynamic archive
 
+# A run's session, the JVM options of CDC_SPARK_CONF (the user's) added to the pipeline's: the class-load log is
+# the user's option, the archive and the time zone are ours.
 DRIVER = """
 import sys
 from pyspark.sql import SparkSession
-from spark_resources.session import spark_config
-config = spark_config("local[1]")
-config["spark.driver.extraJavaOptions"] += " -Xlog:class+load=info:file=" + sys.argv[1]
-spark = SparkSession.builder.config(map=config).getOrCreate()
+from spark_resources.session import run_spark_config
+spark = SparkSession.builder.config(map=run_spark_config()).getOrCreate()
 assert spark.range(0, 8, 1, 2).mapInArrow(lambda batches: batches, "id long").count() == 8
+system = spark.sparkContext._jvm.java.lang.System
+print(system.getProperty("user.timezone"), system.getProperty("users.own"))
 spark.stop()
 """
 
@@ -31,11 +34,14 @@ def test_a_drivers_classes_come_from_the_archive_make_install_built(tmp_path: Pa
     assert archive is not None, "make install builds it: python -m spark_resources.class_archive"
     assert f"-XX:SharedArchiveFile={archive}" in spark_config("local[1]")["spark.driver.extraJavaOptions"]
     log = tmp_path / "classes.log"
+    users = {"spark.driver.extraJavaOptions": f"-Xlog:class+load=info:file={log} -Dusers.own=kept"}
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(log)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+        [sys.executable, "-c", DRIVER], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "CDC_SPARK_MASTER": "local[1]",
+             "CDC_SPARK_CONF": json.dumps(users), "TZ": "America/Sao_Paulo"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["UTC", "kept"]  # the user's options joined ours, not replacing them
     sources = dict(line.split("]")[-1].strip().split(" source: ", 1) for line in log.read_text().splitlines() if " source: " in line)
     assert sources["org.apache.spark.SparkContext"] == FROM_ARCHIVE
     assert sum(source == FROM_ARCHIVE for source in sources.values()) > 5000  # ~13,000 of ~19,000 here

@@ -20,7 +20,7 @@ SHUFFLE_PARTITIONS = 4
 def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The session's settings: `spark.remote` for a Connect server (PySpark's builder then makes a Connect
     client, no JVM here), else `spark.master` with the settings a driver on this machine needs; `extra` (the
-    user's CDC_SPARK_CONF) wins over ours."""
+    user's CDC_SPARK_CONF) wins over ours, but for JVM options, which are added to ours."""
     if master.startswith("sc://"):
         config: dict[str, Any] = {"spark.remote": master}
     else:
@@ -53,7 +53,20 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
                 # executors of a cluster on this machine run the same jars: they map the same archive (elsewhere
                 # the file is not there, and a JVM told of a missing archive maps none, not even the JDK's own)
                 config["spark.executor.extraJavaOptions"] = archive
-    return {**config, **(extra or {})}
+    return {**config, **(extra or {}), **_joined_java_options(config, extra or {})}
+
+
+JVM_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+
+
+def _joined_java_options(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, str]:
+    """A user's JVM options go after ours instead of replacing them: a user's `-XX:+UseG1GC` must not drop the
+    driver's `-Duser.timezone=UTC` or its class archive. A JVM takes the last of two same options, so theirs win."""
+    return {
+        name: " ".join(filter(None, [str(ours[name]), str(theirs[name])]))
+        for name in JVM_OPTIONS
+        if name in ours and name in theirs
+    }
 
 
 def user_spark_settings() -> dict[str, str]:
