@@ -1,7 +1,7 @@
 """How many Spark jobs each stage runs, and how long each phase takes, for a few tables and for many.
 
     .venv/bin/python -m benchmarks.spark_jobs [--tables 2,20,200] [--rows-per-table 200] [--oltp 2000]
-        [--master local[2] | --workers 2] [--tasks-per-core 32,2 [--turns 2]]
+        [--master local[2] | --workers 2] [--tasks-per-core 32,2 | --direct-max-batches 0,4 [--turns 2]]
 
 For each table count, workload (a)'s shape (benchmarks.workloads.mixed_tables: a bulk load, then single-row OLTP
 transactions over every table) is written to a fresh MariaDB, captured, and taken through the change-log and
@@ -14,6 +14,9 @@ A stage whose job count grows with the number of tables pays Spark's fixed cost 
 `--tasks-per-core a,b` measures each table count under each value of spark_resources.transforms.TASKS_PER_CORE in
 turn, in the same session (`--turns` times over, alternating): 32 per core on two cores is the 64 tasks a job over
 many small items had before task_count; the seconds then compare the tasks' fixed cost within one invocation.
+`--direct-max-batches a,b` does the same with cdc_assets.stages.changes.spark_tasks.DIRECT_MAX_BATCHES: 0 makes every
+change-log stage run hand its rows through a shuffle by table; 4 lets a run of up to 4 raw batches write from its
+read tasks.
 """
 
 from __future__ import annotations
@@ -71,10 +74,19 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--workers", type=int, default=0, help="run on a standalone cluster of this many workers")
     parser.add_argument("--tasks-per-core", default="", help="comma-separated TASKS_PER_CORE values to compare")
+    parser.add_argument("--direct-max-batches", default="", help="comma-separated DIRECT_MAX_BATCHES values to compare")
     parser.add_argument("--turns", type=int, default=1)
     args = parser.parse_args()
+    import cdc_assets.stages.changes.spark_tasks as change_tasks
     import spark_resources.transforms as transforms
     from cdc_assets.local_spark import cluster as spark_cluster
+
+    # the setting compared (each value measured in turn, in one session), as (module, name, values, label)
+    if args.direct_max_batches:
+        knob = (change_tasks, "DIRECT_MAX_BATCHES", args.direct_max_batches, "direct up to {} batches")
+    else:
+        knob = (transforms, "TASKS_PER_CORE", args.tasks_per_core, "{} tasks/core")
+    module, name, values, label_of = knob
 
     print(f"load average at start: {'/'.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     state = BENCH_DIR / "spark-jobs-cluster"
@@ -89,20 +101,18 @@ def main() -> None:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     counts = [int(n) for n in args.tables.split(",")]
-    settings = [int(v) for v in args.tasks_per_core.split(",") if v] or [transforms.TASKS_PER_CORE]
+    settings = [int(v) for v in values.split(",") if v] or [getattr(module, name)]
     work = Path(tempfile.mkdtemp(prefix="cdc-spark-jobs-"))
     failed = None
     runs: dict[tuple[int, int], list[list[tuple[str, int, float]]]] = {}
     try:
         for turn in range(args.turns):
             for n in counts:
-                for per_core in (
-                    settings if turn % 2 == 0 else settings[::-1]
-                ):  # the first of a session pays its warm-up
-                    transforms.TASKS_PER_CORE = per_core
-                    found = measured(n, args.rows_per_table, args.oltp, spark, work / f"{turn}-{per_core}")
-                    runs.setdefault((n, per_core), []).append(found)
-                    print(f"{n} tables, {per_core} tasks per core: {found}", flush=True)
+                for value in settings if turn % 2 == 0 else settings[::-1]:  # the first of a session pays its warm-up
+                    setattr(module, name, value)
+                    found = measured(n, args.rows_per_table, args.oltp, spark, work / f"{turn}-{value}")
+                    runs.setdefault((n, value), []).append(found)
+                    print(f"{n} tables, {label_of.format(value)}: {found}", flush=True)
     except BaseException as exc:
         failed = f"the measurement failed ({type(exc).__name__})"
         raise
@@ -116,8 +126,8 @@ def main() -> None:
         key: [(phase, jobs, statistics.median(r[i][2] for r in found)) for i, (phase, jobs, _) in enumerate(found[0])]
         for key, found in runs.items()
     }
-    columns = [(n, per_core) for n in counts for per_core in settings]
-    label = (lambda n, c: f"{n} tables, {c} tasks/core") if len(settings) > 1 else (lambda n, c: f"{n} tables")
+    columns = [(n, value) for n in counts for value in settings]
+    label = (lambda n, v: f"{n} tables, {label_of.format(v)}") if len(settings) > 1 else (lambda n, v: f"{n} tables")
     print(f"\nSpark jobs per stage run on {args.master} (workload (a)'s shape, {args.rows_per_table} rows a table, "
           f"{args.oltp} transactions, then {args.oltp // 2} more)")  # fmt: skip
     print("| stage run | " + " | ".join(f"{label(n, c)}: jobs, s" for n, c in columns) + " |")

@@ -19,6 +19,7 @@ from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
+from cdc_assets.stages.changes import spark_tasks as change_tasks
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current import apply as current_state
 from cdc_assets.stages.current import on_spark as current_on_spark
@@ -102,15 +103,23 @@ def _stage_rows(lakehouse: Lakehouse, layer: str, table: TableRef) -> list[dict]
     return sorted(rows.select(columns).to_pylist(), key=repr)
 
 
-@pytest.mark.parametrize(("seed", "merges"), [(11, "task per table, Arrow copy on write"), (29, "Spark cogroups, delta-rs MERGE")])
+@pytest.mark.parametrize(
+    ("seed", "merges"),
+    [(11, "read tasks write the logs, task per table, Arrow copy on write"), (29, "Spark shuffles and cogroups, delta-rs MERGE")],
+)
 def test_both_engines_make_the_same_tables(
     cdc: CdcEnv, spark: object, seed: int, merges: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if merges.startswith("Spark cogroups"):
+    if merges.startswith("Spark shuffles"):
         # every table through Spark's shuffles, not the Arrow merge a task runs for a small table; and on Arrow,
         # every keyed merge through delta-rs's MERGE (the seq guard in its SQL), not the copy on write by file
         monkeypatch.setattr(current_on_spark, "SMALL_TABLE_CHANGES", -1)
         monkeypatch.setattr(current_state, "REWRITE_MAX_ROWS", -1)
+        # and every change-log run's rows through the shuffle by table, not written by the tasks that read them
+        monkeypatch.setattr(change_tasks, "DIRECT_MAX_BATCHES", -1)
+    else:  # every change-log run written by its read tasks, a table's rows in the files of several
+        monkeypatch.setattr(change_tasks, "DIRECT_MAX_BATCHES", 1000)
+    monkeypatch.setenv("CDC_MAX_BATCH_ROWS", "40")  # several raw batches a round, so several read tasks
     rng = random.Random(seed)
     _create(cdc, rng)
     arrow, on_spark_lakehouse = cdc.lakehouse, Lakehouse(str(tmp_path / "spark"))  # the test's own is Arrow's
@@ -129,6 +138,9 @@ def test_both_engines_make_the_same_tables(
                 assert _stage_rows(arrow, layer, table) == _stage_rows(on_spark_lakehouse, layer, table), (
                     f"round {number}: {layer} of {name} differs between the engines"
                 )
+    if merges.startswith("read tasks"):  # a commit took a table's files from several read tasks
+        log_k = on_spark_lakehouse.open(CHANGES, TableRef(cdc.database, "k"))
+        assert log_k is not None and len(log_k.file_uris()) > log_k.version() + 1
     logs = {name: _stage_rows(arrow, CHANGES, TableRef(cdc.database, name)) for name in TABLES}
     ops = {r["_cdc_op"] for rows in logs.values() for r in rows}
     assert {"insert", "update", "delete", "truncate"} <= ops, ops  # the stream held what it is meant to

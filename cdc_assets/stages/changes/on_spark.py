@@ -22,7 +22,7 @@ from cdc_assets.lake.state import TableProgress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes.log import CHANGE_LOG_FILE_BYTES, AppendResult
 from cdc_assets.stages.changes.plan import ChangesReport, plan_piece, record_progress
-from cdc_assets.stages.changes.spark_tasks import ChangeLogTargets, raw_changes, write_change_logs
+from cdc_assets.stages.changes.spark_tasks import ChangeLogTargets, write_change_logs
 from spark_resources.files_job import compact_tables, rewrite_files
 
 
@@ -59,9 +59,9 @@ def process_on_spark(
         spark = session()
         targets = ChangeLogTargets(access, {t: max_seq(opened[t]) for t in tables}, schemas, plan.versions, plan.ddl)
         keys = plan.table_keys()
-        raw = raw_changes(spark, access, [(m.name, m.data_file, m.data_sha256) for m, _ in plan.reads], starts, keys)
+        batches = [(m.name, m.data_file, m.data_sha256) for m, _ in plan.reads]
         statement_rows = pa.concat_tables(plan.statement_rows) if plan.statement_rows else None
-        written = write_change_logs(spark, raw, statement_rows, keys, targets)
+        written = write_change_logs(spark, batches, starts, statement_rows, keys, targets)
         report.rows_in += sum(m.rows for m, _ in plan.reads) + len(plan.statement_rows)
 
         def commit(table: str) -> AppendResult | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
@@ -25,7 +25,7 @@ from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, wri
 from cdc_assets.lake.layout import CHANGES, RAW
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA
 from cdc_assets.stages.changes.keys import keyed_changes
-from spark_resources.transforms import arrow_frame, item_tasks, spark_schema, task_count
+from spark_resources.transforms import item_tasks, spark_schema, task_count
 
 # Keying over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical texts, keys as JSON
 # texts), so one job covers every table whatever its columns: the read tasks key each slice with the function the
@@ -58,16 +58,20 @@ class ChangeLogTargets:
 
 
 def _read_raw(
-    access: FileAccess, starts: dict[str, str | None], table_keys: pa.Table
+    access: FileAccess, starts: dict[str, str | None], table_keys: pa.Table, statements: pa.Table | None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A task's reader of raw batches: each batch's data file, checked against its manifest's SHA-256 and
-    read a row group at a time, with the rows of the wanted tables after each one's start, keyed."""
+    read a row group at a time, with the rows of the wanted tables after each one's start, keyed; the task given
+    the STATEMENTS item yields the statements' rows (keyed in the run process)."""
 
     def read(tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs = access.filesystem()
         for task in tasks:
             names, files, digests = (task.column(c).to_pylist() for c in ("batch", "data_file", "sha256"))
             for batch, data_file, digest in zip(names, files, digests, strict=True):
+                if batch == STATEMENTS:
+                    yield from statements.to_batches() if statements is not None else ()
+                    continue
                 path = access.path(f"{RAW}/{batch}/{data_file}")
                 check = hashlib.sha256()
                 with fs.open_input_stream(path) as source:
@@ -88,17 +92,16 @@ def _read_raw(
 
 
 _TASKS = pa.schema([("batch", pa.string()), ("data_file", pa.string()), ("sha256", pa.string())])
+STATEMENTS = ""  # the read tasks' item that stands for the statements' rows, not for a raw batch
+DIRECT_MAX_BATCHES = 4  # a run of at most this many raw batches writes the change logs from its read tasks
 
 
-def raw_changes(
-    spark: SparkSession, access: FileAccess, batches: list[tuple[str, str, str]], starts: dict[str, str | None],
-    table_keys: pa.Table,
-) -> DataFrame:
-    """The raw rows of the batches (name, data file, data SHA-256) for the tables in `starts`, read and keyed by
-    Spark tasks (`table_keys`: the key columns' positions of each batch's table versions, plan.table_keys)."""
+def _read_items(batches: list[tuple[str, str, str]], statements: pa.Table | None) -> pa.Table:
+    """The read tasks' items: each batch (name, data file, data SHA-256), and STATEMENTS when there are any."""
+    if statements is not None and statements.num_rows:
+        batches = [*batches, (STATEMENTS, "", "")]
     names, files, digests = (list(c) for c in zip(*batches, strict=True)) if batches else ([], [], [])
-    tasks = pa.table({"batch": names, "data_file": files, "sha256": digests}, schema=_TASKS)
-    return item_tasks(spark, tasks, _read_raw(access, starts, table_keys), KEYED_RAW)
+    return pa.table({"batch": names, "data_file": files, "sha256": digests}, schema=_TASKS)
 
 
 def _write_logs(targets: ChangeLogTargets) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -148,19 +151,30 @@ def _write_logs(targets: ChangeLogTargets) -> Callable[[Iterator[pa.RecordBatch]
 
 def write_change_logs(
     spark: SparkSession,
-    raw: DataFrame,
+    batches: list[tuple[str, str, str]],
+    starts: dict[str, str | None],
     statement_rows: pa.Table | None,
     table_keys: pa.Table,
     targets: ChangeLogTargets,
 ) -> list[dict]:
-    """Type and write each table's new change-log files on the executors, from the keyed raw rows (`raw_changes`)
-    and the statements' rows (keyed here: one per DDL or TRUNCATE), in one job over every table; returns the files'
-    add actions with their counts (the only rows the run process sees)."""
-    keyed = raw
+    """Read and key the raw rows of `batches` (name, data file, data SHA-256) for the tables in `starts`, with the
+    statements' rows (keyed here: one per DDL or TRUNCATE), then type and write each table's new change-log files,
+    all on the executors; returns the files' add actions with their counts (the only rows the run process sees).
+
+    A run of a few batches (DIRECT_MAX_BATCHES: an incremental sync's, a continuous cycle's) is one job whose read
+    tasks write what they read, a file per table per task. A larger run's read tasks hand their rows on through a
+    shuffle by table, so each table gets its files from one task however many batches hold its rows; the shuffle is
+    a job of its own and moves every row through the JVMs twice, the price of not multiplying small files."""
+    statements = None
     if statement_rows is not None and statement_rows.num_rows:
-        keyed = keyed.unionByName(arrow_frame(spark, keyed_changes(statement_rows.cast(RAW_WITH_BATCH), table_keys)))
-    parallelism = task_count(spark, len(targets.schemas))  # a few tasks per core, each writing many tables
-    written = keyed.repartition(parallelism, "schema", "table").mapInArrow(
-        _write_logs(targets), spark_schema(WRITTEN_SCHEMA)
-    )
+        statements = keyed_changes(statement_rows.cast(RAW_WITH_BATCH), table_keys).cast(KEYED_RAW)
+    items = _read_items(batches, statements)
+    read = _read_raw(targets.access, starts, table_keys, statements)
+    write = _write_logs(targets)
+    if len(batches) <= DIRECT_MAX_BATCHES:
+        written = item_tasks(spark, items, lambda tasks: write(read(tasks)), WRITTEN_SCHEMA)
+    else:
+        keyed = item_tasks(spark, items, read, KEYED_RAW)
+        parallelism = task_count(spark, len(targets.schemas))  # a few tasks per core, each writing many tables
+        written = keyed.repartition(parallelism, "schema", "table").mapInArrow(write, spark_schema(WRITTEN_SCHEMA))
     return [row.asDict() for row in written.collect()]
