@@ -257,7 +257,7 @@ def rows_for_tables(rows: pa.Table, starts: dict[str, str | None]) -> pa.Table:
     refs = [TableRef.parse(n) for n in names]
     # joined with NUL, which no identifier holds: names with dots stay apart
     joined = pc.binary_join_element_wise(rows.column("schema"), rows.column("table"), "\x00")
-    index = pc.index_in(joined, pa.array([f"{t.schema}\x00{t.table}" for t in refs]))
+    index = pc.index_in(joined, pa.array([f"{t.schema}\x00{t.table}" for t in refs], pa.string()))
     start_after = pc.take(pa.array([starts[n] or "" for n in names], pa.string()), index)
     wanted = pc.and_(pc.is_valid(index), pc.greater(rows.column("batch"), start_after))
     return where(rows, pc.fill_null(wanted, False))

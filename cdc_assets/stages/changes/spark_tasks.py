@@ -9,6 +9,7 @@ one Delta commit per table (cdc_assets/stages/changes/run.py).
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, wri
 from cdc_assets.lake.layout import CHANGES, RAW
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA
 from cdc_assets.stages.changes.keys import keyed_changes
-from spark_resources.transforms import item_tasks, spark_schema, task_count
+from spark_resources.transforms import MAX_TASKS, item_tasks, spark_schema, task_count
 
 # Keying over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical texts, keys as JSON
 # texts), so one job covers every table whatever its columns: the read tasks key each slice with the function the
@@ -61,16 +62,22 @@ def _read_raw(
     access: FileAccess, starts: dict[str, str | None], table_keys: pa.Table, statements: pa.Table | None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """A task's reader of raw batches: each batch's data file, checked against its manifest's SHA-256 and
-    read a row group at a time, with the rows of the wanted tables after each one's start, keyed; the task given
-    the STATEMENTS item yields the statements' rows (keyed in the run process)."""
+    read a row group at a time, with the rows of the wanted tables after each one's start, keyed; an item that is
+    slice i of n of its batch takes only the tables `table_slice` puts in slice i. The task given the STATEMENTS
+    item yields the statements' rows (keyed in the run process)."""
 
     def read(tasks: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         fs = access.filesystem()
         for task in tasks:
-            names, files, digests = (task.column(c).to_pylist() for c in ("batch", "data_file", "sha256"))
-            for batch, data_file, digest in zip(names, files, digests, strict=True):
+            names, files, digests, slices, of = (
+                task.column(c).to_pylist() for c in ("batch", "data_file", "sha256", "slice", "slices")
+            )
+            for batch, data_file, digest, piece, pieces in zip(names, files, digests, slices, of, strict=True):
+                wanted = {t: start for t, start in starts.items() if table_slice(t, pieces) == piece}
                 if batch == STATEMENTS:
                     yield from statements.to_batches() if statements is not None else ()
+                    continue
+                if not wanted:  # a slice none of the run's tables falls in
                     continue
                 path = access.path(f"{RAW}/{batch}/{data_file}")
                 check = hashlib.sha256()
@@ -85,23 +92,37 @@ def _read_raw(
                 with fs.open_input_file(path) as source:
                     parquet = pq.ParquetFile(source)
                     for part in parquet.iter_batches(batch_size=READ_SLICE_ROWS):
-                        rows = rows_for_tables(with_batch(pa.Table.from_batches([part]), batch), starts)
+                        rows = rows_for_tables(with_batch(pa.Table.from_batches([part]), batch), wanted)
                         yield from keyed_changes(rows.cast(RAW_WITH_BATCH), table_keys).to_batches()
 
     return read
 
 
-_TASKS = pa.schema([("batch", pa.string()), ("data_file", pa.string()), ("sha256", pa.string())])
+_TASKS = pa.schema(
+    [
+        ("batch", pa.string()),
+        ("data_file", pa.string()),
+        ("sha256", pa.string()),
+        ("slice", pa.int32()),
+        ("slices", pa.int32()),
+    ]
+)
 STATEMENTS = ""  # the read tasks' item that stands for the statements' rows, not for a raw batch
 DIRECT_MAX_BATCHES = 4  # a run of at most this many raw batches writes the change logs from its read tasks
 
 
-def _read_items(batches: list[tuple[str, str, str]], statements: pa.Table | None) -> pa.Table:
-    """The read tasks' items: each batch (name, data file, data SHA-256), and STATEMENTS when there are any."""
+def table_slice(table: str, slices: int) -> int:
+    """Which of `slices` slices of a batch a table's rows are read in (the same in every process: CRC-32)."""
+    return zlib.crc32(table.encode()) % slices if slices > 1 else 0
+
+
+def _read_items(batches: list[tuple[str, str, str]], slices: int, statements: pa.Table | None) -> pa.Table:
+    """The read tasks' items: each batch (name, data file, data SHA-256) as `slices` slices of its tables, and
+    STATEMENTS when there are any."""
+    items = [(*batch, piece, slices) for batch in batches for piece in range(slices)]
     if statements is not None and statements.num_rows:
-        batches = [*batches, (STATEMENTS, "", "")]
-    names, files, digests = (list(c) for c in zip(*batches, strict=True)) if batches else ([], [], [])
-    return pa.table({"batch": names, "data_file": files, "sha256": digests}, schema=_TASKS)
+        items.append((STATEMENTS, "", "", 0, 1))
+    return pa.table({n: [item[i] for item in items] for i, n in enumerate(_TASKS.names)}, schema=_TASKS)
 
 
 def _write_logs(targets: ChangeLogTargets) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
@@ -162,19 +183,29 @@ def write_change_logs(
     all on the executors; returns the files' add actions with their counts (the only rows the run process sees).
 
     A run of a few batches (DIRECT_MAX_BATCHES: an incremental sync's, a continuous cycle's) is one job whose read
-    tasks write what they read, a file per table per task. A larger run's read tasks hand their rows on through a
-    shuffle by table, so each table gets its files from one task however many batches hold its rows; the shuffle is
-    a job of its own and moves every row through the JVMs twice, the price of not multiplying small files."""
+    tasks write what they read: each batch is read by as many tasks as fill the executors' share of the job, each
+    taking a slice of its tables (`table_slice`), so a table's rows of one batch land in one file. A larger run's
+    read tasks hand their rows on through a shuffle by table, so each table gets its files from one task however
+    many batches hold its rows; the shuffle is a job of its own and moves every row through the JVMs twice, the
+    price of not multiplying small files."""
     statements = None
     if statement_rows is not None and statement_rows.num_rows:
         statements = keyed_changes(statement_rows.cast(RAW_WITH_BATCH), table_keys).cast(KEYED_RAW)
-    items = _read_items(batches, statements)
     read = _read_raw(targets.access, starts, table_keys, statements)
     write = _write_logs(targets)
     if len(batches) <= DIRECT_MAX_BATCHES:
-        written = item_tasks(spark, items, lambda tasks: write(read(tasks)), WRITTEN_SCHEMA)
+        slices = min(len(starts), task_count(spark, MAX_TASKS) // max(1, len(batches))) if _on_a_context(spark) else 1
+        written = item_tasks(
+            spark, _read_items(batches, max(1, slices), statements), lambda t: write(read(t)), WRITTEN_SCHEMA
+        )
     else:
-        keyed = item_tasks(spark, items, read, KEYED_RAW)
+        keyed = item_tasks(spark, _read_items(batches, 1, statements), read, KEYED_RAW)
         parallelism = task_count(spark, len(targets.schemas))  # a few tasks per core, each writing many tables
         written = keyed.repartition(parallelism, "schema", "table").mapInArrow(write, spark_schema(WRITTEN_SCHEMA))
     return [row.asDict() for row in written.collect()]
+
+
+def _on_a_context(spark: SparkSession) -> bool:
+    """A session with its SparkContext here (local or a cluster): task_count knows its cores. A Connect session
+    reads each batch in one task (its tasks are as many as the server's cores: item_tasks)."""
+    return getattr(spark, "_sc", None) is not None
