@@ -99,7 +99,8 @@ def main() -> None:
             memory[size] = (snapshot, sync)
             print(
                 f"{size:,} rows on the cluster: snapshot {snapshot.seconds:.1f} s, sync {sync.seconds:.1f} s; run process "
-                f"peak {max(snapshot.run_process_mb, sync.run_process_mb):.0f} MB, driver JVM "
+                f"peak {max(snapshot.run_process_mb, sync.run_process_mb):.0f} MB (snapshot {snapshot.run_process_mb:.0f}, "
+                f"sync {sync.run_process_mb:.0f}), driver JVM "
                 f"{max(snapshot.children_mb, sync.children_mb):.0f} MB, cluster {max(snapshot.beside_mb, sync.beside_mb):.0f} MB",
                 flush=True,
             )
