@@ -14,7 +14,7 @@ from cdc_assets.cli import main
 from cdc_assets.commands.runs import collect_status
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.layout import CURRENT, HISTORY
-from cdc_assets.lake.quarantine import CAPTURE, quarantined_tables
+from cdc_assets.lake.quarantine import CAPTURE, quarantined_tables, run_isolated
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
@@ -195,3 +195,36 @@ def test_a_snapshot_loaded_table_whose_current_state_was_removed_holds_back_only
     assert quarantined_tables(cdc.lakehouse.store) == {}
     assert _rows(cdc, "loaded") == [(1, "snapshot"), (2, "c")]
     _all_equal(cdc)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def info(self, message: str) -> None:
+        pass
+
+    def warning(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+def test_a_run_that_fails_together_and_not_alone_says_so() -> None:
+    """Splitting a failed run into a run a table keeps one table from stopping the others, but when every table then
+    succeeds alone the fault was the batched run's own (a Spark stage's slice bug once hid this way, showing only as
+    more jobs): the split is said, with its cause."""
+    alone: list[set[str]] = []
+
+    def work(group: set[str]) -> None:
+        if len(group) > 1:
+            raise ValueError("Array type doesn't match type of values set: string vs null")
+        alone.append(group)
+
+    log = _Log()
+    assert run_isolated(["s.a", "s.b", "s.c"], [], work, log) == {}
+    assert sorted(min(g) for g in alone) == ["s.a", "s.b", "s.c"]
+    assert log.warnings == [
+        "3 tables failed as one run (ValueError: Array type doesn't match type of values set: string vs null); "
+        "each is taken alone now"
+    ]
+    log = _Log()
+    assert run_isolated(["s.a", "s.b"], [], alone.append, log) == {} and log.warnings == []  # one pass: nothing said

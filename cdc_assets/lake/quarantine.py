@@ -175,13 +175,18 @@ def quarantined_tables(store: ObjectStore, stages: tuple[str, ...] = (CAPTURE, C
 
 
 def run_isolated(
-    tables: Collection[str], held: Collection[str], work: Callable[[set[str]], None]
+    tables: Collection[str],
+    held: Collection[str],
+    work: Callable[[set[str]], None],
+    log: Any | None = None,
 ) -> dict[str, BaseException]:
     """`work` over `tables` so that one table's own error stops no other: the tables not `held` in quarantine
     together first (the usual case: one pass); when that fails for a table's own reason, and for each held table
     (tried again every run: the cause may be gone), each table alone. Returns the tables that still failed, with
     their errors; any other error (the run's) is raised. `work` must be idempotent per table, as every stage's work
-    is (progress, watermarks and applied seqs: a table it already took in takes in nothing twice)."""
+    is (progress, watermarks and applied seqs: a table it already took in takes in nothing twice). A run together
+    that fails and splits is told to `log` (its warning): when every table then succeeds alone, the cause was the
+    run's together (a fault of the batched path, which splitting would hide while it costs a run a table)."""
     wanted = set(tables)
     together = wanted - set(held)
     alone = sorted(wanted & set(held))
@@ -200,6 +205,9 @@ def run_isolated(
             if len(together) == 1:
                 failed[next(iter(together))] = exc
             else:
+                if log is not None:
+                    warn = getattr(log, "warning", None) or log.info
+                    warn(f"{len(together)} tables failed as one run ({describe(exc)}); each is taken alone now")
                 alone = sorted(together) + alone
     for table in alone:
         try:

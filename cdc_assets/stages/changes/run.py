@@ -158,7 +158,7 @@ def process_new_batches(
                 _process(lakehouse, transforms, manifests, own, report, lease, log)
 
             # one table whose changes cannot be typed or appended is quarantined; the others go on (lake/quarantine)
-            failed = run_isolated(starts, quarantined_tables(store, (CHANGES,)), work)
+            failed = run_isolated(starts, quarantined_tables(store, (CHANGES,)), work, log)
             report.quarantined = settle(
                 store, CHANGES, starts, failed, lambda t: max_seq(lakehouse.open(CHANGES, TableRef.parse(t))), log
             )

@@ -147,7 +147,7 @@ def apply_pending(
             _apply_to(lakehouse, transforms, group, reached, current, dropped, report, lease, log)
 
         # one table whose changes cannot be applied is quarantined; the others go on (lake/quarantine)
-        failed = run_isolated(targets, quarantined_tables(store, (CURRENT,)), work)
+        failed = run_isolated(targets, quarantined_tables(store, (CURRENT,)), work, log)
         failed |= _keep_histories(lakehouse, targets - set(failed), lease, log)
         report.quarantined = settle(
             store, CURRENT, targets, failed, lambda t: applied_seq(lakehouse, TableRef.parse(t)), log
