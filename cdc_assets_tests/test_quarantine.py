@@ -18,6 +18,7 @@ from cdc_assets.lake.quarantine import CAPTURE, quarantined_tables, run_isolated
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.test_personal_data import _Log
 
 
 def _rows(cdc: CdcEnv, table: str) -> list[tuple]:
@@ -195,17 +196,6 @@ def test_a_snapshot_loaded_table_whose_current_state_was_removed_holds_back_only
     assert quarantined_tables(cdc.lakehouse.store) == {}
     assert _rows(cdc, "loaded") == [(1, "snapshot"), (2, "c")]
     _all_equal(cdc)
-
-
-class _Log:
-    def __init__(self) -> None:
-        self.warnings: list[str] = []
-
-    def info(self, message: str) -> None:
-        pass
-
-    def warning(self, message: str) -> None:
-        self.warnings.append(message)
 
 
 def test_a_run_that_fails_together_and_not_alone_says_so() -> None:

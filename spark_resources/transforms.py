@@ -37,6 +37,12 @@ def task_count(spark: SparkSession, items: int) -> int:
     return max(1, min(items, MAX_TASKS, cores * TASKS_PER_CORE))
 
 
+def sees_its_cores(spark: SparkSession) -> bool:
+    """Whether the session's SparkContext is in this process (local or a cluster), so task_count knows its cores;
+    a Connect session's is on its server."""
+    return getattr(spark, "_sc", None) is not None
+
+
 TaskWork = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
@@ -50,7 +56,7 @@ def item_tasks(spark: SparkSession, items: pa.Table, work: TaskWork, schema: pa.
         if taken:
             yield from work(iter(items.take(pa.concat_arrays(taken)).to_batches()))
 
-    if tasks is None and getattr(spark, "_sc", None) is None:
+    if tasks is None and not sees_its_cores(spark):
         # a Connect session: task_count cannot see the server's cores from here, a range without a count has as many
         # partitions as they are (its default parallelism; empty ones for fewer items cost next to nothing)
         return spark.range(0, items.num_rows).mapInArrow(run, spark_schema(schema))

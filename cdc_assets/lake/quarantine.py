@@ -206,8 +206,7 @@ def run_isolated(
                 failed[next(iter(together))] = exc
             else:
                 if log is not None:
-                    warn = getattr(log, "warning", None) or log.info
-                    warn(f"{len(together)} tables failed as one run ({describe(exc)}); each is taken alone now")
+                    log.warning(f"{len(together)} tables failed as one run ({describe(exc)}); each is taken alone now")
                 alone = sorted(together) + alone
     for table in alone:
         try:

@@ -26,7 +26,7 @@ from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, wri
 from cdc_assets.lake.layout import CHANGES, RAW
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA
 from cdc_assets.stages.changes.keys import keyed_changes
-from spark_resources.transforms import MAX_TASKS, item_tasks, spark_schema, task_count
+from spark_resources.transforms import MAX_TASKS, item_tasks, sees_its_cores, spark_schema, task_count
 
 # Keying over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical texts, keys as JSON
 # texts), so one job covers every table whatever its columns: the read tasks key each slice with the function the
@@ -73,10 +73,10 @@ def _read_raw(
                 task.column(c).to_pylist() for c in ("batch", "data_file", "sha256", "slice", "slices")
             )
             for batch, data_file, digest, piece, pieces in zip(names, files, digests, slices, of, strict=True):
-                wanted = {t: start for t, start in starts.items() if table_slice(t, pieces) == piece}
                 if batch == STATEMENTS:
                     yield from statements.to_batches() if statements is not None else ()
                     continue
+                wanted = {t: start for t, start in starts.items() if table_slice(t, pieces) == piece}
                 if not wanted:  # a slice none of the run's tables falls in
                     continue
                 path = access.path(f"{RAW}/{batch}/{data_file}")
@@ -194,18 +194,12 @@ def write_change_logs(
     read = _read_raw(targets.access, starts, table_keys, statements)
     write = _write_logs(targets)
     if len(batches) <= DIRECT_MAX_BATCHES:
-        slices = min(len(starts), task_count(spark, MAX_TASKS) // max(1, len(batches))) if _on_a_context(spark) else 1
-        written = item_tasks(
-            spark, _read_items(batches, max(1, slices), statements), lambda t: write(read(t)), WRITTEN_SCHEMA
-        )
+        # a Connect session reads each batch in one task (item_tasks gives it as many as the server's cores)
+        slices = min(len(starts), task_count(spark, MAX_TASKS) // max(1, len(batches))) if sees_its_cores(spark) else 1
+        written = item_tasks(spark, _read_items(batches, max(1, slices), statements), lambda t: write(read(t)), WRITTEN_SCHEMA)
     else:
         keyed = item_tasks(spark, _read_items(batches, 1, statements), read, KEYED_RAW)
         parallelism = task_count(spark, len(targets.schemas))  # a few tasks per core, each writing many tables
         written = keyed.repartition(parallelism, "schema", "table").mapInArrow(write, spark_schema(WRITTEN_SCHEMA))
     return [row.asDict() for row in written.collect()]
 
-
-def _on_a_context(spark: SparkSession) -> bool:
-    """A session with its SparkContext here (local or a cluster): task_count knows its cores. A Connect session
-    reads each batch in one task (its tasks are as many as the server's cores: item_tasks)."""
-    return getattr(spark, "_sc", None) is not None
