@@ -129,6 +129,20 @@ def test_repair_names_a_table_the_lakehouse_does_not_keep(cdc: CdcEnv, capsys) -
     assert f"The lakehouse has no table {cdc.database}.nosuch" in capsys.readouterr().err
 
 
+def test_a_comparison_that_did_not_count_the_source_is_never_equal() -> None:
+    """A repair's comparison of some keys' rows leaves the source's count out (the check after its apply counts): it
+    says so, and is never taken as equal, even with those rows the same."""
+    from cdc_assets.verification.compare import TableDiff
+    from cdc_assets.verification.consistency import CHANGED_KEYS, ConsistentComparison
+
+    table = TableRef("shop", "t")
+    compared = ConsistentComparison(table, "b.000001:4", 10, 0, 7, 3, 0, "x", "x", TableDiff(table), scope=CHANGED_KEYS, changed_keys=3)
+    assert compared.ok
+    compared.counted = False
+    assert not compared.ok and compared.status == "differs"
+    assert "the rows of 3 keys match; the source's rows were not counted" in compared.describe()
+
+
 def test_repair_changes_are_the_differences_only() -> None:
     """The pure rule: per key the source's row over the lakehouse's, rows the source lacks removed; copies for a
     keyless table."""
@@ -151,13 +165,21 @@ def test_a_large_table_is_narrowed_by_key_range_digests(cdc: CdcEnv, capsys, mon
     again by the check after the repair (its Delta table was written by others, which alone would make it so)."""
     from cdc_assets.verification import digests, repair
 
+    from cdc_assets.verification import consistency
+
     monkeypatch.setattr(repair, "DIGEST_FROM_ROWS", 100)
     monkeypatch.setattr(digests, "ROWS_PER_RANGE", 20)
     cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
     cdc.execute("INSERT INTO t SELECT seq, CONCAT('v', seq) FROM " + cdc.numbers(400))
     assert cdc.sync() == 0
     _drift(cdc, "t")
+    counted: list[TableRef] = []
+    count = consistency.count_source_rows
+    monkeypatch.setattr(consistency, "count_source_rows", lambda conn, table: counted.append(table) or count(conn, table))
     assert main(["repair", f"{cdc.database}.t"]) == 0
+    # the source's rows counted once, by the check after the repair's apply: the repair's own comparison of the
+    # narrowed keys at its point writes from those rows and does not read the whole table again for a count
+    assert counted == [TableRef(cdc.database, "t")], counted
     out = capsys.readouterr().out
     assert f"repair: {cdc.database}.t: 2 rows written as the source has them, 1 removed (2 of 20 key ranges differed" in out, out
     # the repair's digests stand for the comparison of every row: the check after its apply reads the changed keys
