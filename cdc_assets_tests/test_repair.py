@@ -163,9 +163,7 @@ def test_a_large_table_is_narrowed_by_key_range_digests(cdc: CdcEnv, capsys, mon
     """A table past DIGEST_FROM_ROWS is not brought over row by row: the source and the lakehouse each digest its key
     ranges, and only the keys of the ranges that differ are compared and repaired; nor is it compared row by row
     again by the check after the repair (its Delta table was written by others, which alone would make it so)."""
-    from cdc_assets.verification import digests, repair
-
-    from cdc_assets.verification import consistency
+    from cdc_assets.verification import consistency, digests, repair
 
     monkeypatch.setattr(repair, "DIGEST_FROM_ROWS", 100)
     monkeypatch.setattr(digests, "ROWS_PER_RANGE", 20)
