@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from cdc_assets.capture.spool import SpoolDirectory
+from cdc_assets.core.arrow import release_unused_memory
 from cdc_assets.core.names import TableRef
 from cdc_assets.verification.compare import TableDiff, compare_tables
 from cdc_assets.verification.row_hashes import CHECKSUM_MODULUS, row_bytes, row_hash_sum
@@ -75,6 +76,7 @@ class BucketSpill:
                     self._writers[bucket] = ipc.new_file(self._path(bucket), rows.schema, options=_SPILL_OPTIONS)
                 self._writers[bucket].write_table(grouped.slice(start, count))
             start += count
+        release_unused_memory()  # the chunk's rows and their sorted copy are written: Arrow's pool keeps their pages
 
     def close(self) -> None:
         for writer in self._writers.values():
