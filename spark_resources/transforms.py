@@ -32,8 +32,7 @@ def task_count(spark: SparkSession, items: int) -> int:
     item's plan, a Python worker's round trip), so 64 tasks over 200 tables on two cores cost seconds of start
     alone (benchmarks/README.md, "Where a cluster sync's seconds go"). A Connect session has no SparkContext here:
     it keeps MAX_TASKS (item_tasks gives it the server's default parallelism instead)."""
-    context = getattr(spark, "_sc", None)
-    cores = context.defaultParallelism if context is not None else MAX_TASKS
+    cores = spark._sc.defaultParallelism if sees_its_cores(spark) else MAX_TASKS
     return max(1, min(items, MAX_TASKS, cores * TASKS_PER_CORE))
 
 
