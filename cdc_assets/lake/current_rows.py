@@ -40,6 +40,13 @@ DELETED_COLUMN = "_cdc_deleted"
 LIVE_ROWS = f"{DELETED_COLUMN} IS NOT TRUE"
 
 
+def live_rows(rows: pa.Table) -> pa.Table:
+    """The rows not marked deleted (`LIVE_ROWS` on rows in hand): a soft-deleted row is not in the current state."""
+    if DELETED_COLUMN not in rows.column_names:
+        return rows
+    return rows.filter(pc.invert(pc.fill_null(rows.column(DELETED_COLUMN), False)))
+
+
 def live_rows_sql(columns: list[str], select: str = "*") -> str:
     """A query of a current-state table (registered as `current`) for its live rows: without the soft-deleted."""
     where = f" WHERE {LIVE_ROWS}" if DELETED_COLUMN in columns else ""

@@ -153,6 +153,15 @@ def read_query_chunks(table: DeltaTable, sql: str, name: str, rows_per_chunk: in
         yield plain_types(pa.Table.from_batches(pending))
 
 
+def files_read_alone(table: DeltaTable) -> bool:
+    """Whether each data file holds its rows as the table shows them: no deletion vector hides some, no column is
+    read by another name, no value lives in the file's path."""
+    protocol = table.protocol()
+    features = set(protocol.reader_features or []) | set(protocol.writer_features or [])
+    mapped = table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none"
+    return "deletionVectors" not in features and not mapped and not table.metadata().partition_columns
+
+
 def row_count(table: DeltaTable) -> int:
     """Rows of a Delta table, from the log's file statistics (no data read)."""
     actions = pa.table(table.get_add_actions(flatten=True))

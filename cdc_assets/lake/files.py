@@ -29,7 +29,16 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import S3Retries
-from cdc_assets.lake.delta import MAX_DECIMAL_PRECISION_WITH_STATS, fenced, long_value_columns, seq_commit, seq_landed
+from cdc_assets.lake.delta import (
+    MAX_DECIMAL_PRECISION_WITH_STATS,
+    fenced,
+    files_read_alone,
+    long_value_columns,
+    plain_type,
+    read_query_chunks,
+    seq_commit,
+    seq_landed,
+)
 
 FILE_ROWS = 1_000_000  # rows per data file written by a task, at most
 ROW_GROUP_ROWS = 128 * 1024
@@ -211,16 +220,44 @@ def write_files(
 FIRST_PIECE_ROWS = 2048
 
 
-def read_files(access: FileAccess, table_key: str, paths: Iterable[str], columns: list[str] | None = None) -> Iterator[pa.Table]:
-    """The rows of some of a table's data files (paths relative to its directory), a row group at a time; of
-    `columns`, those each file has (an older file may lack a column added since)."""
+def read_files(
+    access: FileAccess, table_key: str, paths: Iterable[str], columns: list[str] | None = None, batch_rows: int | None = None
+) -> Iterator[pa.Table]:
+    """The rows of some of a table's data files (paths relative to its directory), a row group at a time (or at
+    most `batch_rows` rows at a time); of `columns`, those each file has (an older file may lack a column added since)."""
     fs = access.filesystem()
     for name in paths:
         with fs.open_input_file(access.path(f"{table_key}/{name}")) as source:
             parquet = pq.ParquetFile(source)
             wanted = None if columns is None else [c for c in columns if c in parquet.schema_arrow.names]
+            if batch_rows is not None:
+                for batch in parquet.iter_batches(batch_size=batch_rows, columns=wanted):
+                    yield pa.Table.from_batches([batch])
+                continue
             for group in range(parquet.num_row_groups):
                 yield parquet.read_row_group(group, columns=wanted)
+
+
+def read_table_chunks(access: FileAccess, table_key: str, table: DeltaTable, rows_per_chunk: int) -> Iterator[pa.Table]:
+    """Every row of a Delta table, about `rows_per_chunk` at a time, in the table's schema now (plain Arrow types),
+    for tables too large to hold at once. File by file through pyarrow where each file holds its rows as the table
+    shows them, not through delta-rs's query engine: its scan keeps what it read of each file's metadata for the
+    life of the process (about 30 KB a file: 95 MB for a 10M-row current state of 3,183 files, benchmarks/README.md)."""
+    if not files_read_alone(table):
+        yield from read_query_chunks(table, "SELECT * FROM t", "t", rows_per_chunk)
+        return
+    schema = pa.schema([f.with_type(plain_type(f.type)) for f in pa.schema(table.schema().to_arrow())])
+    paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    pending: list[pa.Table] = []
+    held = 0
+    for rows in read_files(access, table_key, paths, batch_rows=rows_per_chunk):
+        pending.append(conformed(rows, schema))
+        held += rows.num_rows
+        if held >= rows_per_chunk:
+            yield pa.concat_tables(pending)
+            pending, held = [], 0
+    if pending:
+        yield pa.concat_tables(pending)
 
 
 def conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -37,8 +37,9 @@ from cdc_assets.core.progress import COMPARE, Update
 from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.settings import MAX_SERVER_ID, SourceSettings, TableFilter
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.current_rows import DELETED_COLUMN, live_rows_sql
-from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, read_query, read_query_chunks, row_count
+from cdc_assets.lake.current_rows import DELETED_COLUMN, live_rows, live_rows_sql
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, read_query, row_count
+from cdc_assets.lake.files import read_table_chunks
 from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
 from cdc_assets.lake.raw_batches import (
     RAW_ROWS_SCHEMA,
@@ -190,7 +191,7 @@ class _Target:
     created_seq: int | None = None  # the last plain CREATE of the table in flight
     large_rows: int = 0  # more rows than LARGE_TABLE_ROWS on some side: how many (compared in buckets); else 0
     only: set[tuple[Any, ...]] | None = None  # compare only these keys' rows (None: every row)
-    lakehouse: Lakehouse | None = None  # where to read those rows (set with `only`)
+    lakehouse: Lakehouse | None = None  # where its current state's files are (a large table's are read file by file)
     keep_rows: bool = False  # keep the rows compared on the result (a repair writes from them)
     # a statement changed its rows without row events, and no repair has made up for it: why (it differs); a repair
     # comparing the table leaves this None and compares its rows
@@ -493,9 +494,13 @@ def _read_lake(target: _Target) -> pa.Table | None:
 
 
 def _lake_chunks(target: _Target) -> Iterator[pa.Table]:
-    if target.current is not None:
-        sql = live_rows_sql(_lake_columns(target.current))
-        yield from read_query_chunks(target.current, sql, "current", bucketed.STREAM_ROWS)
+    """A large table's live rows in the lakehouse, a chunk at a time."""
+    if target.current is None:
+        return
+    assert target.lakehouse is not None
+    access, table_key = target.lakehouse.file_access(), target.lakehouse.table_key(CURRENT, target.table)
+    for rows in read_table_chunks(access, table_key, target.current, bucketed.STREAM_ROWS):
+        yield live_rows(rows)
 
 
 def _comparison(
@@ -737,7 +742,7 @@ def _compare_at_one_point(
             targets = [
                 _Target(
                     table, policy.lake_shape(shapes[table]) if shapes[table] else None, applied, current,
-                    keep_rows=keep_rows, source=shapes[table], policy=policy, added=rewrite.get(str(table), {}),
+                    lakehouse=lakehouse, keep_rows=keep_rows, source=shapes[table], policy=policy, added=rewrite.get(str(table), {}),
                 )
                 for table, (current, applied) in zip(tables, opened, strict=True)
             ]
@@ -759,7 +764,7 @@ def _compare_at_one_point(
                 ]
                 only = for_each_table(narrowed, lambda t: narrow(t.table, t.current, t.applied_seq, t.shape))
                 for target, keys in zip(narrowed, only, strict=True):
-                    target.only, target.lakehouse = keys, lakehouse
+                    target.only = keys
             # Read after the current-state tables: the checkpoint and the batches cover every applied seq.
             checkpoint = load_checkpoint(lakehouse.store)
             failover.require_same_server(checkpoint, server, "compare")

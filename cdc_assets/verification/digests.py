@@ -47,8 +47,8 @@ from cdc_assets.core.mysql_types import BINARY_TYPES, INTEGER_TYPES, PRINTED_BIN
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.current_rows import DELETED_COLUMN
-from cdc_assets.lake.delta import read_query_chunks
+from cdc_assets.lake.current_rows import DELETED_COLUMN, live_rows
+from cdc_assets.lake.delta import files_read_alone, read_query_chunks
 from cdc_assets.lake.file_digests import (
     FileDigestWriter,
     KeptDigests,
@@ -197,15 +197,8 @@ def _as_numbers(keys: pa.Array) -> np.ndarray:
     return pc.cast(keys, pa.int64()).to_numpy(zero_copy_only=False)
 
 
-def _live(rows: pa.Table) -> pa.Table:
-    """The rows not marked deleted (a soft-deleted row is not in the table's current state)."""
-    if DELETED_COLUMN not in rows.column_names:
-        return rows
-    return rows.filter(pc.invert(pc.fill_null(rows.column(DELETED_COLUMN), False)))
-
-
 def digest_rows(shape: TableShape, rows: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's key and the CRC-32 of its digest text (rows of the current state: `_live`)."""
+    """Each row's key and the CRC-32 of its digest text (rows of the current state: `live_rows`)."""
     crcs = np.fromiter(map(zlib.crc32, row_texts(shape, rows).to_pylist()), np.uint32, rows.num_rows)
     return _as_numbers(rows.column(shape.primary_key[0]).combine_chunks()), crcs
 
@@ -262,7 +255,7 @@ class LakeRows:
 
         for f in self.unkept:
             read = read_files(access, key, [f.path], self.schema.names)
-            groups = [_live(conformed(rows, self.schema)) for rows in read]
+            groups = [live_rows(conformed(rows, self.schema)) for rows in read]
             pending.append((f, pa.concat_tables(groups) if groups else self.schema.empty_table()))
             if sum(r.num_rows for _, r in pending) >= STREAM_ROWS:
                 written()
@@ -307,7 +300,7 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
     read = pa.schema([schema.field(n) for n in [*shape.column_names, DELETED_COLUMN] if n in schema.names])
     key = shape.primary_key[0]
     key_type = pa.uint64() if _unsigned(read.field(key).type) else pa.int64()
-    if not _files_read_alone(current):
+    if not files_read_alone(current):
         remove_file_digests(lakehouse.store, table)  # kept while its files could be read one by one: never read now
         keys, crcs = _query_rows(current, shape, read)
         whole = pa.table({"name": pa.nulls(len(keys), pa.string()), "key": keys, "crc": crcs})
@@ -331,7 +324,7 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
     wanted = pa.schema([read.field(n) for n in (key, DELETED_COLUMN) if n in read.names])
     for f in unkept:
         for rows in read_files(access, table_key, [f.path], wanted.names):
-            keys.append(_as_numbers(_live(conformed(rows, wanted)).column(key).combine_chunks()))
+            keys.append(_as_numbers(live_rows(conformed(rows, wanted)).column(key).combine_chunks()))
     every = np.concatenate(keys) if keys else _as_numbers(pa.array([], key_type))
     del keys
     every.sort(kind="stable")  # in place: a 10M-row table's keys are 80 MB
@@ -342,18 +335,9 @@ def _unsigned(t: pa.DataType) -> bool:
     return pa.types.is_decimal(t) or pa.types.is_unsigned_integer(t)  # BIGINT UNSIGNED: decimal(20,0)
 
 
-def _files_read_alone(current: DeltaTable) -> bool:
-    """Whether each data file holds its rows as the table shows them: no deletion vector hides some, no column is
-    read by another name, no value lives in the file's path."""
-    protocol = current.protocol()
-    features = set(protocol.reader_features or []) | set(protocol.writer_features or [])
-    mapped = current.metadata().configuration.get("delta.columnMapping.mode", "none") != "none"
-    return "deletionVectors" not in features and not mapped and not current.metadata().partition_columns
-
-
 def _query_rows(current: DeltaTable, shape: TableShape, read: pa.Schema) -> tuple[np.ndarray, np.ndarray]:
     sql = f"SELECT {', '.join(quote(n) for n in read.names)} FROM current"
-    parts = [digest_rows(shape, _live(rows)) for rows in read_query_chunks(current, sql, "current", STREAM_ROWS)]
+    parts = [digest_rows(shape, live_rows(rows)) for rows in read_query_chunks(current, sql, "current", STREAM_ROWS)]
     if not parts:
         return _as_numbers(pa.array([], read.field(shape.primary_key[0]).type)), np.array([], np.uint32)
     return np.concatenate([k for k, _ in parts]), np.concatenate([c for _, c in parts])

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.current_rows import DELETED_COLUMN, file_ranges, touched_by
+from cdc_assets.lake.current_rows import file_ranges, live_rows, touched_by
 from cdc_assets.lake.files import conformed, read_files
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
@@ -51,6 +51,4 @@ def lake_rows_with_keys(lakehouse: Lakehouse, table: TableRef, current: DeltaTab
     access, key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
     parts = [with_keys(conformed(rows, schema), keys) for rows in read_files(access, key, paths)]
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
-    if DELETED_COLUMN in schema.names:  # soft deletes: only live rows are compared
-        rows = rows.filter(pc.invert(pc.fill_null(rows.column(DELETED_COLUMN), False)))
-    return rows, len(paths)
+    return live_rows(rows), len(paths)  # soft deletes: only live rows are compared
