@@ -1,9 +1,10 @@
 """The Spark driver's class archive (spark_resources.class_archive): `make install` builds it, a session's driver maps
 its classes from it, and an archive whose size is not the one its name holds is never given to a JVM (a JVM that maps
-a truncated archive dies of SIGBUS)."""
+a truncated archive dies of SIGBUS). And the JVMs' other start-up option of ours: the JIT's first tier only."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from spark_resources import class_archive
-from spark_resources.session import spark_config
+from spark_resources.session import QUICK_JIT, spark_config
 
 FROM_ARCHIVE = "shared objects file (top)"  # the JVM's class+load log: a class of the dynamic archive
 
@@ -23,8 +24,11 @@ from pyspark.sql import SparkSession
 from spark_resources.session import run_spark_config
 spark = SparkSession.builder.config(map=run_spark_config()).getOrCreate()
 assert spark.range(0, 8, 1, 2).mapInArrow(lambda batches: batches, "id long").count() == 8
-system = spark.sparkContext._jvm.java.lang.System
-print(system.getProperty("user.timezone"), system.getProperty("users.own"))
+jvm = spark.sparkContext._jvm
+system = jvm.java.lang.System
+hotspot = jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+jit = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(hotspot).getVMOption("TieredStopAtLevel").getValue()
+print(system.getProperty("user.timezone"), system.getProperty("users.own"), jit)
 spark.stop()
 """
 
@@ -41,7 +45,8 @@ def test_a_drivers_classes_come_from_the_archive_make_install_built(tmp_path: Pa
              "CDC_SPARK_CONF": json.dumps(users), "TZ": "America/Sao_Paulo"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split()[-2:] == ["UTC", "kept"]  # the user's options joined ours, not replacing them
+    # the user's options joined ours, not replacing them; a local master's driver runs the tasks: its full JIT (level 4)
+    assert done.stdout.split()[-3:] == ["UTC", "kept", "4"]
     sources = dict(line.split("]")[-1].strip().split(" source: ", 1) for line in log.read_text().splitlines() if " source: " in line)
     assert sources["org.apache.spark.SparkContext"] == FROM_ARCHIVE
     assert sum(source == FROM_ARCHIVE for source in sources.values()) > 5000  # ~13,000 of ~19,000 here
@@ -66,6 +71,23 @@ def test_an_archive_is_given_to_a_driver_only_whole(tmp_path: Path, monkeypatch:
     assert str(archive) in spark_config("spark://127.0.0.1:7077")["spark.executor.extraJavaOptions"]
     assert "spark.executor.extraJavaOptions" not in spark_config("spark://10.1.2.3:7077")
     assert "spark.executor.extraJavaOptions" not in spark_config("local[2]")  # executors in the driver's JVM
+
+
+def test_the_jvms_on_this_machine_compile_with_the_first_tier_only_unless_the_user_says() -> None:
+    """QUICK_JIT: a cluster's driver (it schedules; its executors are JVMs of their own) and a cluster's executors on
+    this machine (which share its cores); a local master's driver, which runs the tasks, and executors on machines of
+    their own keep their JIT; a user's own level, added after ours, is the one a JVM takes (test_spark_cluster: the
+    executors' commands)."""
+    assert QUICK_JIT not in spark_config("local[2]")["spark.driver.extraJavaOptions"].split()
+    assert QUICK_JIT in spark_config("spark://10.1.2.3:7077")["spark.driver.extraJavaOptions"].split()
+    assert QUICK_JIT in spark_config("spark://127.0.0.1:7077")["spark.executor.extraJavaOptions"].split()
+    assert "spark.executor.extraJavaOptions" not in spark_config("spark://10.1.2.3:7077")
+    users = spark_config("spark://127.0.0.1:7077", {"spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=4"})
+    levels = [o for o in users["spark.executor.extraJavaOptions"].split() if o.startswith("-XX:TieredStopAtLevel=")]
+    assert levels == [QUICK_JIT, "-XX:TieredStopAtLevel=4"]
+    driver = spark_config("spark://10.1.2.3:7077")["spark.driver.extraJavaOptions"].split()
+    flags = subprocess.run(["java", *driver, "-XX:+PrintFlagsFinal", "-version"], capture_output=True, text=True, timeout=60)
+    assert re.search(r"\bTieredStopAtLevel\s+= 1\b", flags.stdout), flags.stdout[-2000:] + flags.stderr  # a JVM takes them
 
 
 def test_only_the_newest_archives_are_kept(tmp_path: Path) -> None:

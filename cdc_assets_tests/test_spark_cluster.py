@@ -25,6 +25,7 @@ from cdc_assets_tests.test_spark_snapshot import (
     killed_mid_snapshot,
     writing,
 )
+from spark_resources.session import QUICK_JIT
 
 
 def _workload(cdc: CdcEnv) -> None:
@@ -90,5 +91,9 @@ def test_syncs_with_ddl_and_truncate_on_the_cluster_after_a_snapshot_killed_and_
     _assert_equal(cdc, 3)
     log = spark_cluster.master_log.read_text()  # type: ignore[attr-defined]
     assert "Registered app" in log  # the runs were the cluster's, not a local Spark's
+    # the sync's executors, on this machine, ran with the JIT's first tier only (spark_resources.session.QUICK_JIT)
+    newest = max(spark_cluster.state_dir.glob("worker-*/app-*"), key=lambda app: app.name)  # type: ignore[attr-defined]
+    commands = [f.read_text().split("\n", 1)[0] for f in newest.glob("*/stderr")]
+    assert commands and all("Spark Executor Command" in c and QUICK_JIT in c for c in commands), commands
     if where == "local":
         assert any(cdc.lakehouse_dir.joinpath(CURRENT, TableRef(cdc.database, "ints").path).glob("*.zstd.parquet"))

@@ -13,6 +13,11 @@ from typing import Any
 from spark_resources import class_archive
 
 DEFAULT_SPARK_MASTER = "local[*]"
+# The JIT's first tier only (C1, no optimizing C2), for a driver whose executors are JVMs of their own: it schedules
+# tasks and takes their results, and a run never lasts long enough for C2's compiles to pay for the cores they take.
+# A local master's driver runs the tasks too, whose rows C2's code moves faster (benchmarks/README.md, "The JVMs' JIT").
+# A user's `-XX:TieredStopAtLevel=4` in CDC_SPARK_CONF, added after ours, undoes it.
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
 LOCAL_DRIVER_MEMORY = "640m"
 SHUFFLE_PARTITIONS = 4
 
@@ -34,7 +39,9 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
             "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             # the driver's classes mapped from an archive when `make install` built one (spark_resources.class_archive)
-            "spark.driver.extraJavaOptions": " ".join(filter(None, ["-Duser.timezone=UTC", archive])),
+            "spark.driver.extraJavaOptions": " ".join(
+                filter(None, ["-Duser.timezone=UTC", None if master.startswith("local") else QUICK_JIT, archive])
+            ),
             # the JVM's heap: a job handles at most 200k changes; the default 1 GB put a run's Python process
             # and its JVM together just past 2 GB (benchmarks/README.md, huge transaction)
             "spark.driver.memory": LOCAL_DRIVER_MEMORY,
@@ -49,10 +56,11 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
         if _on_this_machine(master):  # executors on other machines must reach the driver at its own address
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             config |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
-            if not master.startswith("local") and archive:
-                # executors of a cluster on this machine run the same jars: they map the same archive (elsewhere
-                # the file is not there, and a JVM told of a missing archive maps none, not even the JDK's own)
-                config["spark.executor.extraJavaOptions"] = archive
+            if not master.startswith("local"):
+                # executors of a cluster on this machine share its cores with the driver (C1 only, as it) and run the
+                # same jars: they map the same archive (elsewhere the file is not there, and a JVM told of a missing
+                # archive maps none, not even the JDK's own; executors on machines of their own keep their JIT)
+                config["spark.executor.extraJavaOptions"] = " ".join(filter(None, [QUICK_JIT, archive]))
     return {**config, **(extra or {}), **_joined_java_options(config, extra or {})}
 
 
