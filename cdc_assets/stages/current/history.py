@@ -32,11 +32,11 @@ from cdc_assets.lake.delta import (
     max_seq,
     plain_type,
     read_query,
-    read_query_chunks,
     seq_commit,
     seq_landed,
     table_configuration,
 )
+from cdc_assets.lake.files import read_table_chunks
 from cdc_assets.lake.history_rows import (
     DELETED,
     IS_CURRENT,
@@ -286,7 +286,7 @@ def seed_history(
     held: list[pa.Table] = []  # versions not committed yet: a commit once SEED_ROWS_PER_COMMIT are held
     collide = False  # whether one of them replaces a version in the table (else they are appended)
     new = changed = 0
-    for part in _parts(current):
+    for part in _parts(lakehouse, table, current):
         rows = _conformed(part, source_schema)
         keys = _key_texts(rows, shape.primary_key)
         seen.append(keys)
@@ -313,9 +313,10 @@ def seed_history(
     return f"seeded at seq {seq}: {new} versions opened, {changed} changed and {gone.num_rows} deleted closed"
 
 
-def _parts(current: Any) -> Iterator[pa.Table]:
-    """The current state's rows, SEED_ROWS_PER_COMMIT at a time."""
-    for chunk in read_query_chunks(current, "SELECT * FROM current", "current", SEED_ROWS_PER_COMMIT):
+def _parts(lakehouse: Lakehouse, table: TableRef, current: Any) -> Iterator[pa.Table]:
+    """The current state's rows, SEED_ROWS_PER_COMMIT at a time (file by file: `read_table_chunks`)."""
+    access, key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
+    for chunk in read_table_chunks(access, key, current, SEED_ROWS_PER_COMMIT):
         for offset in range(0, chunk.num_rows, SEED_ROWS_PER_COMMIT):
             yield chunk.slice(offset, SEED_ROWS_PER_COMMIT)
 
