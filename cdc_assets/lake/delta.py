@@ -133,6 +133,11 @@ def plain_types(rows: pa.Table) -> pa.Table:
     return rows.cast(pa.schema([f.with_type(plain_type(f.type)) for f in rows.schema]))
 
 
+def plain_schema(table: DeltaTable) -> pa.Schema:
+    """A Delta table's schema now, in plain Arrow types (as `plain_types` gives its rows)."""
+    return pa.schema([f.with_type(plain_type(f.type)) for f in pa.schema(table.schema().to_arrow())])
+
+
 def read_query(table: DeltaTable, sql: str, name: str = "t") -> pa.Table:
     """A SQL query over a Delta table (delta-rs), with view types turned into plain Arrow types."""
     return plain_types(pa.table(QueryBuilder().register(name, table).execute(sql).read_all()))

@@ -34,7 +34,7 @@ from cdc_assets.lake.delta import (
     fenced,
     files_read_alone,
     long_value_columns,
-    plain_type,
+    plain_schema,
     read_query_chunks,
     seq_commit,
     seq_landed,
@@ -246,7 +246,7 @@ def read_table_chunks(access: FileAccess, table_key: str, table: DeltaTable, row
     if not files_read_alone(table):
         yield from read_query_chunks(table, "SELECT * FROM t", "t", rows_per_chunk)
         return
-    schema = pa.schema([f.with_type(plain_type(f.type)) for f in pa.schema(table.schema().to_arrow())])
+    schema = plain_schema(table)
     paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
     pending: list[pa.Table] = []
     held = 0

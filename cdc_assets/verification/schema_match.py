@@ -8,7 +8,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.delta import plain_type
+from cdc_assets.lake.delta import plain_schema
 from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
 from cdc_assets.lake.state import load_checkpoint, load_progress, load_registry, load_schemas
 from cdc_assets.lake.store import Lakehouse
@@ -72,8 +72,7 @@ def schema_differences(settings: SourceSettings, lakehouse: Lakehouse, tables: l
         if dt is None:
             problems[name] = "there is no current-state table yet"
             continue
-        arrow = pa.schema(dt.schema().to_arrow())
-        current = pa.schema([f.with_type(plain_type(f.type)) for f in arrow])
+        current = plain_schema(dt)
         problem = schema_difference(_fields(shape), current)
         if problem and not _change_in_flight(lakehouse, name, table, _fields(shape)):
             problems[name] = problem

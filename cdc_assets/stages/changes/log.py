@@ -21,7 +21,7 @@ from cdc_assets.lake.delta import (
     compact_small_files,
     fenced,
     max_seq,
-    plain_type,
+    plain_schema,
     read_query,
     seq_commit,
     seq_landed,
@@ -39,7 +39,7 @@ def _conform_change_log(
 ) -> pa.Schema:
     """Rewrite the change log in one commit when a column's type changed (a MODIFY COLUMN): its rows are
     cast to a type that holds old and new values alike, so every version stays readable in one table."""
-    current = pa.schema([f.with_type(plain_type(f.type)) for f in pa.schema(existing.schema().to_arrow())])
+    current = plain_schema(existing)
     target = conformed_schema(current, incoming)
     if target is None:
         return current

@@ -45,7 +45,7 @@ from cdc_assets.lake.delta import (
     compact_small_files,
     fenced,
     max_seq,
-    plain_type,
+    plain_schema,
     read_query,
     seq_commit,
     seq_landed,
@@ -330,7 +330,7 @@ def _rewrite_touched_files(
     the rows back in join order, so the files' key ranges widen with every merge. None (the caller MERGEs) for a
     table whose columns differ from its shape's (a column added by a soft-delete setting) or whose bounds do not
     compare."""
-    schema = pa.schema([f.with_type(plain_type(f.type)) for f in pa.schema(target.schema().to_arrow())])
+    schema = plain_schema(target)
     expected = current_schema(pending.shape)
     if [(f.name, f.type) for f in schema] != [(f.name, f.type) for f in expected]:
         return None
