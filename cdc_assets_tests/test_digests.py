@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from deltalake import CommitProperties, DeltaTable
+from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.table import TableFeatures
 
 from cdc_assets.cli import main
@@ -67,19 +67,26 @@ def test_equal_tables_have_equal_digests_and_a_drifted_row_shows_in_its_range(cd
         ranges = digests.parts_of_table(lake)
         assert len(ranges) == 6 and ranges[0][0] is None and ranges[-1][1] is None, ranges
         # every type's text written alike on both sides: the whole table's digests are equal, range by range
-        assert digests.source_digests(url, shape, ranges) == digests.lake_digests(*lake.digested(), ranges)
+        assert digests.source_digests(url, shape, ranges) == digests.lake_digests(lake.keys, lake.crcs, ranges)
         current.update(predicate="id = 15", updates={"emoji": "'drifted'"})
         current.delete("id = 3")
         current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
         lake = digests.lake_rows(cdc.lakehouse, table, current, shape)
-        differing = digests.differing_parts(digests.source_digests(url, shape, ranges), digests.lake_digests(*lake.digested(), ranges), ranges)
+        differing = digests.differing_parts(digests.source_digests(url, shape, ranges), digests.lake_digests(lake.keys, lake.crcs, ranges), ranges)
         assert len(differing) == 2, (differing, ranges)
         parts = digests.parts_within(lake, differing)
         assert len(parts) > len(differing) and all(any(_inside(p, r) for r in differing) for p in parts), parts
-        narrowed = digests.narrowed(url, conn, digests.lake_rows(cdc.lakehouse, table, current, shape))
-        assert (narrowed.ranges, narrowed.differing) == (6, 2)
-        keys = {k for (k,) in narrowed.keys}
-        assert {3, 15} <= keys and len(keys) <= 2 * (digests.ROWS_PER_PART + 1), keys
+        # the ranges cut by the data files' statistics (the source digests while the lakehouse's rows are read), or
+        # by the lakehouse's keys where a file has none: the same keys found either way
+        by_statistics = digests.narrowed(url, conn, cdc.lakehouse, table, current, shape)
+        with monkeypatch.context() as m:
+            m.setattr(digests, "ranges_by_file_statistics", lambda *_: None)
+            by_keys = digests.narrowed(url, conn, cdc.lakehouse, table, current, shape)
+        assert (by_keys.ranges, by_keys.differing) == (6, 2), by_keys
+        assert by_statistics.ranges >= 4 and 1 <= by_statistics.differing <= 2, by_statistics
+        for narrowed in (by_statistics, by_keys):
+            keys = {k for (k,) in narrowed.keys}
+            assert {3, 15} <= keys and len(keys) <= 2 * (digests.ROWS_PER_PART + 1), keys
     finally:
         conn.close()
 
@@ -112,7 +119,7 @@ def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc:
         current = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))
         shape = source_shapes(conn, [table])[table]
         assert shape is not None
-        return digests.narrowed(url, conn, digests.lake_rows(cdc.lakehouse, table, current, shape))
+        return digests.narrowed(url, conn, cdc.lakehouse, table, current, shape)
 
     try:
         first = narrowed()
@@ -139,10 +146,10 @@ def test_a_data_files_digests_are_kept_until_the_file_or_the_columns_change(cdc:
         shape = source_shapes(conn, [table])[table]
         assert shape is not None
         purge_old_versions(cdc.lakehouse, CURRENT, table)
-        lake = digests.lake_rows(cdc.lakehouse, table, DeltaTable(cdc.lakehouse.table_uri(CURRENT, table)), shape)
+        digesting = DeltaTable(cdc.lakehouse.table_uri(CURRENT, table))  # the version a repair began digesting
         rewrite = CommitProperties(custom_metadata={REWRITE_KEY: "true"})
         DeltaTable(cdc.lakehouse.table_uri(CURRENT, table)).update(predicate="id = 46", updates={"v": "'v46'"}, commit_properties=rewrite)
-        lake.digested()
+        digests.lake_rows(cdc.lakehouse, table, digesting, shape)
         assert kept(folder) == []
         assert main(["repair", f"{cdc.database}.k"]) == 0  # equal again
         cdc.execute("ALTER TABLE k ADD COLUMN w INT")
@@ -220,6 +227,31 @@ def _inside(part: digests.Part, outer: digests.Part) -> bool:
     above = outer_low is None or (low is not None and low >= outer_low)
     below = outer_high is None or (high is not None and high <= outer_high)
     return above and below
+
+
+def test_a_table_is_cut_into_ranges_by_its_data_files_statistics(tmp_path, monkeypatch) -> None:
+    """The source starts digesting before the lakehouse's rows are read: the key range is cut from the data files'
+    statistics, each file's rows taken as spread evenly over its keys, into parts of about ROWS_PER_RANGE rows; a
+    table with a file that has no statistics of the key is left to be cut by its keys."""
+    monkeypatch.setattr(digests, "ROWS_PER_RANGE", 100)
+    path = str(tmp_path / "t")
+    for start in (0, 250, 500, 750):  # four files of 250 keys each, in key order
+        write_deltalake(path, pa.table({"id": pa.array(range(start, start + 250), pa.int64())}), mode="append")
+    write_deltalake(path, pa.table({"id": pa.array([5000, 9000], pa.int64())}), mode="append")  # two keys far apart
+    write_deltalake(path, pa.table({"id": pa.array([], pa.int64())}), mode="append")  # a file of no rows, if written
+    ranges = digests.ranges_by_file_statistics(DeltaTable(path), "id")
+    assert ranges is not None and ranges[0][0] is None and ranges[-1][1] is None, ranges
+    edges = [low for low, _ in ranges[1:]]
+    assert edges == sorted(set(edges)) and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False)), ranges
+    keys = np.array([*range(1000), 5000, 9000], np.int64)
+    held = [n for n, _ in digests.lake_digests(keys, np.zeros(len(keys), np.uint32), ranges).values()]
+    assert sum(held) == len(keys) and len(ranges) >= 8 and max(held) <= 150, (ranges, held)
+    bare = str(tmp_path / "bare")
+    write_deltalake(bare, pa.table({"id": pa.array(range(10), pa.int64())}), configuration={"delta.dataSkippingNumIndexedCols": "0"})
+    assert digests.ranges_by_file_statistics(DeltaTable(bare), "id") is None
+    empty = str(tmp_path / "empty")
+    write_deltalake(empty, pa.table({"id": pa.array([], pa.int64())}))
+    assert digests.ranges_by_file_statistics(DeltaTable(empty), "id") == [(None, None)]
 
 
 def test_a_table_is_cut_at_every_nth_key_and_a_part_again_within_it() -> None:

@@ -12,8 +12,9 @@ text unless their values are equal. The lakehouse's texts are written by DuckDB
 over each chunk of rows (its formatting of integers, decimals, dates, times of day and bytes is MySQL's), and by
 Arrow for the few types DuckDB would write otherwise. A Delta data file never changes once written, so each file's
 rows' keys and CRC-32s are kept once computed (lake/file_digests.py, named after the file and the table's columns)
-and a later repair writes texts only for the files written since; the keys of those are read first, so the ranges
-are cut and the source starts digesting while the lakehouse's texts are written.
+and a later repair writes texts only for the files written since. The ranges are cut from the data files' key
+statistics, so the source starts digesting at once, while the lakehouse's keys and kept CRC-32s are read and the
+texts of the files without them written.
 
 The ranges need not be read at one consistent point: a digest only narrows where to look. A range found equal
 while its rows changed in flight holds, on the lakehouse's side, rows the source then held, and the changes in
@@ -31,7 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import duckdb
@@ -51,7 +53,6 @@ from cdc_assets.lake.current_rows import DELETED_COLUMN, live_rows
 from cdc_assets.lake.delta import files_read_alone, read_query_chunks
 from cdc_assets.lake.file_digests import (
     FileDigestWriter,
-    KeptDigests,
     load_file_digests,
     remove_file_digests,
     remove_objects,
@@ -67,7 +68,10 @@ from cdc_assets.verification.changed_keys import written_by_others
 ROWS_PER_RANGE = 20_000  # rows a range holds, about: a query of its own on the source
 ROWS_PER_PART = 500  # rows a part of a differing range holds, about: what one differing part costs to compare row by row
 STREAM_ROWS = 200_000  # lakehouse rows hashed at a time
-SOURCE_CONNECTIONS = 2  # connections the source's digests are shared out over
+TEXT_WORKERS = 2  # groups of STREAM_ROWS rows whose texts are written at once
+SOURCE_CONNECTIONS = 4  # connections the source's digests are shared out over: more than a server's two cores, as a
+# range scan also waits on reading its pages
+STATISTICS_POINTS = 4  # points a range's worth of a data file's rows is spread over, to cut ranges by statistics
 _UNDIGESTED = ("float", "double")
 _UTF8 = ("utf8mb4", "utf8mb3", "utf8")  # charsets whose bytes are utf8mb4's
 
@@ -211,66 +215,35 @@ class DataFile:
 
 @dataclass
 class LakeRows:
-    """A current state's rows as its digests need them: the keys of every row at once (to cut the ranges at), the
-    CRC-32s of its files' rows kept from an earlier repair, and the files whose CRC-32s are still to write."""
+    """A current state's rows as its digests need them: every live row's key and CRC-32, and its keys sorted (to cut
+    parts at and find a part's keys by)."""
 
-    lakehouse: Lakehouse
-    table: TableRef
-    shape: TableShape
-    schema: pa.Schema  # of the columns read: the shape's, and the deleted mark where kept
-    kept: KeptDigests
-    unkept: list[DataFile]  # files whose digest rows are written now
-    sorted_keys: np.ndarray  # every live row's key, sorted
-    files: int  # the table's data files
+    keys: np.ndarray
+    crcs: np.ndarray  # uint32, the CRC-32 of the row of the same place in `keys`
+    sorted_keys: np.ndarray
+    files: int  # the table's data files (0: read whole through a query)
+    files_kept: int  # of them, those whose rows' CRC-32s were kept from an earlier repair
     version: int  # the Delta version read
 
-    def digested(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every live row's key and CRC-32: the files' kept, the others' written now (their texts written together,
-        STREAM_ROWS at a time) and kept for the next repair. Called once: the kept rows are let go as they are read."""
-        access, key = self.lakehouse.file_access(), self.lakehouse.table_key(CURRENT, self.table)
-        every_key, every_crc = np.empty_like(self.sorted_keys), np.empty(len(self.sorted_keys), np.uint32)
-        at = 0
 
-        def found(keys: np.ndarray, crcs: np.ndarray) -> None:
-            nonlocal at
-            every_key[at : at + len(keys)], every_crc[at : at + len(keys)] = keys, crcs
-            at += len(keys)
+class _Found:
+    """Keys and CRC-32s gathered into one pair of arrays as they are read or written (a 10M-row table's: 120 MB),
+    grown as needed."""
 
-        for rows in self.kept.rows:
-            found(_as_numbers(rows.column("key").combine_chunks()), rows.column("crc").to_numpy())
-        self.kept.rows = []
-        writer = FileDigestWriter(self.lakehouse.store, self.table)
-        for rows in self.kept.carried:
-            writer.add(rows)
-        pending: list[tuple[DataFile, pa.Table]] = []
+    def __init__(self, rows: int, key_type: np.dtype) -> None:
+        self.keys, self.crcs, self.at = np.empty(rows, key_type), np.empty(rows, np.uint32), 0
 
-        def written() -> None:
-            keys, crcs = digest_rows(self.shape, pa.concat_tables([r for _, r in pending]))
-            numbers = np.repeat(np.arange(len(pending), dtype=np.int32), [r.num_rows for _, r in pending])
-            dictionary = pa.array([f.name for f, _ in pending], pa.string())
-            names = pa.DictionaryArray.from_arrays(pa.array(numbers), dictionary)
-            writer.add(pa.table({"name": names, "key": keys, "crc": crcs}))
-            found(keys, crcs)
-            pending.clear()
+    def add(self, keys: np.ndarray, crcs: np.ndarray) -> None:
+        end = self.at + len(keys)
+        if end > len(self.keys):
+            more = max(end, 2 * len(self.keys))
+            self.keys, self.crcs = np.resize(self.keys, more), np.resize(self.crcs, more)
+        self.keys[self.at : end], self.crcs[self.at : end] = keys, crcs
+        self.at = end
 
-        for f in self.unkept:
-            read = read_files(access, key, [f.path], self.schema.names)
-            groups = [live_rows(conformed(rows, self.schema)) for rows in read]
-            pending.append((f, pa.concat_tables(groups) if groups else self.schema.empty_table()))
-            if sum(r.num_rows for _, r in pending) >= STREAM_ROWS:
-                written()
-        if pending:
-            written()
-        if at != len(every_key):  # the same files' rows as their keys read first: never, unless a file changed
-            raise RuntimeError(
-                f"{self.table}: {at} rows digested where {len(every_key)} keys were read; run the repair again"
-            )
-        writer.flush()
-        remove_objects(self.lakehouse.store, self.kept.stale)  # after what they held that is still needed is written
-        latest = self.lakehouse.open(CURRENT, self.table)
-        if latest is None or written_by_others(latest, self.version) is not None:
-            remove_file_digests(self.lakehouse.store, self.table)  # a rewrite's purge (forget) may have come first
-        return every_key, every_crc
+    def rows(self, version: int, files: int, files_kept: int) -> LakeRows:
+        keys, crcs = self.keys[: self.at], self.crcs[: self.at]
+        return LakeRows(keys, crcs, np.sort(keys, kind="stable"), files, files_kept, version)
 
 
 def _file_identities(lakehouse: Lakehouse, table: TableRef, paths: list[str]) -> dict[str, str]:
@@ -293,19 +266,20 @@ def _file_identities(lakehouse: Lakehouse, table: TableRef, paths: list[str]) ->
 
 
 def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape: TableShape) -> LakeRows:
-    """The current state's keys and what is kept of its files' digest rows. A table whose files a reader cannot
-    take one by one (deletion vectors, mapped column names, partitions) is read whole through a query, and nothing
-    is kept of it."""
+    """Every live row's key and CRC-32: those kept of a data file by an earlier repair read back, the others' texts
+    written now (the rows of many files together, STREAM_ROWS at a time; each file read once) and kept for the next
+    repair. A table whose files a reader cannot take one by one (deletion vectors, mapped column names, partitions)
+    is read whole through a query, and nothing is kept of it."""
     schema = pa.schema(current.schema().to_arrow())
     read = pa.schema([schema.field(n) for n in [*shape.column_names, DELETED_COLUMN] if n in schema.names])
-    key = shape.primary_key[0]
-    key_type = pa.uint64() if _unsigned(read.field(key).type) else pa.int64()
+    key_type = np.dtype(np.uint64 if _unsigned(read.field(shape.primary_key[0]).type) else np.int64)
     if not files_read_alone(current):
         remove_file_digests(lakehouse.store, table)  # kept while its files could be read one by one: never read now
-        keys, crcs = _query_rows(current, shape, read)
-        whole = pa.table({"name": pa.nulls(len(keys), pa.string()), "key": keys, "crc": crcs})
-        kept = KeptDigests([whole], set(), [], [])
-        return LakeRows(lakehouse, table, shape, read, kept, [], np.sort(keys, kind="stable"), 0, current.version())
+        found = _Found(0, key_type)
+        sql = f"SELECT {', '.join(quote(n) for n in read.names)} FROM current"
+        for rows in read_query_chunks(current, sql, "current", STREAM_ROWS):
+            found.add(*digest_rows(shape, live_rows(rows)))
+        return found.rows(current.version(), 0, 0)
     actions = pa.table(current.get_add_actions(flatten=True))
     texts = hashlib.sha256(f"{DIGEST_TEXT_FORMAT}|{shape.columns!r}|{shape.primary_key!r}|{read}".encode()).hexdigest()
     files: list[DataFile] = []
@@ -317,30 +291,83 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
         for path, (size, when) in zip(paths, logged, strict=True):
             identity = f"{texts}|{path}|{size}|{when}|{stored[path]}"
             files.append(DataFile(path, hashlib.sha256(identity.encode()).hexdigest()[:32]))
-    kept = load_file_digests(lakehouse.store, table, {f.name for f in files}, key_type)
+    kept = load_file_digests(lakehouse.store, table, {f.name for f in files}, pa.from_numpy_dtype(key_type))
     unkept = [f for f in files if f.name not in kept.names]
-    keys = [_as_numbers(r.column("key").combine_chunks()) for r in kept.rows]
+    records = sum(n or 0 for n in actions.column("num_records").to_pylist()) if "num_records" in actions.column_names else 0
+    found = _Found(records, key_type)  # live rows are at most the records the files hold (grown where not said)
+    for rows in kept.rows:
+        found.add(_as_numbers(rows.column("key").combine_chunks()), rows.column("crc").to_numpy())
+    kept.rows = []  # let go as they are read
+    writer = FileDigestWriter(lakehouse.store, table)
+    for rows in kept.carried:
+        writer.add(rows)
     access, table_key = lakehouse.file_access(), lakehouse.table_key(CURRENT, table)
-    wanted = pa.schema([read.field(n) for n in (key, DELETED_COLUMN) if n in read.names])
-    for f in unkept:
-        for rows in read_files(access, table_key, [f.path], wanted.names):
-            keys.append(_as_numbers(live_rows(conformed(rows, wanted)).column(key).combine_chunks()))
-    every = np.concatenate(keys) if keys else _as_numbers(pa.array([], key_type))
-    del keys
-    every.sort(kind="stable")  # in place: a 10M-row table's keys are 80 MB
-    return LakeRows(lakehouse, table, shape, read, kept, unkept, every, len(files), current.version())
+    pending: list[tuple[DataFile, pa.Table]] = []
+    texts_written: deque[tuple[list[tuple[DataFile, pa.Table]], Future[tuple[np.ndarray, np.ndarray]]]] = deque()
+
+    def kept_of(done: list[tuple[DataFile, pa.Table]], keys: np.ndarray, crcs: np.ndarray) -> None:
+        numbers = np.repeat(np.arange(len(done), dtype=np.int32), [r.num_rows for _, r in done])
+        dictionary = pa.array([f.name for f, _ in done], pa.string())
+        names = pa.DictionaryArray.from_arrays(pa.array(numbers), dictionary)
+        writer.add(pa.table({"name": names, "key": keys, "crc": crcs}))
+        found.add(keys, crcs)
+
+    # the texts of one group of rows are written (DuckDB, outside the GIL) while the next group's files are read
+    with ThreadPoolExecutor(TEXT_WORKERS) as pool:
+        for f in [*unkept, None]:
+            if f is not None:
+                groups = [live_rows(conformed(rows, read)) for rows in read_files(access, table_key, [f.path], read.names)]
+                pending.append((f, pa.concat_tables(groups) if groups else read.empty_table()))
+            if pending and (f is None or sum(r.num_rows for _, r in pending) >= STREAM_ROWS):
+                group = list(pending)
+                pending.clear()
+                texts_written.append((group, pool.submit(digest_rows, shape, pa.concat_tables([r for _, r in group]))))
+            while texts_written and (f is None or len(texts_written) > TEXT_WORKERS):
+                done, future = texts_written.popleft()
+                kept_of(done, *future.result())
+    writer.flush()
+    remove_objects(lakehouse.store, kept.stale)  # after what they held that is still needed is written
+    latest = lakehouse.open(CURRENT, table)
+    if latest is None or written_by_others(latest, current.version()) is not None:
+        remove_file_digests(lakehouse.store, table)  # a rewrite's purge (forget) may have come first
+    return found.rows(current.version(), len(files), len(files) - len(unkept))
 
 
 def _unsigned(t: pa.DataType) -> bool:
     return pa.types.is_decimal(t) or pa.types.is_unsigned_integer(t)  # BIGINT UNSIGNED: decimal(20,0)
 
 
-def _query_rows(current: DeltaTable, shape: TableShape, read: pa.Schema) -> tuple[np.ndarray, np.ndarray]:
-    sql = f"SELECT {', '.join(quote(n) for n in read.names)} FROM current"
-    parts = [digest_rows(shape, live_rows(rows)) for rows in read_query_chunks(current, sql, "current", STREAM_ROWS)]
-    if not parts:
-        return _as_numbers(pa.array([], read.field(shape.primary_key[0]).type)), np.array([], np.uint32)
-    return np.concatenate([k for k, _ in parts]), np.concatenate([c for _, c in parts])
+def ranges_by_file_statistics(current: DeltaTable, key: str) -> list[Part] | None:
+    """The whole key range cut into parts of about ROWS_PER_RANGE rows from the data files' statistics alone (each
+    file's rows taken as spread evenly from its lowest key to its highest), so that the source starts digesting
+    before the lakehouse's rows are read (a 10M-row table's kept CRC-32s: most of a second). None when a file has no
+    statistics of the key. Where the cuts fall never decides what is found: every key lies in exactly one part on
+    both sides, and a part that holds more rows than its share only costs its query more (a differing one is cut
+    again by the lakehouse's own keys, `parts_within`)."""
+    actions = pa.table(current.get_add_actions(flatten=True))
+    columns = (f"min.{key}", f"max.{key}", "num_records")
+    if actions.num_rows == 0:
+        return [(None, None)]
+    if any(c not in actions.column_names for c in columns):
+        return None
+    files = [f for f in zip(*(actions.column(c).to_pylist() for c in columns), strict=True) if f[2] != 0]
+    if any(v is None for f in files for v in f):
+        return None
+    samples: list[tuple[int, float]] = []  # (key, rows): each file's rows as points evenly within its keys
+    for low, high, rows in files:
+        low, high = int(low), int(high)
+        points = max(1, min(rows * STATISTICS_POINTS // ROWS_PER_RANGE, high - low + 1))
+        samples += [(low + (high - low) * (2 * i + 1) // (2 * points), rows / points) for i in range(points)]
+    samples.sort()
+    edges: list[int | None] = [None]
+    held = 0.0
+    for point, rows in samples:
+        if held >= ROWS_PER_RANGE and (edges[-1] is None or point > edges[-1]):
+            edges.append(point)
+            held = 0.0
+        held += rows
+    edges.append(None)
+    return list(zip(edges, edges[1:], strict=False))
 
 
 def parts_of_table(rows: LakeRows) -> list[Part]:
@@ -486,21 +513,26 @@ class Narrowed:
         return f"{self.differing} of {self.ranges} key ranges differed by their digests{kept}"
 
 
-def narrowed(url: MySQLUrl, conn: pymysql.Connection, lake: LakeRows) -> Narrowed:
-    """The keys that may differ: the table's ranges digested on both sides at once (the lakehouse's files' CRC-32s
-    written meanwhile where none are kept), the ranges that differ cut into parts and digested again, and the keys
-    of the parts that still differ."""
-    shape = lake.shape
-    ranges = parts_of_table(lake)
+def narrowed(
+    url: MySQLUrl, conn: pymysql.Connection, lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape: TableShape
+) -> Narrowed:
+    """The keys that may differ: the table's ranges digested on both sides at once (cut by the data files'
+    statistics, so the source starts first; by the lakehouse's keys where a file has none), the ranges that differ
+    cut into parts and digested again, and the keys of the parts that still differ."""
+    ranges = ranges_by_file_statistics(current, shape.primary_key[0])
     with ThreadPoolExecutor(1) as pool:
-        theirs = pool.submit(source_digests, url, shape, ranges)
-        keys, crcs = lake.digested()
-        ours = lake_digests(keys, crcs, ranges)
+        theirs = pool.submit(source_digests, url, shape, ranges) if ranges is not None else None
+        lake = lake_rows(lakehouse, table, current, shape)
+        if theirs is None:
+            ranges = parts_of_table(lake)
+            theirs = pool.submit(source_digests, url, shape, ranges)
+        assert ranges is not None
+        ours = lake_digests(lake.keys, lake.crcs, ranges)
         theirs_now = theirs.result()
         differing = differing_parts(theirs_now, ours, ranges)
     rows = (sum(n for n, _ in theirs_now.values()), sum(n for n, _ in ours.values()))
     parts = parts_within(lake, differing) if differing else []
     if parts:
-        parts = differing_parts(source_digests(url, shape, parts), lake_digests(keys, crcs, parts), parts)
+        parts = differing_parts(source_digests(url, shape, parts), lake_digests(lake.keys, lake.crcs, parts), parts)
     keys_found = keys_in_parts(conn, lake.sorted_keys, shape.table, shape.primary_key[0], parts)
-    return Narrowed(keys_found, len(ranges), len(differing), *rows, lake.files, lake.files - len(lake.unkept))
+    return Narrowed(keys_found, len(ranges), len(differing), *rows, lake.files, lake.files_kept)

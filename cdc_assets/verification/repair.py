@@ -270,8 +270,8 @@ def _digested(settings: SourceSettings, lakehouse: Lakehouse, tables: list[Table
             lake_columns = [f.name for f in pa.schema(current.schema().to_arrow()) if not f.name.startswith("_cdc_")]
             if shape is None or not digests.digestible(shape) or shape.column_names != lake_columns:
                 continue
-            lake = digests.lake_rows(lakehouse, table, current, shape)
-            found[table] = DigestedTable(digests.narrowed(settings.url, conn, lake), current.version(), seq)
+            narrowed = digests.narrowed(settings.url, conn, lakehouse, table, current, shape)
+            found[table] = DigestedTable(narrowed, current.version(), seq)
     finally:
         conn.close()
     return found
