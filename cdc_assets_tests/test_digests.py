@@ -254,6 +254,14 @@ def test_a_table_is_cut_into_ranges_by_its_data_files_statistics(tmp_path, monke
     assert digests.ranges_by_file_statistics(DeltaTable(empty), "id") == [(None, None)]
 
 
+def test_a_parts_digest_sums_every_crc_exactly_however_many_rows_it_holds() -> None:
+    """A part cut by the files' statistics may hold far more rows than its share: its sum of CRC-32s is still the
+    exact one the source computes (past 2**53, where a float64 sum would round)."""
+    rows = 3_000_001
+    keys, crcs = np.arange(rows, dtype=np.int64), np.full(rows, 0xFFFFFFFF, np.uint32)
+    assert digests.lake_digests(keys, crcs, [(None, 10), (10, None)]) == {0: (10, 10 * 0xFFFFFFFF), 1: (rows - 10, (rows - 10) * 0xFFFFFFFF)}
+
+
 def test_a_table_is_cut_at_every_nth_key_and_a_part_again_within_it() -> None:
     keys = np.array([1, 2, 3, 5, 8, 13, 21, 34, 55, 89])
     assert digests.cut(keys, [(None, None)], 4) == [(None, 8), (8, 55), (55, None)]

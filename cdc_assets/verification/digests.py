@@ -467,14 +467,17 @@ def lake_digests(keys: np.ndarray, crcs: np.ndarray, parts: list[Part]) -> Diges
     """The lakehouse's digest of each part, as `source_digests`, from its rows' keys and CRC-32s (`LakeRows`),
     STREAM_ROWS at a time (a part's number per row is eight bytes)."""
     counts = np.zeros(len(parts), np.int64)
-    sums = np.zeros(len(parts), np.float64)
+    # the sums of each CRC-32's high and low 16 bits, each exact in float64 for up to 2**37 rows a part (a part cut
+    # by statistics may hold far more rows than its share)
+    highs, lows = np.zeros(len(parts), np.float64), np.zeros(len(parts), np.float64)
     for start in range(0, len(keys), STREAM_ROWS):
         numbers = _part_numbers(keys[start : start + STREAM_ROWS], parts)
         inside = numbers >= 0
         counts += np.bincount(numbers[inside], minlength=len(parts))
-        # a part's sum of CRC-32s stays far below 2**53 (it holds about ROWS_PER_RANGE rows): exact in float64
-        sums += np.bincount(numbers[inside], weights=crcs[start : start + STREAM_ROWS][inside], minlength=len(parts))
-    return {n: (int(counts[n]), int(sums[n])) for n in range(len(parts)) if counts[n]}
+        chunk = crcs[start : start + STREAM_ROWS][inside]
+        highs += np.bincount(numbers[inside], weights=chunk >> 16, minlength=len(parts))
+        lows += np.bincount(numbers[inside], weights=chunk & 0xFFFF, minlength=len(parts))
+    return {n: (int(counts[n]), (int(highs[n]) << 16) + int(lows[n])) for n in range(len(parts)) if counts[n]}
 
 
 def differing_parts(source: Digests, lake: Digests, parts: list[Part]) -> list[Part]:
