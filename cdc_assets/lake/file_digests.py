@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,17 +44,19 @@ def _folder(table: TableRef) -> str:
 
 @dataclass
 class KeptDigests:
-    """The digest rows kept for the files named: at most one object's rows per name."""
+    """What was kept for the files named (their rows went to the loader's `take`), and what to tidy."""
 
-    rows: list[pa.Table]  # name, key, crc
-    names: set[str]  # the names they cover
+    names: set[str]  # the names whose rows were taken: at most one object's rows per name
     carried: list[pa.Table]  # rows to write again in objects of their own (theirs held mostly removed files' rows)
     stale: list[str]  # objects to remove once those are written
 
 
-def load_file_digests(store: ObjectStore, table: TableRef, names: set[str], key_type: pa.DataType) -> KeptDigests:
-    """The rows kept under `names`, and what to tidy: objects of no present file, or of mostly removed ones."""
-    kept = KeptDigests([], set(), [], [])
+def load_file_digests(
+    store: ObjectStore, table: TableRef, names: set[str], key_type: pa.DataType, take: Callable[[pa.Table], None]
+) -> KeptDigests:
+    """The rows kept under `names`, each object's (name, key, crc) handed to `take` as it is read, never all held at
+    once (a 10M-row table's are 160 MB); and what to tidy: objects of no present file, or of mostly removed ones."""
+    kept = KeptDigests(set(), [], [])
     schema = file_digest_schema(key_type)
     for key in store.list_keys(_folder(table)):
         try:
@@ -74,7 +77,7 @@ def load_file_digests(store: ObjectStore, table: TableRef, names: set[str], key_
         mine = rows if wanted.all() else rows.filter(pa.array(wanted))
         kept.names |= fresh
         if mine.num_rows:
-            kept.rows.append(mine)
+            take(mine)
         if 2 * mine.num_rows < rows.num_rows:
             kept.stale.append(key)
             if mine.num_rows:

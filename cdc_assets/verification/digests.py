@@ -291,13 +291,14 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
         for path, (size, when) in zip(paths, logged, strict=True):
             identity = f"{texts}|{path}|{size}|{when}|{stored[path]}"
             files.append(DataFile(path, hashlib.sha256(identity.encode()).hexdigest()[:32]))
-    kept = load_file_digests(lakehouse.store, table, {f.name for f in files}, pa.from_numpy_dtype(key_type))
-    unkept = [f for f in files if f.name not in kept.names]
     records = sum(n or 0 for n in actions.column("num_records").to_pylist()) if "num_records" in actions.column_names else 0
     found = _Found(records, key_type)  # live rows are at most the records the files hold (grown where not said)
-    for rows in kept.rows:
+
+    def take(rows: pa.Table) -> None:
         found.add(_as_numbers(rows.column("key").combine_chunks()), rows.column("crc").to_numpy())
-    kept.rows = []  # let go as they are read
+
+    kept = load_file_digests(lakehouse.store, table, {f.name for f in files}, pa.from_numpy_dtype(key_type), take)
+    unkept = [f for f in files if f.name not in kept.names]
     writer = FileDigestWriter(lakehouse.store, table)
     for rows in kept.carried:
         writer.add(rows)
