@@ -223,7 +223,6 @@ class LakeRows:
     sorted_keys: np.ndarray
     files: int  # the table's data files (0: read whole through a query)
     files_kept: int  # of them, those whose rows' CRC-32s were kept from an earlier repair
-    version: int  # the Delta version read
 
 
 class _Found:
@@ -241,9 +240,9 @@ class _Found:
         self.keys[self.at : end], self.crcs[self.at : end] = keys, crcs
         self.at = end
 
-    def rows(self, version: int, files: int, files_kept: int) -> LakeRows:
+    def rows(self, files: int, files_kept: int) -> LakeRows:
         keys, crcs = self.keys[: self.at], self.crcs[: self.at]
-        return LakeRows(keys, crcs, np.sort(keys, kind="stable"), files, files_kept, version)
+        return LakeRows(keys, crcs, np.sort(keys, kind="stable"), files, files_kept)
 
 
 def _file_identities(lakehouse: Lakehouse, table: TableRef, paths: list[str]) -> dict[str, str]:
@@ -279,7 +278,7 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
         sql = f"SELECT {', '.join(quote(n) for n in read.names)} FROM current"
         for rows in read_query_chunks(current, sql, "current", STREAM_ROWS):
             found.add(*digest_rows(shape, live_rows(rows)))
-        return found.rows(current.version(), 0, 0)
+        return found.rows(0, 0)
     actions = pa.table(current.get_add_actions(flatten=True))
     texts = hashlib.sha256(f"{DIGEST_TEXT_FORMAT}|{shape.columns!r}|{shape.primary_key!r}|{read}".encode()).hexdigest()
     files: list[DataFile] = []
@@ -315,23 +314,32 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
 
     # the texts of one group of rows are written (DuckDB, outside the GIL) while the next group's files are read
     with ThreadPoolExecutor(TEXT_WORKERS) as pool:
-        for f in [*unkept, None]:
-            if f is not None:
-                groups = [live_rows(conformed(rows, read)) for rows in read_files(access, table_key, [f.path], read.names)]
-                pending.append((f, pa.concat_tables(groups) if groups else read.empty_table()))
-            if pending and (f is None or sum(r.num_rows for _, r in pending) >= STREAM_ROWS):
-                group = list(pending)
-                pending.clear()
-                texts_written.append((group, pool.submit(digest_rows, shape, pa.concat_tables([r for _, r in group]))))
-            while texts_written and (f is None or len(texts_written) > TEXT_WORKERS):
+
+        def submitted() -> None:
+            group = list(pending)
+            pending.clear()
+            texts_written.append((group, pool.submit(digest_rows, shape, pa.concat_tables([r for _, r in group]))))
+
+        def taken_in(waiting: int) -> None:  # the oldest groups' texts taken in, until `waiting` are left
+            while len(texts_written) > waiting:
                 done, future = texts_written.popleft()
                 kept_of(done, *future.result())
+
+        for f in unkept:
+            groups = [live_rows(conformed(rows, read)) for rows in read_files(access, table_key, [f.path], read.names)]
+            pending.append((f, pa.concat_tables(groups) if groups else read.empty_table()))
+            if sum(r.num_rows for _, r in pending) >= STREAM_ROWS:
+                submitted()
+                taken_in(TEXT_WORKERS)
+        if pending:
+            submitted()
+        taken_in(0)
     writer.flush()
     remove_objects(lakehouse.store, kept.stale)  # after what they held that is still needed is written
     latest = lakehouse.open(CURRENT, table)
     if latest is None or written_by_others(latest, current.version()) is not None:
         remove_file_digests(lakehouse.store, table)  # a rewrite's purge (forget) may have come first
-    return found.rows(current.version(), len(files), len(files) - len(unkept))
+    return found.rows(len(files), len(files) - len(unkept))
 
 
 def _unsigned(t: pa.DataType) -> bool:
