@@ -139,9 +139,13 @@ def column_from_binlog(column: Any) -> ColumnSpec:
 Change = tuple[str, list[str | None] | None, list[str | None] | None]
 
 
-def reference_events(url: MySQLUrl, server_id: int, start: BinlogPosition, end: BinlogPosition) -> list[tuple]:
+def reference_events(
+    url: MySQLUrl, server_id: int, start: BinlogPosition, end: BinlogPosition, only_tables: list[str] | None = None
+) -> list[tuple]:
     """Table maps as (`map`, schema, table, columns, key) and row changes as (op, before, after), from `start`
-    to `end` in one binlog file, through python-mysql-replication."""
+    to `end` in one binlog file, through python-mysql-replication; of the tables named `only_tables` alone when
+    given (it reads no further than the name of another table's map: one it cannot read, with a VECTOR, is passed
+    by)."""
     stream = BinLogStreamReader(
         connection_settings=url.connection_settings(),
         server_id=server_id,
@@ -150,6 +154,7 @@ def reference_events(url: MySQLUrl, server_id: int, start: BinlogPosition, end: 
         log_pos=start.log_pos,
         blocking=False,
         only_events=[TableMapEvent, WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent],
+        only_tables=only_tables,
     )
     found: list[tuple] = []
     columns: dict[int, tuple[ColumnSpec, ...]] = {}
