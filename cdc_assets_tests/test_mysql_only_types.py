@@ -9,20 +9,24 @@ import struct
 import pyarrow as pa
 import pytest
 
-from cdc_assets.core.mysql_types import ColumnSpec, arrow_type, decode_column, vector_array
+from cdc_assets.core.mysql_types import VECTOR_TYPE, ColumnSpec, arrow_type, decode_column, vector_array
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.sinks.events import json_values
 from cdc_assets.source import server as source
-from cdc_assets.source.rows import source_shapes
+from cdc_assets.source.rows import read_source_table, source_shapes
+from cdc_assets.source.server import binlog_end
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets.stages.snapshot.run import take_snapshot
 from cdc_assets.verification.compare import compare_tables
 from cdc_assets.verification.row_hashes import content_checksum
 from cdc_assets_tests.conftest import CdcEnv, on_spark
+from cdc_assets_tests.pmr_reference import reference_events
 from cdc_assets_tests.stage_runs import capture_and_apply, source_and_current
+from cdc_assets_tests.test_binlog_decoder import _decoded, _without_binary_json
 
 # float32s at their edges: the largest, the smallest subnormal, negative zero, one not exact in decimal, -1
 EDGES = [3.4028234663852886e38, 1e-45, -0.0, 0.1, -1.0]
@@ -155,3 +159,110 @@ def test_a_keyless_table_with_a_vector_keeps_its_duplicates(cdc: CdcEnv) -> None
     assert sorted(map(str, current.to_pylist()), key=str) == sorted(map(str, source_rows.to_pylist()), key=str)
     changed = source_rows.set_column(1, "v", vector_array([_bytes([1.0, 2.0])] * 2 + [_bytes([7.0, 8.5]), None]))
     assert not compare_tables(TableRef(cdc.database, "k"), changed, current, []).ok  # one element differs: seen
+
+
+# Tables mixing VECTORs with every other kind of column the binlog's optional metadata describes: text (the charsets),
+# binary, ENUM/SET (their own charsets and members), JSON, geometry. `mixed`'s VECTORs stand first, in the middle and
+# last, and MySQL states its charsets as a default (binary) with exceptions; the issue's `v` as one charset per column.
+# Each column: its definition, its lakehouse type, its value in rows 1 to 4 (SQL).
+_V = VECTOR_TYPE
+MIXED_TABLES: dict[str, list[tuple[str, str, pa.DataType, tuple[str, ...]]]] = {
+    "v": [
+        ("id", "INT PRIMARY KEY", pa.int32(), ("1", "2", "3", "4")),
+        ("emb", "VECTOR(3)", _V, ("STRING_TO_VECTOR('[1, 2, 3]')", "NULL", "STRING_TO_VECTOR('[-0, 0.1, 2.5]')", "NULL")),
+        ("label", "VARCHAR(10)", pa.string(), ("'a'", "'é🚀'", "NULL", "'d'")),
+    ],
+    "mixed": [
+        ("v1", "VECTOR(2)", _V, ("STRING_TO_VECTOR('[1, 2]')", "NULL", "STRING_TO_VECTOR('[-0, 3.5]')", "NULL")),
+        ("id", "INT PRIMARY KEY", pa.int32(), ("1", "2", "3", "4")),
+        ("c", "CHAR(3)", pa.string(), ("'abc'", "'é'", "NULL", "'x'")),
+        ("vc", "VARCHAR(20)", pa.string(), ("'héllo 🚀'", "''", "NULL", "'y'")),
+        ("v2", "VECTOR(3)", _V, ("STRING_TO_VECTOR('[0.5, -1, 3]')", "NULL", "STRING_TO_VECTOR('[1, 0, 1]')", "NULL")),
+        ("t", "TEXT CHARACTER SET latin1", pa.string(), ("'café'", "'ÿ'", "NULL", "'z'")),
+        ("w", "VARCHAR(5) CHARACTER SET cp1251", pa.string(), ("'Жук'", "'я'", "NULL", "'w'")),
+        ("b", "BINARY(4)", pa.binary(), ("x'00ff'", "x'01020304'", "NULL", "x'00'")),
+        ("vb", "VARBINARY(8)", pa.binary(), ("x'0102'", "x''", "NULL", "x'ff'")),
+        ("bl", "BLOB", pa.binary(), ("x'deadbeef'", "x'00'", "NULL", "x'01'")),
+        ("e", "ENUM('a', 'b') CHARACTER SET latin1", pa.string(), ("'b'", "'a'", "NULL", "'a'")),
+        ("s", "SET('x', 'y')", pa.string(), ("'x,y'", "''", "NULL", "'y'")),
+        ("j", "JSON", pa.string(), ("'{\"a\": [1, \"é\"]}'", "'[]'", "NULL", "'1'")),
+        ("g", "POINT", pa.binary(), ("ST_GeomFromText('POINT(1 2)')", "ST_GeomFromText('POINT(-3 4.5)')", "NULL",
+                                     "ST_GeomFromText('POINT(0 0)')")),
+        ("v3", "VECTOR(1)", _V, ("STRING_TO_VECTOR('[7]')", "NULL", "STRING_TO_VECTOR('[8]')", "NULL")),
+    ],
+}  # fmt: skip
+# Row 1 updated (a VECTOR and a text column each time: its twin's update must change a row too), row 4 deleted.
+MIXED_UPDATES = {
+    "v": [("emb", "STRING_TO_VECTOR('[4, 5, 6]')"), ("label", "'ä'")],
+    "mixed": [("v1", "NULL"), ("t", "'über'"), ("v2", "STRING_TO_VECTOR('[9, 8, 7]')"), ("bl", "x'00'")],
+}
+PLAIN = "_plain"  # each table's twin without its VECTORs, which python-mysql-replication can read
+
+
+def _mixed_statements(table: str, vectors: bool) -> list[str]:
+    """The CREATE, INSERT, UPDATE and DELETE of a `MIXED_TABLES` table, or of its twin without VECTOR columns."""
+    columns = [c for c in MIXED_TABLES[table] if vectors or not c[1].startswith("VECTOR")]
+    name = table if vectors else table + PLAIN
+    rows = zip(*(c[3] for c in columns), strict=True)
+    updates = [f"{c} = {v}" for c, v in MIXED_UPDATES[table] if c in {column[0] for column in columns}]
+    return [
+        f"CREATE TABLE {name} ({', '.join(f'{c[0]} {c[1]}' for c in columns)})",
+        f"INSERT INTO {name} ({', '.join(c[0] for c in columns)}) VALUES "
+        + ", ".join(f"({', '.join(row)})" for row in rows),
+        f"UPDATE {name} SET {', '.join(updates)} WHERE id = 1",
+        f"DELETE FROM {name} WHERE id = 4",
+    ]
+
+
+def _as_plain_twin(events: list[tuple]) -> list[tuple]:
+    """Our decoder's events of the VECTOR tables as their twins' would be: VECTOR columns and values left out, each
+    table named as its twin; the twins' own events left out."""
+    out: list[tuple] = []
+    keep: list[int] | None = None
+    for event in events:
+        if event[0] == "map":
+            _, schema, table, columns, key = event
+            keep = None if table.endswith(PLAIN) else [i for i, c in enumerate(columns) if c.type != "vector"]
+            if keep is not None:
+                out.append(("map", schema, table + PLAIN, tuple(columns[i] for i in keep), key))
+        elif keep is not None:
+            op, before, after = event
+            out.append((op, *(None if image is None else [image[i] for i in keep] for image in (before, after))))
+    return out
+
+
+@pytest.mark.parametrize("source", ["mysql"], indirect=True)
+def test_vector_beside_other_columns_keeps_every_column_type(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MySQL 9 counts a VECTOR among the character columns of a table map's charsets (its binary charset): the
+    columns after one keep their own charset, so a VARCHAR beside a VECTOR stays text (issue 42). One sync of
+    `MIXED_TABLES` succeeds, its checks and `verify` find them equal, every column lands in its type with the source's
+    rows; our decoder reads every other column as python-mysql-replication reads the same table without VECTORs."""
+    monkeypatch.setenv("CDC_EXCLUDE_TABLES", f"{cdc.database}.*{PLAIN}")
+    with cdc.admin() as conn, conn.cursor() as cur:
+        start = binlog_end(conn)
+        for table in MIXED_TABLES:
+            for statements in zip(_mixed_statements(table, True), _mixed_statements(table, False), strict=True):
+                for statement in statements:
+                    cur.execute(statement)
+        end = binlog_end(conn)
+    url = MySQLUrl.parse(cdc.server.reader_url())
+    ours = _as_plain_twin(_decoded(url, start, end, mariadb=False))
+    theirs = reference_events(url, 4252, start, end, only_tables=[t + PLAIN for t in MIXED_TABLES])
+    assert len(theirs) == 2 * (3 + 4 + 1 + 1)  # per table: a map before each of 3 row events; 4 + 1 + 1 rows
+    assert _without_binary_json(ours) == _without_binary_json(theirs)
+
+    assert cdc.sync() == 0
+    results = cdc.verify()
+    assert [r.describe() for r in results if not r.ok] == []
+    assert sorted(str(r.table) for r in results) == sorted(f"{cdc.database}.{t}" for t in MIXED_TABLES)
+    for table, columns in MIXED_TABLES.items():
+        ref = TableRef(cdc.database, table)
+        current = read_current(cdc.lakehouse, ref, [c[0] for c in columns])
+        assert current is not None
+        assert {f.name: f.type for f in current.schema} == {c[0]: c[2] for c in columns}
+        with cdc.admin() as conn:
+            shape = source_shapes(conn, [ref])[ref]
+            assert shape is not None
+            source_rows = read_source_table(conn, ref, list(shape.columns))
+        assert source_rows.num_rows == 3
+        assert current.sort_by("id").cast(source_rows.schema).equals(source_rows.sort_by("id"))

@@ -3,7 +3,9 @@ column's values are laid out in row images.
 
 The reading of the optional metadata (signedness, charsets, names, ENUM/SET members, primary key) follows
 python-mysql-replication 1.0.17 exactly, so a column gets the same `ColumnSpec` either way (checked by
-`test_binlog_decoder`), and raw batches written before and after this reader agree.
+`test_binlog_decoder`), and raw batches written before and after this reader agree. MySQL 9's VECTOR is beyond it
+(it stops at the map of such a table): here a VECTOR holds its place among the character columns, as the server
+writes them (`test_mysql_only_types`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ KIND: dict[int, str] = {
 }  # fmt: skip
 _BINARY_KIND = {"varchar": "varbinary", "char": "binary", "text": "blob"}
 _NUMERIC = frozenset({TINY, SHORT, INT24, LONG, LONGLONG, NEWDECIMAL, FLOAT, DOUBLE, YEAR})
-_CHARACTER = frozenset({STRING, VAR_STRING, VARCHAR, BLOB})  # and GEOMETRY on MariaDB
+_CHARACTER = frozenset({STRING, VAR_STRING, VARCHAR, BLOB})  # and GEOMETRY on MariaDB, VECTOR on MySQL
 _ONE_BYTE_META = frozenset({FLOAT, DOUBLE, TIMESTAMP2, DATETIME2, TIME2, BLOB, GEOMETRY, JSON, VECTOR})
 
 # Optional metadata field types (MySQL's Table_map_log_event::Optional_metadata_field_type).
@@ -161,9 +163,16 @@ def _members(reader: _Reader, end: int) -> list[list[str]]:
     return result
 
 
+def _is_character(code: int, mariadb: bool) -> bool:
+    """Whether the server gives a column of this binlog type an entry in DEFAULT_CHARSET / COLUMN_CHARSET (its
+    `is_character_type`): those entries are by position among such columns, so one counted wrongly gives every later
+    column its neighbour's charset. MariaDB counts GEOMETRY (a blob underneath); MySQL 9 counts VECTOR (binary)."""
+    return code in _CHARACTER or code == (GEOMETRY if mariadb else VECTOR)
+
+
 def _optional_metadata(reader: _Reader, end: int, types: list[int], mariadb: bool) -> _Optional:
     numeric = [t in _NUMERIC for t in types]
-    character = [t in _CHARACTER or (mariadb and t == GEOMETRY) for t in types]
+    character = [_is_character(t, mariadb) for t in types]
     enum_or_set = [t in (ENUM, SET) for t in types]
     meta = _Optional(unsigned=[False] * len(types))
     while reader.pos < end:
@@ -275,7 +284,7 @@ def _columns(
         name, value = optional.names[index], meta[index]
         encoding = None
         members: tuple[str, ...] = ()
-        if code in _CHARACTER or (code == GEOMETRY and dbms == "mariadb"):
+        if _is_character(code, dbms == "mariadb"):  # a VECTOR takes its entry (binary) and stays a vector
             encoding = _encoding(charsets, dbms)
         elif code in (ENUM, SET):
             encoding = _encoding(enum_set_charsets, dbms)
