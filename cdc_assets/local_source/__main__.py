@@ -1,4 +1,4 @@
-"""`python -m cdc_assets.local_source start|stop|status|workload N|live|install-mysql`: manage the demo source.
+"""`python -m cdc_assets.local_source start|stop|status|workload N|live|tpcc|install-mysql`: manage the demo source.
 
 The flavour is CDC_DEMO_SOURCE's (`mariadb`, the default, or `mysql`), under `.local/<flavour>`."""
 
@@ -8,7 +8,7 @@ import argparse
 import sys
 import threading
 
-from cdc_assets.local_source import mysql_dist, server
+from cdc_assets.local_source import mysql_dist, server, tpcc
 from cdc_assets.local_source.workload import Workload, load_sample_schema
 
 
@@ -27,6 +27,17 @@ def main(argv: list[str] | None = None) -> int:
     live.add_argument("--seconds", type=float, default=None, help="stop after this long (default: never)")
     live.add_argument("--tps", type=float, default=40.0, help="transactions per second, about")
     live.add_argument("--seed", type=int, default=0)
+    bench = sub.add_parser(
+        "tpcc", help="load the TPC-C-shaped workload's tables and foreign keys (once), then run its transactions"
+    )
+    bench.add_argument("--database", default="tpcc", help="the database its nine tables are in (default: tpcc)")
+    bench.add_argument("--warehouses", type=int, default=1, help="at the load: how many (default: 1)")
+    bench.add_argument("--transactions", type=int, default=None, help="stop after this many")
+    bench.add_argument("--seconds", type=float, default=None, help="stop after this long (default: Ctrl-C stops)")
+    bench.add_argument(
+        "--tps", type=float, default=50.0, help="transactions per second, steady (0: as fast as they go)"
+    )
+    bench.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     base, flavour = server.demo_source_dir(), server.demo_flavour()
 
@@ -67,7 +78,33 @@ def main(argv: list[str] | None = None) -> int:
             except KeyboardInterrupt:
                 stats = workload.stats
         print(f"ran {stats.total} transactions: {dict(stats.transactions)}")
+    elif args.command == "tpcc":
+        return _tpcc(server.start(base, flavour=flavour), args)
     return 0
+
+
+def _tpcc(local: server.LocalServer, args: argparse.Namespace) -> int:
+    """Load the workload's tables where they are not yet, run it, then check TPC-C's consistency conditions."""
+    with local.admin_connection(autocommit=False) as conn:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE IF NOT EXISTS `{args.database}` CHARACTER SET utf8mb4")
+        scale = tpcc.loaded_scale(conn, args.database)
+        workload = tpcc.Tpcc(conn, args.database, seed=args.seed, scale=scale or tpcc.Scale(warehouses=args.warehouses))
+        if scale is None:
+            workload.load()
+            print(f"loaded {args.database} at {workload.scale}, then its foreign keys", flush=True)
+        rate = f"at about {args.tps:g}/s" if args.tps else "as fast as they go"
+        print(f"running TPC-C's transactions {rate} on 127.0.0.1:{local.port} (Ctrl-C stops)", flush=True)
+        try:
+            workload.run(args.transactions, args.seconds, args.tps or None)
+        except KeyboardInterrupt:
+            conn.rollback()
+        stats = workload.stats
+        violations = tpcc.consistency_violations(workload.condition_rows())
+    print(f"ran {stats.total} transactions: {dict(stats.transactions)}")
+    for violation in violations:
+        print(f"TPC-C consistency {violation}")
+    return 1 if violations else 0
 
 
 if __name__ == "__main__":
