@@ -141,3 +141,70 @@ def test_every_charset_decoded_as_the_server_returns_it(cdc: CdcEnv) -> None:
         source = [tuple(row) for row in cur.fetchall()]
     assert _current(cdc, "cs", ["id", *names]) == source
     assert source[0][names.index("c_utf16") + 1] == "Zoë 😀"
+
+
+# ENUM and SET members in the column's charset: the table map carries them as the server stores them
+_MEMBERS_TABLE = """
+CREATE TABLE members (
+  id INT PRIMARY KEY,
+  e_latin1 ENUM('a', 'é', '€ÿ') CHARACTER SET latin1, s_latin1 SET('x', 'ñ', 'Ø') CHARACTER SET latin1,
+  e_cp1251 ENUM('да', 'нет') CHARACTER SET cp1251, s_cp1251 SET('красный', 'зелёный') CHARACTER SET cp1251,
+  e_emoji ENUM('🚀', 'é 🙂') CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,
+  s_emoji SET('🚀', '🙂') CHARACTER SET utf8mb4 COLLATE utf8mb4_bin,  -- unicode_ci weighs every emoji alike
+  e_binary ENUM('a', 'é') CHARACTER SET binary
+)
+"""
+_MEMBER_ROWS = [
+    (1, "a", "x", "да", "красный", "🚀", "🚀", "a"),
+    (2, "é", "ñ", "нет", "зелёный", "é 🙂", "🙂", "é"),
+    (3, "€ÿ", "x,ñ,Ø", "да", "красный,зелёный", "🚀", "🚀,🙂", "é"),
+    (4, "no such member", "", "no such member", "", "no such member", "", "no such member"),  # '': the error value
+    (5, None, None, None, None, None, None, None),
+]
+
+
+@pytest.mark.both_sources
+def test_enum_and_set_members_decoded_in_their_columns_charset(cdc: CdcEnv) -> None:
+    """The table map's ENUM/SET members were decoded as UTF-8 whatever the column's charset: a latin1 'é' became ''
+    and a cp1251 'да' too, so those rows landed wrong."""
+    cdc.execute(_MEMBERS_TABLE)
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SET SESSION sql_mode = ''")  # an ENUM's value that is no member is stored as '' (index 0)
+        cur.executemany(f"INSERT INTO members VALUES ({', '.join(['%s'] * 8)})", _MEMBER_ROWS)
+        cur.execute("UPDATE members SET e_latin1 = '€ÿ', s_latin1 = 'Ø', e_cp1251 = 'нет', s_emoji = '🙂' WHERE id = 1")
+        cur.execute("DELETE FROM members WHERE id = 2")
+    _synced_and_verified(cdc)
+    names = ["id", "e_latin1", "s_latin1", "e_cp1251", "s_cp1251", "e_emoji", "s_emoji", "e_binary"]
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute(f"SELECT {', '.join(names)} FROM members ORDER BY id")
+        # a binary ENUM's value comes as its bytes: the UTF-8 of the member, as the statement that made it sent it
+        source = [tuple(v.decode() if isinstance(v, bytes) else v for v in row) for row in cur.fetchall()]
+    assert _current(cdc, "members", names) == source
+    assert source[0][1:4] == ("€ÿ", "Ø", "нет") and source[2][1] == ""
+
+
+def test_members_and_text_of_mariadb_uca1400_collations_and_a_binary_member_that_is_no_text(cdc: CdcEnv) -> None:
+    """MariaDB's UCA-14.0.0 collations (numbered from 2048) were all taken for utf8: a ucs2 column's text and members
+    were decoded as UTF-8. And a binary ENUM's member that is not UTF-8 has no text the lakehouse could hold: its
+    table is quarantined with one sentence naming the column and charset, and the other goes on."""
+    cdc.execute(
+        "CREATE TABLE uca (id INT PRIMARY KEY, t VARCHAR(10) CHARACTER SET ucs2 COLLATE ucs2_uca1400_ai_ci,"
+        " e ENUM('é', 'x') CHARACTER SET ucs2 COLLATE ucs2_uca1400_ai_ci,"
+        " s SET('🚀', 'é') CHARACTER SET utf8mb4 COLLATE utf8mb4_uca1400_as_cs)",
+        "INSERT INTO uca VALUES (1, 'Zoë', 'é', '🚀,é'), (2, NULL, 'x', '')",
+    )
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SET NAMES latin1")  # the statement's bytes as they are: the member is the one byte E9
+        statement = "CREATE TABLE bin (id INT PRIMARY KEY, e ENUM('a', 'caf\xe9') CHARACTER SET binary)"
+        conn.query(statement.encode("latin1"))
+        cur.execute("INSERT INTO bin VALUES (1, 'a')")
+    assert cdc.sync() == 1  # the quarantined table's own check fails
+    held = quarantined_tables(cdc.lakehouse.store)
+    assert list(held) == [f"{cdc.database}.bin"]
+    sentence = held[f"{cdc.database}.bin"].sentence()
+    assert "Column 'e' is an ENUM/SET in the binary charset with a member that is not UTF-8" in sentence, sentence
+    results = {r.table.table: r for r in cdc.verify()}
+    assert results["uca"].ok and results["bin"].differs, results["uca"].describe()
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SELECT id, t, e, s FROM uca ORDER BY id")
+        assert _current(cdc, "uca", ["id", "t", "e", "s"]) == [tuple(row) for row in cur.fetchall()]

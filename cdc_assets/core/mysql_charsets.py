@@ -54,6 +54,11 @@ SINGLE_BYTE = frozenset(
 )  # fmt: skip
 SERVER_CONVERTED = frozenset({"eucjpms"})
 _PREFIX = "cdc_mysql_"
+# MariaDB 10.10+'s UCA-14.0.0 collations (utf8mb4_uca1400_ai_ci and the rest; 11.5 makes it utf8mb4's default) are
+# numbered from 2048, a block of 256 per charset in this order (MDEV-27009), which python-mysql-replication does not
+# know: it names every one of them utf8, so a ucs2 one was decoded as UTF-8.
+MARIADB_UCA1400_FIRST_ID, MARIADB_UCA1400_BLOCK = 2048, 256
+MARIADB_UCA1400_CHARSETS = ("utf8mb3", "utf8mb4", "ucs2", "utf16", "utf32")
 
 # What the server says: a charset's 256 characters (single-byte), or one value's text. Set by capture (the edge that
 # has a connection), so that this module stays free of I/O.
@@ -62,6 +67,13 @@ ValueFetcher = Callable[[str, bytes], str]
 _fetchers: dict[str, Callable[..., str]] = {}
 _tables: dict[str, str] = {}
 _values: dict[tuple[str, bytes], str] = {}
+
+
+def mariadb_uca1400_charset(collation_id: int) -> str | None:
+    """The charset of a MariaDB UCA-14.0.0 collation number (as the binlog's table map gives a column's), or None for
+    a number outside their blocks."""
+    block = (collation_id - MARIADB_UCA1400_FIRST_ID) // MARIADB_UCA1400_BLOCK
+    return MARIADB_UCA1400_CHARSETS[block] if 0 <= block < len(MARIADB_UCA1400_CHARSETS) else None
 
 
 def use_server(table: TableFetcher, value: ValueFetcher) -> None:

@@ -2,21 +2,25 @@
 column's values are laid out in row images.
 
 The reading of the optional metadata (signedness, charsets, names, ENUM/SET members, primary key) follows
-python-mysql-replication 1.0.17 exactly, so a column gets the same `ColumnSpec` either way (checked by
-`test_binlog_decoder`), and raw batches written before and after this reader agree. MySQL 9's VECTOR is beyond it
-(it stops at the map of such a table): here a VECTOR holds its place among the character columns, as the server
-writes them (`test_mysql_only_types`).
+python-mysql-replication 1.0.17, so a column gets the same `ColumnSpec` either way (checked by
+`test_binlog_decoder`), and raw batches written before and after this reader agree, but where it is wrong:
+- MySQL 9's VECTOR is beyond it (it stops at the map of such a table): here a VECTOR holds its place among the
+  character columns, as the server writes them (`test_mysql_only_types`).
+- It decodes ENUM/SET members as UTF-8 (a latin1 'é' became '', and rows holding it landed wrong); the server writes
+  them in their column's charset, and they are decoded in it here (`test_odd_tables`).
+- It names MariaDB's UCA-14.0.0 collations utf8 whatever their charset (a ucs2 one too); here they are their
+  charset's (core/mysql_charsets).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from pymysqlreplication.constants.CHARSET import charset_by_id
 from pymysqlreplication.row_event import find_charset
 
-from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.mysql_charsets import python_codec
+from cdc_assets.core.errors import CdcUserError, TableUserError
+from cdc_assets.core.mysql_charsets import mariadb_uca1400_charset, python_codec
 from cdc_assets.core.mysql_types import PRINTED_BINARY_TYPES, TEXT_TYPES, ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
@@ -140,8 +144,8 @@ class _Optional:
     charsets: list[int] | None = None
     enum_set_charsets: list[int] | None = None
     names: list[str] | None = None
-    set_members: list[list[str]] | None = None
-    enum_members: list[list[str]] | None = None
+    set_members: list[list[bytes]] | None = None  # as the server stores them: in the column's charset
+    enum_members: list[list[bytes]] | None = None
     primary_key: list[int] | None = None
 
 
@@ -149,18 +153,41 @@ def _charsets(default: int | None, exceptions: dict[int, int], count: int) -> li
     return [exceptions.get(i, default) for i in range(count)]  # type: ignore[misc]
 
 
-def _members(reader: _Reader, end: int) -> list[list[str]]:
+def _members(reader: _Reader, end: int) -> list[list[bytes]]:
     result = []
     while reader.pos < end:
-        values = []
-        for _ in range(reader.packed_int()):
-            raw = reader.packed_string()
-            try:
-                values.append(raw.decode())
-            except UnicodeDecodeError:
-                values.append("")  # as python-mysql-replication does
-        result.append(values)
+        result.append([reader.packed_string() for _ in range(reader.packed_int())])
     return result
+
+
+def _member_texts(column: str, charset_id: int | None, encoding: str | None, raw: list[bytes]) -> tuple[str, ...]:
+    """An ENUM's or SET's members as the server returns them over a utf8mb4 connection (source/rows.py): the table
+    map carries them in the column's charset, decoded here as the column's text values are; a binary one's as their
+    bytes, which the server sends as they are. A member with no such text quarantines the table (capture/batches)
+    rather than give its rows a member they do not hold."""
+    if encoding is None:
+        raise TableUserError(
+            f"Column {column!r} is an ENUM/SET of collation number {charset_id}, whose charset cdc-lakehouse does not "
+            "know: report it."
+        )
+    codec = "utf-8" if encoding == "binary" else python_codec(encoding)
+    if codec is None:
+        raise TableUserError(
+            f"Column {column!r} is an ENUM/SET in the {encoding} charset, which cdc-lakehouse cannot decode: report it."
+        )
+    try:
+        return tuple(member.decode(codec) for member in raw)
+    except UnicodeDecodeError as exc:
+        if encoding == "binary":
+            raise TableUserError(
+                f"Column {column!r} is an ENUM/SET in the binary charset with a member that is not UTF-8 "
+                f"({exc.object!r}): the server sends its bytes as they are, and no text the lakehouse holds equals "
+                "them; give the column a text charset."
+            ) from None
+        raise TableUserError(
+            f"Column {column!r} is an ENUM/SET in the {encoding} charset with a member that is no {encoding} text "
+            f"({exc.object!r}): report it."
+        ) from None
 
 
 def _is_character(code: int, mariadb: bool) -> bool:
@@ -265,10 +292,15 @@ def with_known_types(table_map: TableMap, known: TableShape | None) -> TableMap:
     return TableMap(table_map.table_id, replace(table_map.shape, columns=columns), table_map.layouts)
 
 
-def _encoding(charset_ids: Iterator[int], dbms: str) -> str:
-    """python-mysql-replication's name for the next column's charset (`utf8` when the binlog has none)."""
-    charset_id = next(charset_ids, None)
-    return "utf8" if charset_id is None else find_charset(str(charset_id), dbms=dbms)[0]
+def _encoding(charset_id: int | None, dbms: str) -> str | None:
+    """python-mysql-replication's name for the charset of a column's collation number (`utf8` when the binlog has
+    none), the charset of a MariaDB UCA-14.0.0 collation (which it does not know), or None: a number no one here
+    knows."""
+    if charset_id is None:
+        return "utf8"
+    if charset_by_id(str(charset_id), dbms) is not None:
+        return find_charset(str(charset_id), dbms=dbms)[0]
+    return mariadb_uca1400_charset(charset_id) if dbms == "mariadb" else None
 
 
 def _columns(
@@ -285,10 +317,14 @@ def _columns(
         encoding = None
         members: tuple[str, ...] = ()
         if _is_character(code, dbms == "mariadb"):  # a VECTOR takes its entry (binary) and stays a vector
-            encoding = _encoding(charsets, dbms)
+            encoding = _encoding(next(charsets, None), dbms) or "utf8"  # unknown: utf8, as python-mysql-replication
         elif code in (ENUM, SET):
-            encoding = _encoding(enum_set_charsets, dbms)
-            members = tuple(["", *next(enum_members, [])]) if code == ENUM else tuple(next(set_members, []))
+            charset_id = next(enum_set_charsets, None)
+            encoding = _encoding(charset_id, dbms)
+            raw = next(enum_members if code == ENUM else set_members, [])
+            members = _member_texts(name, charset_id, encoding, raw)
+            if code == ENUM:
+                members = ("", *members)  # index 0: the error value, '' (a value no member was stored as)
         kind = KIND.get(code)
         if kind is None:
             raise CdcUserError(f"Column {name!r} has binlog type {code}, which the pipeline cannot map: report it.")
