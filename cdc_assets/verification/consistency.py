@@ -24,6 +24,7 @@ from deltalake import DeltaTable
 
 from cdc_assets.capture import failover
 from cdc_assets.capture.batches import CaptureOptions, capture_batches
+from cdc_assets.capture.statement_scope import changed_tables
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import release_unused_memory
 from cdc_assets.core.column_policy import ColumnPolicy, clear_left_sentence, policy_from_env
@@ -276,11 +277,12 @@ def _image_keys(rows: pa.Table, version: TableShape, target: _Target) -> set[tup
 
 def _statement_effect(statement: dict[str, Any], table: TableRef) -> str | None:
     """What a recorded DDL or TRUNCATE does to `table` other than row by row: "create" (a plain CREATE TABLE:
-    every row it gets later is a row change in flight), "unsettles" (its rows change without row events, or it
-    goes), or None.
+    every row it gets later is a row change in flight), "unsettles" (its rows or columns change without row events,
+    or it goes), "unlogged" (rows changed without row events: a repair makes up for them), or None.
 
-    A TRUNCATE names its table and a parsed DDL its table changes, exactly; any other statement counts when
-    the table's name appears in it (conservative)."""
+    A TRUNCATE names its table and a parsed DDL its table changes, exactly; any other statement counts only when its
+    tokens say it may change the table's rows or columns (capture/statement_scope.py: a foreign key referencing the
+    table, a routine naming it, REPAIR TABLE do not), or, when they do not tell, when the table's name appears in it."""
     mine = str(table)
     if statement.get("kind") == "truncate" and statement.get("table"):
         return "unsettles" if statement["table"] == mine else None
@@ -296,11 +298,15 @@ def _statement_effect(statement: dict[str, Any], table: TableRef) -> str | None:
                 effect = "create" if c["action"] == "create" and not c.get("renamed_from") else "unsettles"
         return effect
     query = str(statement.get("query") or "")
-    name = r"`?" + re.escape(table.table) + r"`?(?![\w$`])"
-    if not re.search(r"(?<![\w$])" + name, query, re.IGNORECASE):
-        return None
     schema = statement.get("schema")
-    if schema and schema != table.schema and table.schema.lower() not in query.lower():
+    scope = changed_tables(query, schema)
+    name = r"`?" + re.escape(table.table) + r"`?(?![\w$`])"
+    if scope is None:  # a statement its tokens do not tell about: it counts when it names the table
+        if not re.search(r"(?<![\w$])" + name, query, re.IGNORECASE):
+            return None
+        if schema and schema != table.schema and table.schema.lower() not in query.lower():
+            return None
+    elif not scope.covers(table):
         return None
     creates = r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s+(IF\s+NOT\s+EXISTS\s+)?(`?" + re.escape(table.schema) + r"`?\.)?"
     return "create" if re.match(creates + name, query, re.IGNORECASE) else "unsettles"
