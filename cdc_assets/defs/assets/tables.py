@@ -5,6 +5,7 @@ the continuous mode and snapshots record the same materializations."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from dagster import (
@@ -187,10 +188,18 @@ def confirmations(
     return [*events, *carried_over(instance, due), *up_to_date]
 
 
+CARRIED_OVER_FROM = "carried_over_from_run"  # metadata: the run that evaluated a restated check
+EVALUATED_AS = "evaluated_as"  # metadata: that run's own description of it
+_RESTATED = re.compile(r"^(unchanged since evaluated in run \w+: )+")
+
+
 def carried_over(instance: Any, tables: list[str]) -> list[AssetCheckEvaluation]:
     """Each table's latest equality and schema evaluations, restated in this run (same verdict, severity and
     metadata, the description saying which run evaluated them), so a failed check stays failed in the UI until a
-    run checks the table again. One query for all of them."""
+    run checks the table again. One query for all of them.
+
+    An evaluation restated before is restated as it was evaluated: the run that evaluated it and its own description
+    (kept in its metadata), so the sentence says its cause once however many runs restate it."""
     keys = [AssetCheckKey(table_asset_key(t), name) for t in tables for name in (EQUALITY_CHECK, SCHEMA_CHECK)]
     latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys) if keys else {}
     restated = []
@@ -199,14 +208,23 @@ def carried_over(instance: Any, tables: list[str]) -> list[AssetCheckEvaluation]
         evaluation = record.event.dagster_event.event_specific_data if record is not None and record.event else None
         if not isinstance(evaluation, AssetCheckEvaluation):
             continue  # never evaluated, or only planned
+        run = _text(evaluation.metadata.get(CARRIED_OVER_FROM)) or record.run_id
+        # a restatement written before the evaluation's own text was kept: its restated prefixes taken away
+        own = _text(evaluation.metadata.get(EVALUATED_AS)) or _RESTATED.sub("", evaluation.description or "")
         restated.append(
             AssetCheckEvaluation(
                 asset_key=key.asset_key,
                 check_name=key.name,
                 passed=evaluation.passed,
                 severity=evaluation.severity,
-                description=f"unchanged since evaluated in run {record.run_id[:8]}: {evaluation.description or ''}",
-                metadata={**evaluation.metadata, "carried_over_from_run": record.run_id},
+                description=f"unchanged since evaluated in run {run[:8]}: {own}",
+                metadata={**evaluation.metadata, CARRIED_OVER_FROM: run, EVALUATED_AS: own},
             )
         )
     return restated
+
+
+def _text(value: Any) -> str | None:
+    """A text metadata value as read back from the event log (a TextMetadataValue), or None."""
+    value = getattr(value, "value", value)
+    return value if isinstance(value, str) and value else None
