@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -184,6 +184,12 @@ class _Target:
     applied_seq: int | None
     current: DeltaTable | None
     after_seq: int = SEQ_NONE  # changes with a larger `_cdc_seq` are in flight
+    # the last raw batch the current-state stage has taken in for it (lake/state.TableProgress, read before the
+    # table was opened, so the rows compared hold all of it), and the first batch after it that holds a change of it
+    progress_batch: str | None = None
+    behind_from: str | None = None
+    released_seq: int = SEQ_NONE  # statements up to this seq are applied, or hold nothing the stage has to apply
+    release_cap: int | None = None  # never past this seq: statements after the source snapshot's point are in flight
     keys: set[tuple[Any, ...]] = field(default_factory=set)
     not_compared: str | None = None
     missing: str | None = None  # why the lakehouse should have a current-state table it does not have
@@ -203,6 +209,24 @@ class _Target:
     policy: ColumnPolicy = field(default_factory=ColumnPolicy)
     added: dict[str, str] = field(default_factory=dict)  # columns policed since they were captured (until the rewrite)
     clear_found: int = 0  # clear values of `added` columns met in the lakehouse's rows
+
+    @property
+    def statements_after(self) -> int:
+        """Statements with a larger `_cdc_seq` are in flight."""
+        return max(self.after_seq, self.released_seq)
+
+    def take_in(self, manifest: BatchManifest, changed: Collection[str]) -> None:
+        """Release the statements of `manifest`, a raw batch read in order whose `changed` tables are its
+        `tables()`, when the current-state stage has taken in all it holds for this table: the batch is within the
+        stage's progress for it, or neither it nor a batch between holds a change of it (its rows, a TRUNCATE, a
+        schema change). A statement that changes the table in a way capture does not record (one it could not read)
+        then has nothing left to be applied."""
+        taken = self.progress_batch is not None and manifest.name <= self.progress_batch
+        if self.behind_from is not None or not (taken or str(self.table) not in changed):
+            self.behind_from = self.behind_from or manifest.name
+            return
+        through = manifest.next_seq - 1 if self.release_cap is None else min(manifest.next_seq - 1, self.release_cap)
+        self.released_seq = max(self.released_seq, through)
 
     def settled(self, rows: pa.Table) -> pa.Table:
         """Lakehouse rows with the clear values a policy added later left in them policed, counted."""
@@ -312,15 +336,26 @@ def _statement_effect(statement: dict[str, Any], table: TableRef) -> str | None:
     return "create" if re.match(creates + name, query, re.IGNORECASE) else "unsettles"
 
 
+def _statement_text(query: str, most: int = 80) -> str:
+    """A statement as a sentence quotes it: on one line, cut at `most` characters."""
+    text = " ".join(query.split())
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
 def _collect(
-    rows: pa.Table, versions: dict[int, TableShape], statements: list[dict[str, Any]], targets: list[_Target]
+    rows: pa.Table,
+    versions: dict[int, TableShape],
+    statements: list[dict[str, Any]],
+    targets: list[_Target],
+    captured: bool = True,
 ) -> None:
-    """Add the in-flight keys and statements of one batch (raw or read from the binlog now) to the targets.
-    Whether a table can be compared is settled once every batch is in (`_settle`)."""
+    """Add the in-flight keys and statements of one batch (raw, or read from the binlog now: not `captured`) to the
+    targets. Whether a table can be compared is settled once every batch is in (`_settle`)."""
+    waits = "is not applied yet" if captured else "is in flight, not captured yet"
     for target in targets:
         for statement in statements:
             seq = int(statement["seq"])
-            effect = _statement_effect(statement, target.table) if seq > target.after_seq else None
+            effect = _statement_effect(statement, target.table) if seq > target.statements_after else None
             if effect == "create":
                 target.created_seq = seq
             elif effect == "unlogged":  # rows changed without row events: only a repair makes up for them
@@ -331,7 +366,10 @@ def _collect(
                     )
             elif effect == "unsettles":
                 kind = statement.get("kind", "ddl")
-                target.unsettled = (seq, f"a {kind} of the table is in flight ({statement['query'][:80]!r})")
+                text = _statement_text(str(statement.get("query") or ""))
+                target.unsettled = (
+                    seq, f"a {kind} of the table at _cdc_seq {seq} (`{text}`) {waits}; the next sync applies it"
+                )  # fmt: skip
         if not rows.num_rows:
             continue
         mine = rows.filter(
@@ -347,12 +385,14 @@ def _collect(
             part = mine.filter(pc.equal(mine.column("table_version"), version_id))
             keys = _image_keys(part, versions[version_id], target)
             if keys is None:
+                last = int(pc.max(part.column("seq")).as_py())
                 reason = (
-                    "it changed in flight and is gone from the source"
+                    f"it changed in flight (up to _cdc_seq {last}) and is gone from the source"
                     if not target.columns
-                    else "its changes in flight have other columns or another key than the source now"
+                    else f"its changes in flight up to _cdc_seq {last} have other columns or another key than the "
+                    "source now; the next sync applies them"
                 )
-                target.unsettled = (int(pc.max(part.column("seq")).as_py()), reason)
+                target.unsettled = (last, reason)
                 continue
             target.keys |= keys
 
@@ -402,6 +442,9 @@ def _scan_raw_batches(store: ObjectStore, manifests: _Manifests, targets: list[_
     for index in range(manifests.first_after(min(t.after_seq for t in targets)), len(manifests.names)):
         manifest = manifests[index]
         wanted = [t for t in targets if manifest.next_seq - 1 > t.after_seq]
+        changed = set(manifest.tables())
+        for target in wanted:
+            target.take_in(manifest, changed)
         listed = {v.table for v in manifest.shapes.values()} & {t.table for t in wanted}
         rows = read_rows(store, manifest) if listed else RAW_ROWS_SCHEMA.empty_table()
         _collect(rows, manifest.shapes, manifest.raw.get("statements", []), wanted)
@@ -429,7 +472,7 @@ def _scan_binlog(
     for batch in capture_batches(
         settings.url, server, checkpoint.position, checkpoint.gtid, checkpoint.next_seq, position, options, hold_for_xa=False
     ):  # every transaction committed by now is in flight, also those after an XA PREPARE not yet decided
-        _collect(batch.rows, batch.shapes, batch.statements, captured)
+        _collect(batch.rows, batch.shapes, batch.statements, captured, captured=False)
 
 
 def open_current(lakehouse: Lakehouse, table: TableRef) -> tuple[DeltaTable | None, int | None]:
@@ -744,13 +787,17 @@ def _compare_at_one_point(
             # Changes up to `low` are in the snapshot; those after it up to `high` may be or not: in flight.
             position = point.high
             failpoints.hit("verify.in_snapshot")
-            opened = for_each_table(tables, lambda table: open_current(lakehouse, table))
+            # the stage's progress first: the table opened after it holds every change that progress covers
+            opened = for_each_table(
+                tables, lambda table: (load_progress(lakehouse.store, CURRENT_STAGE, str(table)).batch, *open_current(lakehouse, table))
+            )
             targets = [
                 _Target(
                     table, policy.lake_shape(shapes[table]) if shapes[table] else None, applied, current,
                     lakehouse=lakehouse, keep_rows=keep_rows, source=shapes[table], policy=policy, added=rewrite.get(str(table), {}),
+                    progress_batch=progress,
                 )
-                for table, (current, applied) in zip(tables, opened, strict=True)
+                for table, (progress, current, applied) in zip(tables, opened, strict=True)
             ]
             if marks:
                 for target, mark in zip(targets, for_each_table(tables, lambda t: load_mark(lakehouse.store, str(t))), strict=True):
@@ -785,6 +832,7 @@ def _compare_at_one_point(
             for target in targets:
                 applied = SEQ_NONE if target.applied_seq is None else target.applied_seq
                 target.after_seq = applied if floor is None else min(applied, floor)
+                target.release_cap = floor
                 most = max(estimates[target.table], _lake_rows(target.current))
                 target.large_rows = most if most > bucketed.LARGE_TABLE_ROWS else 0
             _scan_raw_batches(lakehouse.store, manifests, targets)
