@@ -254,8 +254,10 @@ def _parse_type(cur: _Cursor, name: str, table_charset: str | None) -> tuple[Col
         spec = replace(spec, fsp=numbers[0] if numbers else 0)
     elif kind in ("enum", "set"):
         spec = replace(spec, members=tuple(_string_value(t.text) for t in args if t.kind == "string"))
-    elif kind == "binary":
+    elif kind in ("binary", "char", "bit"):  # CHAR, BINARY and BIT without a length have one
         spec = replace(spec, length=numbers[0] if numbers else 1)
+    elif kind in ("varchar", "varbinary") and numbers:
+        spec = replace(spec, length=numbers[0])
     if kind in ("char", "varchar", "text", "enum", "set"):
         spec = replace(spec, charset=charset or table_charset)
     elif kind == "json":

@@ -446,7 +446,7 @@ def plan_policy_changes(
         old_shape = lake_shape(shape, {c: before.get(c, CLEAR) for c in shape.column_names})
         new_shape = policy.lake_shape(shape)
         if not old_shape.same_layout(new_shape):
-            plan.alters.append((SchemaChange(table, "alter", old_shape, new_shape), now))
+            plan.alters.append((SchemaChange(table, "alter", old_shape, new_shape, by_policy=True), now))
         elif before != now:
             plan.rerecorded[name] = now
         if change.added:

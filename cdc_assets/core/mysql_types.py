@@ -61,7 +61,10 @@ class ColumnSpec:
     fsp: int = 0  # fractional seconds digits of time, datetime, timestamp
     charset: str | None = None
     members: tuple[str, ...] = field(default_factory=tuple)  # enum and set members, in order
-    length: int | None = None  # BINARY(n): the binlog drops trailing 0x00 bytes, which the value has
+    # the declared length, where the DDL or the binlog gives it: BINARY(n) (the binlog drops trailing 0x00 bytes,
+    # which the value has) and VARBINARY(n) in bytes, CHAR(n) and VARCHAR(n) in characters, BIT(n) in bits (what a
+    # MODIFY to the type cuts a value to)
+    length: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies every value
@@ -343,5 +346,6 @@ def column_from_information_schema(row: dict[str, Any]) -> ColumnSpec:
         fsp=int(row["DATETIME_PRECISION"] or 0) if kind in ("time", "datetime", "timestamp") else 0,
         charset=row.get("CHARACTER_SET_NAME") if kind in TEXT_TYPES else None,
         members=_members(str(row["COLUMN_TYPE"])) if kind in ("enum", "set") else (),
-        length=int(row["CHARACTER_OCTET_LENGTH"]) if kind == "binary" and row.get("CHARACTER_OCTET_LENGTH") else None,
+        length=int(row["CHARACTER_OCTET_LENGTH"]) if kind == "binary" and row.get("CHARACTER_OCTET_LENGTH")
+        else int(row["NUMERIC_PRECISION"]) if kind == "bit" and row.get("NUMERIC_PRECISION") else None,  # BIT(n)
     )

@@ -101,7 +101,10 @@ class SchemaChange:
 
     action: create (the table appears, empty or as a copy of `renamed_from`), alter (columns change;
     `renames` maps new names to old, `defaults` gives added columns' values in existing rows), drop
-    (the table disappears; `renamed_to` when it lives on under that name).
+    (the table disappears; `renamed_to` when it lives on under that name). `flavor`: the server that ran it
+    ("mariadb" or "mysql", from its raw batch; None before the change log recorded it), whose conversions a MODIFY
+    follows. `by_policy`: an implicit alter a column policy made (its values become the texts it polices, not what
+    a server's MODIFY would make of them).
     """
 
     table: TableRef
@@ -112,9 +115,13 @@ class SchemaChange:
     defaults: dict[str, Default] = field(default_factory=dict)
     renamed_from: TableRef | None = None
     renamed_to: TableRef | None = None
+    flavor: str | None = None
+    by_policy: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        flavor = {"flavor": self.flavor} if self.flavor else {}
+        flavor |= {"by_policy": True} if self.by_policy else {}
+        return flavor | {
             "table": str(self.table),
             "action": self.action,
             "before": shape_json(self.before),
@@ -137,6 +144,8 @@ class SchemaChange:
             defaults={k: Default.from_json(v) for k, v in (d.get("defaults") or {}).items()},
             renamed_from=TableRef.parse(d["renamed_from"]) if d.get("renamed_from") else None,
             renamed_to=TableRef.parse(d["renamed_to"]) if d.get("renamed_to") else None,
+            flavor=d.get("flavor"),
+            by_policy=bool(d.get("by_policy")),
         )
 
 

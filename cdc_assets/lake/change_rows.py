@@ -124,6 +124,8 @@ def cast_column(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
         return pa.array([None if v is None else json.dumps(v) for v in values.to_pylist()], target)
     if pa.types.is_binary(target) and not pa.types.is_string(values.type):  # the bytes of its text (unified_type)
         return pc.cast(cast_column(values, pa.string()), target)
+    if pa.types.is_binary(values.type) and not pa.types.is_string(target):  # the text those bytes are, read back
+        return pc.cast(pc.cast(values, pa.string()), target)
     # text to binary: its UTF-8 bytes; binary to text only when the bytes are UTF-8 (a text's, taken back), else
     # ArrowInvalid: never a value with bytes replaced
     return pc.cast(values, target)

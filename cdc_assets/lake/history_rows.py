@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from cdc_assets.core.mysql_conversions import InexactConversion
 from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.ops import REMOVES, REPAIR
 from cdc_assets.core.shapes import SchemaChange, TableShape
@@ -252,10 +253,12 @@ def altered(
             old = change.renames.get(spec.name, spec.name)
             values = [v.get(old) for v in versions]
             if old in before and before[old] != spec:
-                try:
-                    typed = pa.array(values, arrow_type(before[old]))
-                    values = at_history_type(convert_column(typed, before[old], spec), spec.name)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                try:  # the values at the old column's type, from the history's (which holds old and new ones)
+                    held_values = pa.array(values, types[old]) if old in types else pa.array(values)
+                    typed = cast_column(held_values, arrow_type(before[old]))
+                    converted = convert_column(typed, before[old], spec, change.flavor, ts, change.by_policy)
+                    values = at_history_type(converted, spec.name)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, InexactConversion):
                     pass  # the values as they are, at the history column's type
         for row, value in zip(out, values, strict=True):
             row[spec.name] = value

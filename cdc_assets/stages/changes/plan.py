@@ -123,7 +123,8 @@ def plan_piece(
             plan.keys.append({"batch": manifest.name, "table_version": version_id, "key_idx": version.key_indexes()})
             plan.statement_rows.append(_statement_row(manifest.name, version, version_id, statement, op))
             if change is not None:
-                plan.ddl[(manifest.name, version_id)] = json.dumps({"statement": statement["query"], **change})
+                flavor = {"flavor": manifest.raw["server"]["flavor"]} if manifest.raw.get("server", {}).get("flavor") else {}
+                plan.ddl[(manifest.name, version_id)] = json.dumps({"statement": statement["query"], **change, **flavor})
                 newest[str(version.table)] = version  # also for a dropped table: its last shape
         for table, shape in manifest.raw.get("schemas", {}).items():
             if table in starts and shape is not None:  # the table's shape at the batch's end
