@@ -16,8 +16,9 @@ from cdc_assets.cli import main
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.delta import open_table, read_query
-from cdc_assets.lake.layout import CHANGES, HISTORY
+from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
 from cdc_assets.lake.quarantine import quarantined_tables
+from cdc_assets.local_source.server import MARIADB
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
@@ -320,3 +321,57 @@ def test_every_alter_the_server_accepts_converts_as_the_server_does(cdc: CdcEnv,
     assert main(["snapshot", *(f"{cdc.database}.{t}" for t in EXPECTED_QUARANTINES)]) == 0  # the fix each names
     assert all(r.ok for r in cdc.verify()), "after the snapshot"
 
+
+def _column_names(cdc: CdcEnv, layer: str, table: str) -> list[str]:
+    delta = cdc.lakehouse.open(layer, TableRef(cdc.database, table))
+    assert delta is not None, f"no {layer} table {table}"
+    return [f.name for f in delta.schema().fields if not f.name.startswith("_cdc_")]
+
+
+@pytest.mark.parametrize("route", ["binlog", "snapshot"])
+def test_an_enum_made_an_int_by_a_change_that_renames_it_by_case(
+    cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    """Debezium's default_value fixture (DBZ-771): `CHANGE customer_type customer_type INT DEFAULT 42` of
+    `CUSTOMER_TYPE ENUM('b2c','b2b')` gives each row its member's index and renames the column by case. The
+    lakehouse failed the sync (it parsed 'b2b' as an int) and kept `CUSTOMER_TYPE`. Now every layer has the
+    source's values under the source's new name, whether the rows came from the binlog or a snapshot; on MariaDB
+    the binlog route's ALTER runs on Spark (whose tasks call the same conversion), on MySQL on Arrow. A column
+    renamed to another name (`TIER` to `level`, an ENUM made a SMALLINT) follows too: its older rows keep the old
+    column in the change log and the history, later ones and current state have the new one."""
+    monkeypatch.setenv("CDC_HISTORY_TABLES", f"{cdc.database}.*")
+    table = "DBZ_771_CUSTOMERS"
+    cdc.execute(
+        f"CREATE TABLE {table} (id INTEGER NOT NULL AUTO_INCREMENT PRIMARY KEY, "
+        "CUSTOMER_TYPE ENUM('b2c','b2b') NOT NULL DEFAULT 'b2c', TIER ENUM('gold','silver'))",
+        f"INSERT INTO {table} VALUES (DEFAULT, 'b2c', 'silver'), (DEFAULT, 'b2b', NULL)",
+    )
+    spark = route == "binlog" and cdc.server.flavour == MARIADB
+    if route == "snapshot":
+        assert main(["snapshot"]) == 0
+    else:
+        assert cdc.sync() == 0
+        if spark:
+            monkeypatch.setenv("CDC_SPARK_MIN_ROWS", "0")
+    cdc.execute(
+        f"ALTER TABLE {table} CHANGE customer_type customer_type INT DEFAULT 42, CHANGE tier level SMALLINT",
+        f"INSERT INTO {table} (id) VALUES (DEFAULT)",
+        f"UPDATE {table} SET customer_type = 7, level = -3 WHERE id = 1",
+    )
+    assert cdc.sync() == 0
+    results = cdc.verify()
+    assert [r.describe() for r in results if not r.ok] == [] and results[0].compared_rows == 3
+
+    ref = TableRef(cdc.database, table)
+    current = read_current(cdc.lakehouse, ref, ["id", "customer_type", "level"])
+    assert current is not None
+    assert sorted(tuple(r.values()) for r in current.to_pylist()) == [(1, 7, -3), (2, 2, None), (3, 42, None)]
+    assert _column_names(cdc, CURRENT, table) == ["id", "customer_type", "level"]
+    for layer in (CHANGES, HISTORY):  # the old name's column holds the rows from before the rename
+        assert _column_names(cdc, layer, table) == ["id", "customer_type", "TIER", "level"], layer
+    log = read_query(cdc.lakehouse.open(CHANGES, ref), "SELECT * FROM changes ORDER BY _cdc_seq", "changes").to_pylist()
+    rows = [(r["id"], r["customer_type"], r["TIER"], r["level"]) for r in log if r["_cdc_op"] in ("insert", "update")]
+    assert rows == [(1, "b2c", "silver", None), (2, "b2b", None, None), (3, "42", None, None), (1, "7", None, -3)]
+    if spark:  # every file of the change log, renamed and retyped, is a Spark task's
+        assert all("zstd" in p for p in cdc.lakehouse.open(CHANGES, ref).file_uris())
+    assert _history_follows_current_state(cdc, table) == 3

@@ -12,6 +12,7 @@ import pytest
 from cdc_assets.capture.ddl import parse_column_definition, tokenize
 from cdc_assets.core.mysql_conversions import MARIADB, MYSQL, Conversion, InexactConversion, my_gcvt
 from cdc_assets.core.mysql_types import ColumnSpec
+from cdc_assets.lake.change_rows import conformed_schema, unified_schema
 from cdc_assets.lake.current_rows import convert_column
 
 TODAY = dt.date(2026, 11, 28)
@@ -137,3 +138,12 @@ def test_convert_column_keeps_arrow_speed_where_nothing_changes_and_a_policy_get
     assert convert_column(moments, _spec("DATETIME(6)"), policed, by_policy=True).to_pylist() == ["2024-02-29 12:00:00.500000"]
     assert convert_column(moments, _spec("DATETIME(6)"), policed, MYSQL).to_pylist() == ["2024-02-29 12:00:00.500000"]
 
+
+def test_a_column_renamed_in_case_alone_takes_its_new_name_in_the_change_log() -> None:
+    """Delta's column names are case-insensitive: the change log's column is renamed (its files rewritten) rather
+    than kept under the name it first had."""
+    log = pa.schema([("id", pa.int32()), ("CUSTOMER_TYPE", pa.string())])
+    incoming = pa.schema([("id", pa.int32()), ("customer_type", pa.int32())])
+    assert conformed_schema(log, incoming) == pa.schema([("id", pa.int32()), ("customer_type", pa.string())])
+    assert conformed_schema(log, log) is None
+    assert unified_schema([log, incoming]).names == ["id", "customer_type"]

@@ -79,13 +79,12 @@ def unified_type(old: pa.DataType, new: pa.DataType) -> pa.DataType:
     """
     if old == new:
         return old
-    if pa.types.is_struct(old) and pa.types.is_struct(new):  # a before-image: fields named case-insensitively
-        fields = {f.name: f.type for f in old}
-        named = {f.name.lower(): f.name for f in old}
+    if pa.types.is_struct(old) and pa.types.is_struct(new):  # a before-image: fields named case-insensitively,
+        fields = {f.name.lower(): (f.name, f.type) for f in old}  # as the newer image names them
         for f in new:
-            name = named.setdefault(f.name.lower(), f.name)
-            fields[name] = unified_type(fields[name], f.type) if name in fields else f.type
-        return pa.struct([pa.field(name, t) for name, t in fields.items()])
+            key = f.name.lower()
+            fields[key] = (f.name, unified_type(fields[key][1], f.type) if key in fields else f.type)
+        return pa.struct([pa.field(name, t) for name, t in fields.values()])
     ints = [t for t in (old, new) if pa.types.is_integer(t)]
     if len(ints) == 2:
         return old if old.bit_width >= new.bit_width else new
@@ -113,12 +112,13 @@ def cast_column(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
         values = whole(values)
     if values.type == target:
         return values
-    if pa.types.is_struct(target):
-        names = [f.name for f in values.type]
+    if pa.types.is_struct(target):  # fields found case-insensitively: a column renamed in case alone is one
+        names = {f.name.lower(): f.name for f in values.type}
         children = [
-            cast_column(values.field(f.name), f.type) if f.name in names else pa.nulls(len(values), f.type)
+            cast_column(values.field(names[f.name.lower()]), f.type) if f.name.lower() in names
+            else pa.nulls(len(values), f.type)
             for f in target
-        ]
+        ]  # fmt: skip
         return pa.StructArray.from_arrays(children, fields=list(target), mask=pc.is_null(values))
     if pa.types.is_string(target) and pa.types.is_list(values.type):  # a VECTOR modified to another type: as JSON
         return pa.array([None if v is None else json.dumps(v) for v in values.to_pylist()], target)
@@ -132,30 +132,32 @@ def cast_column(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
 
 
 def conformed_schema(existing: pa.Schema, incoming: pa.Schema) -> pa.Schema | None:
-    """The change log's schema with every column both have at a type holding both (None: no change needed)."""
+    """The change log's schema with every column both have at a type holding both, and named as `incoming` (newer)
+    names it: a column renamed in case alone is the same column of a Delta table, which takes the source's new
+    name (None: no change needed)."""
     changed = False
     fields = []
-    by_lower = {f.name.lower(): f for f in incoming}  # a column renamed in case alone is the same column
+    by_lower = {f.name.lower(): f for f in incoming}
     for f in existing:
         other = by_lower.get(f.name.lower())
-        if other is not None and other.type != f.type:
-            fields.append(f.with_type(unified_type(f.type, other.type)))
-            changed = changed or fields[-1].type != f.type
+        if other is not None and (other.type != f.type or other.name != f.name):
+            fields.append(f.with_type(unified_type(f.type, other.type)).with_name(other.name))
+            changed = changed or fields[-1].type != f.type or other.name != f.name
         else:
             fields.append(f)
     return pa.schema(fields) if changed else None
 
 
 def unified_schema(schemas: list[pa.Schema]) -> pa.Schema:
-    """Schemas of several versions of one source table's change log as one: columns are unioned in the order
-    they appear, and a column whose type changed takes `unified_type`."""
-    fields: dict[str, pa.DataType] = {}
-    named: dict[str, str] = {}  # Delta's column names are case-insensitive: a column renamed in case alone is one
+    """Schemas of several versions of one source table's change log, oldest first, as one: columns are unioned in
+    the order they appear, named as the last schema that has them names them (Delta's column names are
+    case-insensitive: a column renamed in case alone is one), and a column whose type changed takes `unified_type`."""
+    fields: dict[str, tuple[str, pa.DataType]] = {}
     for schema in schemas:
         for f in schema:
-            name = named.setdefault(f.name.lower(), f.name)
-            fields[name] = unified_type(fields[name], f.type) if name in fields else f.type
-    return pa.schema([pa.field(name, t) for name, t in fields.items()])
+            key = f.name.lower()
+            fields[key] = (f.name, unified_type(fields[key][1], f.type) if key in fields else f.type)
+    return pa.schema([pa.field(name, t) for name, t in fields.values()])
 
 
 def _column_named(rows: pa.Table, name: str) -> pa.ChunkedArray | None:
@@ -212,7 +214,7 @@ def with_batch(rows: pa.Table, batch: str) -> pa.Table:
 def named_as(rows: pa.Table, names: Iterable[str]) -> pa.Table:
     """`rows` with its columns, and the fields of its before-images, named as `names` names them in another letter
     case. Delta's (and Spark's) column names are case-insensitive, so a source column renamed in case alone (MariaDB's
-    `MODIFY COLUMN C` of `c`) stays one column of a change log, under the name the log first gave it."""
+    `MODIFY COLUMN C` of `c`) stays one column of a change log, under the name `names` gives it."""
     by_lower = {n.lower(): n for n in names}
 
     def named(name: str) -> str:
@@ -249,7 +251,11 @@ def typed_changes(rows: pa.Table, versions: dict[tuple[str, int], TableShape], d
         part = build_change_table(versions[(batch, int(version_id))], where(rows, mask))
         if (batch, int(version_id)) in ddl:
             part = part.append_column(DDL_COLUMN, pa.array([ddl[(batch, int(version_id))]] * part.num_rows, pa.string()))
-        typed.append(named_as(part, typed[0].column_names) if typed else part)
+        typed.append(part)
+    # a column renamed in case alone takes its newest name in every part
+    if len(typed) > 1:
+        newest = max(typed, key=lambda part: pc.max(part.column("_cdc_seq")).as_py() or 0).column_names
+        typed = [named_as(part, newest) for part in typed]
     return sorted_rows(concat_unified(typed), "_cdc_seq")
 
 

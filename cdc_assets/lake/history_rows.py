@@ -68,7 +68,11 @@ def history_columns(log_schema: pa.Schema, history: pa.Schema | None) -> list[pa
     if history is None:
         return fields
     kept = [f.with_type(plain_type(f.type)) for f in source_fields(history)]
-    return [f.with_nullable(True) for f in unified_schema([pa.schema(fields), pa.schema(kept)])]
+    named = {f.name.lower(): f.name for f in fields}  # a column renamed in case alone: the change log's (newer) name
+    return [
+        f.with_name(named.get(f.name.lower(), f.name)).with_nullable(True)
+        for f in unified_schema([pa.schema(fields), pa.schema(kept)])
+    ]
 
 
 def at_types(changes: pa.Table, columns: Sequence[pa.Field]) -> pa.Table:
@@ -240,6 +244,7 @@ def altered(
         return []
     before = {c.name: c for c in change.before.columns} if change.before is not None else {}
     types = {f.name: f.type for f in columns}
+    held = {f.name.lower(): f.name for f in columns}  # the versions' names (a column renamed in case: its newest)
 
     def at_history_type(values: pa.Array, name: str) -> list[Any]:
         return (cast_column(values, types[name]) if name in types else values).to_pylist()
@@ -251,10 +256,11 @@ def altered(
             values = at_history_type(value, spec.name) * len(versions)
         else:
             old = change.renames.get(spec.name, spec.name)
-            values = [v.get(old) for v in versions]
+            name = held.get(old.lower(), old)
+            values = [v.get(name) for v in versions]
             if old in before and before[old] != spec:
                 try:  # the values at the old column's type, from the history's (which holds old and new ones)
-                    held_values = pa.array(values, types[old]) if old in types else pa.array(values)
+                    held_values = pa.array(values, types[name]) if name in types else pa.array(values)
                     typed = cast_column(held_values, arrow_type(before[old]))
                     converted = convert_column(typed, before[old], spec, change.flavor, ts, change.by_policy)
                     values = at_history_type(converted, spec.name)

@@ -15,7 +15,7 @@ from deltalake import DeltaTable, write_deltalake
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import sorted_rows, where
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.change_rows import SEQ_TYPE, cast_column, conformed_schema, named_as
+from cdc_assets.lake.change_rows import SEQ_TYPE, cast_column, conform_to_log, conformed_schema, named_as
 from cdc_assets.lake.delta import (
     MAX_SEQ_KEY,
     compact_small_files,
@@ -38,13 +38,14 @@ def _conform_change_log(
     uri: str, existing: DeltaTable, incoming: pa.Schema, options: dict[str, str] | None
 ) -> pa.Schema:
     """Rewrite the change log in one commit when a column's type changed (a MODIFY COLUMN): its rows are
-    cast to a type that holds old and new values alike, so every version stays readable in one table."""
+    cast to a type that holds old and new values alike, so every version stays readable in one table; or when a
+    column was renamed in case alone: the log takes the source's new name."""
     current = plain_schema(existing)
     target = conformed_schema(current, incoming)
     if target is None:
         return current
     rows = read_query(existing, "SELECT * FROM changes", "changes")
-    rewritten = pa.Table.from_arrays([cast_column(rows.column(f.name), f.type) for f in target], schema=target)
+    rewritten = conform_to_log(rows, target)
     write_deltalake(
         uri,
         rewritten,
@@ -92,8 +93,8 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
         return AppendResult(table, 0, 0, 0, 0, watermark)
     changes = sorted_rows(changes, "_cdc_seq")
     if existing is not None:
-        changes = named_as(changes, pa.schema(existing.schema().to_arrow()).names)
         schema = _conform_change_log(uri, existing, changes.schema, options)
+        changes = named_as(changes, schema.names)
         changes = pa.Table.from_arrays(
             [
                 cast_column(changes.column(f.name), schema.field(f.name).type)

@@ -22,7 +22,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column
+from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, conform_to_log
 from cdc_assets.lake.current_rows import CURRENT_FILE_BYTES
 from cdc_assets.lake.delta import (
     HISTORY_SEQ_KEY,
@@ -159,12 +159,9 @@ def _open_versions(history: Any, schema: pa.Schema) -> list[dict[str, Any]]:
 
 
 def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """History rows with exactly `schema`'s columns and types (a column new to them is NULL)."""
-    arrays = [
-        cast_column(rows.column(f.name), f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-        for f in schema
-    ]
-    return pa.Table.from_arrays(arrays, schema=schema)
+    """History rows with exactly `schema`'s columns and types (a column new to them is NULL; one renamed in case
+    alone is found under its old name)."""
+    return conform_to_log(rows, schema)
 
 
 def _commit(
@@ -198,7 +195,9 @@ def _commit(
         return
     existing = pa.schema(history.schema().to_arrow())
     retyped = any(f.name in existing.names and plain_type(existing.field(f.name).type) != f.type for f in rows.schema)
-    if retyped:  # the change log widened a column's type: the history is rewritten at the new types, once
+    lowered = {n.lower() for n in existing.names}
+    renamed = any(f.name not in existing.names and f.name.lower() in lowered for f in rows.schema)
+    if retyped or renamed:  # a column's type widened, or renamed in case alone: the history is rewritten, once
         whole = _conformed(read_query(history, "SELECT * FROM history", "history"), rows.schema)
         ids = pc.binary_join_element_wise(whole.column(KEY), pc.cast(whole.column(VALID_FROM_SEQ), pa.string()), "|")
         replaced = pc.binary_join_element_wise(rows.column(KEY), pc.cast(rows.column(VALID_FROM_SEQ), pa.string()), "|")
