@@ -1,4 +1,4 @@
-"""Type mapping (CONTRACT §5) and the canonical text form, without a server."""
+"""Type mapping (README: Types (MySQL → Delta)) and the canonical text form, without a server."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One odd table never stops the others (CONTRACT §6): a table whose changes cannot be decoded at capture, or applied
+"""One odd table never stops the others (README: Quarantine): a table whose changes cannot be decoded at capture, or applied
 to its current state, is quarantined with one sentence (cause and fix), its own checks fail and `status` lists it;
 every other table goes on and the checkpoint moves; after the fix it catches up exactly once."""
 

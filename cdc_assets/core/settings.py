@@ -1,4 +1,4 @@
-"""Configuration from the environment (CONTRACT §2), parsed into plain values.
+"""Configuration from the environment (README: Configuration), parsed into plain values.
 
 Passwords live only in memory: `MySQLUrl` never prints one.
 """

@@ -231,7 +231,7 @@ class Resources:
 
 
 def resources_from_env(resolved: bool = False) -> Resources:
-    """Every resource configured from the environment (CONTRACT §2), each declared once. `resolved`: with the
+    """Every resource configured from the environment (README: Configuration), each declared once. `resolved`: with the
     variables' values in place of EnvVars, ready for use outside a run (see `initialized_resources`)."""
 
     def _env(name: str, default: Any) -> Any:

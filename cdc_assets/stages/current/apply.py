@@ -1,4 +1,4 @@
-"""Current-state tables: `current/<schema>/<table>`, one row per source row (CONTRACT §4, §6).
+"""Current-state tables: `current/<schema>/<table>`, one row per source row (README: Lakehouse layout, What it does).
 
 A run applies, per key, only the newest pending change (lake.current_rows.newest_rows): upserts write the row,
 deletes remove it, a key-changing update does both. A change not newer than the row's `_cdc_seq` is ignored
