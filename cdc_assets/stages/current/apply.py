@@ -1,8 +1,8 @@
 """Current-state tables: `current/<schema>/<table>`, one row per source row (README: Lakehouse layout, What it does).
 
-A run applies, per key, only the newest pending change (lake.current_rows.newest_rows): upserts write the row,
+A run applies, per key, only the newest pending change (stages.current.rules.newest_rows): upserts write the row,
 deletes remove it, a key-changing update does both. A change not newer than the row's `_cdc_seq` is ignored
-(lake.current_rows.merged_with_outcomes, the seq guard), so replaying changes is a no-op.
+(stages.current.rules.merged_with_outcomes, the seq guard), so replaying changes is a no-op.
 """
 
 from __future__ import annotations
@@ -246,7 +246,7 @@ def _open_or_create(lakehouse: Lakehouse, pending: PendingTable) -> DeltaTable:
 
 
 def apply_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyResult:
-    """Merge the newest change per key (lake.current_rows.newest_rows) into current state.
+    """Merge the newest change per key (stages.current.rules.newest_rows) into current state.
 
     With soft deletes (CDC_SOFT_DELETES) a delete keeps the row, flagged `_cdc_deleted` with the delete's seq
     and time (a delete of a row not there yet writes it so), and a later write of the key revives it."""
@@ -321,7 +321,7 @@ def _rewrite_touched_files(
 ) -> dict[str, int] | None:
     """Copy on write of exactly the files whose key range (their statistics) holds a changed key, plus, for new
     rows, the file whose range they extend (lake.current_rows.home_files); the rows of those files with the
-    changes applied (lake.current_rows.merge_rows, as the Spark engine's tasks do), sorted by key and written
+    changes applied (stages.current.rules.merge_rows, as the Spark engine's tasks do), sorted by key and written
     back as pieces of current_piece_bytes() (CDC_CURRENT_FILE_KB), committed with the removes of the files they replace in one Delta
     commit that records `new_applied`. Returns the inserted, updated and deleted counts.
 

@@ -128,7 +128,7 @@ def _whole_partition(rule: Callable[[pa.Table], pa.Table]) -> Callable[[Iterator
 
 
 def latest_changes(changes: DataFrame, shape: TableShape, truncate_seq: int | None) -> DataFrame:
-    """Per key, the newest change (lake.current_rows.newest_rows): tasks turn changes into key images, Spark puts
+    """Per key, the newest change (stages.current.rules.newest_rows): tasks turn changes into key images, Spark puts
     every image of a key in one partition, and tasks keep the newest of each key."""
     images = image_schema(shape).append(pa.field(KEY_COLUMN, pa.string())).append(pa.field(ACTION, pa.string()))
 
