@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from cdc_assets.core.mysql_conversions import InexactConversion
 from cdc_assets.core.mysql_types import arrow_type
-from cdc_assets.core.ops import REMOVES, REPAIR
+from cdc_assets.core.ops import AFTER, BEFORE, effect
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column, unified_schema
 from cdc_assets.lake.current_rows import _default_column, convert_column
@@ -139,7 +139,8 @@ def is_dropped(version: dict[str, Any]) -> bool:
 
 
 def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> Versions:
-    """`state` moved through a table's change-log rows (any order; taken by `_cdc_seq`)."""
+    """`state` moved through a table's change-log rows (any order; taken by `_cdc_seq`), each as its operation's
+    effect (core.ops.effect) says: the same answers the current-state rules and the sinks act on."""
     names = [f.name for f in columns]
     given = {id(v) for vs in state.open.values() for v in vs}
     rows = changes.sort_by("_cdc_seq").to_pylist()
@@ -195,36 +196,31 @@ def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> 
         state.opened.append(version)
 
     for row in rows:
-        op, seq, ts = row["_cdc_op"], row["_cdc_seq"], row["_cdc_commit_ts"]
-        if op == "insert":
-            drop(key_text(row, state.key))
-            open_version(row, seq, ts)
-        elif op == "update":
-            before = row["_cdc_before"] or {}
-            old, new = key_text(before, state.key), key_text(row, state.key)
-            fix(old, before)
-            if new != old:
-                drop(new)
-            close_key(old, seq, ts, old != new)
-            open_version(row, seq, ts)
-        elif op == REPAIR:  # the source's row written over the lakehouse's (`_cdc_before`), or where it had none
-            key, before = key_text(row, state.key), row["_cdc_before"]
-            if before is not None:
-                fix(key, before)
-                close_key(key, seq, ts, False)
-            else:
+        seq, ts = row["_cdc_seq"], row["_cdc_commit_ts"]
+        does = effect(row["_cdc_op"])
+        if does.row == BEFORE:  # the key's row goes: the change log's columns hold it, as they were
+            key = key_text(row, state.key)
+            fix(key, row)
+            close_key(key, seq, ts, True)
+        elif does.row == AFTER:  # the after-image is the key's row from here
+            key = key_text(row, state.key)
+            before = row["_cdc_before"] if does.had_row is not False else None
+            if before is None:  # the key had no row: a seeded version of it (read after S) never was
                 drop(key)
+            else:  # the key's row until now: a key-changing update's is under the old key, which it leaves
+                old = key_text(before, state.key) if does.moves_key else key
+                fix(old, before)
+                if key != old:
+                    drop(key)
+                close_key(old, seq, ts, old != key)
             open_version(row, seq, ts)
-        elif op in REMOVES:
-            fix(key_text(row, state.key), row)
-            close_key(key_text(row, state.key), seq, ts, True)
-        elif op in ("truncate", "drop"):
+        if does.clears_table:
             close_all(seq, ts, True)
-        elif op in ("create", "alter") and row.get(DDL_COLUMN):
+        if does.new_shape and row.get(DDL_COLUMN):
             change = SchemaChange.from_json(json.loads(row[DDL_COLUMN]))
             if change.after is None:
                 continue
-            were = close_all(seq, ts, False) if op == "alter" else []
+            were = close_all(seq, ts, False) if does.reshapes_rows else []
             state.key, state.keyless = key_columns(change.after), not change.after.primary_key
             for values in altered(were, change, columns, ts):
                 open_version(values, seq, ts)

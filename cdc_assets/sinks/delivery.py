@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import REMOVES, SCHEMA_OPS
+from cdc_assets.core.ops import AFTER, DELETE, DROP, INSERT, TRUNCATE, effect
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE
 from cdc_assets.lake.state import load_progress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.sinks.consume import Received
-from cdc_assets.sinks.events import HEARTBEAT, OPS, SCHEMA_CHANGE
+from cdc_assets.sinks.events import DEBEZIUM_OPS, HEARTBEAT, SCHEMA_CHANGE
 from cdc_assets.sinks.feed import sink_tables
 from cdc_assets.sinks.settings import SinkSettings
 
@@ -46,18 +46,20 @@ def expected_messages(lakehouse: Lakehouse, sink: SinkSettings) -> list[Expected
         rows = read_query(log, "SELECT _cdc_seq, _cdc_op, _cdc_key, _cdc_before_key FROM changes ORDER BY _cdc_seq", "changes")
         for seq, op, key, before_key in zip(*(rows.column(i).to_pylist() for i in range(4)), strict=True):
             name = str(table)
-            if op in SCHEMA_OPS:
+            does = effect(op)
+            if does.schema_change:
                 expected.append(Expected(str(seq), seq, name, SCHEMA_CHANGE))
-            elif op == "truncate":
-                expected.append(Expected(str(seq), seq, name, OPS[op]))
-            elif op == "update" and keyed and before_key is not None and before_key != key:
-                expected.append(Expected(f"{seq}:old-key", seq, name, "d", ("key:" + before_key,)))
-                expected.append(Expected(f"{seq}:new-key", seq, name, "c", ("key:" + key,)))
+            elif does.clears_table:
+                expected.append(Expected(str(seq), seq, name, DEBEZIUM_OPS[op]))
+            elif does.moves_key and keyed and before_key is not None and before_key != key:
+                expected.append(Expected(f"{seq}:old-key", seq, name, DEBEZIUM_OPS[DELETE], ("key:" + before_key,)))
+                expected.append(Expected(f"{seq}:new-key", seq, name, DEBEZIUM_OPS[INSERT], ("key:" + key,)))
             elif keyed:
-                expected.append(Expected(str(seq), seq, name, OPS[op], ("key:" + (key if op not in REMOVES else before_key or key),)))
+                its_key = key if does.row == AFTER else before_key or key
+                expected.append(Expected(str(seq), seq, name, DEBEZIUM_OPS[op], ("key:" + its_key,)))
             else:
                 rows = tuple("row:" + v for v in dict.fromkeys((before_key, key)) if v is not None)
-                expected.append(Expected(str(seq), seq, name, OPS[op], rows))
+                expected.append(Expected(str(seq), seq, name, DEBEZIUM_OPS[op], rows))
     return sorted(expected, key=lambda e: (e.seq, e.id))
 
 
@@ -131,7 +133,7 @@ def check_delivery(expected: list[Expected], received: list[Received]) -> Delive
             body = message.body
             if (body.get("_cdc_seq"), _table(body), _kind(body)) != (want.seq, want.table, want.kind):
                 report.wrong.append(message.id)
-            table_wide = want.kind in ("t", SCHEMA_CHANGE)
+            table_wide = want.kind in (DEBEZIUM_OPS[TRUNCATE], SCHEMA_CHANGE)
             per_table[want.table].append((want.seq, message.id if table_wide else None))
             if table_wide:
                 continue
@@ -174,17 +176,17 @@ def replayed_rows(received: list[Received]) -> dict[str, dict[str, dict[str, Any
         seen.add((message.stream, message.id))
         table = _table(body)
         if body.get("type") == SCHEMA_CHANGE:
-            if (body.get("change") or {}).get("action") == "drop":
+            if (body.get("change") or {}).get("action") == DROP:
                 tables.pop(table, None)
             continue
-        if body.get("op") == "t":
+        if body.get("op") == DEBEZIUM_OPS[TRUNCATE]:
             tables[table] = {}
             continue
         key = body.get("key")
         if key is None:
             continue
         text = json.dumps(key, sort_keys=True)
-        if body.get("op") == "d":
+        if body.get("op") == DEBEZIUM_OPS[DELETE]:  # a delete's, a repair_delete's or a key change's old key
             tables[table].pop(text, None)
         else:
             tables[table][text] = body["after"]

@@ -25,17 +25,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import REMOVES, SCHEMA_OPS
+from cdc_assets.core.ops import AFTER, DELETE, DROP, INSERT, REPAIR, REPAIR_DELETE, TRUNCATE, UPDATE, effect
 
 CONNECTOR = "cdc-lakehouse"
 CONNECTOR_VERSION = "0.1.0"
 HEARTBEAT_KEY = "heartbeat"  # RabbitMQ routing key and Kinesis partition key of heartbeats (no table's: no dot)
 KINESIS_MAX_PARTITION_KEY = 256  # characters, Kinesis's limit
-# Debezium's letters; a repair's row is the source's as read at the repair's point, as Debezium's snapshot reads are
-OPS = {"insert": "c", "update": "u", "delete": "d", "truncate": "t", "repair": "r", "repair_delete": "d"}
+# Debezium's letters for our operations (core.ops); a repair's row is the source's as read at the repair's point, as
+# Debezium's snapshot reads are
+DEBEZIUM_OPS = {INSERT: "c", UPDATE: "u", DELETE: "d", TRUNCATE: "t", REPAIR: "r", REPAIR_DELETE: "d"}
 
-CHANGE = "change"
-TRUNCATE = "truncate"
+CHANGE = "change"  # a message's `type` (a row change's; a TRUNCATE's is core.ops.TRUNCATE, its operation's name)
 SCHEMA_CHANGE = "schema_change"
 HEARTBEAT = "heartbeat"
 
@@ -161,7 +161,7 @@ def _column_types(shape: dict[str, Any] | None) -> dict[str, Any] | None:
 def schema_change_body(table: TableRef, seq: int, commit_ms: int, gtid: str | None, batch: str | None, ddl: dict[str, Any], built_ms: int) -> dict[str, Any]:
     change = {k: v for k, v in ddl.items() if k not in ("statement", "seq", "table")}
     action = str(ddl.get("action") or "alter")
-    shape = ddl.get("after") if action != "drop" else ddl.get("before")
+    shape = ddl.get("after") if action != DROP else ddl.get("before")
     return {
         "id": str(seq),
         "type": SCHEMA_CHANGE,
@@ -173,7 +173,7 @@ def schema_change_body(table: TableRef, seq: int, commit_ms: int, gtid: str | No
             {
                 "type": action.upper(),
                 "id": f'"{table.schema}"."{table.table}"',
-                "table": _column_types(shape) if action != "drop" else None,
+                "table": _column_types(shape) if action != DROP else None,
             }
         ],
         "change": change,
@@ -204,38 +204,42 @@ def table_events(table: TableRef, rows: pa.Table, timeline: ShapeTimeline, built
     for i, op in enumerate(ops):
         seq, commit_ms = int(seqs[i]), int(commit_us[i] or 0) // 1000
         source = _source(table, seq, commit_ms, gtids[i], batches[i])
-        if op in SCHEMA_OPS:
+        does = effect(op)
+        if does.schema_change:
             ddl = json.loads(ddls[i]) if ddls[i] else {"action": op}
             body = schema_change_body(table, seq, commit_ms, gtids[i], batches[i], ddl, built)
             events.append(_event(body, seq, SCHEMA_CHANGE, name, None, None, partition_key(name, None), commit_ms, broadcast=True))
             continue
-        if op == TRUNCATE:
-            body = {"id": str(seq), "type": TRUNCATE, "before": None, "after": None, "op": "t", "ts_ms": built,
+        if does.clears_table:  # a TRUNCATE (a DROP is a schema change): a message of its own, for every key
+            letter = DEBEZIUM_OPS[TRUNCATE]
+            body = {"id": str(seq), "type": TRUNCATE, "before": None, "after": None, "op": letter, "ts_ms": built,
                     "source": source, "_cdc_seq": seq, "_cdc_gtid": gtids[i]}  # fmt: skip
-            events.append(_event(body, seq, TRUNCATE, name, "t", None, partition_key(name, None), commit_ms, broadcast=True))
+            events.append(_event(body, seq, TRUNCATE, name, letter, None, partition_key(name, None), commit_ms, broadcast=True))
             continue
         shape = timeline.at(seq)
-        after = {c: values[c][i] if c in values else None for c in shape.names} if op not in REMOVES else None
+        writes = does.row == AFTER
+        after = {c: values[c][i] if c in values else None for c in shape.names} if writes else None
         old = before_values[i]
-        before = {c: old.get(c) for c in shape.names} if old is not None and op != "insert" else None
+        before = {c: old.get(c) for c in shape.names} if old is not None and does.had_row is not False else None
         keyed = bool(shape.primary_key)
 
         def key_of(image: dict[str, Any] | None) -> dict[str, Any] | None:
             return {k: image.get(k) for k in shape.primary_key} if keyed and image is not None else None  # noqa: B023
 
-        if op == "update" and keyed and before_keys[i] is not None and before_keys[i] != keys[i]:
+        if does.moves_key and keyed and before_keys[i] is not None and before_keys[i] != keys[i]:
             moved = {"from": key_of(before), "to": key_of(after)}
-            gone = {"id": f"{seq}:old-key", "type": CHANGE, "before": before, "after": None, "op": "d", "ts_ms": built,
+            deleted, created = DEBEZIUM_OPS[DELETE], DEBEZIUM_OPS[INSERT]
+            gone = {"id": f"{seq}:old-key", "type": CHANGE, "before": before, "after": None, "op": deleted, "ts_ms": built,
                     "source": source, "key": moved["from"], "key_change": moved, "_cdc_seq": seq, "_cdc_gtid": gtids[i]}  # fmt: skip
-            came = {"id": f"{seq}:new-key", "type": CHANGE, "before": None, "after": after, "op": "c", "ts_ms": built,
+            came = {"id": f"{seq}:new-key", "type": CHANGE, "before": None, "after": after, "op": created, "ts_ms": built,
                     "source": source, "key": moved["to"], "key_change": moved, "_cdc_seq": seq, "_cdc_gtid": gtids[i]}  # fmt: skip
-            events.append(_event(gone, seq, CHANGE, name, "d", before_keys[i], partition_key(name, before_keys[i]), commit_ms, key_change=True))
-            events.append(_event(came, seq, CHANGE, name, "c", keys[i], partition_key(name, keys[i]), commit_ms, key_change=True))
+            events.append(_event(gone, seq, CHANGE, name, deleted, before_keys[i], partition_key(name, before_keys[i]), commit_ms, key_change=True))
+            events.append(_event(came, seq, CHANGE, name, created, keys[i], partition_key(name, keys[i]), commit_ms, key_change=True))
             continue
-        letter = OPS.get(op, op)
-        key_text = keys[i] if op not in REMOVES else (before_keys[i] or keys[i])
+        letter = DEBEZIUM_OPS[op]
+        key_text = keys[i] if writes else (before_keys[i] or keys[i])
         body = {"id": str(seq), "type": CHANGE, "before": before, "after": after, "op": letter, "ts_ms": built,
-                "source": source, "key": key_of(after if op not in REMOVES else before), "_cdc_seq": seq, "_cdc_gtid": gtids[i]}  # fmt: skip
+                "source": source, "key": key_of(after if writes else before), "_cdc_seq": seq, "_cdc_gtid": gtids[i]}  # fmt: skip
         # a table without a primary key has no row identity (its `_cdc_key` is the row's values, which two distinct
         # rows may share): no key, so nothing collapses its changes, and they share the table's partition, in order
         row_key = key_text if keyed else None
@@ -307,7 +311,7 @@ def collapse_updates(events: list[SinkEvent], window_seconds: float) -> tuple[li
             continue
         if event.key is None:
             continue
-        if event.op != "u" or event.key_change:
+        if event.op != DEBEZIUM_OPS[UPDATE] or event.key_change:
             table_runs.pop(event.key, None)
             continue
         previous = table_runs.get(event.key)

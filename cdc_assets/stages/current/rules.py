@@ -7,6 +7,7 @@ merges too large to hold, states the seq guard in its own SQL (test_engines_agre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,12 +15,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_rows, where, whole, with_lists_as_bytes
-from cdc_assets.core.ops import REMOVES, ROW_OPS, UPDATE, WRITES
+from cdc_assets.core.ops import AFTER, BEFORE, Effect, ops_where
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column, named_as
 from cdc_assets.lake.current_rows import DUP_COLUMN, current_schema
 
-ACTION_COLUMN = "_cdc_action"  # upsert or delete: what the newest change of a key does
+ACTION_COLUMN = "_cdc_action"  # what the newest change of a key does: one of the two below
+UPSERT_ACTION = "upsert"  # the key's row is the image (a change's after-image)
+DELETE_ACTION = "delete"  # the key has no row (the image is a change's before-image, the row that went)
 KEY_COLUMN = "_cdc_k"  # the change log's key text of an image: what picks the newest change of a key
 WEIGHT_COLUMN = "_cdc_weight"  # keyless tables: +1 for a copy a change writes, -1 for one it removes
 OUTCOME_COLUMN = "_cdc_outcome"  # kept, inserted, updated or deleted: what a merge did to a row (never written)
@@ -54,23 +57,32 @@ def _before(rows: pa.Table, name: str) -> Any:
     return pc.struct_field(whole(rows.column("_cdc_before")), name)
 
 
+def _ops(test: Callable[[Effect], bool]) -> pa.Array:
+    """The operations whose effect (core.ops) passes `test`, to test a column of `_cdc_op` against."""
+    return pa.array(ops_where(test), pa.string())
+
+
 def key_images(changes: pa.Table, shape: TableShape) -> pa.Table:
-    """Change-log rows (all under `shape`) as the rows they write (`upsert`: inserts, updates, REPLACEs) and the
-    keys they delete (`delete`: deletes, and the old key of an update that moves a row to another key), with the
-    change's key text (`_cdc_k`), in the current state's types. Rows are independent: any batch of changes will do."""
+    """Change-log rows (all under `shape`) as the rows they leave their keys (`upsert`, the after-image: inserts,
+    updates, REPLACEs, repairs) and the keys they leave without one (`delete`, the before-image: deletes, and the
+    old key of an update that moves a row to another key), with the key's text (`_cdc_key`), in the current state's
+    types. Rows are independent: any batch of changes will do."""
     changes = named_as(changes, shape.column_names)  # the log keeps its first name of a column renamed in case alone
     op = changes.column("_cdc_op")
-    writes = where(changes, pc.is_in(op, pa.array(WRITES)))
-    moved = pc.and_kleene(pc.equal(op, UPDATE), pc.not_equal(changes.column("_cdc_before_key"), changes.column("_cdc_key")))
-    removes = where(changes, pc.fill_null(pc.or_kleene(pc.is_in(op, pa.array(REMOVES)), moved), False))
+    writes = where(changes, pc.is_in(op, _ops(lambda e: e.row == AFTER)))
+    moved = pc.and_kleene(
+        pc.is_in(op, _ops(lambda e: e.moves_key)),
+        pc.not_equal(changes.column("_cdc_before_key"), changes.column("_cdc_key")),
+    )
+    removes = where(changes, pc.fill_null(pc.or_kleene(pc.is_in(op, _ops(lambda e: e.row == BEFORE)), moved), False))
 
     def tagged(rows: pa.Table, key: str, action: str) -> dict[str, pa.Array]:
         return {KEY_COLUMN: whole(rows.column(key)), ACTION_COLUMN: pa.array([action] * rows.num_rows, pa.string())}
 
     return pa.concat_tables(
         [
-            _images(writes, shape, _after, tagged(writes, "_cdc_key", "upsert")),
-            _images(removes, shape, _before, tagged(removes, "_cdc_before_key", "delete")),
+            _images(writes, shape, _after, tagged(writes, "_cdc_key", UPSERT_ACTION)),
+            _images(removes, shape, _before, tagged(removes, "_cdc_before_key", DELETE_ACTION)),
         ]
     )
 
@@ -96,12 +108,14 @@ def newest_rows(changes: pa.Table, shape: TableShape, truncate_seq: int | None) 
 
 
 def copy_moves(changes: pa.Table, shape: TableShape) -> pa.Table:
-    """A keyless table's change-log rows as the copies they add (`_cdc_weight` +1: each row an insert or update
-    writes) and remove (-1: each row an update, delete or repair replaces), with the change's seq and time."""
+    """A keyless table's change-log rows as the copies they add (`_cdc_weight` +1: each after-image an insert,
+    update or repair writes) and remove (-1: each before-image an update, delete or repair replaces, where the key
+    had a row), with the change's seq and time."""
     changes = named_as(changes, shape.column_names)
     op = changes.column("_cdc_op")
-    writes = where(changes, pc.is_in(op, pa.array(WRITES)))
-    removes = where(changes, pc.and_(pc.is_in(op, pa.array(ROW_OPS)), pc.is_valid(changes.column("_cdc_before"))))
+    writes = where(changes, pc.is_in(op, _ops(lambda e: e.row == AFTER)))
+    replaced = _ops(lambda e: e.row is not None and e.had_row is not False)
+    removes = where(changes, pc.and_(pc.is_in(op, replaced), pc.is_valid(changes.column("_cdc_before"))))
     return pa.concat_tables(
         [
             _images(writes, shape, _after, {WEIGHT_COLUMN: pa.array([1] * writes.num_rows, pa.int64())}),
@@ -220,7 +234,7 @@ def merged_with_outcomes(existing: pa.Table, newest: pa.Table, key: list[str]) -
     absent = pc.is_null(t_seq)
     newer = pc.fill_null(pc.greater(s_seq, t_seq), False)
     take = pc.or_(absent, newer)
-    deletes = pc.fill_null(pc.equal(joined.column(f"{_CHANGE}{ACTION_COLUMN}"), "delete"), False)
+    deletes = pc.fill_null(pc.equal(joined.column(f"{_CHANGE}{ACTION_COLUMN}"), DELETE_ACTION), False)
     outcome = pc.case_when(
         pc.make_struct(pc.and_(newer, deletes), newer, absent),
         pa.scalar("deleted"), pa.scalar("updated"), pa.scalar("inserted"), pa.scalar("kept"),
