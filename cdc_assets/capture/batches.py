@@ -54,6 +54,7 @@ from cdc_assets.core import failpoints, mysql_charsets
 from cdc_assets.core.column_policy import ColumnPolicy, Rules
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import ALTER, TRUNCATE
 from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition, binlog_file_number
 from cdc_assets.core.settings import DEFAULT_MAX_BATCH_ROWS, MySQLUrl, TableFilter
 from cdc_assets.core.shapes import SchemaChange, TableShape, is_sequence, shape_json
@@ -321,7 +322,7 @@ class BatchBuilder:
         or one applied in a way we did not foresee) becomes an `alter` of its own, at this point."""
         known = self.schemas.get(shape.table)
         if known is not None and not known.same_layout(shape):
-            self._record_ddl(None, None, [SchemaChange(shape.table, "alter", known, shape)], None)
+            self._record_ddl(None, None, [SchemaChange(shape.table, ALTER, known, shape)], None)
         elif known != shape:
             self._set_shape(shape.table, shape)
 
@@ -376,7 +377,7 @@ class BatchBuilder:
         truncated = truncated_table(query, schema)
         if truncated is not None:
             if self._wanted(truncated):
-                entry = self._entry(schema, redacted, commit_ts, "truncate")
+                entry = self._entry(schema, redacted, commit_ts, TRUNCATE)
                 entry["table"] = str(truncated)
             return
         try:

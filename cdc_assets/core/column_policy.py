@@ -31,6 +31,7 @@ import pyarrow as pa
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_type, decode_column, encode_column
 from cdc_assets.core.names import TableRef, _read_part
+from cdc_assets.core.ops import ALTER
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
 
 EXCLUDE, HASH, MASK, CLEAR = "exclude", "hash", "mask", "clear"
@@ -446,7 +447,7 @@ def plan_policy_changes(
         old_shape = lake_shape(shape, {c: before.get(c, CLEAR) for c in shape.column_names})
         new_shape = policy.lake_shape(shape)
         if not old_shape.same_layout(new_shape):
-            plan.alters.append((SchemaChange(table, "alter", old_shape, new_shape, by_policy=True), now))
+            plan.alters.append((SchemaChange(table, ALTER, old_shape, new_shape, by_policy=True), now))
         elif before != now:
             plan.rerecorded[name] = now
         if change.added:

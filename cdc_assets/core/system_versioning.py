@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
+from cdc_assets.core.ops import DELETE, INSERT, UPDATE
 from cdc_assets.core.shapes import TableShape
 
 ROW_START, ROW_END = "row_start", "row_end"
@@ -58,15 +59,15 @@ def current_row_changes(
     runs: list[tuple[str, list[Image | None], list[Image | None]]] = []
     end = versioned.end
     for before, after in zip(befores, afters, strict=True):
-        if op == "insert":
-            kept = ("insert", None, after) if _current(after, end) else None
-        elif op == "update":
+        if op == INSERT:
+            kept = (INSERT, None, after) if _current(after, end) else None
+        elif op == UPDATE:
             if _current(after, end):
-                kept = ("update", before, after) if _current(before, end) else ("insert", None, after)
+                kept = (UPDATE, before, after) if _current(before, end) else (INSERT, None, after)
             else:
-                kept = ("delete", before, None) if _current(before, end) else None
+                kept = (DELETE, before, None) if _current(before, end) else None
         else:
-            kept = ("delete", before, None) if _current(before, end) else None  # DELETE HISTORY removes history
+            kept = (DELETE, before, None) if _current(before, end) else None  # DELETE HISTORY removes history
         if kept is None:
             continue
         kind, old, new = kept

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.ops import TRUNCATE
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.layout import ARCHIVE, RAW
@@ -144,7 +145,7 @@ class BatchManifest:
 
     def truncates(self) -> list[dict[str, Any]]:
         """The batch's TRUNCATE statements, each with the `table` it empties and its `seq`."""
-        return [s for s in self.raw.get("statements", []) if s.get("kind") == "truncate" and s.get("table")]
+        return [s for s in self.raw.get("statements", []) if s.get("kind") == TRUNCATE and s.get("table")]
 
     def schema_changes(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """(statement, change) for every table change a DDL of the batch makes (ddl.SchemaChange as JSON)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import ROWS_REMOVED
 from cdc_assets.lake.layout import STATE
 from cdc_assets.lake.store import MissingObject, ObjectStore
 
@@ -40,7 +41,7 @@ class RepairMark:
 
     def sentence(self) -> str:
         seq, action = self.pending[0]
-        what = "removed rows" if action == "rows_removed" else "changed rows"
+        what = "removed rows" if action == ROWS_REMOVED else "changed rows"
         return (
             f"{self.table}: a statement at _cdc_seq {seq} {what} without row events (a partition emptied, dropped or "
             f"exchanged): the next `cdc-lakehouse sync` repairs it, as `cdc-lakehouse repair {self.table}` does"

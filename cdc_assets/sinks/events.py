@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import AFTER, DELETE, DROP, INSERT, REPAIR, REPAIR_DELETE, TRUNCATE, UPDATE, effect
+from cdc_assets.core.ops import AFTER, ALTER, DELETE, DROP, INSERT, REPAIR, REPAIR_DELETE, TRUNCATE, UPDATE, effect
 
 CONNECTOR = "cdc-lakehouse"
 CONNECTOR_VERSION = "0.1.0"
@@ -160,7 +160,7 @@ def _column_types(shape: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def schema_change_body(table: TableRef, seq: int, commit_ms: int, gtid: str | None, batch: str | None, ddl: dict[str, Any], built_ms: int) -> dict[str, Any]:
     change = {k: v for k, v in ddl.items() if k not in ("statement", "seq", "table")}
-    action = str(ddl.get("action") or "alter")
+    action = str(ddl.get("action") or ALTER)
     shape = ddl.get("after") if action != DROP else ddl.get("before")
     return {
         "id": str(seq),

@@ -31,7 +31,7 @@ from cdc_assets.core.column_policy import ColumnPolicy, clear_left_sentence, pol
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import UNLOGGED_ROWS
+from cdc_assets.core.ops import CREATE, TRUNCATE, UNLOGGED_ROWS
 from cdc_assets.core.parallel import TABLE_WORKERS, for_each_table
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.progress import COMPARE, Update
@@ -308,7 +308,7 @@ def _statement_effect(statement: dict[str, Any], table: TableRef) -> str | None:
     tokens say it may change the table's rows or columns (capture/statement_scope.py: a foreign key referencing the
     table, a routine naming it, REPAIR TABLE do not), or, when they do not tell, when the table's name appears in it."""
     mine = str(table)
-    if statement.get("kind") == "truncate" and statement.get("table"):
+    if statement.get("kind") == TRUNCATE and statement.get("table"):
         return "unsettles" if statement["table"] == mine else None
     changes = statement.get("changes")
     if changes:
@@ -319,7 +319,7 @@ def _statement_effect(statement: dict[str, Any], table: TableRef) -> str | None:
             if c["table"] == mine and c["action"] in UNLOGGED_ROWS:
                 effect = effect or "unlogged"
             elif c["table"] == mine:
-                effect = "create" if c["action"] == "create" and not c.get("renamed_from") else "unsettles"
+                effect = "create" if c["action"] == CREATE and not c.get("renamed_from") else "unsettles"
         return effect
     query = str(statement.get("query") or "")
     schema = statement.get("schema")

@@ -15,6 +15,7 @@ from deltalake import DeltaTable, write_deltalake
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import sorted_rows, where
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import DELETE, INSERT, UPDATE
 from cdc_assets.lake.change_rows import SEQ_TYPE, cast_column, conform_to_log, conformed_schema, named_as
 from cdc_assets.lake.delta import (
     MAX_SEQ_KEY,
@@ -123,9 +124,9 @@ def append_changes(lakehouse: Lakehouse, table: TableRef, changes: pa.Table) -> 
     return AppendResult(
         table,
         changes.num_rows,
-        inserts=pc.sum(pc.equal(ops, "insert")).as_py() or 0,
-        updates=pc.sum(pc.equal(ops, "update")).as_py() or 0,
-        deletes=pc.sum(pc.equal(ops, "delete")).as_py() or 0,
+        inserts=pc.sum(pc.equal(ops, INSERT)).as_py() or 0,
+        updates=pc.sum(pc.equal(ops, UPDATE)).as_py() or 0,
+        deletes=pc.sum(pc.equal(ops, DELETE)).as_py() or 0,
         max_seq=new_max,
     )
 

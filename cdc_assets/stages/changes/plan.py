@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import TRUNCATE
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import TableShape, shape_from_json
 from cdc_assets.lake.layout import CHANGES_STAGE
@@ -110,7 +111,7 @@ def plan_piece(
         statements: list[tuple[str, dict, TableShape | None, dict | None]] = []
         for statement in truncates:
             known = newest.get(statement["table"]) or progress[statement["table"]].shape
-            statements.append(("truncate", statement, known, None))
+            statements.append((TRUNCATE, statement, known, None))
         for statement, change in changes:
             version = shape_from_json(TableRef.parse(change["table"]), change["after"] or change["before"])
             own = {**statement, "seq": change.get("seq", statement["seq"])}

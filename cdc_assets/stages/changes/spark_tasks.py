@@ -20,6 +20,7 @@ from pyspark.sql import SparkSession
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import DELETE, INSERT, UPDATE
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import conform_to_log, rows_for_tables, typed_changes, with_batch
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, write_files
@@ -142,9 +143,9 @@ def _write_logs(targets: ChangeLogTargets) -> Callable[[Iterator[pa.RecordBatch]
             for action in write_files(targets.access, f"{CHANGES}/{TableRef.parse(table).path}", table, [rows]):
                 action.update(
                     max_seq=int(pc.max(rows.column("_cdc_seq")).as_py()),
-                    inserts=int(pc.sum(pc.equal(ops, "insert")).as_py() or 0),
-                    updates=int(pc.sum(pc.equal(ops, "update")).as_py() or 0),
-                    deletes=int(pc.sum(pc.equal(ops, "delete")).as_py() or 0),
+                    inserts=int(pc.sum(pc.equal(ops, INSERT)).as_py() or 0),
+                    updates=int(pc.sum(pc.equal(ops, UPDATE)).as_py() or 0),
+                    deletes=int(pc.sum(pc.equal(ops, DELETE)).as_py() or 0),
                 )
                 yield pa.RecordBatch.from_pylist([action], schema=WRITTEN_SCHEMA)
 

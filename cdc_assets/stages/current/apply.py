@@ -21,7 +21,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import sorted_by_key, where
 from cdc_assets.core.errors import TableUserError
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE, UNLOGGED_ROWS
+from cdc_assets.core.ops import ALTER, CREATE, DROP, SCHEMA_OPS, TRUNCATE, UNLOGGED_ROWS
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import DDL_COLUMN
@@ -58,7 +58,9 @@ from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.current.rules import (
     ACTION_COLUMN,
+    DELETE_ACTION,
     OUTCOME_COLUMN,
+    UPSERT_ACTION,
     after_truncate,
     copy_changes,
     copy_moves,
@@ -144,7 +146,7 @@ def _last_drop(lakehouse: Lakehouse, table: TableRef) -> int | None:
     log = lakehouse.open(CHANGES, table)
     if log is None or "_cdc_op" not in [f.name for f in log.schema().fields]:
         return None
-    found = read_query(log, "SELECT max(_cdc_seq) AS s FROM changes WHERE _cdc_op = 'drop'", "changes")
+    found = read_query(log, f"SELECT max(_cdc_seq) AS s FROM changes WHERE _cdc_op = '{DROP}'", "changes")
     value = found.column(0)[0].as_py() if found.num_rows else None
     return None if value is None else int(value)
 
@@ -252,7 +254,7 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyResult:
     and time (a delete of a row not there yet writes it so), and a later write of the key revives it."""
     target = lakehouse.open(CURRENT, pending.table)
     newest = newest_rows(pending.changes, pending.shape, pending.truncate_seq)
-    deleting = pc.equal(newest.column(ACTION_COLUMN), "delete")
+    deleting = pc.equal(newest.column(ACTION_COLUMN), DELETE_ACTION)
     upserts = where(newest, pc.invert(deleting))
     deletes = where(newest, deleting)
     soft = pending.table in lakehouse.soft_deletes
@@ -293,15 +295,15 @@ def apply_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyResult:
         assignments[DELETED_COLUMN] = f"s.{DELETED_COLUMN}"
         flagged = {DELETED_COLUMN: "true", "_cdc_seq": "s._cdc_seq", "_cdc_commit_ts": "s._cdc_commit_ts"}
         merge = (
-            merge.when_matched_update(updates=flagged, predicate=f"s._cdc_action = 'delete' AND {newer}")
-            .when_matched_update(updates=assignments, predicate=f"s._cdc_action = 'upsert' AND {newer}")
+            merge.when_matched_update(updates=flagged, predicate=f"s._cdc_action = '{DELETE_ACTION}' AND {newer}")
+            .when_matched_update(updates=assignments, predicate=f"s._cdc_action = '{UPSERT_ACTION}' AND {newer}")
             .when_not_matched_insert(updates=assignments)
         )
     else:
         merge = (
-            merge.when_matched_delete(predicate=f"s._cdc_action = 'delete' AND {newer}")
-            .when_matched_update(updates=assignments, predicate=f"s._cdc_action = 'upsert' AND {newer}")
-            .when_not_matched_insert(updates=assignments, predicate="s._cdc_action = 'upsert'")
+            merge.when_matched_delete(predicate=f"s._cdc_action = '{DELETE_ACTION}' AND {newer}")
+            .when_matched_update(updates=assignments, predicate=f"s._cdc_action = '{UPSERT_ACTION}' AND {newer}")
+            .when_not_matched_insert(updates=assignments, predicate=f"s._cdc_action = '{UPSERT_ACTION}'")
         )
     metrics = _execute(lakehouse, pending, target, merge, soft)
     return ApplyResult(
@@ -471,7 +473,7 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
     source = pa.concat_tables(
         [
             part.drop_columns([OUTCOME_COLUMN]).append_column(ACTION_COLUMN, pa.array([action] * part.num_rows, pa.string()))
-            for part, action in ((inserts, "upsert"), (deletes, "delete"))
+            for part, action in ((inserts, UPSERT_ACTION), (deletes, DELETE_ACTION))
         ]
     )
     new_applied = int(pc.max(pending.changes.column("_cdc_seq")).as_py())
@@ -479,14 +481,14 @@ def apply_keyless_changes(lakehouse: Lakehouse, pending: PendingTable) -> ApplyR
     same_row = " AND ".join(f"(t.{quote(c)} IS NOT DISTINCT FROM s.{quote(c)})" for c in columns)
     merge = (
         _merge_into(target, source, f"{same_row} AND t.{DUP_COLUMN} = s.{DUP_COLUMN}", new_applied)
-        .when_matched_delete(predicate="s._cdc_action = 'delete'")
+        .when_matched_delete(predicate=f"s._cdc_action = '{DELETE_ACTION}'")
         # a copy written again after a TRUNCATE matches its old self: it takes the new change's seq and time
         .when_matched_update(
             updates={"_cdc_seq": "s._cdc_seq", "_cdc_commit_ts": "s._cdc_commit_ts"},
-            predicate="s._cdc_action = 'upsert'",
+            predicate=f"s._cdc_action = '{UPSERT_ACTION}'",
         )
         .when_not_matched_insert(
-            updates={quote(f.name): f"s.{quote(f.name)}" for f in schema}, predicate="s._cdc_action = 'upsert'"
+            updates={quote(f.name): f"s.{quote(f.name)}" for f in schema}, predicate=f"s._cdc_action = '{UPSERT_ACTION}'"
         )
     )
     failpoints.hit("current.keyless_before_commit")
@@ -572,14 +574,14 @@ def settle_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int) -
     if change.action in UNLOGGED_ROWS:  # rows changed without row events: only a repair makes up for them
         mark = mark_for_repair(lakehouse.store, str(change.table), seq, change.action)
         return ("made up for by a repair" if mark.settled(seq) else "marked for repair"), existing
-    if change.action == "drop":
+    if change.action == DROP:
         if applied is None:
             return "no current state", existing
         lakehouse.delete_table(CURRENT, change.table)
         return ("dropped" if change.renamed_to is None else f"renamed to {change.renamed_to}"), None
     if change.after is None:
         return "shape unknown", existing
-    if change.action != "create" and (existing is None or applied is None):
+    if change.action != CREATE and (existing is None or applied is None):
         return "no current state", existing
     return None, existing
 
@@ -592,12 +594,12 @@ def apply_schema_change(lakehouse: Lakehouse, change: SchemaChange, seq: int, co
         return done
     table, after = change.table, change.after
     assert after is not None
-    if change.action == "create":
+    if change.action == CREATE:
         rows = read_current(lakehouse, change.renamed_from) if change.renamed_from is not None else None
         if rows is None:
             rows = current_schema(after).empty_table()
         else:
-            rows = reshape_rows(rows, SchemaChange(table, "alter", after, after), after, commit_ts, table)
+            rows = reshape_rows(rows, SchemaChange(table, ALTER, after, after), after, commit_ts, table)
         replace_current(lakehouse, table, sorted_by_key(rows, after.primary_key), seq, existing)
         return f"created from {change.renamed_from}" if change.renamed_from else "created"
     assert existing is not None

@@ -22,6 +22,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.ops import ALTER, CREATE
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
 from cdc_assets.lake.current_rows import (
@@ -262,7 +263,7 @@ def _small_chain(chain: list[tuple[int, Step]]) -> bool:
         isinstance(segment, SparkSegment)
         and segment.changes <= SMALL_TABLE_CHANGES
         and all(
-            step.change is not None and step.change.action == "create" and step.change.renamed_from is None
+            step.change is not None and step.change.action == CREATE and step.change.renamed_from is None
             and step.change.after == segment.shape
             for _, step in creates
         )
@@ -317,12 +318,12 @@ def _apply_schema_change(
     assert after is not None
     schema = current_schema(after)
     key, uri, access = lakehouse.table_key(CURRENT, table), lakehouse.table_uri(CURRENT, table), lakehouse.file_access()
-    if change.action == "create":
+    if change.action == CREATE:
         source = lakehouse.open(CURRENT, change.renamed_from) if change.renamed_from is not None else None
         adds: list[dict] = []
         if source is not None:
             assert change.renamed_from is not None
-            whole = SchemaChange(table, "alter", after, after)
+            whole = SchemaChange(table, ALTER, after, after)
             paths = pa.table(source.get_add_actions(flatten=True)).column("path").to_pylist()
             adds = rewrite_files(
                 spark, access, lakehouse.table_key(CURRENT, change.renamed_from), str(table), [[p] for p in paths],

@@ -15,7 +15,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import release_unused_memory, sorted_rows, where
 from cdc_assets.core.errors import TableUserError
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE
+from cdc_assets.core.ops import CREATE, SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.progress import CURRENT_STATE, Update
 from cdc_assets.core.progress import report as report_progress
@@ -324,7 +324,7 @@ def _created_with_its_rows(lakehouse: Lakehouse, step: Step, following: Step | N
     change = step.change
     return (
         change is not None
-        and change.action == "create"
+        and change.action == CREATE
         and change.renamed_from is None
         and change.after is not None
         and following is not None

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import SCHEMA_OPS, TRUNCATE
+from cdc_assets.core.ops import CREATE, DROP, SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.quarantine import Quarantine
 from cdc_assets.stages.current.apply import ApplyResult, PendingTable
@@ -140,9 +140,9 @@ def record_outcomes(
                 results[name] = results[name] + outcome if name in results else outcome
                 continue
             assert step.change is not None
-            if step.change.action == "drop" and outcome != "already applied":
+            if step.change.action == DROP and outcome != "already applied":
                 dropped[str(step.table)] = step.seq
-            elif step.change.action == "create":
+            elif step.change.action == CREATE:
                 dropped[str(step.table)] = None  # created again: no longer dropped
             report.schema_changes.append(f"{step.table} at {step.seq}: {outcome}")
     report.applied.extend(results.values())
