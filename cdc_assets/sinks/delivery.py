@@ -45,22 +45,28 @@ def expected_messages(lakehouse: Lakehouse, sink: SinkSettings) -> list[Expected
         keyed = bool(shape and shape.primary_key)
         rows = read_query(log, "SELECT _cdc_seq, _cdc_op, _cdc_key, _cdc_before_key FROM changes ORDER BY _cdc_seq", "changes")
         for seq, op, key, before_key in zip(*(rows.column(i).to_pylist() for i in range(4)), strict=True):
-            name = str(table)
-            does = effect(op)
-            if does.schema_change:
-                expected.append(Expected(str(seq), seq, name, SCHEMA_CHANGE))
-            elif does.clears_table:
-                expected.append(Expected(str(seq), seq, name, DEBEZIUM_OPS[op]))
-            elif does.moves_key and keyed and before_key is not None and before_key != key:
-                expected.append(Expected(f"{seq}:old-key", seq, name, DEBEZIUM_OPS[DELETE], ("key:" + before_key,)))
-                expected.append(Expected(f"{seq}:new-key", seq, name, DEBEZIUM_OPS[INSERT], ("key:" + key,)))
-            elif keyed:
-                its_key = key if does.row == AFTER else before_key or key
-                expected.append(Expected(str(seq), seq, name, DEBEZIUM_OPS[op], ("key:" + its_key,)))
-            else:
-                rows = tuple("row:" + v for v in dict.fromkeys((before_key, key)) if v is not None)
-                expected.append(Expected(str(seq), seq, name, DEBEZIUM_OPS[op], rows))
+            expected += owed_messages(str(table), keyed, seq, op, key, before_key)
     return sorted(expected, key=lambda e: (e.seq, e.id))
+
+
+def owed_messages(table: str, keyed: bool, seq: int, op: str, key: str | None, before_key: str | None) -> list[Expected]:
+    """The messages one change-log row owes, from its own op (core.ops.effect), seq and keys: a schema change's,
+    a TRUNCATE's, a key change's two halves, or one change of its key (of its rows' values without a key)."""
+    does = effect(op)
+    if does.schema_change:
+        return [Expected(str(seq), seq, table, SCHEMA_CHANGE)]
+    if does.clears_table:
+        return [Expected(str(seq), seq, table, DEBEZIUM_OPS[op])]
+    if does.moves_key and keyed and before_key is not None and before_key != key:
+        return [
+            Expected(f"{seq}:old-key", seq, table, DEBEZIUM_OPS[DELETE], ("key:" + before_key,)),
+            Expected(f"{seq}:new-key", seq, table, DEBEZIUM_OPS[INSERT], ("key:" + str(key),)),
+        ]
+    if keyed:
+        its_key = key if does.row == AFTER else before_key or key
+        return [Expected(str(seq), seq, table, DEBEZIUM_OPS[op], ("key:" + str(its_key),))]
+    rows = tuple("row:" + v for v in dict.fromkeys((before_key, key)) if v is not None)
+    return [Expected(str(seq), seq, table, DEBEZIUM_OPS[op], rows)]
 
 
 @dataclass
