@@ -1,7 +1,7 @@
 """What a change-log row's `_cdc_op` says, and what it does to the row of its key: the names, one table of their
 effects (`EFFECTS`) and the one function that reads it (`effect`). The current-state rules of both engines, the
 history and the sinks all ask `effect` (or `ops_where`, for a vectorised rule), so no two of them can disagree on an
-operation; the names live here only.
+operation. Other modules are to name an operation by these constants, not by its string.
 
 Row changes come from the binlog (`insert`, `update`, `delete`) or from `cdc-lakehouse repair` (`repair`: the row
 as the source holds it at the repair's point, written whether the lakehouse had the key or not; `repair_delete`:
@@ -67,18 +67,18 @@ class Effect:
 # One row per operation; read across: what it does to its key's row, then to its table.
 # fmt: off
 EFFECTS: dict[str, Effect] = {
-    #              row     had_row moves_key clears_table schema_change new_shape reshapes_rows unlogged repair
-    INSERT:        Effect(AFTER,  False, False,    False,       False,        False,    False,        False,   False),
-    UPDATE:        Effect(AFTER,  True,  True,     False,       False,        False,    False,        False,   False),
-    REPAIR:        Effect(AFTER,  None,  False,    False,       False,        False,    False,        False,   True),
-    DELETE:        Effect(BEFORE, True,  False,    False,       False,        False,    False,        False,   False),
-    REPAIR_DELETE: Effect(BEFORE, True,  False,    False,       False,        False,    False,        False,   True),
-    TRUNCATE:      Effect(None,   None,  False,    True,        False,        False,    False,        False,   False),
-    CREATE:        Effect(None,   None,  False,    False,       True,         True,     False,        False,   False),
-    ALTER:         Effect(None,   None,  False,    False,       True,         True,     True,         False,   False),
-    DROP:          Effect(None,   None,  False,    True,        True,         False,    False,        False,   False),
-    ROWS_REMOVED:  Effect(None,   None,  False,    False,       True,         False,    False,        True,    False),
-    ROWS_CHANGED:  Effect(None,   None,  False,    False,       True,         False,    False,        True,    False),
+    #                     row     had_row  moves_key  clears_table  schema_change  new_shape  reshapes_rows  unlogged  repair
+    INSERT:        Effect(AFTER,  False,   False,     False,        False,         False,     False,         False,    False),
+    UPDATE:        Effect(AFTER,  True,    True,      False,        False,         False,     False,         False,    False),
+    REPAIR:        Effect(AFTER,  None,    False,     False,        False,         False,     False,         False,    True),
+    DELETE:        Effect(BEFORE, True,    False,     False,        False,         False,     False,         False,    False),
+    REPAIR_DELETE: Effect(BEFORE, True,    False,     False,        False,         False,     False,         False,    True),
+    TRUNCATE:      Effect(None,   None,    False,     True,         False,         False,     False,         False,    False),
+    CREATE:        Effect(None,   None,    False,     False,        True,          True,      False,         False,    False),
+    ALTER:         Effect(None,   None,    False,     False,        True,          True,      True,          False,    False),
+    DROP:          Effect(None,   None,    False,     True,         True,          False,     False,         False,    False),
+    ROWS_REMOVED:  Effect(None,   None,    False,     False,        True,          False,     False,         True,     False),
+    ROWS_CHANGED:  Effect(None,   None,    False,     False,        True,          False,     False,         True,     False),
 }
 # fmt: on
 
