@@ -659,7 +659,10 @@ def _known_difference(target: _Target, position: BinlogPosition) -> ConsistentCo
 def _unsettled(target: _Target, position: BinlogPosition) -> ConsistentComparison:
     """A table whose definition changed after the snapshot began: InnoDB cannot read it in the snapshot
     (error 1412), so it is not compared this time, as a DDL found in flight would not be."""
-    target.not_compared = "its definition changed after the consistent snapshot began (a DDL or TRUNCATE in flight)"
+    target.not_compared = (
+        f"its definition changed after the consistent snapshot at {position} began (a DDL or TRUNCATE in flight, not "
+        "captured yet): the next sync captures and applies it, and the next check compares the table again"
+    )
     lake_rows = _lake_rows(target.current)
     return _comparison(
         target, position, TableDiff(target.table, 0, lake_rows), 0, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM
@@ -675,8 +678,8 @@ def _nothing_compared(result: ConsistentComparison) -> ConsistentComparison:
         and result.in_flight_keys and result.equal and (result.source_rows or result.lakehouse_rows)
     ):  # fmt: skip
         result.not_compared = (
-            f"every one of its rows changed after the lakehouse's applied seq ({result.in_flight_keys} keys in "
-            "flight): run `cdc-lakehouse sync`, then compare again"
+            f"every one of its rows changed after the lakehouse's applied _cdc_seq {result.applied_seq or 0} "
+            f"({result.in_flight_keys} keys in flight): run `cdc-lakehouse sync`, then compare again"
         )
     return result
 
