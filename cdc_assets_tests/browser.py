@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -26,8 +26,8 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 class Page:
     """One tab: calls of the DevTools protocol, in order, each waiting for its answer."""
 
-    def __init__(self, url: str) -> None:
-        self._ws = connect(url, max_size=None, open_timeout=30)
+    def __init__(self, ws: ClientConnection) -> None:
+        self._ws = ws
         self._ids = itertools.count(1)
         self.call("Page.enable")
 
@@ -95,9 +95,6 @@ class Page:
         shot = self.call("Page.captureScreenshot", format="png")
         path.write_bytes(base64.b64decode(shot["data"]))
 
-    def close(self) -> None:
-        self._ws.close()
-
 
 @contextmanager
 def chromium(profile: Path, width: int = 1280, height: int = 800) -> Iterator[Page]:
@@ -121,7 +118,6 @@ def chromium(profile: Path, width: int = 1280, height: int = 800) -> Iterator[Pa
         text=True,
         start_new_session=True,
     )
-    page = None
     try:
         port = None
         deadline = time.monotonic() + 60
@@ -134,11 +130,10 @@ def chromium(profile: Path, width: int = 1280, height: int = 800) -> Iterator[Pa
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as answer:
             targets = json.load(answer)
         [target] = [t for t in targets if t.get("type") == "page"][:1]
-        page = Page(target["webSocketDebuggerUrl"])
-        page.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
-        yield page
+        with connect(target["webSocketDebuggerUrl"], max_size=None, open_timeout=30) as ws:  # closed on leaving
+            page = Page(ws)
+            page.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+            yield page
     finally:
-        if page is not None:
-            page.close()
         os.killpg(process.pid, 9)
         process.wait(timeout=30)

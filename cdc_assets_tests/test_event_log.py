@@ -3,7 +3,7 @@ run) records every table's materializations and check evaluations, as a run of t
 
 from __future__ import annotations
 
-from dagster import AssetCheckKey, AssetKey, DagsterEventType, EventRecordsFilter
+from dagster import AssetCheckKey, AssetKey
 
 from cdc_assets.cli import main
 from cdc_assets.commands.runs import instance as _instance
@@ -26,7 +26,7 @@ def _checks(table: str) -> list[tuple[AssetKey, str]]:
 
 
 def _runs_of(asset: AssetKey) -> set[str]:
-    records = _instance().get_event_records(EventRecordsFilter(DagsterEventType.ASSET_MATERIALIZATION, asset_key=asset), limit=100)
+    records = _instance().fetch_materializations(asset, limit=100).records
     return {r.event_log_entry.run_id for r in records}
 
 

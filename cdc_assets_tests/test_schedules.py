@@ -189,7 +189,7 @@ def test_full_equality_schedule_runs_hourly_by_default_and_is_configurable(monke
     assert build_full_check_schedule().cron_schedule == "*/10 * * * *"
     # the code location serves the configured cadence, and the job it starts
     definitions = build_definitions()
-    assert definitions.get_schedule_def("full_equality_schedule").cron_schedule == "*/10 * * * *"
+    assert definitions.resolve_schedule_def("full_equality_schedule").cron_schedule == "*/10 * * * *"
     assert definitions.resolve_job_def("check_equality").name == "check_equality"
     monkeypatch.setenv("CDC_FULL_CHECK_CRON", "hourly")
     with pytest.raises(CdcUserError, match="CDC_FULL_CHECK_CRON='hourly' is not a cron expression"):
