@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cdc_assets.capture.batches import BatchBuilder
-from cdc_assets.capture.ddl import DdlParseError, schema_changes, tokenize
+from cdc_assets.capture.ddl import DdlParseError, UnknownStoredValue, schema_changes, tokenize
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
@@ -170,3 +170,47 @@ def test_a_statement_the_parser_cannot_read_is_recorded_not_fatal() -> None:
     [entry] = builder.statements
     assert entry["kind"] == "ddl" and "unparsed" in entry and "changes" not in entry
     assert builder.schemas[T] == BASE
+
+
+def test_members_and_defaults_as_the_server_stores_them() -> None:
+    """An ENUM's or SET's members lose their trailing spaces and take the column's charset ('?' for what it cannot
+    hold); a DEFAULT names a member as the server's store finds it; a CHAR loses its trailing spaces; the literals
+    are read in the connection's charset. As MariaDB 10.11 and MySQL 9.7 store them (test_schema_changes)."""
+    change = _one(
+        "ALTER TABLE t ADD x ENUM('x ','a') NOT NULL, ADD r ENUM('🚀','é') CHARACTER SET latin1 NOT NULL, "
+        "ADD u ENUM('😀','é') CHARSET utf8 NOT NULL, ADD k SET('b','a ') DEFAULT 'A,B  ', "
+        "ADD w ENUM('É','z') COLLATE latin1_general_ci DEFAULT 'é ', ADD c CHAR(4) DEFAULT 'y  ', "
+        "ADD v VARCHAR(4) DEFAULT 'y  ', ADD a CHAR(2) ASCII DEFAULT 'é', ADD q ENUM('ő','a') NOT NULL, "
+        "DEFAULT CHARSET latin1"  # the new columns' charset wherever it is named
+    )
+    members = {c.name: c.members for c in change.after.columns}  # type: ignore[union-attr]
+    assert [members[n] for n in ("x", "r", "u", "k", "w", "q")] == [
+        ("x", "a"), ("?", "é"), ("?", "é"), ("b", "a"), ("É", "z"), ("?", "a"),
+    ]  # fmt: skip
+    assert {n: d.text for n, d in change.defaults.items()} == {
+        "x": "x", "r": "?", "u": "?", "k": "b,a", "w": "É", "c": "y", "v": "y  ", "a": "é", "q": "?",
+    }  # fmt: skip
+    charsets = {c.name: c.charset for c in change.after.columns}  # type: ignore[union-attr]
+    assert [charsets[n] for n in ("x", "w", "a")] == ["latin1", "latin1", "latin1"]  # the table's, COLLATE's, ASCII's
+    # a latin1 connection's text; a binary column's bytes are the connection's
+    latin1 = schema_changes("ALTER TABLE t ADD s SET('ñ','🚀') NOT NULL DEFAULT 'ñ', ADD b VARBINARY(2) DEFAULT 'é'",
+                            "shop", {T: BASE}, "latin1")[0]  # fmt: skip
+    assert latin1.after.columns[-2].members == ("ñ", "?")  # type: ignore[union-attr]
+    assert latin1.defaults == {"s": Default("value", "ñ"), "b": Default("value", "6Q==")}  # b'\xe9'
+
+
+def test_a_value_the_statement_does_not_tell_is_unknown_not_guessed() -> None:
+    """An ENUM NOT NULL added without a DEFAULT gives the rows there its first member as the column's charset holds
+    it: with a charset the statement does not name (the table's), a member that is not ASCII may be '?' or not.
+    The statement names its table, for capture to quarantine; a CREATE TABLE, which has no rows yet, does not."""
+    with pytest.raises(UnknownStoredValue, match="column 'q' is added as an ENUM NOT NULL") as raised:
+        schema_changes("ALTER TABLE t ADD q ENUM('ő','a') NOT NULL", "shop", {T: BASE})
+    assert raised.value.table == T
+    for told in ("ADD q ENUM('ő','a') CHARACTER SET utf8mb4 NOT NULL", "ADD q ENUM('o','ő') NOT NULL",
+                 "ADD q ENUM('ő','a') NOT NULL DEFAULT 'a'", "ADD q ENUM('ő','a')"):  # fmt: skip
+        assert schema_changes(f"ALTER TABLE t {told}", "shop", {T: BASE})[0].defaults["q"].kind == "value", told
+    assert _one("CREATE TABLE n (q ENUM('ő','a') NOT NULL)", {}).after.columns[0].members == ("ő", "a")  # type: ignore[union-attr]
+    builder = BatchBuilder(start=BinlogPosition("f.000001", 4), schemas={T: BASE})
+    builder.statement("shop", "ALTER TABLE t ADD q ENUM('ő','a') NOT NULL")
+    assert "column 'q' is added as an ENUM NOT NULL" in builder.quarantined[str(T)]["cause"]
+    assert builder.quarantined[str(T)]["fix"].startswith("run `cdc-lakehouse snapshot shop.t`")

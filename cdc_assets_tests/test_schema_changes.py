@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pymysql
 import pytest
 
 from cdc_assets.core.names import TableRef
@@ -153,6 +154,49 @@ def test_added_columns_of_every_kind_take_their_defaults_in_existing_rows(cdc: C
     cdc.execute("INSERT INTO t (id, e, s0, vb) VALUES (3, '😀', 'x', 'q')")
     assert cdc.sync() == 0
     _assert_equal_to_source(cdc)
+
+
+def test_ddl_literals_fill_existing_rows_as_the_server_stores_them(cdc: CdcEnv) -> None:
+    """A statement was read as UTF-8 whatever its client's charset, and ENUM/SET members and defaults as the DDL
+    spelled them: a latin1 connection's 'é' filled the rows already there with 'xe9', a UTF-8 client behind SET NAMES
+    latin1 with 'é' where the source holds 'Ã©', a member's trailing space and a character its column's charset cannot
+    hold ('?' at the source) as written. Every row here gets no row event after the ALTERs that fill it."""
+    cdc.execute("CREATE TABLE d (id INT PRIMARY KEY)", "INSERT INTO d VALUES (1), (2)")
+    latin1 = pymysql.connect(
+        unix_socket=str(cdc.server.socket_path), user="root", password="", database=cdc.database, charset="latin1",
+        autocommit=True,
+    )  # fmt: skip
+    with latin1, latin1.cursor() as cur:
+        cur.execute(
+            "ALTER TABLE d ADD COLUMN e ENUM('é','a') CHARACTER SET latin1 NOT NULL, "
+            "ADD COLUMN s SET('ñ','b') CHARACTER SET latin1 DEFAULT 'ñ', ADD COLUMN `naïve` VARCHAR(5) DEFAULT 'Ø ', "
+            "ADD COLUMN vb VARBINARY(2) DEFAULT 'é'"
+        )
+        utf8 = "ALTER TABLE d ADD m ENUM('é','a') CHARACTER SET utf8mb4 NOT NULL, ADD n CHAR(3) DEFAULT 'ü'"
+        latin1.query(utf8.encode())  # a UTF-8 client behind SET NAMES latin1
+        # the server logs its own CREATE TABLE for a CREATE … SELECT, in UTF-8 whatever the client's charset
+        cur.execute("CREATE TABLE ctas (`é` INT, e ENUM('ñ','a') CHARACTER SET latin1) SELECT 1 AS k FROM DUAL WHERE 0")
+    cdc.execute(
+        "ALTER TABLE d ADD COLUMN x ENUM('x ','a') NOT NULL, ADD COLUMN r ENUM('🚀','a') CHARACTER SET latin1 NOT NULL, "
+        "ADD COLUMN u ENUM('😀 ','é') CHARACTER SET utf8mb3 NOT NULL, ADD COLUMN k SET('b','a ') DEFAULT 'A,B  ', "
+        "ADD COLUMN w ENUM('É','z') COLLATE utf8mb4_unicode_ci DEFAULT 'é ', ADD COLUMN c CHAR(4) DEFAULT 'y  ', "
+        "ADD COLUMN v VARCHAR(4) DEFAULT 'y  ', ADD COLUMN bn VARBINARY(4) DEFAULT 'é'",
+        "ALTER TABLE d ADD COLUMN q ENUM('ő  ','a') NOT NULL, DEFAULT CHARSET latin1",  # named after the column
+    )
+    assert cdc.sync() == 0
+    _assert_equal_to_source(cdc)
+    with cdc.admin() as conn, conn.cursor() as cur:
+        cur.execute("SELECT * FROM d ORDER BY id")
+        names = [c[0] for c in cur.description]
+        source = [tuple(_text(v) for v in row) for row in cur.fetchall()]
+    assert _columns(cdc, "d") == names
+    assert [tuple(_text(r[n]) for n in names) for r in _current(cdc, "d")] == source
+    assert source[0][1:] == ("é", "ñ", "Ø ", b"\xe9", "Ã©", "Ã¼", "x", "?", "?", "b,a", "É", "y", "y  ", b"\xc3\xa9", "?")  # fmt: skip
+
+
+def _text(value: object) -> object:
+    """A value as text (bytes and NULL as they are), to compare rows whatever each side's types."""
+    return value if value is None or isinstance(value, bytes) else str(value)
 
 
 def test_many_small_batches_and_syncs_between_schema_changes(cdc: CdcEnv, monkeypatch) -> None:

@@ -48,7 +48,7 @@ from cdc_assets.capture.binlog.events import (
 from cdc_assets.capture.binlog.protocol import RawEvent, dump_events
 from cdc_assets.capture.binlog.row_images import RowDecoder
 from cdc_assets.capture.binlog.table_map import TableMap, parse_table_map, table_map_table, with_known_types
-from cdc_assets.capture.ddl import schema_changes
+from cdc_assets.capture.ddl import UnknownStoredValue, schema_changes
 from cdc_assets.capture.spool import CHUNK_ROWS, RowSpool, SpoolDirectory
 from cdc_assets.core import failpoints, mysql_charsets
 from cdc_assets.core.column_policy import ColumnPolicy, Rules
@@ -366,9 +366,12 @@ class BatchBuilder:
         if self._transaction.spilled:
             failpoints.hit("capture.transaction_spilled")
 
-    def statement(self, schema: str | None, query: str, commit_ts: int | None = None) -> None:
+    def statement(
+        self, schema: str | None, query: str, commit_ts: int | None = None, literal_charset: str | None = None
+    ) -> None:
         """A DDL or TRUNCATE of captured tables: recorded (secrets excluded), with a `_cdc_seq` of its own
-        to order it. A DDL also carries the table changes it makes (`ddl.schema_changes`)."""
+        to order it. A DDL also carries the table changes it makes (`ddl.schema_changes`, its string literals read in
+        `literal_charset`); one whose values in the table's rows cannot be known from it quarantines the table."""
         if self.skipping:
             return
         redacted = redact_statement(query)
@@ -381,7 +384,14 @@ class BatchBuilder:
                 entry["table"] = str(truncated)
             return
         try:
-            changes, problem = schema_changes(query, schema, self.schemas), None
+            changes, problem = schema_changes(query, schema, self.schemas, literal_charset), None
+        except UnknownStoredValue as exc:  # the rows it fills would be a guess: the table waits for a snapshot
+            changes, problem = [], None
+            if exc.table is not None and self._wanted(exc.table):
+                fix = f"run `cdc-lakehouse snapshot {exc.table}` (a CHARACTER SET named in such a statement avoids it)"
+                self.quarantined.setdefault(
+                    str(exc.table), {"cause": str(exc), "fix": fix, "first_seq": self.next_seq, "position": None}
+                )
         except Exception as exc:  # noqa: BLE001 - never stall capture on a statement: the row events still tell the shape
             changes, problem = [], f"{type(exc).__name__}: {exc}"
         changes = [self._filtered(c) for c in changes if self._wanted(c.table)]
@@ -788,7 +798,9 @@ def _read_events(
                 builder.prepare_xa(xa_id)
             boundary = True
         elif kind == QUERY:
-            schema, query = query_text(event.body, _post_header(post_headers, QUERY, 13))
+            schema, query, literal_charset = query_text(
+                event.body, _post_header(post_headers, QUERY, 13), server.flavor, server_written=in_transaction
+            )
             statement_kind = classify_query(query)
             xa = xa_statement(query)
             if xa is not None and xa[0] == "END":
@@ -800,7 +812,7 @@ def _read_events(
             elif statement_kind == "end":
                 boundary = True
             elif statement_kind == "ddl":
-                builder.statement(schema, query, event.timestamp)
+                builder.statement(schema, query, event.timestamp, literal_charset)
                 for name in builder.quarantined.keys() - maps.left_out:  # held by the DDL: its rows are not read
                     maps.leave_out(TableRef.parse(name))
                 # A DDL is a transaction of its own, unless it opens one (CREATE TABLE ... SELECT).

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 
+from cdc_assets.core.mysql_charsets import python_codec, stored_text
+from cdc_assets.core.mysql_conversions import InexactConversion, member_position
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import ROWS_CHANGED, ROWS_REMOVED
@@ -138,6 +140,15 @@ class DdlParseError(ValueError):
     pass
 
 
+class UnknownStoredValue(DdlParseError):
+    """A value a statement gives the rows already in its table that the statement alone does not tell as the server
+    stored it (the message says why): capture quarantines `table` rather than fill the rows with a guess."""
+
+    def __init__(self, message: str, table: TableRef | None = None) -> None:
+        super().__init__(message)
+        self.table = table
+
+
 def _split_top_level(tokens: list[Token]) -> list[list[Token]]:
     """Tokens split at commas outside parentheses."""
     parts: list[list[Token]] = [[]]
@@ -203,13 +214,31 @@ class ColumnDef:
     spec: ColumnSpec
     default: Default
     primary_key: bool = False
+    unknown_default: str | None = None  # why `default` is not what the server gave rows already there (None: it is)
 
 
-def _parse_type(cur: _Cursor, name: str, table_charset: str | None) -> tuple[ColumnSpec, bool]:
-    """The column type at the cursor; returns the spec and whether it implies NOT NULL (SERIAL)."""
+_TEXT_KINDS = ("char", "varchar", "text", "enum", "set")
+_ATTRIBUTE_CHARSETS = {"ASCII": "latin1", "UNICODE": "ucs2", "BYTE": "binary"}  # CHAR(3) ASCII is latin1, …
+
+
+def _collation_charset(collation: str) -> str | None:
+    """The charset a collation name belongs to (`latin1_german1_ci`: latin1), or None for one that names none
+    (MariaDB's `uca1400_ai_ci` takes the charset the column or table names)."""
+    collation = collation.lower()
+    if collation == "binary":
+        return "binary"
+    prefix = collation.split("_", 1)[0]
+    return prefix if python_codec(prefix) is not None or prefix in ("ucs2", "utf16", "utf16le", "utf32") else None
+
+
+def _parse_type(cur: _Cursor, name: str) -> tuple[ColumnSpec, bool, str | None]:
+    """The column type at the cursor; returns the spec (an ENUM's or SET's members as the statement spells them, no
+    charset yet), whether it implies NOT NULL (SERIAL), and the charset its attributes name, if any."""
     word = cur.take().text.lower()
-    if word == "national":
-        word = cur.take().text.lower()
+    charset = None
+    if word in ("national", "nchar", "nvarchar"):  # the national charset: utf8mb3
+        charset = "utf8mb3"
+        word = cur.take().text.lower() if word == "national" else word
     if word == "double" and cur.upper() == "PRECISION":
         cur.take()
     if word in ("char", "character") and cur.upper() == "VARYING":
@@ -225,22 +254,23 @@ def _parse_type(cur: _Cursor, name: str, table_charset: str | None) -> tuple[Col
     if peeked is not None and peeked.kind == "punct" and peeked.text == "(":
         args = cur.parenthesised()
     numbers = [int(t.text) for t in args if t.kind == "number" and t.text.isdigit()]
-    unsigned, charset, serial = False, None, kind == "serial"
+    unsigned, collated, serial = False, None, kind == "serial"
     if serial:
-        return ColumnSpec(name=name, type="bigint", unsigned=True), True
+        return ColumnSpec(name=name, type="bigint", unsigned=True), True, None
     while True:  # attributes that belong to the type
         if cur.accept("UNSIGNED"):
             unsigned = True
-        elif cur.accept("SIGNED") or cur.accept("ZEROFILL"):
+        elif cur.accept("SIGNED") or cur.accept("ZEROFILL") or cur.accept("BINARY"):
             pass
         elif cur.accept("CHARACTER", "SET") or cur.accept("CHARSET"):
             charset = cur.identifier().lower()
         elif cur.accept("COLLATE"):
-            cur.identifier()
-        elif cur.accept("BINARY") or cur.accept("ASCII") or cur.accept("UNICODE") or cur.accept("BYTE"):
-            pass
+            collated = _collation_charset(cur.identifier())
+        elif cur.upper() in _ATTRIBUTE_CHARSETS:
+            charset = _ATTRIBUTE_CHARSETS[cur.take().upper]
         else:
             break
+    charset = charset or collated
     if word in ("bool", "boolean"):
         numbers = [1]
     if kind in _BINARY_OF and charset == "binary":
@@ -258,11 +288,39 @@ def _parse_type(cur: _Cursor, name: str, table_charset: str | None) -> tuple[Col
         spec = replace(spec, length=numbers[0] if numbers else 1)
     elif kind in ("varchar", "varbinary") and numbers:
         spec = replace(spec, length=numbers[0])
-    if kind in ("char", "varchar", "text", "enum", "set"):
-        spec = replace(spec, charset=charset or table_charset)
-    elif kind == "json":
+    if kind == "json":
         spec = replace(spec, charset="binary")
-    return spec, False
+    return spec, False, charset
+
+
+def _stored_literal(text: str, charset: str | None, literal_charset: str | None) -> tuple[str, bool]:
+    """A string literal as the server stores it in a column of `charset`, and whether that is known. The server
+    reads a literal in the connection's charset (`literal_charset`: collation_connection's), then converts it to the
+    column's, each character the column's charset cannot hold becoming '?' (mysql_charsets.stored_text). A column
+    whose charset the statement does not name (the table's or the database's default) or that cannot be converted to
+    here leaves a text that is not ASCII unknown; a binary column's text is its bytes in the connection's charset,
+    which the lakehouse holds as their UTF-8 text (capture/binlog/table_map), unknown when they are not UTF-8."""
+    if literal_charset is not None:
+        try:
+            text = stored_text(text, _CHARSET_NAMES.get(literal_charset, literal_charset))
+        except LookupError:
+            pass  # the text was read in the client's charset, which is the connection's but in odd sessions
+    if text.isascii():
+        return text, True
+    if charset == "binary":
+        try:
+            return text.encode(python_codec(literal_charset) or "utf-8").decode("utf-8"), True
+        except (LookupError, UnicodeError):
+            return text, False
+    if charset is None:
+        return text, False
+    try:
+        return stored_text(text, _CHARSET_NAMES.get(charset, charset)), True
+    except LookupError:
+        return text, False
+
+
+_CHARSET_NAMES = {"utf8": "utf8mb3"}  # DDL's names that are aliases (MySQL 8 and MariaDB: utf8 is utf8mb3)
 
 
 def _literal(tokens: list[Token]) -> str | None | object:
@@ -316,11 +374,16 @@ def _default_expression(cur: _Cursor) -> list[Token]:
     return tokens
 
 
-def parse_column_definition(tokens: list[Token], table_charset: str | None = None) -> ColumnDef:
-    """`name type [attributes]` as in CREATE TABLE and ALTER TABLE ADD / MODIFY / CHANGE."""
+def parse_column_definition(
+    tokens: list[Token], table_charset: str | None = None, literal_charset: str | None = None
+) -> ColumnDef:
+    """`name type [attributes]` as in CREATE TABLE and ALTER TABLE ADD / MODIFY / CHANGE, given the charset the
+    statement names for its table (None: the table's or database's default, which it does not say) and the one its
+    string literals are read in (the connection's). An ENUM's or SET's members are as the server stores them: in the
+    column's charset, trailing spaces cut."""
     cur = _Cursor(tokens)
     name = cur.identifier()
-    spec, not_null = _parse_type(cur, name, table_charset)
+    spec, not_null, charset = _parse_type(cur, name)
     default_tokens: list[Token] | None = None
     primary = generated = False
     while not cur.at_end():
@@ -328,6 +391,8 @@ def parse_column_definition(tokens: list[Token], table_charset: str | None = Non
             not_null = True
         elif cur.accept("NULL"):
             not_null = False
+        elif cur.accept("COLLATE"):
+            charset = charset or _collation_charset(cur.identifier())
         elif cur.accept("DEFAULT"):
             default_tokens = _default_expression(cur)
         elif cur.accept("PRIMARY", "KEY"):
@@ -342,12 +407,29 @@ def parse_column_definition(tokens: list[Token], table_charset: str | None = Non
             if token.kind == "punct" and token.text == "(":
                 cur.i -= 1
                 cur.parenthesised()
-    return ColumnDef(spec, _default_of(spec, default_tokens, not_null, generated), primary)
+    unknown = None
+    if spec.type in _TEXT_KINDS:
+        spec = replace(spec, charset=charset or table_charset)
+        stored = [_stored_literal(member, spec.charset, literal_charset) for member in spec.members]
+        spec = replace(spec, members=tuple(text.rstrip(" ") for text, _ in stored))
+        if spec.type == "enum" and not_null and default_tokens is None and stored and not stored[0][1]:
+            unknown = (
+                f"column {spec.name!r} is added as an ENUM NOT NULL with no DEFAULT, so the rows there take its first "
+                f"member {spec.members[0]!r} as the column's charset holds it, and the statement names no charset for "
+                "the column that cdc-lakehouse can convert to"
+            )
+    try:
+        default = _default_of(spec, default_tokens, not_null, generated, literal_charset)
+    except UnknownStoredValue as exc:
+        default, unknown = Default("unknown"), str(exc)
+    return ColumnDef(spec, default, primary, unknown)
 
 
-def _default_of(spec: ColumnSpec, tokens: list[Token] | None, not_null: bool, generated: bool) -> Default:
+def _default_of(
+    spec: ColumnSpec, tokens: list[Token] | None, not_null: bool, generated: bool, literal_charset: str | None = None
+) -> Default:
     """What MySQL puts in existing rows for a new column: its DEFAULT, else NULL, else (NOT NULL) the
-    type's implicit default."""
+    type's implicit default. Raises UnknownStoredValue for a DEFAULT whose stored value the statement does not tell."""
     if generated:
         return Default("unknown")
     if tokens is None:
@@ -358,7 +440,9 @@ def _default_of(spec: ColumnSpec, tokens: list[Token] | None, not_null: bool, ge
     if value is _NOT_CONSTANT:
         return Default("unknown")
     try:
-        return Default("value", canonical_literal(spec, value))  # type: ignore[arg-type]
+        return Default("value", canonical_literal(spec, value, literal_charset))  # type: ignore[arg-type]
+    except UnknownStoredValue:
+        raise
     except (ValueError, InvalidOperation):
         return Default("unknown")
 
@@ -393,8 +477,11 @@ def _b64(data: bytes) -> str:
 _TIME = re.compile(r"^(-)?(\d+):(\d{1,2})(?::(\d{1,2}))?(?:\.(\d{1,6}))?$")
 
 
-def canonical_literal(spec: ColumnSpec, value: str | bytes | None) -> str | None:
-    """A constant default in the canonical text of the column's type (mysql_types)."""
+def canonical_literal(spec: ColumnSpec, value: str | bytes | None, literal_charset: str | None = None) -> str | None:
+    """A constant default in the canonical text of the column's type (mysql_types), as the server stores it: a text
+    read in the connection's charset (`literal_charset`), converted to the column's; a CHAR without its trailing
+    spaces (as it is read); an ENUM's or SET's the members it names, as the server's store finds them. Raises
+    UnknownStoredValue where that store's choice cannot be known."""
     if value is None:
         return None
     t = spec.type
@@ -406,6 +493,12 @@ def canonical_literal(spec: ColumnSpec, value: str | bytes | None) -> str | None
             if t in ("bit", "tinyint", "smallint", "int", "bigint")
             else value.decode()
         )
+    if t in _TEXT_KINDS:  # the server refuses a DEFAULT its column's charset cannot hold: no '?' comes of it
+        value = _stored_literal(value, spec.charset, literal_charset)[0]
+        if t == "char":
+            value = value.rstrip(" ")
+        elif t in ("enum", "set"):
+            return _members_named(spec, value)
     text = str(value)
     if t in ("tinyint", "smallint", "mediumint", "int", "bigint", "year", "bit"):
         return str(int(Decimal(text).to_integral_value()))
@@ -426,22 +519,48 @@ def canonical_literal(spec: ColumnSpec, value: str | bytes | None) -> str | None
         out = f"{sign or ''}{int(hours):02d}:{int(minutes):02d}:{int(seconds or 0):02d}"
         return out + ("." + (fraction or "").ljust(6, "0")[: spec.fsp] if spec.fsp else "")
     if t in ("binary", "varbinary", "blob", "geometry"):
-        data = text.encode()
+        data = text.encode(python_codec(literal_charset) or "utf-8")  # the connection's bytes, as the server keeps them
         return _b64(data.ljust(spec.length or 0, b"\0") if t == "binary" else data)
-    if t == "set" and spec.members:
-        chosen = {m.lower() for m in text.split(",") if m}
-        return ",".join(m for m in spec.members if m.lower() in chosen)
     return text
+
+
+def _members_named(spec: ColumnSpec, text: str) -> str:
+    """An ENUM's or SET's DEFAULT as the server stores it: the member (a SET's members, in their order) the text
+    names, found as the server's store finds them (mysql_conversions.member_position). A text that names none the
+    statement tells is unknown: the server took it, so it named a member, by its column's collation."""
+    parts = [text.rstrip(" ")] if spec.type == "enum" else [p for p in text.rstrip(" ").split(",") if p]
+    chosen = set()
+    for part in parts:
+        try:
+            found = member_position(spec.members, part)
+        except InexactConversion as exc:
+            found, why = 0, f": {exc}"
+        else:
+            why = ""
+        if not found:
+            raise UnknownStoredValue(
+                f"column {spec.name!r} is given DEFAULT {text!r}, which the server took as the member of "
+                f"{spec.type.upper()}{spec.members!r} its collation finds, and the statement does not tell which{why}"
+            )
+        chosen.add(found - 1)
+    return ",".join(m for i, m in enumerate(spec.members) if i in chosen)
 
 
 # -- statements ------------------------------------------------------------------------------------------
 
 
-def schema_changes(statement: str, default_schema: str | None, known: dict[TableRef, TableShape]) -> list[SchemaChange]:
-    """The table changes a DDL statement makes, given the shapes known just before it.
+def schema_changes(
+    statement: str,
+    default_schema: str | None,
+    known: dict[TableRef, TableShape],
+    literal_charset: str | None = None,
+) -> list[SchemaChange]:
+    """The table changes a DDL statement makes, given the shapes known just before it and the charset its string
+    literals were read in (the session's collation_connection; None: as they are).
 
-    Raises DdlParseError for a statement about tables that cannot be read; returns [] for DDL that
-    changes no table's columns (CREATE INDEX, views, routines, ...).
+    Raises DdlParseError for a statement about tables that cannot be read, UnknownStoredValue (naming the table) for
+    one that gives a table's rows a value it does not tell; returns [] for DDL that changes no table's columns
+    (CREATE INDEX, views, routines, ...).
     """
     cur = _Cursor(tokenize(statement))
     if cur.accept("ALTER"):
@@ -449,7 +568,13 @@ def schema_changes(statement: str, default_schema: str | None, known: dict[Table
             pass
         if cur.accept("TABLE"):
             cur.accept("IF", "EXISTS")
-            return _alter(cur, cur.table(default_schema), default_schema, known)
+            table = cur.table(default_schema)
+            try:
+                return _alter(cur, table, default_schema, known, literal_charset)
+            except UnknownStoredValue as exc:
+                raise UnknownStoredValue(
+                    f"an ALTER TABLE gives the rows there a value it does not tell: {exc}", table
+                ) from None
         return []
     if cur.accept("CREATE"):
         replace_ = cur.accept("OR", "REPLACE")
@@ -461,7 +586,7 @@ def schema_changes(statement: str, default_schema: str | None, known: dict[Table
             if if_not_exists and table in known:
                 return []
             changes = [_dropped(table, known)] if replace_ and table in known else []
-            return changes + [_create(cur, table, default_schema, known)]
+            return changes + [_create(cur, table, default_schema, known, literal_charset)]
         return []
     if cur.accept("DROP"):
         if cur.accept("TEMPORARY"):
@@ -506,16 +631,24 @@ def _renamed(old: TableRef, new: TableRef, known: dict[TableRef, TableShape]) ->
 
 
 def _table_charset(tokens: list[Token]) -> str | None:
+    """The charset table options name (`[DEFAULT] CHARSET [=] x`, `CHARACTER SET x`, else a `COLLATE [=] y`'s)."""
+    collated = None
     for i, token in enumerate(tokens):
-        if token.upper in ("CHARSET", "SET") and i + 1 < len(tokens):
+        if token.upper in ("CHARSET", "SET", "COLLATE") and i + 1 < len(tokens):
             nxt = tokens[i + 2] if tokens[i + 1].kind == "punct" and tokens[i + 1].text == "=" else tokens[i + 1]
-            if i == 0 or token.upper == "CHARSET" or tokens[i - 1].upper == "CHARACTER":
+            if token.upper == "COLLATE":
+                collated = collated or _collation_charset(nxt.name)
+            elif i == 0 or token.upper == "CHARSET" or tokens[i - 1].upper == "CHARACTER":
                 return nxt.name.lower()
-    return None
+    return collated
 
 
 def _create(
-    cur: _Cursor, table: TableRef, default_schema: str | None, known: dict[TableRef, TableShape]
+    cur: _Cursor,
+    table: TableRef,
+    default_schema: str | None,
+    known: dict[TableRef, TableShape],
+    literal_charset: str | None = None,
 ) -> SchemaChange:
     if cur.accept("LIKE") or (cur.peek() is not None and cur.peek().text == "(" and cur.upper(1) == "LIKE"):
         cur.accept_punct("(")
@@ -537,7 +670,7 @@ def _create(
         elif head in ("KEY", "INDEX", "UNIQUE", "FULLTEXT", "SPATIAL", "FOREIGN", "CHECK", "CONSTRAINT", "PERIOD"):
             continue
         else:
-            column = parse_column_definition(part, charset)
+            column = parse_column_definition(part, charset, literal_charset)
             columns.append(column.spec)
             if column.primary_key:
                 key = (column.spec.name,)
@@ -604,7 +737,11 @@ def _unlogged_row_changes(
 
 
 def _alter(
-    cur: _Cursor, table: TableRef, default_schema: str | None, known: dict[TableRef, TableShape]
+    cur: _Cursor,
+    table: TableRef,
+    default_schema: str | None,
+    known: dict[TableRef, TableShape],
+    literal_charset: str | None = None,
 ) -> list[SchemaChange]:
     before = known.get(table)
     specs = _split_top_level(cur.tokens[cur.i :])
@@ -621,7 +758,8 @@ def _alter(
     key = list(before.primary_key)
     renames: dict[str, str] = {}  # new name -> original name
     defaults: dict[str, Default] = {}
-    charset = None
+    # the table's charset, when the statement names it, is its new columns' wherever it is named among them
+    charset = next((c for spec in specs if spec[0].upper in _TABLE_CHARSET_WORDS and (c := _table_charset(spec))), None)
     for spec in specs:
         sc = _Cursor(spec)
         if sc.accept("ADD"):
@@ -648,13 +786,16 @@ def _alter(
             sc.accept("IF", "NOT", "EXISTS")
             token = sc.peek()
             if token is not None and token.kind == "punct" and token.text == "(":
-                defs = [parse_column_definition(p, charset) for p in _split_top_level(sc.parenthesised())]
+                parts = _split_top_level(sc.parenthesised())
+                defs = [parse_column_definition(p, charset, literal_charset) for p in parts]
             else:
-                defs = [parse_column_definition(sc.tokens[sc.i :], charset)]
+                defs = [parse_column_definition(sc.tokens[sc.i :], charset, literal_charset)]
                 sc = _Cursor(_tail_after_definition(sc.tokens[sc.i :]))
             for column in defs:
                 if any(c.name.lower() == column.spec.name.lower() for c in columns):
                     continue  # IF NOT EXISTS on a column that is there
+                if column.unknown_default is not None:
+                    raise UnknownStoredValue(column.unknown_default)
                 _place(columns, column.spec, sc)
                 defaults[column.spec.name] = column.default
                 if column.primary_key:
@@ -683,7 +824,7 @@ def _alter(
             sc.accept("COLUMN")
             sc.accept("IF", "EXISTS")
             old = sc.identifier() if changing else sc.peek().name  # type: ignore[union-attr]
-            column = parse_column_definition(sc.tokens[sc.i :], charset)
+            column = parse_column_definition(sc.tokens[sc.i :], charset, literal_charset)
             index = _index_of(columns, old)
             previous = columns.pop(index)
             tail = _Cursor(_tail_after_definition(sc.tokens[sc.i :]))
@@ -705,13 +846,10 @@ def _alter(
         elif sc.accept("RENAME") and sc.upper() not in ("INDEX", "KEY"):
             sc.accept("TO") or sc.accept("AS")
             renamed_to = sc.table(default_schema)
-        elif sc.accept("CONVERT", "TO") or sc.upper() in ("DEFAULT", "CHARACTER", "CHARSET"):
-            charset = _table_charset(spec)
-            if spec[0].upper == "CONVERT" and charset:
-                columns = [
-                    replace(c, charset=charset) if c.type in ("char", "varchar", "text", "enum", "set") else c
-                    for c in columns
-                ]
+        elif sc.accept("CONVERT", "TO") or sc.upper() in _TABLE_CHARSET_WORDS:
+            converted = _table_charset(spec)
+            if spec[0].upper == "CONVERT" and converted:
+                columns = [replace(c, charset=converted) if c.type in _TEXT_KINDS else c for c in columns]
     after = TableShape(table, tuple(columns), _as_columns_named(key, columns))
     changes = []
     if not before.same_layout(after) or renames or before.columns != after.columns:
@@ -719,6 +857,9 @@ def _alter(
     if renamed_to is not None:
         changes += _renamed(table, renamed_to, {table: after})
     return changes + unlogged
+
+
+_TABLE_CHARSET_WORDS = ("CONVERT", "DEFAULT", "CHARACTER", "CHARSET", "COLLATE")
 
 
 def _renamed_column(renames: dict[str, str], defaults: dict[str, Default], key: list[str], old: str, new: str) -> None:

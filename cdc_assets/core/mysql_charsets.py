@@ -66,6 +66,7 @@ TableFetcher = Callable[[str], str]
 ValueFetcher = Callable[[str, bytes], str]
 _fetchers: dict[str, Callable[..., str]] = {}
 _tables: dict[str, str] = {}
+_encoding_tables: dict[str, object] = {}  # codecs.charmap_build of each server table, to encode text to it
 _values: dict[tuple[str, bytes], str] = {}
 
 
@@ -74,6 +75,41 @@ def mariadb_uca1400_charset(collation_id: int) -> str | None:
     a number outside their blocks."""
     block = (collation_id - MARIADB_UCA1400_FIRST_ID) // MARIADB_UCA1400_BLOCK
     return MARIADB_UCA1400_CHARSETS[block] if 0 <= block < len(MARIADB_UCA1400_CHARSETS) else None
+
+
+def collation_charset(collation_id: int, flavor: str) -> str | None:
+    """The charset (MySQL's name: latin1, utf8mb3, utf8mb4, …) of a collation number as a `flavor` server numbers it
+    (a query event's character_set_client, a table map's column), or None for a number no one here knows."""
+    from pymysqlreplication.constants.CHARSET import charset_by_id
+
+    known = charset_by_id(str(collation_id), flavor)
+    if known is not None:
+        return known.name
+    return mariadb_uca1400_charset(collation_id) if flavor == "mariadb" else None
+
+
+# The charsets that hold every character, and those that hold the Basic Multilingual Plane only (a character beyond
+# it is 4 bytes of UTF-8, a surrogate pair of UTF-16). `utf8` is the name python-mysql-replication gives utf8mb4 too
+# (a table map's columns): it holds every character here; DDL's `utf8` (utf8mb3) is resolved by its reader.
+_EVERY_CHARACTER = frozenset({"utf8mb4", "utf8", "utf16", "utf16le", "utf32"})
+_BMP_ONLY = frozenset({"utf8mb3", "ucs2"})
+
+
+def stored_text(text: str, charset: str) -> str:
+    """`text` as the server stores it in `charset` (MySQL's name): each character the charset cannot hold becomes
+    '?', as the server converts a string literal to a column's charset (an ENUM's members, a MODIFY's values).
+    Raises LookupError for a charset whose characters this process does not know (binary among them)."""
+    if charset in _EVERY_CHARACTER or text.isascii() and charset != "swe7":
+        return text  # every charset but swe7 (its own letters at [ ] { } and others) holds ASCII as it is
+    if charset in _BMP_ONLY:
+        return "".join(c if ord(c) <= 0xFFFF else "?" for c in text)
+    codec = python_codec(charset) if charset != "binary" else None
+    if codec is None:
+        raise LookupError(f"no text of the {charset} charset here")
+    try:
+        return text.encode(codec, "replace").decode(codec)
+    except (UnicodeError, LookupError) as exc:
+        raise LookupError(f"no text of the {charset} charset here ({exc})") from exc
 
 
 def use_server(table: TableFetcher, value: ValueFetcher) -> None:
@@ -125,7 +161,11 @@ def _search_server(name: str) -> codecs.CodecInfo | None:
         return _server_value(charset, data), len(data)
 
     def encode(text: str, errors: str = "strict") -> tuple[bytes, int]:
-        raise UnicodeError(f"text is never encoded to {charset} here")
+        if charset not in SINGLE_BYTE:
+            raise UnicodeError(f"text is never encoded to {charset} here")
+        if charset not in _encoding_tables:
+            _encoding_tables[charset] = codecs.charmap_build(_server_table(charset))
+        return codecs.charmap_encode(text, errors, _encoding_tables[charset])
 
     return codecs.CodecInfo(name=name, encode=encode, decode=decode)
 

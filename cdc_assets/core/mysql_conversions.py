@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Context, Decimal
 from typing import Any
 
-from cdc_assets.core.mysql_charsets import python_codec
+from cdc_assets.core.mysql_charsets import python_codec, stored_text
 from cdc_assets.core.mysql_types import INTEGER_TYPES, ColumnSpec, bit_to_long, format_time
 
 MARIADB, MYSQL = "mariadb", "mysql"
@@ -439,12 +439,11 @@ def _decoded(conversion: Conversion, data: bytes, charset: str | None) -> str:
 
 
 def _recoded_text(text: str, charset: str | None) -> str:
-    """A text in another charset: characters it lacks become '?'."""
-    codec = _codec(charset)
+    """A text in another charset: characters it lacks become '?' (mysql_charsets.stored_text)."""
     try:
-        return text.encode(codec, "replace").decode(codec)
-    except UnicodeError as exc:
-        raise InexactConversion(f"no text in the {charset} charset here ({exc})") from exc
+        return stored_text(text, "utf8mb4" if charset in (None, "binary") else charset)
+    except LookupError as exc:
+        raise InexactConversion(str(exc)) from exc
 
 
 def _encoded(text: str, charset: str | None) -> bytes:
@@ -499,14 +498,21 @@ def _collation_key(text: str) -> str:
     return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
 
 
-def _member(declared: tuple[str, ...], text: str) -> int:
-    """The 1-based position of the member `text` names (0: none)."""
+def member_position(declared: tuple[str, ...], text: str) -> int:
+    """The 1-based position of the ENUM/SET member `text` names as the server's store finds it (0: none): trailing
+    spaces aside, the member spelled so, else the one equal to it but for letter case, else the one equal but for case
+    and accents (as a case- and accent-insensitive collation finds it). Two members equal to it one of those ways
+    (a collation that tells them apart) leave the one the server took unknown: InexactConversion."""
+    text = text.rstrip(" ")
     if text in declared:
         return declared.index(text) + 1
-    key = _collation_key(text)
-    for i, member in enumerate(declared):
-        if _collation_key(member) == key:
-            return i + 1
+    for key in (str.casefold, _collation_key):
+        wanted = key(text)
+        found = [i for i, member in enumerate(declared) if key(member) == wanted]
+        if len(found) > 1:
+            raise InexactConversion(f"{text!r} is alike members {', '.join(repr(declared[i]) for i in found)}")
+        if found:
+            return found[0] + 1
     return 0
 
 
@@ -543,7 +549,7 @@ def _to_enum(conversion: Conversion, value: Any) -> str:
         index = int_of(conversion, value)
         return declared[index - 1] if 0 < index <= len(declared) else ""
     text = _member_text(conversion, value)
-    found = _member(declared, text)
+    found = member_position(declared, text)
     if not found and len(text.encode()) < 6:
         number = _whole_number(text)
         found = number if number is not None and number <= len(declared) else 0
@@ -559,7 +565,7 @@ def _to_set(conversion: Conversion, value: Any) -> str:
         text = _member_text(conversion, value)
         mask = 0
         for part in text.split(",") if text else []:
-            found = _member(declared, part)
+            found = member_position(declared, part)
             mask |= 1 << (found - 1) if found else 0
         if not mask and text and len(text.encode()) < 22:
             number = _whole_number(text)
@@ -609,8 +615,7 @@ def _json_printed(node: Any) -> str:
     if isinstance(node, int):
         return str(node)
     if isinstance(node, float):
-        text = my_gcvt(node, single=False)
-        return text if "." in text or "e" in text else text + ".0"
+        return json_double_text(node)
     return _json_quoted(node)
 
 
@@ -1062,3 +1067,9 @@ def my_gcvt(value: float, single: bool) -> str:
     mantissa = f"{digits[0]}.{digits[1:]}" if length > 1 else digits
     return f"{sign}{mantissa}e{decpt - 1}"
 
+
+def json_double_text(value: float) -> str:
+    """A double in a JSON document as MySQL prints it (binlog JSON, a MODIFY to JSON): `my_gcvt`'s text, then `.0`
+    when that shows neither a decimal point nor an exponent."""
+    text = my_gcvt(value, single=False)
+    return text if "." in text or "e" in text else text + ".0"

@@ -6,10 +6,14 @@ an event's body, without the 19-byte common header and without the checksum.
 
 from __future__ import annotations
 
+import codecs
+import re
 import struct
+from typing import NamedTuple
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.gtids import GtidState
+from cdc_assets.core.mysql_charsets import collation_charset, python_codec
 
 QUERY = 2
 ROTATE = 4
@@ -65,13 +69,98 @@ def format_post_header_lengths(body: bytes) -> bytes:
     return body[2 + 50 + 4 + 1 : -1]
 
 
-def query_text(body: bytes, post_header_length: int = _QUERY_POST_HEADER.size) -> tuple[str, str]:
-    """(default schema, '' when none, and the statement) of a query event."""
+# A query event's status variables: a code, then a value of the size the code gives (a length byte and that many
+# bytes for a time zone or catalog, and a NUL after Q_CATALOG_CODE's). The server writes Q_FLAGS2, Q_SQL_MODE,
+# Q_CATALOG_NZ and Q_AUTO_INCREMENT before Q_CHARSET_CODE, which holds character_set_client, collation_connection and
+# collation_server as three 16-bit collation numbers (the order of the server's Query_log_event::write).
+_Q_CATALOG, _Q_CHARSET, _Q_TIME_ZONE, _Q_CATALOG_NZ = 2, 4, 5, 6
+_STATUS_SIZES = {0: 4, 1: 8, 3: 4, 7: 2, 8: 2, 9: 8, 10: 4, 13: 3}
+_SERVER_WRITTEN_CTAS = b" START TRANSACTION"  # MySQL's own CREATE TABLE for a CREATE … SELECT ends so
+_TRANSACTION_WORDS = frozenset({b"BEGIN", b"COMMIT"})
+_CREATE_TABLE = re.compile(rb"\s*CREATE\s+(?:OR\s+REPLACE\s+)?TABLE\b", re.IGNORECASE)
+
+
+class QueryText(NamedTuple):
+    """A query event's default schema ('' when none), its statement, and the charset the server read the statement's
+    string literals in (collation_connection's; None when the event does not say)."""
+
+    schema: str
+    query: str
+    literal_charset: str | None
+
+
+def statement_collations(body: bytes, post_header_length: int = _QUERY_POST_HEADER.size) -> tuple[int, int] | None:
+    """(character_set_client, collation_connection) numbers of a query event, from its Q_CHARSET_CODE status
+    variable; None when it has none (every server since MySQL 5.0 writes it)."""
+    _, _, _, _, status_length = _QUERY_POST_HEADER.unpack_from(body)
+    pos, end = post_header_length, post_header_length + status_length
+    while pos < end:
+        code = body[pos]
+        pos += 1
+        if code == _Q_CHARSET:
+            client, connection, _ = struct.unpack_from("<HHH", body, pos)
+            return client, connection
+        if code == _Q_CATALOG:
+            pos += 1 + body[pos] + 1
+        elif code in (_Q_TIME_ZONE, _Q_CATALOG_NZ):
+            pos += 1 + body[pos]
+        elif code in _STATUS_SIZES:
+            pos += _STATUS_SIZES[code]
+        else:  # a code whose size is not known here, which no server writes before Q_CHARSET_CODE: none found
+            return None
+    return None
+
+
+def query_text(
+    body: bytes, post_header_length: int = _QUERY_POST_HEADER.size, flavor: str = "mysql", server_written: bool = False
+) -> QueryText:
+    """A query event's default schema, statement and literal charset (`QueryText`).
+
+    The statement is in its client's charset, character_set_client (Q_CHARSET_CODE; a latin1 client's 'é' is the one
+    byte E9), and is decoded in it. It is decoded as UTF-8 only when the event has no Q_CHARSET_CODE or names a
+    collation no one here knows, and for the CREATE TABLE a server writes itself for a CREATE … SELECT, which is in
+    its own charset (UTF-8) whatever the client's: MySQL's ends in START TRANSACTION, MariaDB's comes inside the
+    statement's transaction (`server_written`, capture knows it from the GTID event's flags). The default schema is
+    always in the server's own charset (UTF-8)."""
     _, _, schema_length, _, status_length = _QUERY_POST_HEADER.unpack_from(body)
     start = post_header_length + status_length
     schema = body[start : start + schema_length].decode("utf-8", "replace")
-    query = body[start + schema_length + 1 :].decode("utf-8", "backslashreplace")
-    return schema, query
+    raw = body[start + schema_length + 1 :]
+    if raw in _TRANSACTION_WORDS:  # letters, the same in every client charset: no status variable is read
+        return QueryText(schema, raw.decode("ascii"), None)
+    collations = statement_collations(body, post_header_length)
+    if collations is not None and not _written_by_server(raw, server_written):
+        codec, literal = _CHARSETS.get((collations, flavor)) or _statement_charsets(collations, flavor)
+        try:
+            if codec is not None:
+                return QueryText(schema, raw.decode(codec, "backslashreplace"), literal)
+        except LookupError:  # a charset only the source converts, and none is set (capture always sets its own)
+            pass
+    return QueryText(schema, raw.decode("utf-8", "backslashreplace"), None)
+
+
+_CHARSETS: dict[tuple[tuple[int, int], str], tuple[str | None, str | None]] = {}
+
+
+def _statement_charsets(collations: tuple[int, int], flavor: str) -> tuple[str | None, str | None]:
+    """(the Python codec of character_set_client, collation_connection's charset) of a statement's collation
+    numbers, None for one no one here knows; kept, as every statement of a session asks for the same."""
+    client = collation_charset(collations[0], flavor)
+    codec = python_codec(client) if client else None
+    if codec is not None:
+        try:
+            codec = codecs.lookup(codec).name  # "utf-8", which bytes.decode takes without a registry lookup
+        except LookupError:
+            pass
+    found = _CHARSETS[collations, flavor] = codec, collation_charset(collations[1], flavor)
+    return found
+
+
+def _written_by_server(raw: bytes, in_transaction: bool) -> bool:
+    """Whether a statement is a CREATE TABLE the server wrote itself for a CREATE … SELECT (see query_text)."""
+    if raw.rstrip().endswith(_SERVER_WRITTEN_CTAS):
+        return True
+    return in_transaction and _CREATE_TABLE.match(raw) is not None
 
 
 def query_start(body: bytes, post_header_length: int = _QUERY_POST_HEADER.size) -> int:
