@@ -25,13 +25,13 @@ from cdc_assets.capture.binlog.json_binary import (
     document,
     double_text,
     json_text,
-    my_gcvt_text,
     node_text,
     parse_path,
 )
 from cdc_assets.capture.binlog.protocol import dump_events
 from cdc_assets.capture.binlog.row_images import RowDecoder
 from cdc_assets.capture.binlog.table_map import parse_table_map
+from cdc_assets.core.mysql_conversions import json_double_text
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.local_source.server import LocalServer
@@ -443,7 +443,7 @@ def _snapshot(conn: pymysql.Connection) -> dict[str, list[str | None]]:
 )  # fmt: skip
 def test_doubles_print_as_mysql_prints_them(value: float, text: str) -> None:
     assert double_text(value) == text
-    assert my_gcvt_text(value) == text
+    assert json_double_text(value) == text
 
 
 def test_the_shortcut_for_doubles_is_mysqls_form() -> None:
@@ -452,9 +452,9 @@ def test_the_shortcut_for_doubles_is_mysqls_form() -> None:
     for _ in range(100_000):
         value = rng.choice((1, -1)) * rng.uniform(1, 10) * 10.0 ** rng.randint(-4, 14)
         if 1e-4 <= abs(value) < 1e15:
-            assert double_text(value) == my_gcvt_text(value), value
+            assert double_text(value) == json_double_text(value), value
     for value in (1e-4, -1e-4, 999999999999999.9, 0.0, -0.0, 0.1, 100.0, 2.5):
-        assert double_text(value) == my_gcvt_text(value), value
+        assert double_text(value) == json_double_text(value), value
 
 
 def test_documents_built_by_hand() -> None:

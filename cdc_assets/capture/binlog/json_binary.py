@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import re
 import struct
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from functools import lru_cache
 from typing import NamedTuple, Union
 
 from cdc_assets.capture.binlog.packed import decimal_reader, decimal_size, time_text
+from cdc_assets.core.mysql_conversions import json_double_text
 
 SMALL_OBJECT, LARGE_OBJECT, SMALL_ARRAY, LARGE_ARRAY = 0x00, 0x01, 0x02, 0x03
 LITERAL, INT16, UINT16, INT32, UINT32, INT64, UINT64, DOUBLE, STRING, OPAQUE = (
@@ -61,12 +61,6 @@ _ESCAPES = {c: f"\\u{c:04x}" for c in range(0x20)} | {
     0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r", ord('"'): '\\"', ord("\\"): "\\\\",
 }  # fmt: skip
 
-# my_gcvt's field width for a double (MY_GCVT_MAX_FIELD_WIDTH = DBL_DIG + 4 + max(5, MAX_DECPT_FOR_F_FORMAT))
-# and the exponents it still writes out in full (MAX_DECPT_FOR_F_FORMAT = DBL_DIG).
-_GCVT_WIDTH = 15 + 4 + 15
-_MAX_DECPT_FOR_F_FORMAT = 15
-
-
 # Object keys repeat from document to document (a table's documents share their shape): their printed form is
 # kept, up to a bound.
 _quoted_keys: dict[bytes, str] = {}
@@ -85,53 +79,12 @@ def quoted(text: str) -> str:
 
 
 def double_text(value: float) -> str:
-    """A JSON double as MySQL prints it (`my_gcvt_text`); where Python's `repr` writes the same 'f' form (from
-    1e-4 up to 1e15, and zero) it is taken as it is, which is most doubles and several times faster."""
+    """A JSON double as MySQL prints it (core/mysql_conversions.json_double_text); where Python's `repr` writes the
+    same 'f' form (from 1e-4 up to 1e15, and zero) it is taken as it is, which is most doubles and several times
+    faster."""
     if 1e-4 <= abs(value) < 1e15 or value == 0:
         return repr(value)
-    return my_gcvt_text(value)
-
-
-def my_gcvt_text(value: float) -> str:
-    """A JSON double as MySQL prints it: `my_gcvt(value, MY_GCVT_ARG_DOUBLE, 34)`, then `.0` when that shows
-    neither a decimal point nor an exponent.
-
-    With a width of 34, `dtoa` mode 4 returns the shortest digits that read back as the same double (at most 17),
-    the digits Python's `repr` prints; only the choice between the 'f' and 'e' forms and their spelling are
-    MySQL's own: 'e' from 1e15 on unless the digits reach the point, and below 1e-15; no '+' and no padding in
-    the exponent."""
-    negative = math.copysign(1.0, value) < 0  # -0.0 too: dtoa gives it its sign
-    mantissa, _, exponent = repr(abs(value)).partition("e")
-    whole, _, fraction = mantissa.partition(".")
-    digits = (whole + fraction).lstrip("0")
-    decpt = len(whole) - (len(whole) + len(fraction) - len(digits)) + (int(exponent) if exponent else 0)
-    digits = digits.rstrip("0")
-    if not digits:  # zero: dtoa gives "0" at point 1
-        digits, decpt = "0", 1
-    width = _GCVT_WIDTH - (value < 0)  # the sign is taken out of the width for x < 0 only (not -0.0)
-    length = len(digits)
-    exp_len = 1 + (decpt >= 101 or decpt <= -99) + (decpt >= 11 or decpt <= -9)
-    have_space = (length - decpt + 2 if decpt <= 0 else length + 1 if decpt < length else decpt) <= width
-    force_e = decpt <= 0 and width <= 2 - decpt and width >= 3 + exp_len
-    f_format = (
-        have_space
-        or (decpt <= width and (decpt >= -1 or (decpt == -2 and (length > 1 or not force_e))) and not force_e)
-    ) and (
-        not have_space
-        or (decpt >= -_MAX_DECPT_FOR_F_FORMAT + 1 and (decpt <= _MAX_DECPT_FOR_F_FORMAT or length > decpt))
-    )
-    sign = "-" if negative else ""
-    if f_format:
-        if decpt <= 0:
-            text = f"{sign}0.{'0' * -decpt}{digits}"
-        elif decpt < length:
-            text = f"{sign}{digits[:decpt]}.{digits[decpt:]}"
-        else:
-            text = f"{sign}{digits}{'0' * (decpt - length)}"
-    else:
-        exponent_text = str(decpt - 1)
-        text = f"{sign}{digits[0]}.{digits[1:]}e{exponent_text}" if length > 1 else f"{sign}{digits}e{exponent_text}"
-    return text if "." in text or "e" in text else text + ".0"
+    return json_double_text(value)
 
 
 def _variable_length(buf: bytes, pos: int) -> tuple[int, int]:
