@@ -24,7 +24,7 @@ from cdc_assets.core.mysql_charsets import python_codec, stored_text
 from cdc_assets.core.mysql_conversions import InexactConversion, member_position
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.ops import ROWS_CHANGED, ROWS_REMOVED
+from cdc_assets.core.ops import ALTER, CREATE, DROP, ROWS_CHANGED, ROWS_REMOVED
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
 
 # -- tokens ---------------------------------------------------------------------------------------------
@@ -618,15 +618,15 @@ def schema_changes(
 
 
 def _dropped(table: TableRef, known: dict[TableRef, TableShape]) -> SchemaChange:
-    return SchemaChange(table, "drop", known.get(table), None)
+    return SchemaChange(table, DROP, known.get(table), None)
 
 
 def _renamed(old: TableRef, new: TableRef, known: dict[TableRef, TableShape]) -> list[SchemaChange]:
     before = known.get(old)
     after = replace(before, table=new) if before else None
     return [
-        SchemaChange(new, "create", None, after, renamed_from=old),
-        SchemaChange(old, "drop", before, None, renamed_to=new),
+        SchemaChange(new, CREATE, None, after, renamed_from=old),
+        SchemaChange(old, DROP, before, None, renamed_to=new),
     ]
 
 
@@ -655,10 +655,10 @@ def _create(
         cur.accept("LIKE")
         source = cur.table(default_schema)
         like = known.get(source)
-        return SchemaChange(table, "create", None, replace(like, table=table) if like else None)
+        return SchemaChange(table, CREATE, None, replace(like, table=table) if like else None)
     token = cur.peek()
     if token is None or token.kind != "punct" or token.text != "(":
-        return SchemaChange(table, "create", None, None)  # CREATE TABLE ... SELECT without columns: row events tell
+        return SchemaChange(table, CREATE, None, None)  # CREATE TABLE ... SELECT without columns: row events tell
     body = cur.parenthesised()
     charset = _table_charset(cur.tokens[cur.i :])
     columns: list[ColumnSpec] = []
@@ -675,8 +675,8 @@ def _create(
             if column.primary_key:
                 key = (column.spec.name,)
     if cur.upper() in ("SELECT", "AS", "IGNORE", "REPLACE") or any(t.upper == "SELECT" for t in cur.tokens[cur.i :]):
-        return SchemaChange(table, "create", None, None)  # the SELECT adds columns only the row events show
-    return SchemaChange(table, "create", None, TableShape(table, tuple(columns), _as_columns_named(key, columns)))
+        return SchemaChange(table, CREATE, None, None)  # the SELECT adds columns only the row events show
+    return SchemaChange(table, CREATE, None, TableShape(table, tuple(columns), _as_columns_named(key, columns)))
 
 
 def _as_columns_named(key: Iterable[str], columns: Iterable[ColumnSpec]) -> tuple[str, ...]:
@@ -853,7 +853,7 @@ def _alter(
     after = TableShape(table, tuple(columns), _as_columns_named(key, columns))
     changes = []
     if not before.same_layout(after) or renames or before.columns != after.columns:
-        changes.append(SchemaChange(table, "alter", before, after, renames, defaults))
+        changes.append(SchemaChange(table, ALTER, before, after, renames, defaults))
     if renamed_to is not None:
         changes += _renamed(table, renamed_to, {table: after})
     return changes + unlogged

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.mysql_charsets import collation_charset, python_codec
+from cdc_assets.core.ops import DELETE, INSERT, UPDATE
 
 QUERY = 2
 ROTATE = 4
@@ -32,9 +33,9 @@ MARIADB_GTID = 162
 MARIADB_START_ENCRYPTION = 164
 
 ROW_EVENTS: dict[int, str] = {
-    WRITE_ROWS_V1: "insert", UPDATE_ROWS_V1: "update", DELETE_ROWS_V1: "delete",
-    WRITE_ROWS_V2: "insert", UPDATE_ROWS_V2: "update", DELETE_ROWS_V2: "delete",
-    PARTIAL_UPDATE_ROWS: "update",  # binlog_row_value_options=PARTIAL_JSON: JSON after-images as diffs
+    WRITE_ROWS_V1: INSERT, UPDATE_ROWS_V1: UPDATE, DELETE_ROWS_V1: DELETE,
+    WRITE_ROWS_V2: INSERT, UPDATE_ROWS_V2: UPDATE, DELETE_ROWS_V2: DELETE,
+    PARTIAL_UPDATE_ROWS: UPDATE,  # binlog_row_value_options=PARTIAL_JSON: JSON after-images as diffs
 }  # fmt: skip
 ROWS_V2 = frozenset({WRITE_ROWS_V2, UPDATE_ROWS_V2, DELETE_ROWS_V2, PARTIAL_UPDATE_ROWS})
 

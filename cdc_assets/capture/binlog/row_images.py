@@ -27,6 +27,7 @@ from cdc_assets.core.mysql_types import (
     bit_to_long,
     printed_binary,
 )
+from cdc_assets.core.ops import INSERT, UPDATE
 
 Image = list[str | None]
 PARTIAL_JSON_UPDATES = 1  # the after-image's value option of binlog_row_value_options=PARTIAL_JSON
@@ -433,7 +434,7 @@ class RowDecoder:
             return self._partial_json_updates(body, pos + self._bitmap_bytes, present, after_present)
         images: list[Image | None] = []
         append = images.append
-        if operation == "update":
+        if operation == UPDATE:
             read_before = self._image_reader(present)
             read_after = self._image_reader(body[pos : pos + self._bitmap_bytes])
             pos += self._bitmap_bytes
@@ -449,7 +450,7 @@ class RowDecoder:
             image, pos = read(body, pos)
             append(image)
         nothing: list[Image | None] = [None] * len(images)
-        return (nothing, images) if operation == "insert" else (images, nothing)
+        return (nothing, images) if operation == INSERT else (images, nothing)
 
     def _partial_json_updates(
         self, body: bytes, pos: int, before_present: bytes, after_present: bytes
