@@ -109,17 +109,18 @@ def test_a_table_whose_changes_cannot_be_applied_is_quarantined_and_catches_up_o
 
 
 def test_an_alter_the_lakehouse_cannot_convert_quarantines_only_its_table(cdc: CdcEnv) -> None:
-    """A MODIFY COLUMN from text in a charset Python has no codec for (armscii8) to binary: the lakehouse cannot
-    convert the rows it holds as the server did, which ended the whole sync. Now only that table is quarantined,
-    with the sentence naming the snapshot that loads it again; the others go on."""
+    """A MODIFY COLUMN the lakehouse cannot convert as the server did (a BIT made a BLOB: the server writes the
+    value's bytes, as many as the column's width, which the binlog does not tell; README, Schema changes) ended the
+    whole sync. Now only that table is quarantined, with the sentence naming the snapshot that loads it again; the
+    others go on. (This test's case was a text in armscii8 made binary until the lakehouse learned that charset.)"""
     cdc.execute(
         "CREATE TABLE healthy (id INT PRIMARY KEY, v VARCHAR(10))",
-        "CREATE TABLE odd (id INT PRIMARY KEY, v VARCHAR(10) CHARACTER SET armscii8)",
+        "CREATE TABLE odd (id INT PRIMARY KEY, v BIT(12))",
         "INSERT INTO healthy VALUES (1, 'a')",
-        "INSERT INTO odd VALUES (1, 'abc')",
+        "INSERT INTO odd VALUES (1, b'101000001')",
     )
     assert cdc.sync() == 0
-    cdc.execute("ALTER TABLE odd MODIFY v VARBINARY(10)", "INSERT INTO healthy VALUES (2, 'b')")
+    cdc.execute("ALTER TABLE odd MODIFY v BLOB", "INSERT INTO healthy VALUES (2, 'b')")
     assert cdc.sync() == 1  # the odd table's own check fails; the run went on
     odd = f"{cdc.database}.odd"
     held = quarantined_tables(cdc.lakehouse.store)
