@@ -607,7 +607,7 @@ def mysql_json_text(text: str) -> str:
 def _json_printed(node: Any) -> str:
     if isinstance(node, dict):
         keys = sorted(node, key=lambda k: (len(k.encode()), k.encode()))
-        return "{" + ", ".join(f"{_json_quoted(k)}: {_json_printed(node[k])}" for k in keys) + "}"
+        return "{" + ", ".join(f"{json_quoted(k)}: {_json_printed(node[k])}" for k in keys) + "}"
     if isinstance(node, list):
         return "[" + ", ".join(_json_printed(v) for v in node) + "]"
     if node is True or node is False or node is None:
@@ -616,16 +616,19 @@ def _json_printed(node: Any) -> str:
         return str(node)
     if isinstance(node, float):
         return json_double_text(node)
-    return _json_quoted(node)
+    return json_quoted(node)
 
 
-_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x20)} | {
+# How MySQL's `double_quote` escapes a JSON string: the binlog's JSON decoder and the conversions both print with it.
+JSON_NEEDS_ESCAPE = re.compile(r'[\x00-\x1f"\\]')
+JSON_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x20)} | {
     0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r", ord('"'): '\\"', ord("\\"): "\\\\",
 }  # fmt: skip
 
 
-def _json_quoted(text: str) -> str:
-    return '"' + text.translate(_JSON_ESCAPES) + '"'
+def json_quoted(text: str) -> str:
+    """A string as MySQL's `double_quote` prints it in a JSON document."""
+    return f'"{text.translate(JSON_ESCAPES)}"' if JSON_NEEDS_ESCAPE.search(text) else f'"{text}"'
 
 
 def _json_scalar(text: str) -> Any:

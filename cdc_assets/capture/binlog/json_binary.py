@@ -31,7 +31,8 @@ from functools import lru_cache
 from typing import NamedTuple, Union
 
 from cdc_assets.capture.binlog.packed import decimal_reader, decimal_size, time_text
-from cdc_assets.core.mysql_conversions import json_double_text
+from cdc_assets.core.mysql_conversions import JSON_ESCAPES, JSON_NEEDS_ESCAPE, json_double_text
+from cdc_assets.core.mysql_conversions import json_quoted as quoted
 
 SMALL_OBJECT, LARGE_OBJECT, SMALL_ARRAY, LARGE_ARRAY = 0x00, 0x01, 0x02, 0x03
 LITERAL, INT16, UINT16, INT32, UINT32, INT64, UINT64, DOUBLE, STRING, OPAQUE = (
@@ -56,10 +57,6 @@ _u64 = struct.Struct("<Q").unpack_from
 _i64 = struct.Struct("<q").unpack_from
 _f64 = struct.Struct("<d").unpack_from
 
-_NEEDS_ESCAPE = re.compile(r'[\x00-\x1f"\\]')
-_ESCAPES = {c: f"\\u{c:04x}" for c in range(0x20)} | {
-    0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r", ord('"'): '\\"', ord("\\"): "\\\\",
-}  # fmt: skip
 
 # Object keys repeat from document to document (a table's documents share their shape): their printed form is
 # kept, up to a bound.
@@ -69,13 +66,6 @@ _MAX_QUOTED_KEYS = 10_000
 
 class InvalidJson(ValueError):
     """Bytes that are not MySQL binary JSON, or a partial update that does not apply to its document."""
-
-
-def quoted(text: str) -> str:
-    """A string as MySQL's `double_quote` prints it."""
-    if _NEEDS_ESCAPE.search(text):
-        text = text.translate(_ESCAPES)
-    return f'"{text}"'
 
 
 def double_text(value: float) -> str:
@@ -225,7 +215,7 @@ def _container_text(buf: bytes, kind: int, pos: int) -> str:
             if at + length > end:
                 raise InvalidJson(f"a binary JSON string of {length} bytes runs past the document's end")
             text = buf[at : at + length].decode("utf-8", "surrogateescape")
-            text = f'"{text.translate(_ESCAPES)}"' if _NEEDS_ESCAPE.search(text) else f'"{text}"'
+            text = f'"{text.translate(JSON_ESCAPES)}"' if JSON_NEEDS_ESCAPE.search(text) else f'"{text}"'  # quoted(), inlined
         elif child == INT16:  # inlined in both formats
             text = str(_i16(buf, entry + 1)[0])
         elif child in inlined:
