@@ -11,7 +11,7 @@ are written and each lakehouse takes them in: the later, incremental apply, wher
 tables that already hold some. Figures are medians of `--runs`.
 
 `--seed-rows N` measures instead what a snapshot adds when CDC_HISTORY_TABLES selects its table
-(`stages.current.history.seed_history`), with no source: a current-state table of N rows (5 columns: BIGINT key, INT,
+(`stages.history.run.seed_history`), with no source: a current-state table of N rows (5 columns: BIGINT key, INT,
 DECIMAL(12,2), VARCHAR, DATETIME) is written in a process of its own, then seeded into an empty history in
 another (time, and peak RSS above the process's RSS before the seed), then the table is rewritten with 1% of its
 rows changed and 1% gone and seeded again, as a re-snapshot would (the join against N open versions).
@@ -69,7 +69,7 @@ SEED_SETUP = (
     "from cdc_assets.lake.current_rows import current_configuration, current_schema\n"
     "from cdc_assets.lake.layout import CURRENT\n"
     "from cdc_assets.lake.store import Lakehouse\n"
-    "from cdc_assets.stages.current.history import seed_history\n"
+    "from cdc_assets.stages.history.run import seed_history\n"
     "ref = TableRef('bench', 'orders')\n"
     "shape = TableShape(ref, (ColumnSpec('id', 'bigint'), ColumnSpec('customer', 'int'),\n"
     "    ColumnSpec('amount', 'decimal', precision=12, scale=2), ColumnSpec('status', 'varchar'),\n"

@@ -19,10 +19,10 @@ from cdc_assets.cli import main
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.as_of import table_as_of
 from cdc_assets.lake.delta import HISTORY_SEQ_KEY, max_seq, open_table, read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
-from cdc_assets.stages.current import history as history_stage
+from cdc_assets.stages.history import run as history_stage
+from cdc_assets.stages.history.as_of import table_as_of
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
 

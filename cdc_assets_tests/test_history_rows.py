@@ -1,4 +1,4 @@
-"""lake.history_rows without a server: the versions a run of change-log rows opens and closes, and a second pass
+"""stages.history.rows without a server: the versions a run of change-log rows opens and closes, and a second pass
 that starts from the first one's open versions giving what one pass over all the rows gives."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pyarrow as pa
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.history_rows import advance, is_dropped, start
+from cdc_assets.stages.history.rows import advance, is_dropped, start
 
 T = TableRef("s", "t")
 COLUMNS = [pa.field("id", pa.int32()), pa.field("v", pa.string())]

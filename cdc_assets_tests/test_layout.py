@@ -175,8 +175,9 @@ def test_each_part_imports_only_what_its_rule_allows() -> None:
 
 SPARK = ("pyspark", "dagster_pyspark")
 STAGES = ("changes", "current", "snapshot")
-# stages without a Spark half: `rewrite` rewrites one table's layers (a person forgotten), rare work done on Arrow
-ARROW_STAGES = ("rewrite",)
+# stages without a Spark half: `history` (SCD2 versions, moved forward in the apply run), `rewrite` (one table's layers
+# rewritten: a person forgotten, a policy applied late), rare or row-by-row work done on Arrow
+ARROW_STAGES = ("history", "rewrite")
 # what in spark_resources is Spark's without importing pyspark: the session's settings and the engine choice
 SPARK_SETTINGS = ("spark_resources.session", "spark_resources.engine", "spark_resources")
 

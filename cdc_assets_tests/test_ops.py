@@ -37,7 +37,19 @@ from cdc_assets.core.ops import (
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import change_log_schema
 from cdc_assets.lake.current_rows import current_schema
-from cdc_assets.lake.history_rows import (
+from cdc_assets.sinks.consume import Received
+from cdc_assets.sinks.delivery import owed_messages, replayed_rows
+from cdc_assets.sinks.events import SCHEMA_CHANGE, ShapeTimeline, TableColumns, table_events
+from cdc_assets.stages.current.rules import (
+    after_truncate,
+    copy_changes,
+    copy_moves,
+    merge_rows,
+    newest_rows,
+    written_rows,
+)
+from cdc_assets.stages.current.steps import SchemaStep, Span, table_plan
+from cdc_assets.stages.history.rows import (
     DELETED,
     IS_CURRENT,
     KEY,
@@ -51,18 +63,6 @@ from cdc_assets.lake.history_rows import (
     key_columns,
     start,
 )
-from cdc_assets.sinks.consume import Received
-from cdc_assets.sinks.delivery import owed_messages, replayed_rows
-from cdc_assets.sinks.events import SCHEMA_CHANGE, ShapeTimeline, TableColumns, table_events
-from cdc_assets.stages.current.rules import (
-    after_truncate,
-    copy_changes,
-    copy_moves,
-    merge_rows,
-    newest_rows,
-    written_rows,
-)
-from cdc_assets.stages.current.steps import SchemaStep, Span, table_plan
 
 # Read across: what the operation leaves of its key's row, what its before-image is, then what it does to the table.
 EFFECTS_AT_A_GLANCE = """

@@ -9,11 +9,11 @@ import pymysql
 import pytest
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.as_of import table_as_of
 from cdc_assets.lake.delta import open_table, read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
 from cdc_assets.local_source.server import MARIADB
 from cdc_assets.stages.current.apply import read_current
+from cdc_assets.stages.history.as_of import table_as_of
 from cdc_assets_tests.conftest import CdcEnv
 
 pytestmark = pytest.mark.both_sources

@@ -31,7 +31,6 @@ from cdc_assets.defs.keys import (
 )
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.defs.sinks import configured_sinks
-from cdc_assets.lake.as_of import export_as_of
 from cdc_assets.lake.quarantine import quarantined_tables
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
@@ -40,6 +39,7 @@ from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
 from cdc_assets.stages.follow import continuous_holder, continuous_owner, refuse_beside_continuous
+from cdc_assets.stages.history.as_of import export_as_of
 from cdc_assets.stages.snapshot.records import snapshots_in_progress
 from cdc_assets.verification.compare import tables_to_verify
 from cdc_assets.verification.consistency import ConsistentComparison, verify_tables

@@ -19,7 +19,7 @@ from cdc_assets.core.errors import CdcUserError
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
 APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-state table has taken changes in
-SEED_SEQ_KEY = "cdc_seed_seq"  # the `_cdc_seq` of the snapshot that last seeded a history table (stages.current.history)
+SEED_SEQ_KEY = "cdc_seed_seq"  # the `_cdc_seq` of the snapshot that last seeded a history table (stages.history.run)
 HISTORY_SEQ_KEY = "cdc_history_seq"  # the `_cdc_seq` up to which a history table has taken changes in
 COMMIT_TOKEN_KEY = "cdc_commit"  # commit metadata: a token naming one CDC commit (see seq_landed)
 LANDED_LOOKBACK = 20  # commits looked at for a landed commit: a lost answer is retried at once

@@ -38,7 +38,6 @@ from cdc_assets.stages.current.apply import (
     pending_at_most,
     read_pending,
 )
-from cdc_assets.stages.current.history import keep_history
 from cdc_assets.stages.current.steps import (
     CurrentReport,
     SchemaStep,
@@ -47,6 +46,7 @@ from cdc_assets.stages.current.steps import (
     record_outcomes,
     table_plan,
 )
+from cdc_assets.stages.history.run import keep_history
 from spark_resources.engine import Transforms, TransformsFor, spark_phase
 
 

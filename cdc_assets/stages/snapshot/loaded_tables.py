@@ -34,7 +34,7 @@ from cdc_assets.lake.state import (
 )
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source.server import SnapshotPoint
-from cdc_assets.stages.current.history import history_gap, seed_history
+from cdc_assets.stages.history.run import history_gap, seed_history
 
 # Consistent points a snapshot takes for keyless tables before giving up on those that changed between the
 # watermarks of each (docs/architecture.md, "Consistent points without a lock").
@@ -139,8 +139,8 @@ def record_loaded(
     the caller holds both stages' locks): the change-log stage knows its shape, the table's history (when
     CDC_HISTORY_TABLES selects it) is seeded with the loaded rows, then the current-state stage learns that a
     snapshot loaded it. A crash before that last step leaves the snapshot unrecorded: run again, it loads and
-    seeds again, and the seed finds the versions it committed already (stages.current.history.seed_history). Returns the
-    sentence of what the history cannot know, when the seed closed a gap (stages.current.history.history_gap)."""
+    seeds again, and the seed finds the versions it committed already (stages.history.run.seed_history). Returns the
+    sentence of what the history cannot know, when the seed closed a gap (stages.history.run.history_gap)."""
     store, table = lakehouse.store, str(shape.table)
     progress = load_progress(store, CHANGES_STAGE, table)
     if progress.shape is None:  # no change log yet: the current state needs the columns and key

@@ -2,7 +2,7 @@
 
 From the table's history table when CDC_HISTORY_TABLES keeps one up to that point (one query over the versions
 valid then, with the changes it has not taken in yet moved through on top), else by replaying its change log up
-to the point through the very function that builds history versions (lake.history_rows), so both ways give the
+to the point through the very function that builds history versions (stages.history.rows), so both ways give the
 same rows. A snapshot seeds the history with the rows it loaded, so the history also holds rows that never
 passed through the change log (a table loaded by a snapshot may have no change log at all); a replay of the
 change log alone misses them.
@@ -26,7 +26,10 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.delta import HISTORY_SEQ_KEY, SEED_SEQ_KEY, max_seq, read_query
-from cdc_assets.lake.history_rows import (
+from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, HISTORY
+from cdc_assets.lake.state import load_earlier, load_progress
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.history.rows import (
     VALID_FROM,
     VALID_FROM_SEQ,
     VALID_TO,
@@ -41,9 +44,6 @@ from cdc_assets.lake.history_rows import (
     start,
     version_rows,
 )
-from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, HISTORY
-from cdc_assets.lake.state import load_earlier, load_progress
-from cdc_assets.lake.store import Lakehouse
 
 
 def table_as_of(

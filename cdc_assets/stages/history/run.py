@@ -37,7 +37,10 @@ from cdc_assets.lake.delta import (
     table_configuration,
 )
 from cdc_assets.lake.files import read_table_chunks
-from cdc_assets.lake.history_rows import (
+from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, HISTORY
+from cdc_assets.lake.state import EarlierLakehouse, load_earlier, load_progress
+from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.history.rows import (
     DELETED,
     IS_CURRENT,
     KEY,
@@ -56,9 +59,6 @@ from cdc_assets.lake.history_rows import (
     start,
     version_rows,
 )
-from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, HISTORY
-from cdc_assets.lake.state import EarlierLakehouse, load_earlier, load_progress
-from cdc_assets.lake.store import Lakehouse
 
 CHANGES_PER_COMMIT = 200_000  # changes taken into a history at once (as current state's merges): bounds memory
 

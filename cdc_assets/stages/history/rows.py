@@ -10,7 +10,7 @@ every open version and opens it again with the row's values as the ALTER left th
 a renamed column's values under the new name, converted types), so an as-of read after it sees what the
 source held. `_cdc_key` (the row's primary key as a JSON array) and `_cdc_valid_from_seq` identify a version.
 
-A snapshot seeds a history (stages.current.history.seed_history): every loaded row a version open from the snapshot's
+A snapshot seeds a history (stages.history.run.seed_history): every loaded row a version open from the snapshot's
 seq S. A snapshot on Spark reads its rows after S (see stages/snapshot/on_spark), so a seeded row may already
 hold a change made after S. `advance` fixes each seeded version (still open, opened at the seed's seq) at its
 key's first change after S, whose before-image is the row as it was at S: an update or delete sets the
