@@ -59,7 +59,7 @@ CHECK_THREAD = "equality-check"
 
 
 def _file_ranges_entry_by_entry(actions: pa.Table, key: list[str]) -> list[dict[str, Any]]:
-    """lake.current_rows.file_ranges as it was: each statistic read by indexing its column."""
+    """stages.current.rows.file_ranges as it was: each statistic read by indexing its column."""
     columns = set(actions.column_names)
     ranges = []
     for i, path in enumerate(actions.column("path").to_pylist()):

@@ -66,7 +66,7 @@ SEED_SETUP = (
     "from cdc_assets.core.names import TableRef\n"
     "from cdc_assets.core.settings import TableSelection\n"
     "from cdc_assets.core.shapes import TableShape\n"
-    "from cdc_assets.lake.current_rows import current_configuration, current_schema\n"
+    "from cdc_assets.stages.current.rows import current_configuration, current_schema\n"
     "from cdc_assets.lake.layout import CURRENT\n"
     "from cdc_assets.lake.store import Lakehouse\n"
     "from cdc_assets.stages.history.run import seed_history\n"

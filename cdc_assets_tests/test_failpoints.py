@@ -25,11 +25,11 @@ from cdc_assets.capture.run import capture
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.resources import BinlogResource
-from cdc_assets.lake.current_rows import CURRENT_PIECE_BYTES
 from cdc_assets.lake.delta import SMALL_FILES_BEFORE_COMPACTION
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets.stages.changes.log import CHANGE_LOG_FILE_BYTES
 from cdc_assets.stages.changes.run import process_new_batches
+from cdc_assets.stages.current.rows import CURRENT_PIECE_BYTES
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.exactly_once import check_exactly_once

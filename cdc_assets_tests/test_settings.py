@@ -46,7 +46,7 @@ def test_a_lock_ttl_below_three_seconds_is_refused_with_the_fix(monkeypatch: pyt
 @pytest.mark.parametrize("value", ["0", "-4", "big"])
 def test_a_current_file_size_below_one_kb_is_refused_with_the_fix(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     """CDC_CURRENT_FILE_KB (its effect on the files: test_pipeline, copy on write by file)."""
-    from cdc_assets.lake.current_rows import current_piece_bytes
+    from cdc_assets.stages.current.rows import current_piece_bytes
 
     monkeypatch.delenv("CDC_CURRENT_FILE_KB", raising=False)
     assert current_piece_bytes() == 32 * 1024

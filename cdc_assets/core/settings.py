@@ -28,7 +28,7 @@ DEFAULT_CAPTURE_CRON = "* * * * *"
 DEFAULT_FULL_CHECK_CRON = "0 * * * *"  # every row of every table compared with the source: hourly
 DEFAULT_FRESHNESS_WARN_MINUTES = 2.0
 DEFAULT_FRESHNESS_FAIL_MINUTES = 5.0
-DEFAULT_CURRENT_FILE_KB = 32.0  # current state's key-range files (lake/current_rows.py)
+DEFAULT_CURRENT_FILE_KB = 32.0  # current state's key-range files (stages/current/rows.py)
 DEFAULT_PROGRESS_SECONDS = 5.0  # how often long work prints a progress line where the output is no terminal
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 

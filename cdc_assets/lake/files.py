@@ -163,7 +163,7 @@ def write_files(
     """The rows as Parquet files under the table's directory, FILE_ROWS at most each; one add action per file
     (FILE_ACTION_SCHEMA's fields). Each file is complete before its action is returned.
 
-    With `piece_bytes` (rows in key order: current state's pieces, lake.current_rows.CURRENT_PIECE_BYTES), files of
+    With `piece_bytes` (rows in key order: current state's pieces, stages.current.rows.CURRENT_PIECE_BYTES), files of
     that size to under twice it instead, each a stretch of consecutive rows: the first file, of FIRST_PIECE_ROWS,
     tells the bytes a row takes."""
     fs = access.filesystem()

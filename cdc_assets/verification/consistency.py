@@ -38,7 +38,6 @@ from cdc_assets.core.progress import COMPARE, Update
 from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.settings import MAX_SERVER_ID, SourceSettings, TableFilter
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.current_rows import DELETED_COLUMN, live_rows, live_rows_sql
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, read_query, row_count
 from cdc_assets.lake.files import read_table_chunks
 from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
@@ -63,6 +62,7 @@ from cdc_assets.source.rows import (
     source_shapes,
 )
 from cdc_assets.stages.current.apply import current_expected
+from cdc_assets.stages.current.rows import DELETED_COLUMN, live_rows, live_rows_sql
 from cdc_assets.verification import buckets as bucketed
 from cdc_assets.verification.compare import TableDiff, align_current, compare_tables, tables_to_verify
 from cdc_assets.verification.key_rows import keys_table, lake_rows_with_keys, with_keys

@@ -49,7 +49,6 @@ from cdc_assets.core.mysql_types import BINARY_TYPES, INTEGER_TYPES, PRINTED_BIN
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.current_rows import DELETED_COLUMN, live_rows
 from cdc_assets.lake.delta import files_read_alone, read_query_chunks
 from cdc_assets.lake.file_digests import (
     FileDigestWriter,
@@ -63,6 +62,7 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import quote_identifier
 from cdc_assets.stages.current.apply import quote
+from cdc_assets.stages.current.rows import DELETED_COLUMN, live_rows
 from cdc_assets.verification.changed_keys import written_by_others
 
 ROWS_PER_RANGE = 20_000  # rows a range holds, about: a query of its own on the source

@@ -15,10 +15,10 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.current_rows import file_ranges, live_rows, touched_by
 from cdc_assets.lake.files import conformed, read_files
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.current.rows import file_ranges, live_rows, touched_by
 from cdc_assets.verification.row_hashes import row_bytes
 
 

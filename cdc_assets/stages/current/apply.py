@@ -25,21 +25,6 @@ from cdc_assets.core.ops import ALTER, CREATE, DROP, SCHEMA_OPS, TRUNCATE, UNLOG
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import DDL_COLUMN
-from cdc_assets.lake.current_rows import (
-    CURRENT_FILE_BYTES,
-    DELETED_COLUMN,
-    DUP_COLUMN,
-    LIVE_ROWS,
-    current_configuration,
-    current_piece_bytes,
-    current_schema,
-    file_ranges,
-    home_files,
-    pieces,
-    range_groups,
-    reshape_rows,
-    touched_by,
-)
 from cdc_assets.lake.delta import (
     APPLIED_SEQ_KEY,
     compact_small_files,
@@ -56,6 +41,21 @@ from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.repair_marks import mark_for_repair
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.current.rows import (
+    CURRENT_FILE_BYTES,
+    DELETED_COLUMN,
+    DUP_COLUMN,
+    LIVE_ROWS,
+    current_configuration,
+    current_piece_bytes,
+    current_schema,
+    file_ranges,
+    home_files,
+    pieces,
+    range_groups,
+    reshape_rows,
+    touched_by,
+)
 from cdc_assets.stages.current.rules import (
     ACTION_COLUMN,
     DELETE_ACTION,
@@ -322,7 +322,7 @@ def _rewrite_touched_files(
     lakehouse: Lakehouse, pending: PendingTable, target: DeltaTable, source: pa.Table, new_applied: int
 ) -> dict[str, int] | None:
     """Copy on write of exactly the files whose key range (their statistics) holds a changed key, plus, for new
-    rows, the file whose range they extend (lake.current_rows.home_files); the rows of those files with the
+    rows, the file whose range they extend (stages.current.rows.home_files); the rows of those files with the
     changes applied (stages.current.rules.merge_rows, as the Spark engine's tasks do), sorted by key and written
     back as pieces of current_piece_bytes() (CDC_CURRENT_FILE_KB), committed with the removes of the files they replace in one Delta
     commit that records `new_applied`. Returns the inserted, updated and deleted counts.

@@ -25,13 +25,6 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import ALTER, CREATE
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
-from cdc_assets.lake.current_rows import (
-    DUP_COLUMN,
-    current_configuration,
-    current_piece_bytes,
-    current_schema,
-    reshape_rows,
-)
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
 from cdc_assets.lake.files import FileAccess, add_actions, commit_files, remove_actions
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_STAGE
@@ -39,6 +32,13 @@ from cdc_assets.lake.locks import Lease
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.current.apply import ApplyResult, applied_floor, settle_schema_change
+from cdc_assets.stages.current.rows import (
+    DUP_COLUMN,
+    current_configuration,
+    current_piece_bytes,
+    current_schema,
+    reshape_rows,
+)
 from cdc_assets.stages.current.spark_tasks import (
     PendingFiles,
     Rewritten,

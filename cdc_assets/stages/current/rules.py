@@ -18,7 +18,7 @@ from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_rows, where
 from cdc_assets.core.ops import AFTER, BEFORE, Effect, ops_where
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column, named_as
-from cdc_assets.lake.current_rows import DUP_COLUMN, current_schema
+from cdc_assets.stages.current.rows import DUP_COLUMN, current_schema
 
 ACTION_COLUMN = "_cdc_action"  # what the newest change of a key does: one of the two below
 UPSERT_ACTION = "upsert"  # the key's row is the image (a change's after-image)

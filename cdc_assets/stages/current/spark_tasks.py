@@ -22,11 +22,6 @@ from pyspark.sql import functions as F
 from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.change_rows import cast_column
-from cdc_assets.lake.current_rows import (
-    current_schema,
-    file_ranges,
-    touched_by,
-)
 from cdc_assets.lake.files import (
     FILE_ACTION_SCHEMA,
     FILE_ROWS,
@@ -34,6 +29,11 @@ from cdc_assets.lake.files import (
     conformed,
     read_files,
     write_files,
+)
+from cdc_assets.stages.current.rows import (
+    current_schema,
+    file_ranges,
+    touched_by,
 )
 from cdc_assets.stages.current.rules import (
     ACTION_COLUMN,
@@ -107,7 +107,7 @@ class PendingSummary:
     last_change: int | None = None  # them hold nothing to apply
 
 
-# -- the rules, applied by tasks (lake.current_rows: the same functions the Arrow engine calls) ----------------------
+# -- the rules, applied by tasks (stages.current.rows: the same functions the Arrow engine calls) ----------------------
 
 
 def _typed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -161,7 +161,7 @@ def _by_bucket(
 
 
 def touched_files(latest: DataFrame, key: list[str], ranges: list[dict[str, Any]]) -> list[str]:
-    """The current-state files whose key range (their statistics) holds a changed key (lake.current_rows.touched_by,
+    """The current-state files whose key range (their statistics) holds a changed key (stages.current.rows.touched_by,
     a task per part of the changes)."""
 
     def probe(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

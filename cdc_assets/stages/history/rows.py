@@ -34,8 +34,8 @@ from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.ops import AFTER, BEFORE, effect
 from cdc_assets.core.shapes import SchemaChange, TableShape
 from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column, unified_schema
-from cdc_assets.lake.current_rows import _default_column, convert_column
 from cdc_assets.lake.delta import plain_type
+from cdc_assets.stages.current.rows import _default_column, convert_column
 
 KEY = "_cdc_key"
 VALID_FROM, VALID_TO = "_cdc_valid_from", "_cdc_valid_to"
@@ -230,7 +230,7 @@ def advance(state: Versions, columns: Sequence[pa.Field], changes: pa.Table) -> 
 def altered(
     versions: list[dict[str, Any]], change: SchemaChange, columns: Sequence[pa.Field], ts: dt.datetime
 ) -> list[dict[str, Any]]:
-    """The rows of `versions` as an ALTER TABLE leaves them (see current_rows.reshape_rows): added columns take
+    """The rows of `versions` as an ALTER TABLE leaves them (see stages.current.rows.reshape_rows): added columns take
     their default, renamed ones keep their values under the new name, modified ones are converted, dropped ones
     are NULL. Values are at the history's column types (`columns`, the change log's), as the change rows after the
     ALTER are, so a key reads the same from either (a key column changed between text and binary: its bytes)."""

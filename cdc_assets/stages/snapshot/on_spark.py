@@ -54,7 +54,6 @@ from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.progress import SNAPSHOT, Update
 from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.settings import SourceSettings
-from cdc_assets.lake.current_rows import current_configuration, current_schema
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY
 from cdc_assets.lake.files import add_actions, commit_files
 from cdc_assets.lake.layout import CHANGES_LOCK, CURRENT, CURRENT_LOCK
@@ -70,6 +69,7 @@ from cdc_assets.lake.state import accept_policies, load_checkpoint
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_boundaries, source_row_estimates, source_shapes
+from cdc_assets.stages.current.rows import current_configuration, current_schema
 from cdc_assets.stages.snapshot.loaded_tables import (
     KEYLESS_POINT_TRIES,
     SnapshotReport,

@@ -17,10 +17,10 @@ from cdc_assets.core.column_policy import ColumnPolicy
 from cdc_assets.core.positions import BinlogPosition
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.current_rows import DUP_COLUMN, current_piece_bytes, current_schema, number_duplicates
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FileAccess, put_object, write_files
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_range_select, read_query_rows, read_source_chunks
+from cdc_assets.stages.current.rows import DUP_COLUMN, current_piece_bytes, current_schema, number_duplicates
 from spark_resources.transforms import TaskWork, item_tasks
 
 READ_ROWS = 100_000  # rows a task holds at once
