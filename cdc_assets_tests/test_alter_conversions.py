@@ -14,11 +14,11 @@ import pytest
 
 from cdc_assets.cli import main
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.delta import open_table, read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
 from cdc_assets.lake.quarantine import quarantined_tables
 from cdc_assets.local_source.server import MARIADB
+from cdc_assets.stages.changes.rows import cast_column
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 

@@ -56,7 +56,7 @@ def _changes(first: int, count: int) -> pa.Table:
     """Change-log rows of a one-column table, `_cdc_seq` first .. first + count - 1."""
     from cdc_assets.core.mysql_types import ColumnSpec
     from cdc_assets.core.shapes import TableShape
-    from cdc_assets.lake.change_rows import build_change_table
+    from cdc_assets.stages.changes.rows import build_change_table
 
     version = TableShape(TableRef("s", "t"), (ColumnSpec("id", "int"),), ("id",))
     seqs = list(range(first, first + count))

@@ -12,7 +12,7 @@ import pyarrow as pa
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import change_log_schema
+from cdc_assets.stages.changes.rows import change_log_schema
 from cdc_assets.stages.current.rows import (
     DUP_COLUMN,
     current_schema,

@@ -12,7 +12,7 @@ import pytest
 from cdc_assets.capture.ddl import parse_column_definition, tokenize
 from cdc_assets.core.mysql_conversions import MARIADB, MYSQL, Conversion, InexactConversion, my_gcvt
 from cdc_assets.core.mysql_types import ColumnSpec
-from cdc_assets.lake.change_rows import conformed_schema, unified_schema
+from cdc_assets.stages.changes.rows import conformed_schema, unified_schema
 from cdc_assets.stages.current.rows import convert_column
 
 TODAY = dt.date(2026, 11, 28)

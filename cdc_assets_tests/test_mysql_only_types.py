@@ -12,13 +12,13 @@ import pytest
 from cdc_assets.core.mysql_types import VECTOR_TYPE, ColumnSpec, arrow_type, decode_column, vector_array
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl
-from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.sinks.events import json_values
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_table, source_shapes
 from cdc_assets.source.server import binlog_end
+from cdc_assets.stages.changes.rows import cast_column
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets.stages.snapshot.run import take_snapshot
 from cdc_assets.verification.compare import compare_tables

@@ -35,10 +35,10 @@ from cdc_assets.core.ops import (
     effect,
 )
 from cdc_assets.core.shapes import SchemaChange, TableShape
-from cdc_assets.lake.change_rows import change_log_schema
 from cdc_assets.sinks.consume import Received
 from cdc_assets.sinks.delivery import owed_messages, replayed_rows
 from cdc_assets.sinks.events import SCHEMA_CHANGE, ShapeTimeline, TableColumns, table_events
+from cdc_assets.stages.changes.rows import change_log_schema
 from cdc_assets.stages.current.rows import current_schema
 from cdc_assets.stages.current.rules import (
     after_truncate,

@@ -16,7 +16,6 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import sorted_rows, where
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import DELETE, INSERT, UPDATE
-from cdc_assets.lake.change_rows import SEQ_TYPE, cast_column, conform_to_log, conformed_schema, named_as
 from cdc_assets.lake.delta import (
     MAX_SEQ_KEY,
     compact_small_files,
@@ -31,6 +30,7 @@ from cdc_assets.lake.delta import (
 )
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.changes.rows import SEQ_TYPE, cast_column, conform_to_log, conformed_schema, named_as
 
 CHANGE_LOG_FILE_BYTES = 16 * 1024 * 1024  # change-log files are compacted to this size
 

@@ -12,7 +12,6 @@ import pyarrow as pa
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import change_log_schema, conform_to_log, log_target_schema, unified_schema
 from cdc_assets.lake.delta import MAX_SEQ_KEY, max_seq, table_configuration
 from cdc_assets.lake.files import add_actions, commit_files
 from cdc_assets.lake.layout import CHANGES
@@ -22,6 +21,7 @@ from cdc_assets.lake.state import TableProgress
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes.log import CHANGE_LOG_FILE_BYTES, AppendResult
 from cdc_assets.stages.changes.plan import ChangesReport, plan_piece, record_progress
+from cdc_assets.stages.changes.rows import change_log_schema, conform_to_log, log_target_schema, unified_schema
 from cdc_assets.stages.changes.spark_tasks import ChangeLogTargets, write_change_logs
 from spark_resources.files_job import compact_tables, rewrite_files
 

@@ -15,11 +15,6 @@ from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.progress import CHANGE_LOGS, Update
 from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.shapes import TableShape, renamed_partners, with_rename_partners
-from cdc_assets.lake.change_rows import (
-    rows_for_tables,
-    typed_changes,
-    with_batch,
-)
 from cdc_assets.lake.delta import max_seq
 from cdc_assets.lake.layout import CHANGES, CHANGES_LOCK, CHANGES_STAGE
 from cdc_assets.lake.locks import Lease, lakehouse_lock
@@ -38,6 +33,11 @@ from cdc_assets.lake.store import Lakehouse, ObjectStore
 from cdc_assets.stages.changes.keys import keyed_changes
 from cdc_assets.stages.changes.log import AppendResult, append_changes
 from cdc_assets.stages.changes.plan import ChangePlan, ChangesReport, Piece, plan_piece, record_progress
+from cdc_assets.stages.changes.rows import (
+    rows_for_tables,
+    typed_changes,
+    with_batch,
+)
 from spark_resources.engine import TransformsFor, spark_phase
 
 MAX_ROWS_PER_ARROW_JOB = 500_000  # row changes keyed at once on Arrow: bounds the memory of the stage

@@ -22,11 +22,11 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import DELETE, INSERT, UPDATE
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import conform_to_log, rows_for_tables, typed_changes, with_batch
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FILE_ROWS, FileAccess, write_files
 from cdc_assets.lake.layout import CHANGES, RAW
 from cdc_assets.lake.raw_batches import RAW_ROWS_SCHEMA
 from cdc_assets.stages.changes.keys import keyed_changes
+from cdc_assets.stages.changes.rows import conform_to_log, rows_for_tables, typed_changes, with_batch
 from spark_resources.transforms import MAX_TASKS, item_tasks, sees_its_cores, spark_schema, task_count
 
 # Keying over the generic form of a change (table, `_cdc_seq`, operation, row images as canonical texts, keys as JSON

@@ -24,7 +24,6 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import ALTER, CREATE, DROP, SCHEMA_OPS, TRUNCATE, UNLOGGED_ROWS
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape
-from cdc_assets.lake.change_rows import DDL_COLUMN
 from cdc_assets.lake.delta import (
     APPLIED_SEQ_KEY,
     compact_small_files,
@@ -41,6 +40,7 @@ from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.repair_marks import mark_for_repair
 from cdc_assets.lake.state import TableProgress, load_progress
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.changes.rows import DDL_COLUMN
 from cdc_assets.stages.current.rows import (
     CURRENT_FILE_BYTES,
     DELETED_COLUMN,

@@ -28,8 +28,8 @@ from cdc_assets.core.mysql_types import (
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import DEFAULT_CURRENT_FILE_KB, current_file_kb
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE
 from cdc_assets.lake.delta import table_configuration
+from cdc_assets.stages.changes.rows import COMMIT_TS_TYPE, SEQ_TYPE
 
 DUP_COLUMN = "_cdc_dup"  # keyless tables: 0, 1, 2 ... among identical rows, so each row has a key of its own
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from cdc_assets.core.arrow import hashable, lists_from_bytes, sorted_rows, where, whole, with_lists_as_bytes
 from cdc_assets.core.ops import AFTER, BEFORE, Effect, ops_where
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import cast_column, named_as
+from cdc_assets.stages.changes.rows import cast_column, named_as
 from cdc_assets.stages.current.rows import DUP_COLUMN, current_schema
 
 ACTION_COLUMN = "_cdc_action"  # what the newest change of a key does: one of the two below

@@ -20,13 +20,13 @@ from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.progress import CURRENT_STATE, Update
 from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.shapes import TableShape, renamed_partners, with_rename_partners
-from cdc_assets.lake.change_rows import DDL_COLUMN
 from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_LOCK, CURRENT_STAGE, HISTORY
 from cdc_assets.lake.locks import Lease, lakehouse_lock
 from cdc_assets.lake.quarantine import TablesFailed, describe, of_the_table, quarantined_tables, run_isolated, settle
 from cdc_assets.lake.state import TableProgress, known_tables, load_progress, save_progress
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.changes.rows import DDL_COLUMN
 from cdc_assets.stages.current import apply as current_state
 from cdc_assets.stages.current.apply import (
     ApplyResult,

@@ -21,7 +21,6 @@ from pyspark.sql import functions as F
 
 from cdc_assets.core.ops import ROW_OPS, SCHEMA_OPS, TRUNCATE
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.files import (
     FILE_ACTION_SCHEMA,
     FILE_ROWS,
@@ -30,6 +29,7 @@ from cdc_assets.lake.files import (
     read_files,
     write_files,
 )
+from cdc_assets.stages.changes.rows import cast_column
 from cdc_assets.stages.current.rows import (
     current_schema,
     file_ranges,

@@ -24,11 +24,11 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import cast_column
 from cdc_assets.lake.delta import HISTORY_SEQ_KEY, SEED_SEQ_KEY, max_seq, read_query
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, HISTORY
 from cdc_assets.lake.state import load_earlier, load_progress
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.changes.rows import cast_column
 from cdc_assets.stages.history.rows import (
     VALID_FROM,
     VALID_FROM_SEQ,

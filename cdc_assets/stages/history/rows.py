@@ -33,8 +33,8 @@ from cdc_assets.core.mysql_conversions import InexactConversion
 from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.ops import AFTER, BEFORE, effect
 from cdc_assets.core.shapes import SchemaChange, TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column, unified_schema
 from cdc_assets.lake.delta import plain_type
+from cdc_assets.stages.changes.rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, cast_column, unified_schema
 from cdc_assets.stages.current.rows import _default_column, convert_column
 
 KEY = "_cdc_key"

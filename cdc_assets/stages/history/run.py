@@ -22,7 +22,6 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, conform_to_log
 from cdc_assets.lake.delta import (
     HISTORY_SEQ_KEY,
     SEED_SEQ_KEY,
@@ -39,6 +38,7 @@ from cdc_assets.lake.files import read_table_chunks
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, HISTORY
 from cdc_assets.lake.state import EarlierLakehouse, load_earlier, load_progress
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.stages.changes.rows import COMMIT_TS_TYPE, DDL_COLUMN, SEQ_TYPE, conform_to_log
 from cdc_assets.stages.current.rows import CURRENT_FILE_BYTES
 from cdc_assets.stages.history.rows import (
     DELETED,

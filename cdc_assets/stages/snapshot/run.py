@@ -36,7 +36,6 @@ from cdc_assets.core.progress import SNAPSHOT, Update
 from cdc_assets.core.progress import report as report_progress
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.change_rows import COMMIT_TS_TYPE, SEQ_TYPE
 from cdc_assets.lake.layout import (
     CHANGES_LOCK,
     CURRENT,
@@ -51,6 +50,7 @@ from cdc_assets.lake.state import (
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_chunks, source_row_estimates, source_shapes
+from cdc_assets.stages.changes.rows import COMMIT_TS_TYPE, SEQ_TYPE
 from cdc_assets.stages.current.apply import replace_current, replace_current_in_pieces
 from cdc_assets.stages.current.rows import DUP_COLUMN, current_schema, number_duplicates
 from cdc_assets.stages.snapshot.loaded_tables import (
