@@ -1,15 +1,18 @@
 """A change's before and after: the same benchmarks run on two revisions of the code, in one invocation.
 
     .venv/bin/python -m benchmarks.two_trees --before REV [--after HEAD] [--runs 3] [--tables 200]
-        [--rows-per-table 1000] [--oltp 50000] [--continuous-seconds 60] [--rate 1000]
+        [--rows-per-table 1000] [--oltp 50000] [--incremental 10000] [--continuous-seconds 60] [--rate 1000]
 
 Each revision is exported (`git archive`) to a folder of its own, and every run is a whole process whose imports come
 from that folder (PYTHONPATH; the virtualenv's packages are shared), the two revisions taking turns so that a drift
-of the machine's load falls on both. Two figures (issue 28: a restructuring must leave them within noise):
+of the machine's load falls on both. Three figures (issues 28 and 43: a restructuring must leave them within noise):
 
 - workload (a): generated once on a dedicated MariaDB; each run is `cdc-lakehouse sync` from an empty lakehouse
   (capture, change logs, current state, and the checks comparing every table with the source), as in
   `benchmarks.run`'s end to end;
+- workload (a) incremental: once every sync from empty is done, `--incremental` more single-row transactions are
+  written; each run's lakehouse (and Dagster home) is brought up to date by one more `cdc-lakehouse sync`, which
+  captures and applies only those;
 - the continuous mode: each revision's own `benchmarks.continuous` at one rate (`cdc-lakehouse run` hands-off, the
   p95 from commit to current state), a fresh source each.
 
@@ -28,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.workloads import CLI, fresh_server, generated, remove_work, source_env, workload_options
+from benchmarks.workloads import CLI, fresh_server, generated, more_oltp, remove_work, source_env, workload_options
 
 READER_SERVER_ID = 4343
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +49,9 @@ def exported(revision: str, into: Path) -> tuple[str, Path]:
 
 
 def synced(tree: Path, env: dict[str, str], work: Path) -> float:
-    """Wall seconds of `cdc-lakehouse sync` from an empty lakehouse, with the tree's code."""
-    work.mkdir(parents=True)
+    """Wall seconds of `cdc-lakehouse sync` of the lakehouse under `work` (empty when there is none yet), with the
+    tree's code."""
+    work.mkdir(parents=True, exist_ok=True)
     run_env = {**env, "PYTHONPATH": str(tree), "CDC_LAKEHOUSE": str(work / "lakehouse")}
     began = time.monotonic()
     done = subprocess.run([CLI, "sync"], env=run_env, cwd=work, capture_output=True, text=True, timeout=7200)
@@ -78,6 +82,7 @@ def main() -> None:
     parser.add_argument("--after", default="HEAD", help="the revision after it (default HEAD)")
     parser.add_argument("--continuous-seconds", type=float, default=60, help="each continuous window (0: skip)")
     parser.add_argument("--rate", type=int, default=1000, help="the continuous window's changes per second")
+    parser.add_argument("--incremental", type=int, default=10_000, help="transactions of the incremental sync (0: skip)")
     workload_options(parser)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cdc-two-trees-"))
@@ -92,6 +97,13 @@ def main() -> None:
             for side in ("before", "after") if run % 2 == 0 else ("after", "before"):
                 times[side].append(synced(trees[side][1], env, work / f"{side}-{run}"))
                 print(f"run {run + 1}, {side} ({trees[side][0]}): sync {times[side][-1]:.1f} s", flush=True)
+        increments: dict[str, list[float]] = {"before": [], "after": []}
+        if args.incremental > 0:
+            more_oltp(server, args.tables, args.incremental)
+            for run in range(args.runs):
+                for side in ("before", "after") if run % 2 == 0 else ("after", "before"):
+                    increments[side].append(synced(trees[side][1], env, work / f"{side}-{run}"))
+                    print(f"run {run + 1}, {side}: incremental sync {increments[side][-1]:.1f} s", flush=True)
         p95: dict[str, tuple[float, str]] = {}
         if args.continuous_seconds > 0:
             for side in ("before", "after"):
@@ -103,6 +115,9 @@ def main() -> None:
         print("| figure | before | after | after / before |")
         print("|---|---|---|---|")
         print(f"| workload (a) `sync` from empty (s) | {before:.1f} | {after:.1f} | {after / before:.2f} |")
+        if args.incremental > 0:
+            b, a = (statistics.median(increments[s]) for s in ("before", "after"))
+            print(f"| workload (a) then {args.incremental:,} transactions: incremental `sync` (s) | {b:.1f} | {a:.1f} | {a / b:.2f} |")
         if p95:
             b, a = p95["before"][0], p95["after"][0]
             print(f"| continuous mode p95 at {args.rate}/s (s) | {b:.2f} | {a:.2f} | {a / b:.2f} |")
