@@ -1,6 +1,6 @@
 """Batch assembly: transactions, `_cdc_seq` numbering and batch cuts, without a server."""
 
-from cdc_assets.capture.batches import BatchBuilder, redact_statement
+from cdc_assets.capture.batch_builder import BatchBuilder, redact_statement
 from cdc_assets.core.gtids import GtidState
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef
@@ -77,7 +77,7 @@ def test_gtid_state_round_trip() -> None:
 
 
 def test_query_events_and_transactions() -> None:
-    from cdc_assets.capture.batches import classify_query
+    from cdc_assets.capture.batch_builder import classify_query
 
     assert [classify_query(q) for q in ("BEGIN", "XA START 'x'", "START TRANSACTION")] == ["begin"] * 3
     assert [classify_query(q) for q in ("COMMIT", "ROLLBACK", "XA COMMIT 'x'", "XA ROLLBACK 'x'")] == ["end"] * 4
@@ -93,7 +93,7 @@ def test_credentials_in_table_definitions_are_blanked() -> None:
 
 
 def test_truncated_table_is_read_from_the_statement() -> None:
-    from cdc_assets.capture.batches import truncated_table
+    from cdc_assets.capture.batch_builder import truncated_table
     from cdc_assets.core.names import TableRef
 
     assert truncated_table("TRUNCATE TABLE t", "db") == TableRef("db", "t")

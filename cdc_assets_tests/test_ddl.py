@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdc_assets.capture.batches import BatchBuilder
+from cdc_assets.capture.batch_builder import BatchBuilder
 from cdc_assets.capture.ddl import DdlParseError, UnknownStoredValue, schema_changes, tokenize
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef

@@ -5,7 +5,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from cdc_assets.capture.batches import BatchBuilder
+from cdc_assets.capture.batch_builder import BatchBuilder
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec
 from cdc_assets.core.names import TableRef

@@ -14,7 +14,7 @@ from typing import Any
 import pymysql
 
 from cdc_assets.capture import failover
-from cdc_assets.capture.batches import CaptureOptions, capture_batches
+from cdc_assets.capture.event_loop import CaptureOptions, capture_batches
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.spool import remove_orphaned_spools
 from cdc_assets.core import failpoints, progress

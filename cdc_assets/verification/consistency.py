@@ -23,7 +23,7 @@ import pymysql
 from deltalake import DeltaTable
 
 from cdc_assets.capture import failover
-from cdc_assets.capture.batches import CaptureOptions, capture_batches
+from cdc_assets.capture.event_loop import CaptureOptions, capture_batches
 from cdc_assets.capture.statement_scope import changed_tables
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import release_unused_memory

@@ -163,7 +163,7 @@ def _members(reader: _Reader, end: int) -> list[list[bytes]]:
 def _member_texts(column: str, charset_id: int | None, encoding: str | None, raw: list[bytes]) -> tuple[str, ...]:
     """An ENUM's or SET's members as the server returns them over a utf8mb4 connection (source/rows.py): the table
     map carries them in the column's charset, decoded here as the column's text values are; a binary one's as their
-    bytes, which the server sends as they are. A member with no such text quarantines the table (capture/batches)
+    bytes, which the server sends as they are. A member with no such text quarantines the table (capture/event_loop)
     rather than give its rows a member they do not hold."""
     if encoding is None:
         raise TableUserError(
