@@ -35,6 +35,17 @@ ALLOWED = {
         "cdc_assets.stages",
         "cdc_assets.verification",
     },
+    # a repair writes the rows that differ from the source as a raw batch: it finds them with verification's
+    # comparisons, captures up to its point, and leaves the batch to the stages
+    "cdc_assets.repair": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.capture",
+        "cdc_assets.stages",
+        "cdc_assets.verification",
+        "cdc_assets.repair",
+    },
     "cdc_assets.local_source": {"cdc_assets.local_source"},
     # the sinks follow the change logs in the lakehouse: they never read the source or run a stage
     "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.sinks"},
@@ -52,6 +63,7 @@ ALLOWED = {
         "cdc_assets.capture",
         "cdc_assets.stages",
         "cdc_assets.verification",
+        "cdc_assets.repair",
         "cdc_assets.sinks",
         "cdc_assets.defs",
         "cdc_assets.runtime",
@@ -66,6 +78,7 @@ ALLOWED = {
         "cdc_assets.capture",
         "cdc_assets.stages",
         "cdc_assets.verification",
+        "cdc_assets.repair",
         "cdc_assets.runtime",
         # the forked child takes a stage only when the run would take Arrow too: the engine choice and its defaults
         "spark_resources.engine",
@@ -89,6 +102,7 @@ ALLOWED = {
         "cdc_assets.capture",
         "cdc_assets.stages",
         "cdc_assets.verification",
+        "cdc_assets.repair",
         "cdc_assets.local_source",
         "cdc_assets.sinks",
         "cdc_assets.local_brokers",

@@ -17,9 +17,9 @@ from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
 from cdc_assets.lake.raw_batches import list_batches
+from cdc_assets.repair.run import repair_changes
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
-from cdc_assets.verification.repair import repair_changes
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.exactly_once import check_exactly_once
 from cdc_assets_tests.test_changed_keys import _last_equality_check
@@ -163,7 +163,8 @@ def test_a_large_table_is_narrowed_by_key_range_digests(cdc: CdcEnv, capsys, mon
     """A table past DIGEST_FROM_ROWS is not brought over row by row: the source and the lakehouse each digest its key
     ranges, and only the keys of the ranges that differ are compared and repaired; nor is it compared row by row
     again by the check after the repair (its Delta table was written by others, which alone would make it so)."""
-    from cdc_assets.verification import consistency, digests, repair
+    from cdc_assets.repair import run as repair
+    from cdc_assets.verification import consistency, digests
 
     monkeypatch.setattr(repair, "DIGEST_FROM_ROWS", 100)
     monkeypatch.setattr(digests, "ROWS_PER_RANGE", 20)
@@ -197,7 +198,8 @@ def test_a_large_table_on_s3_keeps_its_data_files_digests_for_the_next_repair(cd
     import boto3
 
     from cdc_assets.lake.store import Lakehouse, S3Access
-    from cdc_assets.verification import digests, repair
+    from cdc_assets.repair import run as repair
+    from cdc_assets.verification import digests
     from cdc_assets_tests.conftest import use_s3
     from cdc_assets_tests.test_digests import loaded_in_pieces
 

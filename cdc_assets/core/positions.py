@@ -33,7 +33,7 @@ class BinlogPosition:
     ordering or equality; it prefixes batch names, so a later server's batches sort after an earlier one's.
 
     `step` counts the batches written at one binlog position without reading the binlog: a repair's rows, read from
-    the source at that position (verification/repair.py). It suffixes batch names, so such a batch sorts after the batch
+    the source at that position (repair/run.py). It suffixes batch names, so such a batch sorts after the batch
     that ends there and before the next one read from the binlog, and takes no part in ordering or equality."""
 
     log_file: str

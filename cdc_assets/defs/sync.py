@@ -56,12 +56,12 @@ from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.repair.run import repair, repaired_after
 from cdc_assets.runtime import forked_capture
 from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.runtime.forked_stages import pending_tables
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current.run import apply_pending
-from cdc_assets.verification.repair import repair, repaired_after
 from spark_resources.resources import TransformsResource
 
 
@@ -90,7 +90,7 @@ def with_batches_taken_over(instance: Any, house: Lakehouse, report: CaptureRepo
 def _repaired(
     context: OpExecutionContext, settings: Any, house: Lakehouse, tables: list[str], owner: str, journal: CaptureJournal
 ) -> CaptureReport | None:
-    """`cdc-lakehouse repair`'s repair of `tables` (verification/repair.py), said table by table and recorded as an
+    """`cdc-lakehouse repair`'s repair of `tables` (repair/run.py), said table by table and recorded as an
     observation of the raw batches (the repair's batch is one); its capture's report (up to its point, and its
     batch), None when it captured nothing."""
     repaired = repair(settings, house, tables, log=context.log, owner=owner, journal=journal)

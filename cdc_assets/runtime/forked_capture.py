@@ -294,8 +294,8 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
         from cdc_assets.capture.run import capture
         from cdc_assets.core.errors import CdcUserError
         from cdc_assets.lake.store import local_lakehouse_from_env
+        from cdc_assets.repair.run import repaired_after
         from cdc_assets.source.server import source_settings_from_env
-        from cdc_assets.verification.repair import repaired_after
 
         said: tuple[str, Any]
         with _Sender(write_fd, messages) as send:

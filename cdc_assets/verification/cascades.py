@@ -5,7 +5,7 @@ parent's delete or key update changes child rows (ON DELETE / ON UPDATE CASCADE,
 lakehouse still holds those child rows as they were, so they are found there: the child rows whose foreign key
 holds a value a parent row had before its delete or update, then, recursively, their own children. Their keys are
 what the check after an apply compares besides the keys the binlog changed, and what `sync` repairs right after
-its capture (verification/repair.py), so the children end as the source holds them.
+its capture (repair/run.py), so the children end as the source holds them.
 """
 
 from __future__ import annotations

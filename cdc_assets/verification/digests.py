@@ -5,7 +5,7 @@ Here the source computes the row count and the sum of a CRC-32 of every row's te
 range, a range scan of the primary key, spread over a few connections so the server's cores share the work), and
 the same is computed from the lakehouse's rows; only the ranges whose digests differ are cut again into parts of
 a few hundred rows and digested again, and only the parts that still differ are looked at row by row
-(verification/repair.py). The text of a value is one both sides write the same byte for byte: MySQL's own text of
+(repair/run.py). The text of a value is one both sides write the same byte for byte: MySQL's own text of
 the value (`CAST(… AS CHAR)`, text converted to utf8mb4, bytes as hex), a number's, a time's or hex followed by a
 comma (which none of them holds) and any other text prefixed by its length, NULL told apart, so no two rows share a
 text unless their values are equal. The lakehouse's texts are written by DuckDB
