@@ -21,16 +21,9 @@ from cdc_assets.defs.keys import FORGET_JOB, FORGET_OP
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.stages.follow import refuse_beside_continuous
 from cdc_assets.stages.rewrite import person
-from cdc_assets.stages.rewrite.forget import (
-    DONE,
-    ForgetRecord,
-    canonical_keys,
-    forget_records,
-    key_hash,
-    parse_key,
-    table_shape,
-)
+from cdc_assets.stages.rewrite.forget import ForgetRecord, canonical_keys, forget_records, key_hash, parse_key
 from cdc_assets.stages.rewrite.policies import PolicyRewriteRecord, rewrite_records
+from cdc_assets.stages.rewrite.run import DONE, table_shape
 
 
 def given_keys(keys: list[str] | None, keys_file: str | None) -> list[str]:

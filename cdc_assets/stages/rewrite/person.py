@@ -28,7 +28,8 @@ from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_rows_with_keys
-from cdc_assets.stages.rewrite.forget import ForgetRecord, forget, hashed_key, table_shape
+from cdc_assets.stages.rewrite.forget import ForgetRecord, forget, hashed_key
+from cdc_assets.stages.rewrite.run import table_shape
 
 NO_SUCH_TABLE = 1146
 

@@ -1,6 +1,6 @@
 """Column policies applied to earlier layers (`cdc-lakehouse forget TABLE --rewrite-policies`): a policy added to
 columns already captured leaves their clear values in the raw batches, change log, current state and history until
-this rewrites them (`layers.rewrite_table_layers`, under `forget.run_rewrite`'s locks and record).
+this rewrites them (`layers.rewrite_table_layers`, under `run.run_rewrite`'s locks and record).
 
 Which values are clear is told by value (`ColumnPolicy.settle_texts`, as the comparisons tell them), not by seq: the
 same layer holds rows captured before the policy beside rows captured after it (current state's older rows, a
@@ -27,8 +27,8 @@ from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.layout import POLICY_REWRITES_STATE
 from cdc_assets.lake.state import load_policy_record, policies_rewritten
 from cdc_assets.lake.store import Lakehouse, MissingObject
-from cdc_assets.stages.rewrite.forget import PENDING, run_rewrite
 from cdc_assets.stages.rewrite.layers import LayerCount
+from cdc_assets.stages.rewrite.run import PENDING, run_rewrite
 
 BEFORE = "_cdc_before"
 
