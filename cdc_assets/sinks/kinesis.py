@@ -22,8 +22,8 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
 
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.sinks.broker import SinkConnectionLost
 from cdc_assets.sinks.events import SinkEvent
-from cdc_assets.sinks.publisher import SinkConnectionLost
 from cdc_assets.sinks.settings import SinkSettings
 
 MAX_RECORDS = 500  # per PutRecords request (Kinesis's limits)

@@ -18,18 +18,18 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.sinks.broker import BrokerClient, SinkConnectionLost
 from cdc_assets.sinks.checkpoint import SinkCheckpoint, load_checkpoint, save_checkpoint
 from cdc_assets.sinks.events import collapse_updates, heartbeat_event
 from cdc_assets.sinks.feed import ChangeFeed
 from cdc_assets.sinks.lag import SinkLag, sink_lag
-from cdc_assets.sinks.publisher import Publisher, SinkConnectionLost
 from cdc_assets.sinks.settings import RABBITMQ, SinkSettings
 
 WINDOW_MESSAGES = 1_000  # messages acknowledged before the checkpoint moves: the most a crash sends again
 RECONNECT_SECONDS = 60.0  # how long a run waits for a broker that went away mid-run (a restart takes seconds)
 
 
-def publisher_for(sink: SinkSettings) -> Publisher:
+def publisher_for(sink: SinkSettings) -> BrokerClient:
     """The broker client of a sink (imported here only: pika and boto3 load when a sink publishes)."""
     if sink.name == RABBITMQ:
         from cdc_assets.sinks.rabbitmq import RabbitPublisher
@@ -79,7 +79,7 @@ class _Log:
 def publish(
     sink: SinkSettings,
     lakehouse: Lakehouse,
-    publisher: Publisher,
+    publisher: BrokerClient,
     owner: str,
     log: Any | None = None,
     clock: Callable[[], float] = time.time,
@@ -139,7 +139,7 @@ def publish(
     return report
 
 
-def _send(publisher: Publisher, events: list, report: PublishReport, log: Any, sleep: Callable[[float], None]) -> None:
+def _send(publisher: BrokerClient, events: list, report: PublishReport, log: Any, sleep: Callable[[float], None]) -> None:
     """Send a window until the broker acknowledged all of it, reconnecting to a broker that went away."""
     deadline: float | None = None
     delay = 0.5
@@ -170,7 +170,7 @@ def _send(publisher: Publisher, events: list, report: PublishReport, log: Any, s
 def _heartbeat_if_due(
     sink: SinkSettings,
     lakehouse: Lakehouse,
-    publisher: Publisher,
+    publisher: BrokerClient,
     checkpoint: SinkCheckpoint,
     report: PublishReport,
     log: Any,

@@ -25,9 +25,9 @@ from pika.adapters.select_connection import SelectConnection
 
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.sinks.broker import SinkConnectionLost
 from cdc_assets.sinks.events import HEARTBEAT, SinkEvent
 from cdc_assets.sinks.in_flight import InFlight
-from cdc_assets.sinks.publisher import SinkConnectionLost
 from cdc_assets.sinks.settings import SinkSettings
 
 # pika logs every failed connection attempt at ERROR (to stderr when nothing else handles it); the publish loop
@@ -181,7 +181,7 @@ class RabbitPublisher:
             )
         return SinkConnectionLost(f"cannot connect ({error})")
 
-    # --- the Publisher protocol -----------------------------------------------------------------------------
+    # --- the BrokerClient protocol (sinks/broker) -----------------------------------------------------------------
 
     def open(self) -> None:
         """Connect, switch the channel to confirm mode and check the exchange exists."""

@@ -13,7 +13,9 @@ class SinkConnectionLost(Exception):
     sends the unacknowledged window again. What a user must fix raises CdcUserError instead."""
 
 
-class Publisher(Protocol):
+class BrokerClient(Protocol):
+    """A broker's client as the publish loop drives it (rabbitmq.RabbitPublisher, kinesis.KinesisPublisher)."""
+
     destination: str  # for messages: no secret
 
     def open(self) -> None:
