@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from cdc_assets.cli_progress import ProgressDisplay
+from cdc_assets.cli_display import ProgressDisplay
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, check_numeric_settings
 from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY, RAW
@@ -40,7 +40,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 EXIT_NOT_COMPARED = 3  # verify: nothing differs, but a table could not be compared (it says why)
-# commands that show their progress (cli_progress): with -v, the run's own log lines say it instead
+# commands that show their progress (cli_display): with -v, the run's own log lines say it instead
 LONG_COMMANDS = frozenset({"sync", "repair", "snapshot", "verify", "demo"})
 
 
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _shows_progress(args: argparse.Namespace) -> bool:
-    """Long commands show their progress (cli_progress), but with -v, where the run's log lines say it; a snapshot
+    """Long commands show their progress (cli_display), but with -v, where the run's log lines say it; a snapshot
     where the output is no terminal prints its run's log lines (chunks read, rows, rows/s) as it always did."""
     if args.command not in LONG_COMMANDS or args.verbose:
         return False

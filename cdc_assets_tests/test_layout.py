@@ -118,9 +118,9 @@ ALLOWED = {
         "cdc_assets.core",
         "cdc_assets.lake.layout",
         "cdc_assets.verification",
-        "cdc_assets.cli_progress",
+        "cdc_assets.cli_display",
     },
-    "cdc_assets.cli_progress": {"cdc_assets.core"},  # the CLI's display of the work's progress updates
+    "cdc_assets.cli_display": {"cdc_assets.core"},  # the CLI's display of the work's progress updates
     # `make dev` / `make stop`: the local servers around the UI, and the lakehouse's Dagster home
     "cdc_assets.local_dev": {
         "cdc_assets.local_source",

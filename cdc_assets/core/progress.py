@@ -1,7 +1,7 @@
 """How far long work has come (capture, the change logs, current state, comparisons, a snapshot), for the CLI's display.
 
 The work reports plain updates where it passes a milestone (a raw batch written, a chunk of batches appended, a table
-merged); whoever listens shows them: the `cdc-lakehouse` command's progress display (cdc_assets/cli_progress.py).
+merged); whoever listens shows them: the `cdc-lakehouse` command's progress display (cdc_assets/cli_display.py).
 Nobody listens in runs the UI or the daemon launch (their run logs say the same), and there a report costs one look
 at an empty list. A `sync`'s child, forked before Dagster is imported (runtime/forked_capture.py), passes its updates to
 the parent through a pipe (`Relay`), where they reach the same display.

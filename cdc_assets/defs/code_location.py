@@ -10,6 +10,7 @@ from cdc_assets.defs.assets import raw_binlog_batches
 from cdc_assets.defs.assets.lakehouse_tables import TableOptions, build_table_assets, readable_tables
 from cdc_assets.defs.automation import asset_owners, build_automation_sensor, capture_automation, table_automation
 from cdc_assets.defs.checks import ALL_CHECKS
+from cdc_assets.defs.cli_logger import progress_logger
 from cdc_assets.defs.continuous import build_continuous_sensor, continuous_job
 from cdc_assets.defs.examples import example_assets, example_sensors
 from cdc_assets.defs.freshness import current_freshness_policy, freshness_policy
@@ -22,7 +23,6 @@ from cdc_assets.defs.jobs import (
     new_tables_job,
     snapshot_job,
 )
-from cdc_assets.defs.progress import progress_logger
 from cdc_assets.defs.resources import initialized_resources, resources_from_env
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule, lag_check_schedule
 from cdc_assets.defs.sensors import build_binlog_sensor, build_new_tables_sensor, build_raw_batch_sensor

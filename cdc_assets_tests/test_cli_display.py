@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cdc_assets.cli_progress import ProgressDisplay, describe, seconds_left
+from cdc_assets.cli_display import ProgressDisplay, describe, seconds_left
 from cdc_assets.core.progress import CAPTURE, CHANGE_LOGS, Update, report
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
