@@ -46,9 +46,24 @@ ALLOWED = {
         "cdc_assets.verification",
         "cdc_assets.repair",
     },
+    # the one driver of the pipeline, free of Dagster: capture, both stages, the checks and the sinks in order, over
+    # plain settings; the runs, the forked child, the continuous mode and the rewrites' catch-up all run it
+    "cdc_assets.pipeline": {
+        "cdc_assets.core",
+        "cdc_assets.lake",
+        "cdc_assets.source",
+        "cdc_assets.capture",
+        "cdc_assets.stages",
+        "cdc_assets.verification",
+        "cdc_assets.repair",
+        "cdc_assets.sinks",
+        "cdc_assets.pipeline",
+        "spark_resources.engine",
+    },
     "cdc_assets.local_source": {"cdc_assets.local_source"},
-    # the sinks follow the change logs in the lakehouse: they never read the source or run a stage
-    "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.sinks"},
+    # the sinks follow the change logs in the lakehouse: they never read the source or run a stage; the change logs'
+    # row shapes are the change-log layer's (stages/changes/rows), which a sink may take
+    "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.stages.changes.rows", "cdc_assets.sinks"},
     # the local brokers share the local servers' process helpers (ports, pid files, a clean stop)
     "cdc_assets.local_brokers": {"cdc_assets.local_source", "cdc_assets.local_brokers"},
     # the local Spark servers (a standalone cluster, a Spark Connect server) for `make dev`, the tests and the
@@ -64,6 +79,7 @@ ALLOWED = {
         "cdc_assets.stages",
         "cdc_assets.verification",
         "cdc_assets.repair",
+        "cdc_assets.pipeline",
         "cdc_assets.sinks",
         "cdc_assets.defs",
         "cdc_assets.runtime",
@@ -79,6 +95,7 @@ ALLOWED = {
         "cdc_assets.stages",
         "cdc_assets.verification",
         "cdc_assets.repair",
+        "cdc_assets.pipeline",
         "cdc_assets.runtime",
         # the forked child takes a stage only when the run would take Arrow too: the engine choice and its defaults
         "spark_resources.engine",
@@ -103,6 +120,7 @@ ALLOWED = {
         "cdc_assets.stages",
         "cdc_assets.verification",
         "cdc_assets.repair",
+        "cdc_assets.pipeline",
         "cdc_assets.local_source",
         "cdc_assets.sinks",
         "cdc_assets.local_brokers",
@@ -212,6 +230,15 @@ def test_spark_resources_holds_the_spark_side_only() -> None:
             if i.startswith("cdc_assets") and not i.startswith(("cdc_assets.core", "cdc_assets.lake"))
         ]
     assert found == []
+
+
+def test_lake_keeps_storage_only() -> None:
+    """lake/ is the storage every layer shares (Delta I/O, the object store, locks, state files, raw batch files,
+    digests); a layer's row shapes and rules live in its own folder (capture/ for the raw layer, stages/changes/,
+    stages/current/, stages/history/), so lake/ holds no module of a layer's rows."""
+    lake = ROOT / "cdc_assets" / "lake"
+    rows = sorted(str(p.relative_to(lake)) for p in lake.rglob("*.py") if p.stem.endswith("_rows") or p.stem == "rows")
+    assert rows == [], f"a layer's rows live in its folder (stages/<layer>/rows.py), not in lake/: {rows}"
 
 
 def test_each_stage_is_one_folder_with_its_spark_half_apart() -> None:
