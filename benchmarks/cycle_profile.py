@@ -5,8 +5,8 @@
 
 Workload (c)'s tables and writer (`benchmarks/steady_load.py`) with the large table of `benchmarks/continuous.py`
 among those written (`--big-table-rows`, made outside the binlog and loaded by `cdc-lakehouse snapshot`), at
-`--rate` changes/s. The follower (`stages/follow.follow`, what `cdc-lakehouse run` runs) runs in this process, in
-a thread, as in the continuous op; two phases of `--seconds` each, on the same lakehouse:
+`--rate` changes/s. The follower (`defs/continuous.follow`: the pipeline's driver run for ever, what `cdc-lakehouse run` runs) runs in
+this process, in a thread, as in the continuous op; two phases of `--seconds` each, on the same lakehouse:
 
   before  every Delta table opened afresh at each use; file key ranges read from the statistics entry by entry;
           the equality check in a thread of the follower's process (as the op ran it), comparing every row of
@@ -36,18 +36,20 @@ from typing import Any
 
 import pyarrow as pa
 
+import cdc_assets.pipeline.driver as driver_module
 import cdc_assets.stages.current.apply as current_state
-import cdc_assets.stages.follow as follow_module
 from benchmarks.large_table import make_table
 from benchmarks.steady_load import SCHEMA, BigTable, _prepare, _write, pipeline_env
 from benchmarks.workloads import CLI, fresh_server, remove_work
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter
+from cdc_assets.defs.continuous import Cycle, follow
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.local_source import server as local_server
+from cdc_assets.pipeline.driver import Forever
 from cdc_assets.runtime.check_process import ChildChecks, Request
-from cdc_assets.stages.follow import Cycle, follow
+from cdc_assets.stages.follow import continuous_owner
 from cdc_assets.verification.changed_keys import compare_every_row
 from spark_resources.resources import LazySparkResource, TransformsResource
 from spark_resources.session import spark_config
@@ -137,9 +139,9 @@ def _phase(
     checks_done = 0
     with contextlib.ExitStack() as patches:
         for module, name, part in (
-            (follow_module, "capture", "capture"),
-            (follow_module, "process_new_batches", "change logs"),
-            (follow_module, "apply_pending", "current state"),
+            (driver_module, "capture", "capture"),
+            (driver_module, "process_new_batches", "change logs"),
+            (driver_module, "apply_pending", "current state"),
         ):
             patches.enter_context(_patched(module, name, timings.timed(part, getattr(module, name))))
         ranges = _file_ranges_entry_by_entry if before else current_state.file_ranges
@@ -147,8 +149,10 @@ def _phase(
         patches.enter_context(_patched(Lakehouse, "open", timings.timed("opening tables", Lakehouse.open)))
         if before:
             patches.enter_context(_patched(Lakehouse, "keeping_tables_open", contextlib.contextmanager(keep_nothing_open)))
+        until = Forever(stop.is_set, poll_seconds=0.25, wake=stop)
         follower = threading.Thread(
-            target=follow, args=(settings, lakehouse, transforms, stop.is_set, on_cycle), kwargs={"poll_seconds": 0.25}
+            target=follow,
+            args=(settings, lakehouse, transforms, until, on_cycle, lambda _position: None, continuous_owner("benchmk")),
         )
         follower.start()
         writer = threading.Thread(target=_write, args=(server, rate, seconds), kwargs={"seed": seed, "big": big})

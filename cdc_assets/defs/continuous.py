@@ -1,9 +1,10 @@
 """The continuous mode in Dagster: one long-running run of the `continuous` job follows the binlog in one warm
-process (stages/follow.py) and records each cycle as materializations of the same assets the batch runs
+process (the pipeline's driver run for ever, cdc_assets/pipeline/driver.py) and records each cycle as materializations of the same assets the batch runs
 materialize, runs the equality check on a cadence, and stops between two cycles when the run is terminated (from
 the UI, `cdc-lakehouse stop`, Ctrl-C or SIGTERM). A sensor starts it, and starts it again when it died.
 
-The follower runs in a thread of the op; the op's own thread turns what it did into Dagster events (a generator
+The follower (the driver) runs in a thread of the op, which gathers each cycle's step reports into a `Cycle`; the op's
+own thread turns what it did into Dagster events (a generator
 yields only in the thread that runs it), watches the run's status for a termination and runs the checks. The
 checks' equality comparisons run in a child process (runtime/check_process.py; in process for an S3 lakehouse): the
 row-for-row comparison of a large table would otherwise hold the GIL for tens of seconds against the follower.
@@ -13,7 +14,7 @@ One check at a time; a stop waits for the one in progress (up to STOP_CHECK_WAIT
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +39,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.settings import check_interval, full_check_interval
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
@@ -49,10 +51,26 @@ from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.table_checks import EQUALITY_CHECK, equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.lake.table_facts import TableFacts
+from cdc_assets.pipeline.driver import (
+    CAPTURE,
+    CHANGES,
+    CURRENT,
+    DEFAULT_POLL_SECONDS,
+    Captured,
+    ChangesLogged,
+    CurrentApplied,
+    CycleEnded,
+    Forever,
+    Idle,
+    drive,
+)
 from cdc_assets.runtime.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
 from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.runtime.queue import WAITING_STATUSES
-from cdc_assets.stages.follow import DEFAULT_POLL_SECONDS, Cycle, continuous_holder, continuous_owner, follow
+from cdc_assets.stages.changes.plan import ChangesReport
+from cdc_assets.stages.current.steps import CurrentReport
+from cdc_assets.stages.follow import continuous_holder, continuous_owner
 from spark_resources.resources import TransformsResource
 
 CONTINUOUS_SENSOR = "continuous_sensor"
@@ -83,6 +101,51 @@ def stop_followers(timeout: float | None = None) -> None:
         stop.set()
     for thread, _ in followers:
         thread.join(timeout)
+
+
+@dataclass
+class Cycle:
+    """What one cycle of the driver did, from its step reports: the capture, and the change logs and current-state
+    tables it touched (with the facts of those it applied)."""
+
+    number: int
+    capture: CaptureReport | None = None
+    changes: ChangesReport | None = None
+    current: CurrentReport | None = None
+    facts: dict[str, TableFacts] = field(default_factory=dict)
+    tables: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def follow(
+    settings: Any,
+    house: Lakehouse,
+    transforms: Any,
+    until: Forever,
+    on_cycle: Callable[[Cycle], None],
+    on_idle: Callable[[str], None],
+    owner: str,
+    log: Any | None = None,
+) -> None:
+    """The driver run for ever (capture, change logs, current state each cycle), each cycle that did work handed to
+    `on_cycle`, and the position an idle cycle found everything captured up to to `on_idle`."""
+    cycle = Cycle(0)  # numbered when it ends
+    steps = (CAPTURE, CHANGES, CURRENT)
+    for step in drive(settings, house, owner=owner, steps=steps, until=until, transforms=transforms, log=log, blocking=False):
+        if isinstance(step, Captured):
+            cycle.capture = step.capture
+        elif isinstance(step, ChangesLogged):
+            cycle.changes = step.changes
+        elif isinstance(step, CurrentApplied):
+            cycle.current, cycle.facts = step.current, step.facts
+        elif isinstance(step, CycleEnded):
+            cycle.number, cycle.tables, cycle.seconds = step.number, step.tables, step.seconds
+            on_cycle(cycle)
+            cycle = Cycle(0)
+        elif isinstance(step, Idle):
+            if step.position is not None:
+                on_idle(step.position)
+            cycle = Cycle(0)
 
 
 class ContinuousConfig(Config):
@@ -164,13 +227,11 @@ def follow_binlog(
                 settings,
                 house,
                 transforms.for_changes,
-                should_stop,
+                Forever(should_stop, config.poll_seconds, wake=stop),
                 events.put,
-                owner=continuous_owner(context.run_id),
-                poll_seconds=config.poll_seconds,
-                log=context.log,
-                wake=stop,
                 on_idle=lambda position: setattr(checks, "caught_up", position),
+                owner=continuous_owner(context.run_id),
+                log=context.log,
             )
             events.put(None)
         except BaseException as exc:  # handed to the op's thread, which fails the step with it
@@ -289,7 +350,7 @@ def _table_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
     figures = applied_figures(cycle.tables, current.applied if current else [])
     for counts in figures.values():
         counts["cycle"] = cycle.number
-    own = table_materializations(house, figures)  # each touched table's current/<schema>/<table>
+    own = table_materializations(house, figures, cycle.facts)  # each touched table's current/<schema>/<table>
     events = []
     for table in cycle.tables:
         logged = {**changes_figures(changes, table), "cycle": cycle.number} if changes else {"changes": 0, "cycle": cycle.number}

@@ -25,7 +25,7 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
 from cdc_assets.defs.assets.tables import table_materializations
-from cdc_assets.defs.checks import log_comparisons, seq_uniqueness
+from cdc_assets.defs.checks import log_comparisons, uniqueness_of
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
@@ -46,10 +46,11 @@ from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.table_checks import LAG_CHECK, equality_verdicts
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables
+from cdc_assets.pipeline.driver import CHANGES as CHANGES_STEP
+from cdc_assets.pipeline.driver import CURRENT as CURRENT_STEP
+from cdc_assets.pipeline.driver import ChangesLogged, CurrentApplied, bring_up_to_date, drive
 from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.sinks.checkpoint import sinks_published
-from cdc_assets.stages.changes.run import process_new_batches
-from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.stages.rewrite.layers import LayerCount
 from cdc_assets.stages.rewrite.person import forget_keys_in, read_keys_file
 from cdc_assets.stages.rewrite.policies import rewrite_policies
@@ -191,14 +192,18 @@ def take_in_new_tables(
 ) -> None:
     house, owner = lakehouse.get(), run_owner(context.run.run_id)
     tables = known_tables(house.store, config.tables)
-    changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
-    unique = seq_uniqueness(house, tables)
-    log_batch(context, [*(AssetMaterialization(changes_asset_key(t), metadata=changes_figures(changes, t)) for t in tables), *unique])
-    failed = [e.description for e in unique if not e.passed]
-    if failed:
-        raise Failure(description="change_log_seq_unique failed, current state not applied: " + "; ".join(failed))
-    current = apply_pending(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
-    log_batch(context, list(table_materializations(house, applied_figures(current.tables, current.applied)).values()))
+    steps = (CHANGES_STEP, CURRENT_STEP)
+    for report in drive(None, house, owner=owner, steps=steps, tables=tables, transforms=transforms.for_changes, log=context.log):
+        if isinstance(report, ChangesLogged):
+            unique = uniqueness_of(report.duplicates or {}, tables)
+            logs = [AssetMaterialization(changes_asset_key(t), metadata=changes_figures(report.changes, t)) for t in tables]
+            log_batch(context, [*logs, *unique])
+            failed = [e.description for e in unique if not e.passed]
+            if failed:
+                raise Failure(description="change_log_seq_unique failed, current state not applied: " + "; ".join(failed))
+        elif isinstance(report, CurrentApplied):
+            figures = applied_figures(report.current.tables, report.current.applied)
+            log_batch(context, list(table_materializations(house, figures, report.facts).values()))
 
 
 @job(name=NEW_TABLES_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "apply"}, description=take_in_new_tables.description)
@@ -230,8 +235,12 @@ def forget_rows(
 ) -> None:
     house, owner, table = lakehouse.get(), run_owner(context.run.run_id), TableRef.parse(config.table)
     policy = policy_from_env()
+
+    def catch_up() -> None:  # under the rewrite's locks: capture, then the table's change log and current state
+        bring_up_to_date(binlog.settings(), house, [str(table)], owner)
+
     if config.rewrite_policies:
-        rewritten = rewrite_policies(binlog.settings(), house, table, policy, owner=owner)
+        rewritten = rewrite_policies(catch_up, house, table, policy, owner=owner)
         if rewritten is None:
             context.log.info(f"{table}: no column policy was added to it since it was captured: nothing to rewrite")
             return
@@ -239,7 +248,7 @@ def forget_rows(
     elif config.keys_file:
         keys = read_keys_file(config.keys_file)
         forgot = forget_keys_in(
-            binlog.settings(), house, table, keys, policy, owner, lambda seq: sinks_published(house.store, str(table), seq)
+            binlog.settings(), house, table, keys, policy, owner, lambda seq: sinks_published(house.store, str(table), seq), catch_up
         )
         layers = forgot.layers
         figures = {"forget_record": forgot.key, "forgotten_keys": len(forgot.key_hashes), "published_by": ", ".join(forgot.published_by)}

@@ -5,8 +5,9 @@ them: the source table `mysql/<schema>/<table>` (external, observed by capture),
 The change logs and current states are one `multi_asset` with `can_subset=True` (`lakehouse_tables`): a run
 materializes the tables selected, in one step that calls the stages once for all of them (the change-log stage,
 then the current-state stage), so three tables picked in the UI are one run that applies exactly those three, and
-200 tables due at once are one run, not 200. The sync job, the continuous mode and snapshots call the same stage
-functions and record materializations under the same keys.
+200 tables due at once are one run, not 200. The step runs the pipeline's one driver (cdc_assets/pipeline/driver.py)
+for those tables, as the sync job and the continuous mode do, and records its reports; they and snapshots record
+materializations under the same keys.
 
 The specs come from the lakehouse's table registry when the definitions load, so a table captured since has no asset
 until the next reload; the new-tables sensor applies those meanwhile (job `apply_new_tables`), recording their
@@ -46,9 +47,9 @@ from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables, load_progress
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.changes.run import process_new_batches
-from cdc_assets.stages.current.run import apply_pending
-from cdc_assets.verification.integrity import duplicate_seqs
+from cdc_assets.pipeline.driver import CHANGES as CHANGES_STEP
+from cdc_assets.pipeline.driver import CURRENT as CURRENT_STEP
+from cdc_assets.pipeline.driver import ChangesLogged, CurrentApplied, drive
 from spark_resources.resources import TransformsResource
 
 SOURCES_GROUP = "sources"
@@ -216,29 +217,42 @@ def apply_tables(
     current: list[str],
     selected: Any,
 ) -> Iterator[MaterializeResult]:
-    """The change logs of `tables`, their seqs checked (a duplicate stops the run), then the current state of
-    `current`: a
-    materialization of each key selected, and an event of each other key the run wrote (the change log of a table
-    selected by its current state alone, a rename's other side)."""
+    """The pipeline's change logs of `tables`, their seqs checked (a duplicate stops the run), then the current state
+    of `current` (pipeline/driver.py), recorded: a materialization of each key selected, and an event of each other
+    key the run wrote (the change log of a table selected by its current state alone, a rename's other side)."""
+    steps = (CHANGES_STEP, CURRENT_STEP) if current else (CHANGES_STEP,)
     owner = run_owner(context.run.run_id)
-    changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
-    for table in tables:
+    for report in drive(
+        None, house, owner=owner, steps=steps, tables=tables, current_tables=current, transforms=transforms.for_changes, log=context.log
+    ):
+        if isinstance(report, ChangesLogged):
+            yield from _changes_recorded(context, report, selected)
+        elif isinstance(report, CurrentApplied):
+            yield from _current_recorded(context, house, report, selected)
+
+
+def _changes_recorded(context: AssetExecutionContext, logged: ChangesLogged, selected: Any) -> Iterator[MaterializeResult]:
+    """Each change log's materialization; a duplicate seq fails change_log_seq_unique, which blocks current state."""
+    for table in logged.tables:
         key = changes_asset_key(table)
-        metadata = changes_figures(changes, table)
+        metadata = changes_figures(logged.changes, table)
         if key in selected:
             yield MaterializeResult(asset_key=key, metadata=metadata)
         else:
             context.log_event(AssetMaterialization(key, metadata=metadata))
-    duplicates = duplicate_seqs(house, tables)  # change_log_seq_unique, blocking: nothing applied past a duplicate
-    if duplicates:
+    if logged.duplicates:
         raise Failure(
             description="change_log_seq_unique failed, current state not applied: "
-            + ", ".join(f"{t}: {n} duplicate changes" for t, n in duplicates.items())
+            + ", ".join(f"{t}: {n} duplicate changes" for t, n in logged.duplicates.items())
         )
-    if not current:
-        return
-    report = apply_pending(house, transforms.for_changes, tables=current, log=context.log, owner=owner)
-    own = table_materializations(house, applied_figures(report.tables, report.applied))
+
+
+def _current_recorded(
+    context: AssetExecutionContext, house: Lakehouse, applied: CurrentApplied, selected: Any
+) -> Iterator[MaterializeResult]:
+    """Each applied table's own asset, with the facts the driver read of it."""
+    report = applied.current
+    own = table_materializations(house, applied_figures(report.tables, report.applied), applied.facts)
     for table, event in own.items():
         key = table_asset_key(table)
         if key in selected:

@@ -1,4 +1,4 @@
-"""Capture: the raw binlog batch asset."""
+"""Capture: the raw binlog batch asset, the pipeline driver's capture step (cdc_assets/pipeline/driver.py) recorded."""
 
 import time
 from collections.abc import Collection
@@ -6,7 +6,7 @@ from typing import Any
 
 from dagster import AssetExecutionContext, AssetMaterialization, AssetObservation, MaterializeResult, asset
 
-from cdc_assets.capture.run import CaptureReport, capture
+from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.assets.metadata import capture_metadata
 from cdc_assets.defs.assets.tables import confirmations
@@ -15,6 +15,7 @@ from cdc_assets.defs.keys import RAW_ASSET, source_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets.pipeline.driver import CAPTURE, Captured, drive
 from cdc_assets.runtime.event_log import log_batch
 
 
@@ -34,7 +35,9 @@ def raw_binlog_batches(
     context: AssetExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
 ) -> MaterializeResult:
     house = lakehouse.get()
-    report = capture(binlog.settings(), house, log=context.log, owner=run_owner(context.run.run_id))
+    owner = run_owner(context.run.run_id)  # raw_batches_contiguous is its own check: no blocking rule here
+    steps = drive(binlog.settings(), house, owner=owner, steps=(CAPTURE,), log=context.log, blocking=False)
+    [report] = [step.capture for step in steps if isinstance(step, Captured)]
     metadata, confirmed = capture_events(context.instance, house, report, binlog.max_batch_rows, context.log)
     log_batch(context, confirmed)  # one batch of events, however many tables
     return MaterializeResult(metadata=metadata)

@@ -38,7 +38,6 @@ from cdc_assets.core.column_policy import CLEAR, HASH, ColumnPolicy
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import decode_column, encode_column
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, FORGOTTEN_STATE
@@ -270,7 +269,7 @@ def first_seq_of(lakehouse: Lakehouse, table: TableRef, keys: Iterable[str]) -> 
 
 
 def forget(
-    settings: SourceSettings,
+    catch_up: Callable[[], None],
     lakehouse: Lakehouse,
     table: TableRef,
     keys: list[str],
@@ -306,4 +305,4 @@ def forget(
             save_record(lakehouse, record)
         return record, ForgetKeys(table, frozenset(record.key_hashes))
 
-    return run_rewrite(settings, lakehouse, table, owner, begin, lambda record: save_record(lakehouse, record))
+    return run_rewrite(catch_up, lakehouse, table, owner, begin, lambda record: save_record(lakehouse, record))

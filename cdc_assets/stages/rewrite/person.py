@@ -93,13 +93,14 @@ def forget_keys_in(
     policy: ColumnPolicy,
     owner: str,
     published_by: Callable[[int], list[str]],
+    catch_up: Callable[[], None],
 ) -> ForgetRecord:
     """Forget `keys` (lakehouse key text -> source key text, as `keys_file` holds them) of `table`: the source asked
     whether it still holds them; `published_by(seq)`: the sinks that sent the table's changes up to `seq`
-    (`forget.forget`)."""
+    (`forget.forget`); `catch_up`: the table brought up to date first (`run.run_rewrite`)."""
     clear = at_source(keys, hashed_key(table_shape(lakehouse, table), policy))
     return forget(
-        settings, lakehouse, table, sorted(keys),
+        catch_up, lakehouse, table, sorted(keys),
         source_holds=lambda shape, linked: source_holds(settings, shape, clear(linked)),
         owner=owner,
         published_by=published_by,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,6 @@ import pyarrow as pa
 from cdc_assets.core.column_policy import CLEAR, EXCLUDE, HASH, MASK, ColumnPolicy, Rules, lake_shape
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.layout import POLICY_REWRITES_STATE
 from cdc_assets.lake.state import load_policy_record, policies_rewritten
@@ -193,7 +193,7 @@ class _NothingToRewrite(Exception):
 
 
 def rewrite_policies(
-    settings: SourceSettings,
+    catch_up: Callable[[], None],
     lakehouse: Lakehouse,
     table: TableRef,
     policy: ColumnPolicy,
@@ -218,7 +218,7 @@ def rewrite_policies(
 
     try:
         return run_rewrite(
-            settings, lakehouse, table, owner, begin,
+            catch_up, lakehouse, table, owner, begin,
             save=lambda record: save_rewrite_record(lakehouse, record),
             finish=lambda _: policies_rewritten(lakehouse.store, str(table)),
         )  # fmt: skip

@@ -1,7 +1,8 @@
 """The one skeleton of a run that rewrites a table's earlier layers (`run_rewrite`: a forget, a policy rewrite):
 the snapshot, capture, change-log and current-state locks, the table brought up to date first, then every layer
 rewritten (`layers.rewrite_table_layers`) under a record in `_state/` that stays `pending` until every layer is done,
-so the same command run again after a crash finds it and finishes.
+so the same command run again after a crash finds it and finishes. The catch-up is the pipeline's driver
+(pipeline/driver.bring_up_to_date), which the caller gives: the stages never run the driver, it runs them.
 """
 
 from __future__ import annotations
@@ -11,11 +12,9 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Protocol, TypeVar
 
-from cdc_assets.capture.run import capture
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.layout import (
     CAPTURE_LOCK,
@@ -27,11 +26,8 @@ from cdc_assets.lake.layout import (
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.state import load_checkpoint, load_progress, load_registry, load_schemas
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.stages.changes.run import process_new_batches
-from cdc_assets.stages.current.run import apply_pending
 from cdc_assets.stages.rewrite.layers import LAYERS, LayerCount, TableRewrite, rewrite_table_layers
 from cdc_assets.stages.snapshot.records import load_record
-from spark_resources.engine import Transforms
 
 PENDING, DONE = "pending", "done"
 
@@ -66,7 +62,7 @@ R = TypeVar("R", bound=RewriteRecord)
 
 
 def run_rewrite(
-    settings: SourceSettings,
+    catch_up: Callable[[], None],
     lakehouse: Lakehouse,
     table: TableRef,
     owner: str,
@@ -75,7 +71,8 @@ def run_rewrite(
     finish: Callable[[R], None] = lambda _: None,
 ) -> R:
     """The one skeleton of a run that rewrites a table's earlier layers (forget, `--rewrite-policies`): under the
-    snapshot, capture, change-log and current-state locks, the table brought up to date first, then `begin(shape)`
+    snapshot, capture, change-log and current-state locks, the table brought up to date first (`catch_up`: capture,
+    then the table's change log and current state, on Arrow), then `begin(shape)`
     finds the run's pending record or saves a new one (before any layer is touched) and gives the rewrite; each
     layer's count is saved as it is done, `finish` runs once every layer is, and only then the record says `done`.
     Run again after a crash anywhere, the same command finds the pending record and finishes it."""
@@ -97,9 +94,7 @@ def run_rewrite(
         # the source's changes taken in first: for a forget, its DELETE of the keys (current state then lacks them as
         # the source does, whatever step a crash stops the rewrite at, and no later capture reads the DELETE's
         # before-image again); for a policy rewrite, every row captured before it under the policy's rules
-        capture(settings, lakehouse, owner=owner)
-        process_new_batches(lakehouse, lambda _: Transforms(), [str(table)], owner=owner)
-        apply_pending(lakehouse, lambda _: Transforms(), [str(table)], owner=owner)
+        catch_up()
         shape = table_shape(lakehouse, table)
         record, rewrite = begin(shape)
 
