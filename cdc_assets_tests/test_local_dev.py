@@ -92,9 +92,11 @@ def test_make_dev_leaves_what_was_running_and_make_stop_stops_it_keeping_the_dat
                 os.killpg(dev.pid, signal.SIGKILL)
         assert "stopped" not in out, out
         assert server.running(base) is not None  # it was up before `make dev`: still up
+        # a free port: whatever listens on the default 15002 (a user's `make dev`) is not this test's to stop
         stop = subprocess.run(
-            [sys.executable, "-m", "cdc_assets.local_dev", "stop"], cwd=tmp_path, capture_output=True, text=True, timeout=120
-        )
+            [sys.executable, "-m", "cdc_assets.local_dev", "stop", "--spark-connect-port", str(free_port())],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
         assert stop.returncode == 0 and "stopped the demo mariadb source" in stop.stdout, stop.stdout + stop.stderr
         assert server.running(base) is None and not listening(before.port)
         assert (base / "data").is_dir()
