@@ -3,7 +3,8 @@ table's checks are on its own assets: `change_log_seq_unique` on `changes/<schem
 blocking its apply), equality, schema and lag on `current/<schema>/<table>` (`defs/table_checks.py`). The runs that
 check many tables at once (the sync job's one step, the continuous mode, check_equality) compare them in one pass and
 record one evaluation per table; the functions here (`contiguity`, `uniqueness_of`, `equality`, `schema_match`, `lag`
-and their `_of` halves for what a sync's forked child found) build those evaluations."""
+and their `_of` halves for what the pipeline's driver found, in the run or in a sync's forked child) build those
+evaluations."""
 
 from typing import Any
 
@@ -57,7 +58,12 @@ def contiguity(house: Lakehouse, since: str | None) -> dict[str, Any]:
     if since is None:
         names = list_batches(house.store)
         since = names[-1] if names else None
-    breaks = batch_chain_breaks(house, since)
+    return contiguity_of(batch_chain_breaks(house, since), since)
+
+
+def contiguity_of(breaks: list[str], since: str | None) -> dict[str, Any]:
+    """raw_batches_contiguous's fields from the breaks found from batch `since` on (here, or by the pipeline driver's
+    capture step)."""
     return {
         "passed": not breaks,
         "severity": AssetCheckSeverity.ERROR,

@@ -4,19 +4,21 @@ and their checks, in one step of the `sync` job.
 A sync used to be a run of `capture` and then one `apply_changes` run per range of touched tables: two or more
 run launches, each with its run bookkeeping, its planned-materialization events and a step per asset and per check
 (most of a small sync's time, `benchmarks/README.md`, "Fixed costs"). The tables a sync touches are known only once
-it has captured, so one partitioned asset run cannot cover them; this op calls the same stage functions the
-assets call, in the same order, and records what the asset runs record: the raw-batch materialization, the source
+it has captured, so one partitioned asset run cannot cover them; this op runs the pipeline's one driver
+(cdc_assets/pipeline/driver.py), as the asset runs do, and records what they record from the driver's reports: the raw-batch materialization, the source
 tables' observations and the quiet tables' confirmations, each touched table's `changes/<schema>/<table>` and
 `current/<schema>/<table>` materializations, and each touched table's check evaluations (the blocking ones stop the
 run when they fail, as in the asset jobs), written in three batches of events (`event_log.log_batch`). The
 automation, the schedule and the sensors keep their asset jobs.
 
-From the command line, a child forked before Dagster's import has usually done the capture, the stages and the checks'
-comparisons by the time the op asks (runtime/forked_capture.py, runtime/forked_stages.py): the op then records the child's
-reports in the same events, and calls the functions itself only for the steps the child did not report.
+From the command line, a child forked before Dagster's import runs the driver (runtime/forked_capture.py,
+runtime/forked_stages.py) and has usually done the capture, the stages and the checks' comparisons by the time the
+op asks: the op records the child's reports as they come, in the same events, and runs the driver itself only for
+the steps the child did not report (`pipeline.driver.remaining`), each resuming from the lakehouse's own progress.
 """
 
 import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from dagster import (
@@ -34,34 +36,32 @@ from dagster import (
 from pydantic import Field
 
 from cdc_assets.capture.journal import CaptureJournal
-from cdc_assets.capture.run import CaptureReport, capture
+from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.assets.metadata import applied_figures, changes_figures
 from cdc_assets.defs.assets.raw import capture_events
 from cdc_assets.defs.assets.tables import table_materializations
-from cdc_assets.defs.checks import (
-    contiguity,
-    equality,
-    equality_of,
-    lag,
-    lag_of,
-    schema_match,
-    schema_match_of,
-    seq_uniqueness,
-    uniqueness_of,
-)
+from cdc_assets.defs.checks import contiguity_of, equality_of, lag_of, schema_match_of, uniqueness_of
 from cdc_assets.defs.keys import RAW_ASSET, REPAIR_JOB, STAGE_TAG, SYNC_JOB, changes_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.repair.run import repair, repaired_after
+from cdc_assets.pipeline.driver import (
+    SYNC_STEPS,
+    Captured,
+    ChangesLogged,
+    Checked,
+    CurrentApplied,
+    Pending,
+    StepReport,
+    drive,
+    remaining,
+)
+from cdc_assets.repair.run import repair
 from cdc_assets.runtime import forked_capture
 from cdc_assets.runtime.event_log import log_batch
-from cdc_assets.runtime.forked_stages import pending_tables
-from cdc_assets.stages.changes.run import process_new_batches
-from cdc_assets.stages.current.run import apply_pending
 from spark_resources.resources import TransformsResource
 
 
@@ -137,81 +137,98 @@ def sync_lakehouse(
     transforms: TransformsResource,
 ) -> None:
     house, settings, owner = lakehouse.get(), binlog.settings(), run_owner(context.run_id)
-    forked = forked_capture.take(context.run_id)  # the command line's capture, begun before Dagster was imported
-    report = forked.result(context.log) if forked is not None else None
-    child = forked if report is not None else None  # it goes on with the stages (forked_stages), reported here
+    forked = forked_capture.take(context.run_id)  # the command line's driver, begun before Dagster was imported
     journal = CaptureJournal(context.run_id)
-    if config.repair:  # the repair's capture: up to its point, and its batch there (never forked)
-        report = _repaired(context, settings, house, config.repair, owner, journal)
-    if report is None:
-        report = capture(settings, house, log=context.log, owner=owner, journal=journal)
-    if child is None:  # (a forked child has done this after its capture)
-        report = repaired_after(settings, house, report, owner, context.log, journal)
-    report = with_batches_taken_over(context.instance, house, report)
+    # the repair's capture: up to its point, and its batch there (a repair is never forked)
+    captured = _repaired(context, settings, house, config.repair, owner, journal) if config.repair else None
 
-    def from_child(step: str) -> Any | None:
-        """The child's report of `step`, or None: then the op does the step (raising the child's sentence there
-        when the child's stage ended with one, as the op's own call would)."""
-        done = child.reported(step, context.log) if child is not None else None
-        if done is None and child is not None and child.user_error is not None:
-            raise CdcUserError(child.user_error)
-        return done
+    def run(steps: list[str], tables: list[str] | None) -> Iterator[StepReport]:
+        return drive(
+            settings, house, owner=owner, steps=steps, tables=tables, transforms=transforms.for_changes,
+            log=context.log, journal=journal, repairs_owed=True, captured=captured,
+        )  # fmt: skip
 
-    # what the child is bringing up to date: not quiet tables to confirm (a sentence it ended with is said below,
-    # where the op's own call says it: the capture is recorded first)
-    pending = child.reported("tables", context.log) if child is not None else None
-    metadata, confirmed = capture_events(
-        context.instance, house, report, binlog.max_batch_rows, context.log, busy=pending or ()
-    )
-    contiguous = _evaluation(RAW_ASSET, "raw_batches_contiguous", contiguity(house, report.batches[0].name if report.batches else None))
+    held: list[Captured] = []  # the capture, recorded once the tables the stages take are known (they are not quiet)
+    own: dict[str, AssetMaterialization] = {}  # current state's, recorded with the checks' evaluations
+
+    def record_capture(busy: list[str]) -> None:
+        if held:
+            _record_capture(context, house, held.pop(), binlog.max_batch_rows, journal, busy)
+
+    try:
+        for step in _reports(context.log, None if config.repair else forked, run):
+            if isinstance(step, Captured):
+                held.append(step)
+            elif isinstance(step, Pending):
+                record_capture(step.tables)
+            elif isinstance(step, ChangesLogged):
+                _record_changes(context, house, step)
+            elif isinstance(step, CurrentApplied):
+                own = table_materializations(house, applied_figures(step.current.tables, step.current.applied), step.facts)
+            elif isinstance(step, Checked):
+                log_batch(context, [*own.values(), *_verdicts(step, context.log)])
+        record_capture([])  # a capture the blocking rules stopped the run after
+    except Exception:
+        record_capture([])  # recorded first, as when the op ran each step itself
+        raise
+
+
+def _reports(
+    log: Any, forked: forked_capture.ForkedCapture | None, run: Callable[[list[str], list[str] | None], Iterator[StepReport]]
+) -> Iterator[StepReport]:
+    """The sync's step reports: the forked child's as they come, then the op's own run of the driver (`run(steps,
+    tables)`) for the steps the child did not report, or all of them without a child. A sentence the child's step
+    ended with is the op's at that step, as its own call would have said it."""
+    received: list[StepReport] = []
+    if forked is not None:
+        for step in forked.reports(log):
+            received.append(step)
+            yield step
+    rest = remaining(received, SYNC_STEPS)
+    if rest is None:
+        return
+    if forked is not None and forked.user_error is not None:
+        raise CdcUserError(forked.user_error)
+    yield from run(*rest)
+
+
+def _record_capture(
+    context: OpExecutionContext,
+    house: Lakehouse,
+    captured: Captured,
+    max_batch_rows: int | None,
+    journal: CaptureJournal,
+    busy: list[str],
+) -> None:
+    """The raw batches' materialization (with the batches taken over from runs that ended before recording them), the
+    quiet tables' confirmations (not `busy`: the tables the stages take) and raw_batches_contiguous, which blocks
+    what follows it."""
+    report = with_batches_taken_over(context.instance, house, captured.capture)
+    metadata, confirmed = capture_events(context.instance, house, report, max_batch_rows, context.log, busy=busy)
+    contiguous = _evaluation(RAW_ASSET, "raw_batches_contiguous", contiguity_of(captured.breaks or [], captured.chain_from))
     log_batch(context, [AssetMaterialization(RAW_ASSET, metadata=metadata), *confirmed, contiguous])
     journal.close(house.store)  # recorded: the journal of this run's batches goes
     if not contiguous.passed:
         raise _blocked(contiguous)
 
-    ordered = known_tables(house.store)
-    if pending is None:
-        tables = pending_tables(house, ordered)
-    else:  # the child's, in the lakehouse's order
-        reported_tables = set(pending)
-        tables = [t for t in ordered if t in reported_tables]
-    if not tables:
-        return
 
-    reported = from_child("changes")
-    if reported is None:
-        changes = process_new_batches(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
-        unique = seq_uniqueness(house, known_tables(house.store, tables))
-    else:
-        changes, duplicates = reported
-        unique = uniqueness_of(duplicates, known_tables(house.store, tables))
-    logs = [AssetMaterialization(changes_asset_key(t), metadata=changes_figures(changes, t)) for t in tables]
+def _record_changes(context: OpExecutionContext, house: Lakehouse, logged: ChangesLogged) -> None:
+    """Each change log's materialization and change_log_seq_unique, which blocks current state."""
+    unique = uniqueness_of(logged.duplicates or {}, known_tables(house.store, logged.tables))
+    logs = [AssetMaterialization(changes_asset_key(t), metadata=changes_figures(logged.changes, t)) for t in logged.tables]
     log_batch(context, [*logs, *unique])
     for evaluation in unique:
         if not evaluation.passed:
             raise _blocked(evaluation)
 
-    reported = from_child("current")
-    if reported is None:
-        current = apply_pending(house, transforms.for_changes, tables=tables, log=context.log, owner=owner)
-        facts = None
-    else:
-        current, facts = reported
-    own = table_materializations(house, applied_figures(current.tables, current.applied), facts)
-    checked = known_tables(house.store, tables)
-    found = from_child("checks")
-    if found is None:
-        verdicts = [
-            *equality(settings, house, checked, context.log),
-            *schema_match(settings, house, checked),
-            *lag(settings, house, checked),
-        ]
-    else:
-        comparisons, problems, lags = found
-        verdicts = [*equality_of(comparisons, context.log), *schema_match_of(problems, checked), *lag_of(lags, checked)]
-    log_batch(context, [*own.values(), *verdicts])
-    if child is not None:
-        child.wait(context.log)
+
+def _verdicts(checked: Checked, log: Any) -> list[AssetCheckEvaluation]:
+    """Each checked table's equality (its differences logged), schema and lag evaluations."""
+    return [
+        *equality_of(checked.comparisons, log),
+        *schema_match_of(checked.schema_problems, checked.tables),
+        *lag_of(checked.lags, checked.tables),
+    ]
 
 
 @job(name=SYNC_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "sync"}, description=sync_lakehouse.description)

@@ -1,4 +1,5 @@
-"""A `cdc-lakehouse sync`'s capture (and then its stages), started in a child process before Dagster is imported.
+"""A `cdc-lakehouse sync`'s run of the pipeline's driver (its capture, then its stages), started in a child process
+before Dagster is imported.
 
 Importing Dagster and opening the instance take a small sync about as long as its capture (benchmarks/README.md,
 "Fixed costs"), on one core while the other waits. So the command line's `sync` forks before it imports Dagster:
@@ -20,10 +21,11 @@ What keeps it as safe as a capture inside the run:
   capture in a run always did. A child that ended at a failpoint ends the parent there too, as the single
   process it stands for would have.
 
-Once its capture is durable, the child goes on with the change logs, current state and the checks' comparisons of
-the tables pending (cdc_assets.runtime.forked_stages), sending each step's report as it is done; the op records them
-instead of running those steps (`ForkedCapture.reported`), and does itself any step the child did not report.
-`CDC_SYNC_FORK=capture` keeps the child to the capture.
+The child runs the pipeline's one driver (cdc_assets/pipeline/driver.py, through cdc_assets.runtime.forked_stages):
+once its capture is durable it goes on with the change logs, current state and the checks' comparisons of the tables
+pending, sending each step's report as the driver yields it; the op records them as they come instead of running
+those steps (`ForkedCapture.reports`), and runs the driver itself for the steps the child did not report
+(`pipeline.driver.remaining`). `CDC_SYNC_FORK=capture` keeps the child to the capture.
 
 Only a local lakehouse on Linux is captured this way; on S3 (its client and lease heartbeat are built by the
 resources) and where `CDC_SYNC_FORK=0`, the op captures as before.
@@ -37,7 +39,7 @@ import queue
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,12 +58,11 @@ def _owner(run_id: str) -> str:
 
 @dataclass
 class ForkedCapture:
-    """A capture running in a child for the run `run_id`, and the stages it goes on with (forked_stages)."""
+    """The driver running in a child for the run `run_id`: its capture, and the stages it goes on with."""
 
     run_id: str
     pid: int
     read_fd: int
-    steps: dict[str, Any] = field(default_factory=dict)  # what the child reported after its capture, by kind
     user_error: str | None = None  # the sentence a stage of the child ended with (the run ends with it there)
     _received: queue.SimpleQueue[tuple[str, Any, list[str]] | None] = field(default_factory=queue.SimpleQueue)
     _reader: threading.Thread | None = None
@@ -115,45 +116,34 @@ class ForkedCapture:
         if code != 0:
             log.warning(f"the process begun before the run ended with exit code {code}: the run does what it left")
 
-    def result(self, log: Any) -> Any | None:
-        """Wait for the child's capture: its CaptureReport, or None when it did not finish (the op then captures
-        itself). Raises CdcUserError with the child's sentence for what a user can fix."""
+    def reports(self, log: Any) -> Iterator[Any]:
+        """The child's step reports (pipeline.driver's) as they come, until it has said all it will. A capture that
+        ended with a sentence for the user raises it (CdcUserError) at once, as the op's own capture would; one that
+        failed, or a child killed before its capture's report, yields nothing (the op captures from the checkpoint).
+        A later step's sentence is kept in `user_error` (the op says it where its own call would); a later step that
+        failed, or was left to the run's Spark, ends the reports: the op runs the driver for the steps left."""
         from cdc_assets.core.errors import CdcUserError
 
-        message = self._next(log)
-        while message is not None and message[0] == "spark":  # said during the capture (the session is starting)
-            message = self._next(log)
-        if message is None:  # killed before it said anything: the op captures from the checkpoint
-            log.warning("the capture begun before the run ended without a report: capturing here")
-            return None
-        kind, value = message
-        if kind == "report":
-            return value
-        self._end(log)
-        if kind == "user_error":
-            raise CdcUserError(value)
-        log.warning(f"the capture begun before the run failed ({value}): capturing here")
-        return None
-
-    def reported(self, kind: str, log: Any) -> Any | None:
-        """Wait for the child's report of step `kind` (tables, changes, current, checks: forked_stages), or None when
-        it will not come: the op does that step and what follows itself."""
-        while kind not in self.steps and (message := self._next(log)) is not None:
-            said, value = message
-            if said in ("left", "failed", "user_error"):
-                if said == "user_error":
-                    self.user_error = value
-                else:
-                    log.info(f"the process begun before the run left the rest to the run: {value}")
+        captured = False
+        while (message := self._next(log)) is not None:
+            kind, value = message
+            if kind == "step":
+                captured = True
+                yield value
+            elif kind in ("left", "failed", "user_error"):
                 self._end(log)
-            else:
-                self.steps[said] = value
-        return self.steps.get(kind)
-
-    def wait(self, log: Any) -> None:
-        """Let the child finish (it has nothing more the op needs)."""
-        while self._next(log) is not None:
-            pass
+                if kind == "user_error" and not captured:
+                    raise CdcUserError(value)
+                if kind == "user_error":
+                    self.user_error = value
+                elif captured:
+                    log.info(f"the process begun before the run left the rest to the run: {value}")
+                else:
+                    log.warning(f"the capture begun before the run failed ({value}): capturing here")
+                return
+            # `spark`: said during the capture, the session is starting (`listen`)
+        if not captured:  # killed before it said anything: the op captures from the checkpoint
+            log.warning("the capture begun before the run ended without a report: capturing here")
 
 
 class _Messages:
@@ -291,35 +281,14 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
 
         failpoints.arm_from(failpoints.CHILD_ENV)
         from cdc_assets.capture.journal import CaptureJournal, Recorder
-        from cdc_assets.capture.run import capture
-        from cdc_assets.core.errors import CdcUserError
-        from cdc_assets.lake.store import local_lakehouse_from_env
-        from cdc_assets.repair.run import repaired_after
-        from cdc_assets.source.server import source_settings_from_env
+        from cdc_assets.runtime.forked_stages import run_driver
 
-        said: tuple[str, Any]
         with _Sender(write_fd, messages) as send:
-            try:
-                # The same variables and parsing as the resources' (core.settings.SOURCE_ENV, LAKEHOUSE_ENV), read
-                # here because this process does not import Dagster.
-                settings = source_settings_from_env()
-                house = local_lakehouse_from_env()
-                # the parent records the batches; with a run whose every stage takes Spark, the first batch also
-                # tells it to start the session, which then starts beside the rest of the capture
-                first_batch = _once(lambda: send("spark", "a batch captured")) if _every_stage_takes_spark() else None
-                journal = CaptureJournal(run_id, Recorder.of(parent), listed=first_batch)
-                report = capture(settings, house, log=messages, owner=_owner(run_id), journal=journal)
-                report = repaired_after(settings, house, report, _owner(run_id), messages, journal)
-                said = ("report", report)
-            except CdcUserError as exc:
-                said = ("user_error", str(exc))
-            except Exception as exc:
-                said = ("failed", f"{type(exc).__name__}: {exc}")
-            send(*said)
-            if said[0] == "report" and stages_wanted():
-                from cdc_assets.runtime.forked_stages import run_stages
-
-                run_stages(settings, house, report, _owner(run_id), messages, send)
+            # the parent records the batches; with a run whose every stage takes Spark, the first batch also
+            # tells it to start the session, which then starts beside the rest of the capture
+            first_batch = _once(lambda: send("spark", "a batch captured")) if _every_stage_takes_spark() else None
+            journal = CaptureJournal(run_id, Recorder.of(parent), listed=first_batch)
+            run_driver(_owner(run_id), journal, messages, send, stages=stages_wanted())
         return 0
     except BaseException:
         return 1
