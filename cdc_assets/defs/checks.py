@@ -2,9 +2,9 @@
 table's checks are on its own assets: `change_log_seq_unique` on `changes/<schema>/<table>` (assets/lakehouse_tables,
 blocking its apply), equality, schema and lag on `current/<schema>/<table>` (`defs/table_checks.py`). The runs that
 check many tables at once (the sync job's one step, the continuous mode, check_equality) compare them in one pass and
-record one evaluation per table; the functions here (`contiguity`, `uniqueness_of`, `equality`, `schema_match`, `lag`
-and their `_of` halves for what the pipeline's driver found, in the run or in a sync's forked child) build those
-evaluations."""
+record one evaluation per table; the functions here (`contiguity`, `schema_match`, `lag`, and the `_of` halves,
+`uniqueness_of` and `equality_of` among them, for what the pipeline's driver found, in the run or in a sync's forked
+child) build those evaluations."""
 
 from typing import Any
 
@@ -17,7 +17,6 @@ from dagster import (
     asset_check,
 )
 
-from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import RAW_ASSET
@@ -25,9 +24,8 @@ from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.table_checks import equality_verdicts, lag_verdicts, schema_verdicts, uniqueness_verdicts
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.consistency import ConsistentComparison
-from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
+from cdc_assets.verification.integrity import batch_chain_breaks
 from cdc_assets.verification.lag import lags_now
 from cdc_assets.verification.schema_match import schema_differences
 
@@ -76,14 +74,8 @@ def contiguity_of(breaks: list[str], since: str | None) -> dict[str, Any]:
     }
 
 
-def seq_uniqueness(house: Lakehouse, tables: list[str]) -> list[AssetCheckEvaluation]:
-    """change_log_seq_unique of each of `tables`, on its change log's asset."""
-    return uniqueness_of(duplicate_seqs(house, tables), tables)
-
-
 def uniqueness_of(duplicates: dict[str, int], tables: list[str]) -> list[AssetCheckEvaluation]:
-    """change_log_seq_unique of each of `tables` from the duplicates found in them (here, or by a sync's forked
-    child)."""
+    """change_log_seq_unique of each of `tables` from the duplicates the pipeline's driver found in them."""
     return [v.evaluation() for v in uniqueness_verdicts(tables, duplicates)]
 
 
@@ -105,13 +97,8 @@ def log_comparisons(log: Any, comparisons: list[ConsistentComparison]) -> list[s
     return failing
 
 
-def equality(settings: SourceSettings, house: Lakehouse, tables: list[str], log: Any) -> list[AssetCheckEvaluation]:
-    """current_matches_source of each of `tables` (the keys changed since each was last found equal)."""
-    return equality_of(compare_changed(settings, house, [TableRef.parse(t) for t in tables]), log)
-
-
 def equality_of(comparisons: list[ConsistentComparison], log: Any) -> list[AssetCheckEvaluation]:
-    """current_matches_source of each table compared (here, or by a sync's forked child), its differences logged."""
+    """current_matches_source of each table the pipeline's driver compared, its differences logged."""
     log_comparisons(log, comparisons)
     return [v.evaluation() for v in equality_verdicts(comparisons)]
 

@@ -418,7 +418,7 @@ class Lakehouse:
     def keeping_tables_open(self) -> Iterator[Lakehouse]:
         """A copy of this lakehouse whose `open` keeps each Delta table open for the block and brings it to the
         newest version with `update_incremental` (only the commits since), instead of reading its log again each
-        time: the continuous mode's follower (stages/follow.py) opens the same tables every cycle. A table made
+        time: the continuous mode's follower (the pipeline's driver run for ever) opens the same tables every cycle. A table made
         again since (its first commit's file is not the one seen: dropped, re-created by someone else) or whose
         log cannot be followed is opened afresh. Other writers' commits are read like the pipeline's own.
 

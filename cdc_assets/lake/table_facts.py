@@ -1,6 +1,6 @@
 """What a current-state table's own asset records about it, from its Delta log alone (no data read), as plain values:
-so a sync's forked child can read them for the run that records them (cdc_assets.runtime.forked_stages), off the run's
-path."""
+so the pipeline's driver reads them right after it applies a table (cdc_assets/pipeline/driver.py), for the run that
+records them, in a sync's forked child off the run's path, or in the continuous mode's follower."""
 
 from __future__ import annotations
 
