@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 from cdc_assets.cli_display import ProgressDisplay
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
-from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, check_numeric_settings
+from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, Settings
 from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY, RAW
 from cdc_assets.runtime import forked_capture
 from cdc_assets.runtime.instance import ensure_dagster_home
@@ -111,8 +111,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The flags that set a variable, by argparse's name for them: they win over the environment and are passed on as
-# environment, so they never enter run config.
+# The flags that set a variable, by argparse's name for them: they win over the environment in the settings the
+# command builds (core.settings.Settings.from_env) and passes on: to its commands, its forked child, its runs.
 FLAG_VARIABLES = {
     "mysql_url": "CDC_MYSQL_URL",
     "lakehouse": "CDC_LAKEHOUSE",
@@ -140,9 +140,10 @@ def flag_name(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def _apply_overrides(args: argparse.Namespace) -> None:
-    """CLI flags win over the environment; they are passed as environment so they never enter run config. A URL
-    flag holding a password is refused: any user of the machine could read it in the process list (`ps`)."""
+def flag_texts(args: argparse.Namespace) -> dict[str, str]:
+    """The variables the flags give, as texts: they win over the environment's in the command's settings. A URL
+    flag holding a password is refused: any user of the machine could read it in the process list (`ps`), and the
+    runs' resources would hold it as a value rather than as the EnvVar a password must stay (defs/resources.py)."""
     _given_by_flag.clear()
     for dest, example in URL_FLAGS.items():
         value = getattr(args, dest, None)
@@ -153,11 +154,13 @@ def _apply_overrides(args: argparse.Namespace) -> None:
                 f"the command runs: set {variable} in the environment instead (export {variable}='{example}'), or "
                 f"give {flag} a URL without a password."
             )
+    texts = {}
     for dest, variable in FLAG_VARIABLES.items():
         value = getattr(args, dest, None)
         if value is not None:
-            os.environ[variable] = str(value)
+            texts[variable] = str(value)
             _given_by_flag[variable] = flag_name(dest)
+    return texts
 
 
 def named_as_given(sentence: str, given_by_flag: dict[str, str]) -> str:
@@ -203,12 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     _began = process_started() if argv is None else time.time()
     args = _parser().parse_args(argv)
     args.from_command_line = argv is None
+    environment: dict[str, str] = dict(os.environ)
     try:
-        _apply_overrides(args)
-        check_numeric_settings()  # a bad number ends the command before any work starts, whoever would read it
-        ensure_dagster_home()  # the lakehouse's own Dagster home, or a sentence before a sync forks its capture
-        with ProgressDisplay() if _shows_progress(args) else nullcontext():
-            return COMMANDS[args.command](args)
+        environment |= flag_texts(args)
+        # every setting read and range-checked once, here: a bad value ends the command before any work starts,
+        # whoever would read it; the value is what every command, child and run is given
+        settings = Settings.from_env(environment)
+        ensure_dagster_home(settings.lakehouse.location)  # the lakehouse's own, or a sentence before a sync forks
+        with ProgressDisplay(every=settings.progress_seconds) if _shows_progress(args) else nullcontext():
+            return COMMANDS[args.command](args, settings)
     except CdcUserError as exc:
         _say_error(str(exc))
         return EXIT_USER_ERROR
@@ -216,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         reason = unreachable_cause(exc)
         if reason is None:
             raise
-        lakehouse = os.environ.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE
-        _say_error(unreachable_message(lakehouse, os.environ.get("AWS_ENDPOINT_URL"), reason))
+        lakehouse = environment.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE
+        _say_error(unreachable_message(lakehouse, environment.get("AWS_ENDPOINT_URL"), reason))
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted: the checkpoint holds the last complete batch; run the command again to continue.")
@@ -290,17 +296,17 @@ def _exit_code(outcome: RunOutcome) -> int:
     return EXIT_OK if outcome.success else EXIT_FAILED
 
 
-def cmd_sync(args: argparse.Namespace) -> int:
+def cmd_sync(args: argparse.Namespace, settings: Settings) -> int:
     run_id = str(uuid.uuid4())
     if args.from_command_line:  # a process of its own: its capture starts now, in a child, beside Dagster's import
-        forked_capture.start(run_id)
-    outcome = _runs().run_sync(args.verbose, run_id)
+        forked_capture.start(run_id, settings)
+    outcome = _runs().run_sync(settings, args.verbose, run_id)
     _print_sync(outcome, wall_seconds())
     return _exit_code(outcome)
 
 
-def cmd_publish(args: argparse.Namespace) -> int:
-    outcome = _runs().run_publish(args.publish_sinks or None, args.verbose)
+def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
+    outcome = _runs().run_publish(settings, args.publish_sinks or None, args.verbose)
     _print_sinks(outcome)
     for problem in outcome.failed_checks:
         print(f"failed: {problem}")
@@ -309,10 +315,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     return _exit_code(outcome)
 
 
-def cmd_repair(args: argparse.Namespace) -> int:
+def cmd_repair(args: argparse.Namespace, settings: Settings) -> int:
     from cdc_assets.defs.keys import RAW_ASSET
 
-    outcome = _runs().run_repair(args.repair_tables, args.verbose)
+    outcome = _runs().run_repair(settings, args.repair_tables, args.verbose)
     found = outcome.of_observation(RAW_ASSET, "repair")
     for line in (found.get("repaired") or {}).values():
         print(f"repair: {line}")
@@ -322,10 +328,10 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return _exit_code(outcome)
 
 
-def cmd_snapshot(args: argparse.Namespace) -> int:
+def cmd_snapshot(args: argparse.Namespace, settings: Settings) -> int:
     from cdc_assets.defs.keys import CURRENT_TABLE_PREFIX
 
-    outcome = _runs().run_snapshot(args.snapshot_tables, not _shows_progress(args))
+    outcome = _runs().run_snapshot(settings, args.snapshot_tables, not _shows_progress(args))
     loaded = {
         metadata.get("source_table", key): metadata
         for key, metadata in outcome.metadata.items()
@@ -348,8 +354,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return EXIT_OK if outcome.success else EXIT_FAILED
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    diffs = _runs().run_verify(args.verify_tables or None)
+def cmd_verify(args: argparse.Namespace, settings: Settings) -> int:
+    diffs = _runs().run_verify(settings, args.verify_tables or None)
     if not diffs:
         print("no tables to verify yet: run `cdc-lakehouse sync` first")
         return EXIT_OK
@@ -361,7 +367,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         + (f", {unseen} not compared" if unseen else "")
     )
     if code != EXIT_OK:
-        behind = _runs().collect_status().lag_bytes
+        behind = _runs().collect_status(settings).lag_bytes
         if behind:
             print(f"note: the lakehouse is {behind} bytes of binlog behind the source; run `cdc-lakehouse sync` first")
     return code
@@ -378,18 +384,18 @@ def _print_comparisons(diffs: list[ConsistentComparison], ok_word: str) -> int:
     return EXIT_NOT_COMPARED if any(d.not_compared for d in diffs) else EXIT_OK
 
 
-def cmd_export(args: argparse.Namespace) -> int:
-    rows = _runs().run_export(args.export_table, args.as_of, args.to)
+def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    rows = _runs().run_export(settings, args.export_table, args.as_of, args.to)
     print(f"{args.export_table} as of {args.as_of}: {rows} rows written to {args.to}")
     return EXIT_OK
 
 
-def cmd_forget(args: argparse.Namespace) -> int:
+def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
     from cdc_assets.commands.forget import run_forget
 
     if args.rewrite_policies:
-        return _rewrite_policies(args)
-    record, outcome = run_forget(args.forget_table, args.forget_keys, args.keys_file)
+        return _rewrite_policies(args, settings)
+    record, outcome = run_forget(settings, args.forget_table, args.forget_keys, args.keys_file)
     if record is None:
         return _run_failed(outcome)
     layers = record.layers
@@ -417,13 +423,13 @@ def _run_failed(outcome: RunOutcome) -> int:
     return EXIT_FAILED
 
 
-def _rewrite_policies(args: argparse.Namespace) -> int:
+def _rewrite_policies(args: argparse.Namespace, settings: Settings) -> int:
     """`forget TABLE --rewrite-policies`: the column policies added since capture applied to the earlier layers."""
     from cdc_assets.commands.forget import run_rewrite_policies
 
     if args.forget_keys or args.keys_file:
         raise CdcUserError("--rewrite-policies takes no key: run it alone, and forget keys with a run of their own.")
-    record, outcome = run_rewrite_policies(args.forget_table)
+    record, outcome = run_rewrite_policies(settings, args.forget_table)
     if not outcome.success:
         return _run_failed(outcome)
     if record is None:
@@ -442,13 +448,13 @@ def _rewrite_policies(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.poll_seconds is not None and args.poll_seconds <= 0:
         raise CdcUserError(f"--poll-seconds {args.poll_seconds:g} is not a positive number of seconds: use e.g. 0.5.")
     # SIGTERM as Ctrl-C (Dagster does the same while the run goes): the follower ends its cycle, then the run stops
     signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGINT))
     print("continuous mode: following the binlog; stop it with Ctrl-C, `cdc-lakehouse stop` or the UI", flush=True)
-    outcome = _runs().run_continuous(args.poll_seconds, args.verbose)
+    outcome = _runs().run_continuous(settings, args.poll_seconds, args.verbose)
     for problem in outcome.failures:
         print(f"failed: {problem}")
     if not outcome.stopped:
@@ -458,13 +464,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_stop(args: argparse.Namespace) -> int:
-    print(_runs().stop_continuous())
+def cmd_stop(args: argparse.Namespace, settings: Settings) -> int:
+    print(_runs().stop_continuous(settings))
     return EXIT_OK
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    status = _runs().collect_status()
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    status = _runs().collect_status(settings)
     if args.json:
         print(json.dumps(status.to_json(), indent=1))
         return EXIT_OK
@@ -497,16 +503,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from cdc_assets.commands import demo  # the local brokers' and source's clients: only the demo pays for them
 
     began = time.monotonic()
-    result = demo.run_demo(args.seconds, args.seed, args.verbose, say=print, synced=_print_progress, sinks=args.sinks)
+    result = demo.run_demo(
+        settings, args.seconds, args.seed, args.verbose, say=print, synced=_print_progress, sinks=args.sinks
+    )
     _print_sync(result.last)
     if not result.last.success:
         return _exit_code(result.last)
     code = _print_comparisons(result.comparisons, "verified")
-    _demo_summary(result.comparisons, result.syncs, time.monotonic() - began)
+    _demo_summary(result.settings or settings, result.comparisons, result.syncs, time.monotonic() - began)
     for sink, delivery in result.deliveries.items():
         print(f"  {sink + ':':9s} read back: {delivery.describe()}")
     if result.sample is not None:
@@ -528,22 +536,22 @@ def _print_progress(outcome: RunOutcome) -> None:
     )
 
 
-def _demo_summary(diffs: list[ConsistentComparison], syncs: int, seconds: float) -> None:
+def _demo_summary(settings: Settings, diffs: list[ConsistentComparison], syncs: int, seconds: float) -> None:
     from cdc_assets.commands import demo
 
-    lakehouse = demo.lakehouse_location()
+    lakehouse = demo.lakehouse_location(settings)
     print()
     print("summary")
     print(f"  tables:   {len(diffs)} ({sum(d.ok for d in diffs)} verified equal to the source)")
     print(f"  rows:     {sum(d.source_rows for d in diffs)} in current state")
-    print(f"  changes:  {demo.changes_captured()} row changes captured in total ({syncs} syncs this run)")
+    print(f"  changes:  {demo.changes_captured(settings)} row changes captured in total ({syncs} syncs this run)")
     print(f"  seconds:  {seconds:.1f}")
     print(f"  delta:    {lakehouse}/{CURRENT}/<schema>/<table> (current state)")
     print(f"            {lakehouse}/{CHANGES}/<schema>/<table> (change logs), raw batches in {lakehouse}/{RAW}/")
     print("  UI:       run `make dev`, then open http://127.0.0.1:3000 (assets, lineage and these runs)")
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {
     "sync": cmd_sync,
     "verify": cmd_verify,
     "status": cmd_status,

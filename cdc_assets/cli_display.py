@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 from cdc_assets.core import progress
 from cdc_assets.core.progress import Update
-from cdc_assets.core.settings import progress_seconds
+from cdc_assets.core.settings import DEFAULT_PROGRESS_SECONDS
 
 LIVE_REFRESHES_PER_SECOND = 4
 
@@ -76,10 +76,12 @@ def _duration(seconds: float) -> str:
 class ProgressDisplay:
     """Listens to the work's updates for as long as a command runs (a context manager)."""
 
-    def __init__(self, out: TextIO | None = None, terminal: bool | None = None) -> None:
+    def __init__(
+        self, out: TextIO | None = None, terminal: bool | None = None, every: float = DEFAULT_PROGRESS_SECONDS
+    ) -> None:
         self.out = out or sys.stdout
         self.terminal = self.out.isatty() if terminal is None else terminal
-        self.every = progress_seconds()
+        self.every = every  # seconds between plain lines (CDC_PROGRESS_SECONDS: the settings' progress_seconds)
         self.stages: dict[str, _Stage] = {}
         self.current: str | None = None  # the stage updated last: the work goes on there
         self.lock = threading.Lock()

@@ -7,4 +7,4 @@ from cdc_assets.runtime.instance import enable_event_batches
 
 # Runs launched from the UI or the daemon load this module: their partition-range events go in batches too.
 enable_event_batches()
-defs = build_definitions()
+defs = build_definitions()  # with the settings of this process's environment, read once as the code location loads

@@ -24,7 +24,7 @@ from cdc_assets.local_brokers import destinations, kinesis, rabbitmq
 from cdc_assets.local_source import DEMO_HISTORY_TABLES, server
 from cdc_assets.local_source.processes import listening
 from cdc_assets.local_spark import cluster, connect_server
-from cdc_assets.runtime.instance import ensure_dagster_home
+from cdc_assets.runtime.instance import DEFAULT_LAKEHOUSE, ensure_dagster_home
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 WORKSPACE = PROJECT_ROOT / "workspace.yaml"
@@ -63,7 +63,7 @@ def run_dev(port: int, spark_connect_port: int, sinks: bool) -> int:
                 started.append(("the local RabbitMQ and Kinesis", destinations.stop))
             env.update(destinations.start().environment())
         env.setdefault("CDC_HISTORY_TABLES", DEMO_HISTORY_TABLES)  # as the demo keeps it
-        env["DAGSTER_HOME"] = str(ensure_dagster_home())
+        env["DAGSTER_HOME"] = str(ensure_dagster_home(env.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE))
         env.setdefault("DAGSTER_EVENT_BATCH_SIZE", "1000")
         return _foreground(dev_command(port), env)
     finally:

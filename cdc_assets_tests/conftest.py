@@ -134,8 +134,9 @@ class CdcEnv:
 
     def verify(self) -> list:
         from cdc_assets.commands.runs import run_verify
+        from cdc_assets_tests.env_settings import settings_now
 
-        return run_verify()
+        return run_verify(settings_now())
 
 
 def numbers_sql(n: int, flavour: str) -> str:

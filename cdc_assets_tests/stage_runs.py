@@ -14,19 +14,19 @@ import pyarrow as pa
 
 from cdc_assets.capture.run import CaptureReport, capture
 from cdc_assets.core.names import TableRef
-from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_table, source_shapes
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import source_now
 from spark_resources.engine import Transforms, TransformsFor
 
 
 def capture_and_apply(cdc: CdcEnv, transforms: TransformsFor | None = None) -> CaptureReport:
     """Capture from the checkpoint to the binlog end, then the change logs and current state (on Arrow unless
     `transforms` says otherwise), with the settings the environment gives (CDC_MYSQL_URL, CDC_TABLES, ...)."""
-    report = capture(source.source_settings_from_env(), cdc.lakehouse)
+    report = capture(source_now(), cdc.lakehouse)
     engine = transforms or (lambda changes: Transforms())
     process_new_batches(cdc.lakehouse, engine)
     apply_pending(cdc.lakehouse, engine)

@@ -22,6 +22,7 @@ from cdc_assets.defs.resources import BinlogResource
 from cdc_assets.lake.layout import CURRENT, RAW
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import settings_now
 
 pytestmark = pytest.mark.both_sources
 
@@ -42,7 +43,7 @@ def _value(metadata: object) -> object:
 
 def test_checks_pass_on_a_correct_lakehouse_and_sync_reports_them(cdc: CdcEnv) -> None:
     cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, v DECIMAL(10,2))", "INSERT INTO t VALUES (1, 1.50), (2, NULL)")
-    outcome = run_sync()
+    outcome = run_sync(settings_now())
     assert outcome.success and outcome.failed_checks == []
     checks = _checks(APPLY_JOB_NAME, f"{cdc.database}.t")
     assert set(checks) == {"change_log_seq_unique", "current_matches_source", "current_schema_matches_source", "table_lag"}
@@ -60,7 +61,7 @@ def test_a_current_state_row_changed_behind_the_pipelines_back_fails_equality_an
         predicate="id = 2", updates={"v": "'tampered'"}
     )
     cdc.execute("INSERT INTO t VALUES (3, 'c')")  # so the next sync runs the apply job for t
-    outcome = run_sync()
+    outcome = run_sync(settings_now())
     assert not outcome.success
     assert any(f.endswith(":current_matches_source") for f in outcome.failed_checks)
     cdc.execute("INSERT INTO t VALUES (4, 'd')")
@@ -93,7 +94,7 @@ def test_an_alter_in_flight_does_not_fail_the_schema_check(cdc: CdcEnv) -> None:
     assert cdc.sync() == 0
     cdc.execute("INSERT INTO t VALUES (2, 'b')")
     with failpoints.arm("current.merged_before_progress", lambda: cdc.execute("ALTER TABLE t ADD COLUMN z INT")):
-        outcome = run_sync()
+        outcome = run_sync(settings_now())
     assert outcome.success and outcome.failed_checks == [], outcome.failed_checks
     # the rows could not be compared this time: said as a warning, never as equal
     assert any("not compared" in w and "in flight" in w for w in outcome.warnings), outcome.warnings

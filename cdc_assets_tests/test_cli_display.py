@@ -44,9 +44,8 @@ def test_progress_in_words() -> None:
 def test_plain_lines_come_for_a_stage_that_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """Short work prints nothing more than before: a line every CDC_PROGRESS_SECONDS for the stage the work is in,
     once that stage has gone on that long and until it is done; nothing after the display closed."""
-    monkeypatch.setenv("CDC_PROGRESS_SECONDS", "0.3")
     out = io.StringIO()
-    with ProgressDisplay(out, terminal=False):
+    with ProgressDisplay(out, terminal=False, every=0.3):
         report(Update(CHANGE_LOGS, 0, 3, "batches"))
         report(Update(CHANGE_LOGS, 3, 3, "batches", rows=10, batches=3))  # done at once: never printed
         report(Update(CAPTURE, 1, 10, "bytes", rows=5, batches=1))

@@ -4,6 +4,7 @@ in a password, and another replica with the same server id, on MariaDB and on My
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -16,12 +17,14 @@ import pytest
 from cdc_assets.capture.binlog.protocol import dump_events
 from cdc_assets.cli import FLAG_VARIABLES, main, named_as_given
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
-from cdc_assets.core.settings import MySQLUrl
-from cdc_assets.core.settings import check_numeric_settings as check_settings
+from cdc_assets.core.settings import MySQLUrl, Settings
 from cdc_assets.lake.layout import RAW
-from cdc_assets.lake.state import CHECKPOINT_KEY
+from cdc_assets.lake.state import CHECKPOINT_KEY, known_tables
+from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source.server import binlog_files, connect
+from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -78,13 +81,13 @@ def test_every_numeric_setting_is_listed() -> None:
 
 @pytest.mark.parametrize("variable", sorted(NUMERIC_SETTINGS))
 def test_every_numeric_setting_is_range_checked_with_one_sentence(variable: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check every command makes before it starts (core.settings.check_numeric_settings), over every numeric
-    setting; each stage reads its own through the same functions."""
-    check_settings()  # the defaults pass
+    """The check every command makes before it starts (core.settings.Settings.from_env, the one value every stage
+    is then given), over every numeric setting."""
+    Settings.from_env(os.environ)  # the defaults pass
     for bad in NUMERIC_SETTINGS[variable]:
         monkeypatch.setenv(variable, bad)
         with pytest.raises(CdcUserError) as refused:
-            check_settings()
+            Settings.from_env(os.environ)
         sentence = str(refused.value)
         assert variable in sentence and "\n" not in sentence and sentence.endswith("."), sentence
         monkeypatch.delenv(variable)
@@ -122,6 +125,22 @@ def test_a_lakehouse_given_by_flag_is_named_as_the_flag(cdc: CdcEnv, tmp_path: P
     code = main(["--lakehouse", str(blocker), "sync"])
     line = _one_sentence(code, capsys.readouterr().err, f"--lakehouse {blocker} is a file, not a directory")
     assert "CDC_LAKEHOUSE" not in line
+
+
+def test_flags_reach_the_forked_child_and_the_run_without_the_environment(cdc: CdcEnv, tmp_path: Path) -> None:
+    """The CLI writes no environment: its flags go into the settings it builds and passes on. A sync from the command
+    line given --lakehouse and --tables captures (in its forked child), applies and checks (in its run) only the
+    flagged table, into the flagged lakehouse; the environment's lakehouse is never made."""
+    cdc.execute("CREATE TABLE a (id INT PRIMARY KEY)", "CREATE TABLE b (id INT PRIMARY KEY)")
+    cdc.execute("INSERT INTO a VALUES (1), (2)", "INSERT INTO b VALUES (3)")
+    flagged = tmp_path / "flagged"
+    done = run_cli("--lakehouse", str(flagged), "--tables", f"{cdc.database}.a", "sync")
+    assert done.returncode == 0, done.stderr
+    assert "sync succeeded" in done.stdout and "failed:" not in done.stdout
+    house = Lakehouse(str(flagged))
+    assert known_tables(house.store) == [f"{cdc.database}.a"]
+    assert read_current(house, TableRef(cdc.database, "a")).column("id").to_pylist() == [1, 2]
+    assert not cdc.lakehouse_dir.exists()
 
 
 @pytest.mark.both_sources
@@ -181,7 +200,7 @@ def test_another_replica_with_the_same_server_id_is_named_with_the_fix(cdc: CdcE
     env = {"CDC_SYNC_FORK": "0", "CDC_MAX_BATCH_ROWS": "1000", "CDC_FAILPOINTS": "capture.checkpoint_saved=sleep:3"}
     sync = subprocess.Popen(
         [sys.executable, "-m", "cdc_assets.cli", "--server-id", server_id, "sync"],
-        env={**__import__("os").environ, **env},
+        env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -36,6 +36,7 @@ from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.runtime.queue import capture_in_progress
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv, run_cli
+from cdc_assets_tests.env_settings import settings_now
 from cdc_assets_tests.test_pipeline import _all_change_seqs, _raw_seqs
 from cdc_assets_tests.test_restart import _write_transactions
 
@@ -89,7 +90,7 @@ def _evaluate_sensor(cdc: CdcEnv) -> RunRequest | SkipReason:
     with build_sensor_context(
         instance=instance(), resources={"lakehouse": LakehouseResource(location=str(cdc.lakehouse_dir))}
     ) as context:
-        return build_continuous_sensor()(context)
+        return build_continuous_sensor(settings_now().cadence)(context)
 
 
 def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypatch) -> None:
@@ -114,7 +115,7 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
         assert (capture_in_progress(instance(), cdc.lakehouse) or "").startswith("The continuous mode is running")
         lake = LakehouseResource(location=str(cdc.lakehouse_dir))
         with build_sensor_context(instance=instance(), resources={"lakehouse": lake}) as context:
-            skipped = build_raw_batch_sensor()(context)
+            skipped = build_raw_batch_sensor(settings_now().cadence)(context)
         assert not skipped.run_requests and skipped.cursor == list_batches(cdc.lakehouse.store)[-1]
 
         time.sleep(4)  # long enough for a full check at CDC_FULL_CHECK_INTERVAL_SECONDS=4
@@ -151,9 +152,9 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
 
     # CDC_CONTINUOUS: its sensor is on by default only when set, and starts a run once none is alive
     assert isinstance(_evaluate_sensor(cdc), RunRequest)
-    assert build_continuous_sensor().default_status == DefaultSensorStatus.STOPPED
+    assert build_continuous_sensor(settings_now().cadence).default_status == DefaultSensorStatus.STOPPED
     monkeypatch.setenv("CDC_CONTINUOUS", "1")
-    assert build_continuous_sensor().default_status == DefaultSensorStatus.RUNNING
+    assert build_continuous_sensor(settings_now().cadence).default_status == DefaultSensorStatus.RUNNING
 
 
 def test_on_spark_each_cycle_takes_the_session_begun_at_the_start(cdc: CdcEnv) -> None:

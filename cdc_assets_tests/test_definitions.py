@@ -11,10 +11,10 @@ from dagster import AssetKey, DefaultScheduleStatus, DefaultSensorStatus
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.code_location import build_definitions
-from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.resources import initialized_resources, resources_from_env
 from cdc_assets.lake.state import save_registry
 from cdc_assets.lake.store import Lakehouse
+from cdc_assets_tests.env_settings import settings_now
 
 ASSETS = {
     AssetKey("raw_binlog_batches"): "capture",
@@ -97,7 +97,7 @@ def test_freshness_policies_default_to_warn_after_2_and_fail_after_5_minutes(ord
     policy = node.freshness_policy
     assert policy.fail_window.to_timedelta() == timedelta(minutes=5)
     assert policy.warn_window.to_timedelta() == timedelta(minutes=2)
-    assert lag_thresholds() == (120.0, 300.0)
+    assert settings_now().cadence.lag_thresholds == (120.0, 300.0)
     assert node.automation_condition.get_label() == "within 2 min: on_cron(* * * * *)"
 
 
@@ -114,7 +114,7 @@ def test_freshness_windows_are_configurable_per_table_and_checked(orders_registr
     # capture keeps ahead of the tightest window
     raw = graph.get(AssetKey("raw_binlog_batches"))
     assert "on_cron(*/2 * * * *)" in raw.automation_condition.get_label()
-    assert lag_thresholds() == (600.0, 1800.0)
+    assert settings_now().cadence.lag_thresholds == (600.0, 1800.0)
     monkeypatch.setenv("CDC_FRESHNESS_TABLES", "shop.orders=8/4")
     with pytest.raises(CdcUserError, match="CDC_FRESHNESS_TABLES entry 'shop.orders=8/4' needs a warn window"):
         build_definitions()

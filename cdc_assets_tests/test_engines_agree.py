@@ -18,13 +18,13 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets.lake.store import Lakehouse
-from cdc_assets.source import server as source
 from cdc_assets.stages.changes import spark_tasks as change_tasks
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current import apply as current_state
 from cdc_assets.stages.current import on_spark as current_on_spark
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv, on_spark
+from cdc_assets_tests.env_settings import source_now
 from cdc_assets_tests.stage_runs import source_and_current
 from spark_resources.engine import Transforms
 
@@ -123,7 +123,7 @@ def test_both_engines_make_the_same_tables(
     rng = random.Random(seed)
     _create(cdc, rng)
     arrow, on_spark_lakehouse = cdc.lakehouse, Lakehouse(str(tmp_path / "spark"))  # the test's own is Arrow's
-    settings = source.source_settings_from_env()
+    settings = source_now()
     for number in range(ROUNDS):
         if number:
             _round(cdc, rng, number)

@@ -13,6 +13,7 @@ from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, RAW_ASSET, SYNC_JOB, ch
 from cdc_assets.defs.sensors import apply_run_request
 from cdc_assets.runtime.event_log import BatchingSqliteEventLogStorage
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import settings_now
 
 
 def _checks(table: str) -> list[tuple[AssetKey, str]]:
@@ -62,7 +63,7 @@ def test_a_sync_is_one_run_with_every_materialization_and_check_and_a_range_run_
 
     # the sensor's runs: a capture, then one run of the three tables' assets and their checks
     cdc.execute(*[f"INSERT INTO {t} VALUES (2)" for t in tables])
-    assert run_job(CAPTURE_JOB).success
+    assert run_job(settings_now(), CAPTURE_JOB).success
     request = apply_run_request(sorted(names), run_key="test")
     job = build_definitions().resolve_job_def(APPLY_JOB)
     applied = job.execute_in_process(instance=instance, asset_selection=list(request.asset_selection), tags=dict(request.tags))

@@ -27,6 +27,7 @@ from cdc_assets.local_source import server as local_server
 from cdc_assets.source.server import binlog_end, replica_statements
 from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import settings_now
 from cdc_assets_tests.stage_runs import capture_and_apply, source_and_current
 from cdc_assets_tests.test_pipeline import _all_change_seqs, _raw_seqs
 
@@ -161,7 +162,7 @@ def test_capture_follows_a_failover_to_a_gtid_replica_exactly_once(
         assert primary_gtids and replica_gtids and not primary_gtids & replica_gtids
         assert any(g.startswith(_server_uuid(replica)) for g in replica_gtids)  # the errant one
     else:
-        [result] = run_verify()
+        [result] = run_verify(settings_now())
         assert result.ok and result.source_rows == result.lakehouse_rows, result.describe()
     _assert_exactly_once(env)
 
@@ -301,7 +302,7 @@ def test_following_the_purged_checkpoint_sentence_leads_to_a_clean_sync(
         cur.execute("UPDATE anew.r SET note = 'after', b = 'ÿ' WHERE id = 3")
     capsys.readouterr()
     assert main(["sync"]) == 0, capsys.readouterr()
-    results = run_verify()
+    results = run_verify(settings_now())
     assert [r.table for r in results] == [TableRef("anew", "r")] and all(r.ok for r in results), [r.describe() for r in results]
     source_rows, current_rows = source_and_current(CdcEnv(primary, "anew", lakehouse_dir), "r")
     assert current_rows.num_rows == 4 and current_rows.equals(source_rows)

@@ -16,6 +16,7 @@ from cdc_assets.core.names import TableRef, name_of_segment, path_segment
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets_tests.conftest import CdcEnv, use_s3
+from cdc_assets_tests.env_settings import settings_now
 
 pytestmark = pytest.mark.both_sources
 
@@ -74,7 +75,7 @@ def _change_everything(cdc: CdcEnv, tables: list[TableRef]) -> None:
 def _assert_all_equal(tables: list[TableRef], dropped: tuple[TableRef, ...] = ()) -> None:
     from cdc_assets.commands.runs import run_verify
 
-    results = run_verify()
+    results = run_verify(settings_now())
     assert sorted(r.table for r in results) == sorted([*tables, *dropped])
     assert [r.describe() for r in results if not r.ok] == []
     assert all(r.compared_rows == 3 for r in results if r.table not in dropped), [r.describe() for r in results]
@@ -95,7 +96,7 @@ def test_path_segments_are_one_safe_directory_per_name() -> None:
 
 
 def test_hostile_names_end_to_end_locally(cdc: CdcEnv, hostile: list[TableRef]) -> None:
-    outcome = run_sync()
+    outcome = run_sync(settings_now())
     assert outcome.success, outcome.failed_checks
     _assert_all_equal(hostile)
     _change_everything(cdc, hostile)

@@ -15,7 +15,6 @@ from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.sinks.events import json_values
-from cdc_assets.source import server as source
 from cdc_assets.source.rows import read_source_table, source_shapes
 from cdc_assets.source.server import binlog_end
 from cdc_assets.stages.changes.rows import cast_column
@@ -24,6 +23,7 @@ from cdc_assets.stages.snapshot.run import take_snapshot
 from cdc_assets.verification.compare import compare_tables
 from cdc_assets.verification.row_hashes import content_checksum
 from cdc_assets_tests.conftest import CdcEnv, on_spark
+from cdc_assets_tests.env_settings import source_now
 from cdc_assets_tests.pmr_reference import reference_events
 from cdc_assets_tests.stage_runs import capture_and_apply, source_and_current
 from cdc_assets_tests.test_binlog_decoder import _decoded, _without_binary_json
@@ -124,7 +124,7 @@ def test_a_geometrycollection_column_is_snapshotted_and_captured(cdc: CdcEnv, sp
         shape = source_shapes(conn, [table])[table]
     assert shape is not None and [c.type for c in shape.columns] == ["int", "geometry", "geometry"]
     # On Spark (tasks by key range); the Arrow snapshot starts from the same source shapes.
-    settings = source.source_settings_from_env()
+    settings = source_now()
     report = take_snapshot(settings, cdc.lakehouse, [str(table)], transforms=on_spark(lambda: spark))
     assert report.rows == {str(table): 2}
     cdc.execute("INSERT INTO shapes VALUES (3, ST_GeomFromText('GEOMETRYCOLLECTION(POINT(5 6))'), NULL)")

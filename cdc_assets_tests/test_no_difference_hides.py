@@ -14,6 +14,7 @@ from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets_tests.conftest import CdcEnv, run_cli
+from cdc_assets_tests.env_settings import settings_now
 from cdc_assets_tests.test_table_checks import _latest_check
 
 pytestmark = pytest.mark.both_sources
@@ -72,10 +73,10 @@ def test_a_check_that_finds_a_difference_names_the_table_whatever_its_key(cdc: C
     value = {"DECIMAL(12,3)": "1.5", "DATETIME(6)": "'2024-01-02 03:04:05.6'", "VARBINARY(16)": "x'00ff'", "DATE": "'2024-01-02'"}[key]
     other = {"DECIMAL(12,3)": "2.5", "DATETIME(6)": "'2025-01-02 03:04:05'", "VARBINARY(16)": "x'01'", "DATE": "'2025-01-02'"}[key]
     cdc.execute(f"CREATE TABLE k (id {key} PRIMARY KEY, v VARCHAR(10))", f"INSERT INTO k VALUES ({value}, 'a')")
-    assert run_sync().success
+    assert run_sync(settings_now()).success
     DeltaTable(str(cdc.lakehouse.table_uri(CURRENT, TableRef(cdc.database, "k")))).update(updates={"v": "'tampered'"})
     cdc.execute(f"INSERT INTO k VALUES ({other}, 'b')")  # an apply, whose check sees a commit not the pipeline's
-    outcome = run_sync()
+    outcome = run_sync(settings_now())
     assert not outcome.success
     table = f"{cdc.database}.k"
     assert f"current/{cdc.database}/k:{EQUALITY_CHECK}" in outcome.failed_checks, outcome.failed_checks

@@ -18,6 +18,7 @@ from cdc_assets.lake.quarantine import CAPTURE, quarantined_tables, run_isolated
 from cdc_assets.lake.state import load_checkpoint
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import settings_now
 from cdc_assets_tests.test_personal_data import _Log
 
 
@@ -57,7 +58,7 @@ def test_a_table_capture_cannot_decode_is_quarantined_and_a_snapshot_takes_it_ba
     assert _rows(cdc, "healthy") == [(1, "a"), (2, "b")]  # the other table went on
     checkpoint = load_checkpoint(cdc.lakehouse.store)
     assert checkpoint is not None and checkpoint.last_batch is not None  # the checkpoint moved past the odd table
-    assert collect_status().quarantined == {odd: held[odd].sentence()}
+    assert collect_status(settings_now()).quarantined == {odd: held[odd].sentence()}
     results = {str(r.table): r for r in cdc.verify()}
     assert results[f"{cdc.database}.healthy"].ok and results[odd].differs
 

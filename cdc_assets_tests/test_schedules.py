@@ -23,24 +23,25 @@ from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.state import CHECKPOINT_KEY
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import settings_now
 from cdc_assets_tests.test_restart import _assert_exactly_once, _write_transactions
 
 
 def test_capture_schedule_runs_every_minute_by_default_and_is_configurable(monkeypatch) -> None:
     monkeypatch.delenv("CDC_CAPTURE_CRON", raising=False)
-    assert build_capture_schedule().cron_schedule == "* * * * *"
+    assert build_capture_schedule(settings_now().cadence).cron_schedule == "* * * * *"
     monkeypatch.setenv("CDC_CAPTURE_CRON", "*/5 * * * *")
-    schedule = build_capture_schedule()
+    schedule = build_capture_schedule(settings_now().cadence)
     assert schedule.cron_schedule == "*/5 * * * *" and schedule.job_name == CAPTURE_JOB_NAME
     monkeypatch.setenv("CDC_CAPTURE_CRON", "every minute")
     with pytest.raises(CdcUserError, match="CDC_CAPTURE_CRON='every minute' is not a cron expression"):
-        build_capture_schedule()
+        build_capture_schedule(settings_now().cadence)
 
 
 def test_capture_schedule_skips_while_a_capture_runs_or_waits(cdc: CdcEnv, monkeypatch) -> None:
     monkeypatch.delenv("CDC_CAPTURE_CRON", raising=False)
     instance = _instance()
-    schedule = build_capture_schedule()
+    schedule = build_capture_schedule(settings_now().cadence)
     resources = {"lakehouse": LakehouseResource(location=str(cdc.lakehouse_dir))}
 
     def tick() -> ScheduleExecutionData:
@@ -121,17 +122,17 @@ def test_the_schedule_is_an_option_and_continuous_capture_replaces_it_when_an_in
     monkeypatch.delenv("CDC_CAPTURE_INTERVAL_SECONDS", raising=False)
     monkeypatch.delenv("CDC_CAPTURE_CRON", raising=False)
     # by default the automation captures (defs/automation.py): the cron schedule is an option, switched off
-    assert build_capture_schedule().default_status == DefaultScheduleStatus.STOPPED
+    assert build_capture_schedule(settings_now().cadence).default_status == DefaultScheduleStatus.STOPPED
     monkeypatch.setenv("CDC_CAPTURE_CRON", "*/2 * * * *")  # the schedule mode: chosen by setting the cron
-    assert build_capture_schedule().default_status == DefaultScheduleStatus.RUNNING
-    assert build_binlog_sensor().default_status == DefaultSensorStatus.STOPPED
+    assert build_capture_schedule(settings_now().cadence).default_status == DefaultScheduleStatus.RUNNING
+    assert build_binlog_sensor(settings_now().cadence).default_status == DefaultSensorStatus.STOPPED
     monkeypatch.setenv("CDC_CAPTURE_INTERVAL_SECONDS", "5")
-    assert build_capture_schedule().default_status == DefaultScheduleStatus.STOPPED
-    sensor = build_binlog_sensor()
+    assert build_capture_schedule(settings_now().cadence).default_status == DefaultScheduleStatus.STOPPED
+    sensor = build_binlog_sensor(settings_now().cadence)
     assert sensor.default_status == DefaultSensorStatus.RUNNING and sensor.minimum_interval_seconds == 5
     monkeypatch.setenv("CDC_CAPTURE_INTERVAL_SECONDS", "0.5")
     with pytest.raises(CdcUserError, match="CDC_CAPTURE_INTERVAL_SECONDS='0.5' is not a number of seconds of at least 1"):
-        build_binlog_sensor()
+        build_binlog_sensor(settings_now().cadence)
 
 
 def test_binlog_sensor_captures_when_the_binlog_grew_and_never_beside_another_capture(cdc: CdcEnv, monkeypatch) -> None:
@@ -144,7 +145,7 @@ def test_binlog_sensor_captures_when_the_binlog_grew_and_never_beside_another_ca
     monkeypatch.setenv("CDC_CAPTURE_INTERVAL_SECONDS", "5")
     cdc.execute("CREATE TABLE t (id INT PRIMARY KEY)", "INSERT INTO t VALUES (1)")
     instance = _instance()
-    sensor = build_binlog_sensor()
+    sensor = build_binlog_sensor(settings_now().cadence)
     binlog = BinlogResource(mysql_url=os.environ["CDC_MYSQL_URL"], tables=os.environ["CDC_TABLES"])
     resources = {"lakehouse": LakehouseResource(location=str(cdc.lakehouse_dir)), "binlog": binlog}
 
@@ -168,12 +169,11 @@ def test_binlog_sensor_captures_when_the_binlog_grew_and_never_beside_another_ca
 
 
 def test_a_quiet_binlog_is_still_captured_every_quarter_of_the_freshness_window(monkeypatch) -> None:
-    from cdc_assets.defs.freshness import confirm_every_seconds
     from cdc_assets.defs.sensors import capture_due
 
     monkeypatch.setenv("CDC_FRESHNESS_WARN_MINUTES", "8")
     monkeypatch.setenv("CDC_FRESHNESS_FAIL_MINUTES", "16")
-    every = confirm_every_seconds()
+    every = settings_now().cadence.confirm_every_seconds
     assert every == 120
     assert capture_due(0, 1000.0, 1000.0 + every - 1, every) is None  # quiet, captured recently: skip
     assert "quiet tables" in (capture_due(0, 1000.0, 1000.0 + every, every) or "")  # quiet for a quarter window
@@ -183,14 +183,14 @@ def test_a_quiet_binlog_is_still_captured_every_quarter_of_the_freshness_window(
 
 def test_full_equality_schedule_runs_hourly_by_default_and_is_configurable(monkeypatch) -> None:
     monkeypatch.delenv("CDC_FULL_CHECK_CRON", raising=False)
-    schedule = build_full_check_schedule()
+    schedule = build_full_check_schedule(settings_now().cadence)
     assert schedule.cron_schedule == "0 * * * *" and schedule.job_name == "check_equality"
     monkeypatch.setenv("CDC_FULL_CHECK_CRON", "*/10 * * * *")
-    assert build_full_check_schedule().cron_schedule == "*/10 * * * *"
+    assert build_full_check_schedule(settings_now().cadence).cron_schedule == "*/10 * * * *"
     # the code location serves the configured cadence, and the job it starts
     definitions = build_definitions()
     assert definitions.resolve_schedule_def("full_equality_schedule").cron_schedule == "*/10 * * * *"
     assert definitions.resolve_job_def("check_equality").name == "check_equality"
     monkeypatch.setenv("CDC_FULL_CHECK_CRON", "hourly")
     with pytest.raises(CdcUserError, match="CDC_FULL_CHECK_CRON='hourly' is not a cron expression"):
-        build_full_check_schedule()
+        build_full_check_schedule(settings_now().cadence)

@@ -17,6 +17,7 @@ from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.defs.sensors import build_raw_batch_sensor, current_tables_of
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets_tests.conftest import CdcEnv, use_s3
+from cdc_assets_tests.env_settings import settings_now
 
 
 def _capture(cdc: CdcEnv, location: str) -> None:
@@ -28,7 +29,7 @@ def _evaluate(instance: DagsterInstance, location: str, cursor: str | None) -> S
     with build_sensor_context(
         instance=instance, cursor=cursor, resources={"lakehouse": LakehouseResource(location=location)}
     ) as context:
-        return build_raw_batch_sensor()(context)
+        return build_raw_batch_sensor(settings_now().cadence)(context)
 
 
 def _covered(result: SensorResult) -> list[str]:
@@ -117,7 +118,7 @@ def test_sensor_confirms_current_state_when_capture_finds_nothing(cdc: CdcEnv, m
     location = str(cdc.lakehouse_dir)
     cdc.execute("CREATE TABLE q (id INT PRIMARY KEY)", "INSERT INTO q VALUES (1)")
     assert cdc.sync() == 0
-    assert run_job(CAPTURE_JOB_NAME).success  # a capture that finds nothing new
+    assert run_job(settings_now(), CAPTURE_JOB_NAME).success  # a capture that finds nothing new
     cursor = list_batches(LakehouseResource(location=location).get().store)[-1]
     result = _evaluate(instance, location, cursor)
     assert isinstance(result, SensorResult) and len(result.run_requests) == 1
@@ -197,7 +198,7 @@ def test_a_table_captured_after_the_definitions_loaded_is_applied_before_any_rel
             repository_def=defs.get_repository_def(),
             resources={"lakehouse": LakehouseResource(location=location)},
         ) as context:
-            return build_new_tables_sensor()(context)
+            return build_new_tables_sensor(settings_now().cadence)(context)
 
     assert isinstance(tick(), SkipReason)  # every table with changes pending has its assets
     cdc.execute("CREATE TABLE late (k VARCHAR(4) PRIMARY KEY)", "INSERT INTO late VALUES ('a'), ('b')", "INSERT INTO old VALUES (2)")
@@ -206,7 +207,7 @@ def test_a_table_captured_after_the_definitions_loaded_is_applied_before_any_rel
     assert isinstance(request, RunRequest)
     tables = request.run_config["ops"]["take_in_new_tables"]["config"]["tables"]
     assert tables == [f"{cdc.database}.late"]  # `old` is the automation's: it has assets
-    assert run_job(NEW_TABLES_JOB, op_config=request.run_config["ops"]).success
+    assert run_job(settings_now(), NEW_TABLES_JOB, op_config=request.run_config["ops"]).success
     late = f"{cdc.database}.late"
     diffs = {str(d.table): d for d in cdc.verify()}
     assert diffs[late].ok and diffs[late].compared_rows == 2

@@ -19,10 +19,13 @@ FROM_ARCHIVE = "shared objects file (top)"  # the JVM's class+load log: a class 
 # A run's session, the JVM options of CDC_SPARK_CONF (the user's) added to the pipeline's: the class-load log is
 # the user's option, the archive and the time zone are ours.
 DRIVER = """
+import os
 import sys
 from pyspark.sql import SparkSession
-from spark_resources.session import run_spark_config
-spark = SparkSession.builder.config(map=run_spark_config()).getOrCreate()
+from cdc_assets.core.settings import Settings
+from spark_resources.session import spark_config
+engine = Settings.from_env(os.environ).engine
+spark = SparkSession.builder.config(map=spark_config(engine.spark_master, dict(engine.spark_conf))).getOrCreate()
 assert spark.range(0, 8, 1, 2).mapInArrow(lambda batches: batches, "id long").count() == 8
 jvm = spark.sparkContext._jvm
 system = jvm.java.lang.System

@@ -11,10 +11,10 @@ from cdc_assets.capture.run import capture
 from cdc_assets.core.names import TableRef
 from cdc_assets.lake import delta
 from cdc_assets.lake.layout import CHANGES
-from cdc_assets.source import server as source
 from cdc_assets.stages.changes.run import process_new_batches
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv, on_spark
+from cdc_assets_tests.env_settings import source_now
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_a_run_of_many_tables_costs_as_many_spark_jobs_as_a_run_of_two(
     Spark, with every table's files due for compaction: every stage takes the same number of jobs, and the lakehouse
     equals the source."""
     monkeypatch.setattr(delta, "SMALL_FILES_BEFORE_COMPACTION", 1)  # every table written to is compacted too
-    settings = source.source_settings_from_env()
+    settings = source_now()
     engine = on_spark(lambda: spark)
     jobs: dict[int, dict[str, int]] = {}
     for count, prefix in ((2, "few"), (20, "many")):

@@ -14,10 +14,9 @@ from cdc_assets.cli import main
 from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
-from cdc_assets.defs.assets import raw
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import EQUALITY_JOB
-from cdc_assets.defs.resources import BinlogResource
+from cdc_assets.defs.resources import BinlogResource, CadenceResource
 from cdc_assets.defs.table_checks import EQUALITY_CHECK
 from cdc_assets.lake.raw_batches import BatchManifest, list_batches, read_manifest
 from cdc_assets.verification.consistency import _Target
@@ -133,7 +132,7 @@ def test_a_table_named_by_statements_that_change_none_of_its_rows_is_compared(
     said = f"unchanged since evaluated in run {result.run_id[:8]}: {evaluated.description}"
 
     # restated by each later run's confirmation of the quiet table: the cause once, the run that evaluated it once
-    monkeypatch.setattr(raw, "confirm_every_seconds", lambda: 0.0)
+    monkeypatch.setattr(CadenceResource, "confirm_every_seconds", property(lambda self: 0.0))
     descriptions = []
     for _ in range(3):
         cdc.sync()

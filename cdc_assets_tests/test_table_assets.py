@@ -19,6 +19,7 @@ from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.state import save_registry
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import settings_now
 
 ORDERS_DDL = """CREATE TABLE orders (
     id          BIGINT UNSIGNED NOT NULL PRIMARY KEY,
@@ -196,7 +197,7 @@ def test_every_table_gets_its_asset_from_a_few_runs_and_a_downstream_asset_follo
 
     # a data engineer refreshes three tables from the UI: one run (the Materialize button's) applies exactly those
     cdc.execute(*(f"INSERT INTO {t} VALUES (3, 'c'), (4, 'd')" for t in SMALL_TABLES[1:]), "UPDATE orders SET note = 'ui'")
-    assert run_job(CAPTURE_JOB).success  # captured, not applied
+    assert run_job(settings_now(), CAPTURE_JOB).success  # captured, not applied
     chosen = [f"{db}.t1", f"{db}.t2", f"{db}.orders"]
     others = [f"{db}.t3", f"{db}.t4"]
     untouched = {t: (_latest(t).run_id, cdc.lakehouse.open("current", TableRef.parse(t)).version()) for t in others}

@@ -12,14 +12,14 @@ from deltalake import DeltaTable
 from cdc_assets.capture.run import capture
 from cdc_assets.commands.runs import instance, run_sync
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.assets import raw
 from cdc_assets.defs.assets.tables import DATA_VERSION_TAG, due_for_confirmation
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import LAG_JOB, table_asset_key
-from cdc_assets.defs.resources import BinlogResource
+from cdc_assets.defs.resources import BinlogResource, CadenceResource
 from cdc_assets.defs.table_checks import EQUALITY_CHECK, LAG_CHECK, SCHEMA_CHECK
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import settings_now
 
 
 def _latest_check(table: str, name: str) -> AssetCheckEvaluation | None:
@@ -42,7 +42,7 @@ def test_a_table_that_differs_fails_the_equality_check_on_its_own_asset(cdc: Cdc
         "INSERT INTO good VALUES (1, 'a')",
         "INSERT INTO bad VALUES (1, 'a'), (2, 'b')",
     )
-    assert run_sync().success
+    assert run_sync(settings_now()).success
     # each table's asset carries its freshness policy and its three checks, and the sync evaluated them
     defs = build_definitions()
     graph = defs.resolve_asset_graph()
@@ -56,7 +56,7 @@ def test_a_table_that_differs_fails_the_equality_check_on_its_own_asset(cdc: Cdc
         predicate="id = 2", updates={"v": "'tampered'"}
     )
     cdc.execute("INSERT INTO bad VALUES (3, 'c')")  # the next sync's apply run takes `bad` in, and checks it
-    outcome = run_sync()
+    outcome = run_sync(settings_now())
     assert f"current/{db}/bad:{EQUALITY_CHECK}" in outcome.failed_checks and not outcome.success
     check = _latest_check(f"{db}.bad", EQUALITY_CHECK)
     assert not check.passed and check.severity == AssetCheckSeverity.ERROR
@@ -80,14 +80,14 @@ def test_a_quiet_table_is_confirmed_up_to_date_while_another_changes(cdc: CdcEnv
         "INSERT INTO quiet VALUES (1)",
         "INSERT INTO busy VALUES (1)",
     )
-    assert run_sync().success
+    assert run_sync(settings_now()).success
     before = {t: instance().get_latest_materialization_event(table_asset_key(f"{db}.{t}")) for t in ("quiet", "busy")}
     # confirm a table last materialized a second ago (by default a quarter of the freshness warn window)
-    monkeypatch.setattr(raw, "confirm_every_seconds", lambda: 1.0)
+    monkeypatch.setattr(CadenceResource, "confirm_every_seconds", property(lambda self: 1.0))
     time.sleep(1.1)
     cdc.execute("INSERT INTO busy VALUES (2)")
     started = time.time()
-    assert run_sync().success
+    assert run_sync(settings_now()).success
     quiet = instance().get_latest_materialization_event(table_asset_key(f"{db}.quiet"))
     busy = instance().get_latest_materialization_event(table_asset_key(f"{db}.busy"))
     # freshness counts the quiet table's last materialization: the capture run's confirmation, same data version

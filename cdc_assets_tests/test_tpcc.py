@@ -35,6 +35,7 @@ from cdc_assets.local_source.tpcc import (
     foreign_key_statements,
 )
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import settings_now
 from cdc_assets_tests.test_continuous import _continuous_runs, _start, _stopped, _wait_for
 
 SUFFIX = "1"  # sysbench's table names: stock1, item1
@@ -174,11 +175,11 @@ def test_tpcc_through_sync(cdc: CdcEnv, capsys: pytest.CaptureFixture[str]) -> N
     with cdc.server.admin_connection(autocommit=False) as conn:
         tpcc = Tpcc(conn, cdc.database, seed=42, scale=SCALE, suffix=SUFFIX)
         tpcc.load()
-        loaded = run_sync()
+        loaded = run_sync(settings_now())
         assert loaded.success and loaded.failed_checks == [] and loaded.warnings == [], "\n".join(loaded.warnings)
         tpcc.run(seconds=WORKLOAD_SECONDS, tps=TPS)
         assert tpcc.stats.transactions["new_order"] and tpcc.stats.transactions["delivery"], tpcc.stats
-        after = run_sync()
+        after = run_sync(settings_now())
         assert after.success and after.failed_checks == [] and after.warnings == [], "\n".join(
             after.failed_checks + after.warnings
         )

@@ -10,7 +10,7 @@ from typing import Any
 
 from spark_resources.session import early_start_began
 
-DEFAULT_SPARK_MIN_ROWS = 1_000_000  # changes in one stage run from which it goes to Spark (a local master)
+DEFAULT_SPARK_MIN_ROWS = 1_000_000  # changes in one stage run from which it goes to Spark (a local master); core.settings' too
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Spark settings for dagster-pyspark's session resource: local by default, a cluster (`spark://…`) or a Spark
-Connect server (`sc://…`) by CDC_SPARK_MASTER, plus any settings of the user's (CDC_SPARK_CONF)."""
+Connect server (`sc://…`) by CDC_SPARK_MASTER, plus any settings of the user's (CDC_SPARK_CONF). Both come from the
+pipeline's settings (cdc_assets.core.settings.EngineSettings), given by whoever builds a session."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -12,7 +12,7 @@ from typing import Any
 
 from spark_resources import class_archive
 
-DEFAULT_SPARK_MASTER = "local[*]"
+DEFAULT_SPARK_MASTER = "local[*]"  # core.settings' too (test_settings holds them equal)
 # The JIT's first tier only (C1, no optimizing C2), for a driver whose executors are JVMs of their own: it schedules
 # tasks and takes their results, and a run never lasts long enough for C2's compiles to pay for the cores they take.
 # A local master's driver runs the tasks too, whose rows C2's code moves faster (benchmarks/README.md, "The JVMs' JIT").
@@ -77,28 +77,6 @@ def _joined_java_options(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[s
     }
 
 
-def user_spark_settings() -> dict[str, str]:
-    """CDC_SPARK_CONF: Spark settings of the user's, as a JSON object of names and values, on top of ours. A value
-    that is not one raises ValueError with the sentence the user reads (a CdcUserError where the resources are built)."""
-    text = os.environ.get("CDC_SPARK_CONF")
-    if not text:
-        return {}
-    try:
-        settings = json.loads(text)
-    except ValueError:
-        settings = None
-    if not isinstance(settings, dict) or not all(isinstance(k, str) for k in settings):
-        raise ValueError(
-            'CDC_SPARK_CONF is not a JSON object of Spark settings: write it as e.g. {"spark.executor.memory": "2g"}.'
-        )
-    return {k: str(v) for k, v in settings.items()}
-
-
-def run_spark_config() -> dict[str, Any]:
-    """The session a run's resources build: CDC_SPARK_MASTER's, with CDC_SPARK_CONF on top."""
-    return spark_config(os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER, user_spark_settings())
-
-
 _early_start: threading.Thread | None = None
 _early_began: float | None = None  # time.monotonic() of start_session_early's call
 _early_lock = threading.Lock()
@@ -117,15 +95,6 @@ def start_session_early(config: dict[str, Any]) -> None:
         _early_began = time.monotonic()
         _early_start = threading.Thread(target=_start_session, args=(config,), name="spark-session-start", daemon=True)
         _early_start.start()
-
-
-def start_run_session_early() -> None:
-    """start_session_early for the session a run's resources build (a bad CDC_SPARK_CONF is said by them)."""
-    try:
-        config = run_spark_config()
-    except ValueError:
-        return
-    start_session_early(config)
 
 
 def _start_session(config: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.spool import remove_orphaned_spools
 from cdc_assets.core import failpoints, progress
 from cdc_assets.core.arrow import release_unused_memory
-from cdc_assets.core.column_policy import PolicyPlan, plan_policy_changes, policy_from_env
+from cdc_assets.core.column_policy import PolicyPlan, plan_policy_changes
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import FIRST_SEQ, BinlogPosition
 from cdc_assets.core.settings import SourceSettings
@@ -150,7 +150,7 @@ def capture_session(
         settings.server_id,
         settings.max_batch_rows,
         left_out_of_capture(lakehouse.store),
-        policy_from_env(),  # read before the lock: no hash key is one sentence, with nothing done
+        settings.column_policy,
     )
     conn = source.connect(url)
     try:

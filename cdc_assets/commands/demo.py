@@ -1,5 +1,9 @@
 """What `make demo` sets up around the pipeline: the local source with its sample schema, a live workload
-writing to it, and a guard against a lakehouse left by an earlier demo server."""
+writing to it, and a guard against a lakehouse left by an earlier demo server.
+
+The demo's settings are the command's (its flags included) with the local servers' in place: their URLs hold the
+local servers' passwords, so they are also written to this process's environment (`passed_on`), the one place the
+commands write it: the runs' resources then take them as EnvVars, and no password enters run config."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 
 from cdc_assets.commands.runs import RunOutcome, run_sync, run_verify
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.settings import Settings
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.lake.layout import STATE
 from cdc_assets.lake.state import load_checkpoint
@@ -36,9 +41,11 @@ class DemoOutcome:
     comparisons: list[ConsistentComparison]  # empty when a sync failed
     deliveries: dict[str, DeliveryReport] = field(default_factory=dict)  # per sink, with --sinks
     sample: Received | None = None  # one message read back, to show the event format
+    settings: Settings | None = None  # the demo's: the command's with the local servers' (None: it never got there)
 
 
 def run_demo(
+    settings: Settings,
     seconds: float,
     seed: int,
     verbose: bool,
@@ -49,39 +56,50 @@ def run_demo(
     """The local source under a live workload for `seconds`, synced again and again, then once more after the
     workload stops, then verified. `say` hears what happens, `synced` every sync while the workload runs. With
     `sinks`, every sync also publishes to a local RabbitMQ and a local Kinesis, which are read back at the end."""
-    os.environ.setdefault("CDC_HISTORY_TABLES", DEMO_HISTORY_TABLES)  # the README's history examples read it
+    texts = {"CDC_HISTORY_TABLES": DEMO_HISTORY_TABLES, **settings.environment}  # the README's history examples read it
     local = start_demo_source(seed)
+    texts |= passed_on({"CDC_MYSQL_URL": local.reader_url()})
+    lakehouse = initialized_resources(Settings.from_env(texts)).lakehouse.get()
+    _guard_demo_lakehouse(local, lakehouse)
     say(f"source: local {FLAVOUR_NAMES[local.flavour]} with ROW binlog on 127.0.0.1:{local.port}")
     found = start_demo_sinks(say) if sinks else None
+    if found is not None:  # the sinks pointed at them, publishing every change log from its first change
+        texts |= passed_on(found.environment())
+        for name in SINK_NAMES:
+            lakehouse.store.delete(checkpoint_key(name))
+    settings = Settings.from_env(texts)
     syncs = 0
     with live_workload(local, seed):
         say(f"live workload running for {seconds:.0f}s while the pipeline syncs")
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            outcome = run_sync(verbose)
+            outcome = run_sync(settings, verbose)
             syncs += 1
             synced(outcome)
             if not outcome.success:
-                return DemoOutcome(syncs, outcome, [])
+                return DemoOutcome(syncs, outcome, [], settings=settings)
     say("workload stopped; catching up")
-    outcome = run_sync(verbose)
+    outcome = run_sync(settings, verbose)
     syncs += 1
     if not outcome.success:
-        return DemoOutcome(syncs, outcome, [])
-    result = DemoOutcome(syncs, outcome, run_verify())
+        return DemoOutcome(syncs, outcome, [], settings=settings)
+    result = DemoOutcome(syncs, outcome, run_verify(settings), settings=settings)
     if found is not None:
-        result.deliveries, result.sample = read_back(found)
+        result.deliveries, result.sample = read_back(settings, found)
     return result
 
 
+def passed_on(texts: dict[str, str]) -> dict[str, str]:
+    """The local servers' settings, written to this process's environment too: they hold the servers' passwords,
+    which the runs' resources take as EnvVars only from there (defs/resources._env_value), never as run config."""
+    os.environ.update(texts)
+    return texts
+
+
 def start_demo_sinks(say: Callable[[str], None]) -> destinations.DemoDestinations:
-    """The local brokers with the demo's exchange, queue and stream, started empty; the sinks pointed at them and
-    their checkpoints removed, so they publish every change log from its first change."""
+    """The local brokers with the demo's exchange, queue and stream, started empty (the sinks are pointed at them,
+    and their checkpoints removed, by `run_demo`)."""
     found = destinations.start(empty=True)
-    os.environ.update(found.environment())
-    store = initialized_resources().lakehouse.get().store
-    for name in SINK_NAMES:
-        store.delete(checkpoint_key(name))
     say(
         f"sinks: RabbitMQ exchange '{destinations.EXCHANGE}' on 127.0.0.1:{found.rabbit.port} (queue "
         f"'{destinations.QUEUE}' bound to '#') and Kinesis stream '{destinations.STREAM}' at {found.kinesis.endpoint_url}"
@@ -89,15 +107,17 @@ def start_demo_sinks(say: Callable[[str], None]) -> destinations.DemoDestination
     return found
 
 
-def read_back(found: destinations.DemoDestinations) -> tuple[dict[str, DeliveryReport], Received | None]:
+def read_back(
+    settings: Settings, found: destinations.DemoDestinations
+) -> tuple[dict[str, DeliveryReport], Received | None]:
     """Both destinations read as a consumer would, each compared with the change logs."""
-    lakehouse = initialized_resources().lakehouse.get()
+    lakehouse = initialized_resources(settings).lakehouse.get()
     received = {
         "rabbitmq": read_queue(found.rabbit.url(), destinations.QUEUE),
         "kinesis": read_stream(destinations.STREAM, destinations.REGION, found.kinesis.endpoint_url),
     }
     reports = {
-        name: check_delivery(expected_messages(lakehouse, sink_settings(name, os.environ)), messages)
+        name: check_delivery(expected_messages(lakehouse, sink_settings(name, settings.environment)), messages)
         for name, messages in received.items()
     }
     updates = [m for m in received["rabbitmq"] if m.body.get("op") == "u"]
@@ -105,14 +125,12 @@ def read_back(found: destinations.DemoDestinations) -> tuple[dict[str, DeliveryR
 
 
 def start_demo_source(seed: int) -> server.LocalServer:
-    """The local MariaDB (or MySQL: CDC_DEMO_SOURCE) with the sample schema and its first rows; CDC_MYSQL_URL
-    points at it."""
+    """The local MariaDB (or MySQL: CDC_DEMO_SOURCE) with the sample schema and its first rows (the demo's
+    CDC_MYSQL_URL points at it)."""
     local = server.start(Path.cwd() / server.demo_source_dir(), flavour=server.demo_flavour())
-    os.environ["CDC_MYSQL_URL"] = local.reader_url()
     with local.admin_connection(autocommit=False) as conn:
         load_sample_schema(conn)
         Workload(conn, seed=seed + int(time.time())).seed()
-    _guard_demo_lakehouse(local, initialized_resources().lakehouse.get())
     return local
 
 
@@ -156,11 +174,11 @@ def _guard_demo_lakehouse(local: server.LocalServer, lakehouse: Lakehouse) -> No
         )
 
 
-def changes_captured() -> int:
+def changes_captured(settings: Settings) -> int:
     """Row changes captured since the lakehouse began (the checkpoint's next seq, less one)."""
-    checkpoint = load_checkpoint(initialized_resources().lakehouse.get().store)
+    checkpoint = load_checkpoint(initialized_resources(settings).lakehouse.get().store)
     return checkpoint.next_seq - 1 if checkpoint else 0
 
 
-def lakehouse_location() -> str:
-    return str(initialized_resources().lakehouse.get())
+def lakehouse_location(settings: Settings) -> str:
+    return str(initialized_resources(settings).lakehouse.get())

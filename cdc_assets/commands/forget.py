@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 from cdc_assets.commands.runs import RunOutcome, run_job
-from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
+from cdc_assets.core.settings import Settings
 from cdc_assets.defs.keys import FORGET_JOB, FORGET_OP
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.stages.follow import refuse_beside_continuous
@@ -40,34 +40,35 @@ def given_keys(keys: list[str] | None, keys_file: str | None) -> list[str]:
     return texts
 
 
-def run_forget(table_text: str, keys: list[str] | None, keys_file: str | None) -> tuple[ForgetRecord | None, RunOutcome]:
+def run_forget(
+    settings: Settings, table_text: str, keys: list[str] | None, keys_file: str | None
+) -> tuple[ForgetRecord | None, RunOutcome]:
     """`cdc-lakehouse forget`: the keys read and checked here (a wrong one gets its sentence before any run), then
     forgotten in every layer by a run of the `forget` job, which gets them through a private file (`person.keys_file`),
     never in its config. The run's record (None when the run failed)."""
-    lakehouse = initialized_resources().lakehouse.get()
+    lakehouse = initialized_resources(settings).lakehouse.get()
     table = TableRef.parse(table_text)
     shape = table_shape(lakehouse, table)
     texts = given_keys(keys, keys_file)
-    policy = policy_from_env()
+    policy = settings.source.column_policy
     canonical = canonical_keys(shape, [parse_key(text, len(shape.primary_key)) for text in texts], policy)
     refuse_beside_continuous(lakehouse)
     with person.keys_file(canonical) as path:
-        outcome = run_job(FORGET_JOB, op_config={FORGET_OP: {"config": {"table": str(table), "keys_file": path}}})
+        outcome = run_job(settings, FORGET_JOB, op_config={FORGET_OP: {"config": {"table": str(table), "keys_file": path}}})
     given = sorted({key_hash(table, key) for key in canonical})
     done = [r for r in forget_records(lakehouse, table) if r.given == given and r.status == DONE]
     return (done[-1] if done and outcome.success else None), outcome
 
 
-def run_rewrite_policies(table_text: str) -> tuple[PolicyRewriteRecord | None, RunOutcome]:
+def run_rewrite_policies(settings: Settings, table_text: str) -> tuple[PolicyRewriteRecord | None, RunOutcome]:
     """`cdc-lakehouse forget TABLE --rewrite-policies`: the column policies added since capture applied to every
     earlier layer by a run of the `forget` job; its record (None: no policy was added to a captured column of the
     table, or the run failed)."""
-    lakehouse = initialized_resources().lakehouse.get()
+    lakehouse = initialized_resources(settings).lakehouse.get()
     table = TableRef.parse(table_text)
     table_shape(lakehouse, table)  # one sentence for a table the lakehouse does not know
-    policy_from_env()  # a bad setting's sentence before any run
     refuse_beside_continuous(lakehouse)
     began = time.time()
-    outcome = run_job(FORGET_JOB, op_config={FORGET_OP: {"config": {"table": str(table), "rewrite_policies": True}}})
+    outcome = run_job(settings, FORGET_JOB, op_config={FORGET_OP: {"config": {"table": str(table), "rewrite_policies": True}}})
     done = [r for r in rewrite_records(lakehouse, table) if r.status == DONE and (r.finished_at or 0) >= began]
     return (done[-1] if done and outcome.success else None), outcome

@@ -1,5 +1,8 @@
 """Runs of the code location's jobs on the persistent instance in DAGSTER_HOME (what `cdc-lakehouse` drives, so
-`make dev` shows its runs), and the read-only views the CLI prints: verify and status."""
+`make dev` shows its runs), and the read-only views the CLI prints: verify and status. Each command is given the
+settings the CLI built (core.settings.Settings: the environment with its flags over it); its runs' definitions and
+resources are built from them (defs/code_location.build_definitions), so a flag reaches the runs without the
+environment."""
 
 from __future__ import annotations
 
@@ -16,9 +19,9 @@ from dagster import AssetCheckSeverity, AssetKey, DagsterEventType, DagsterInsta
 
 from cdc_assets.capture.run import capture_lag, preflight
 from cdc_assets.core.errors import CdcUserError, unreachable_message, unreachable_reason
+from cdc_assets.core.settings import Settings
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
-from cdc_assets.defs.freshness import freshness_windows
 from cdc_assets.defs.keys import (
     CONTINUOUS_JOB,
     RAW_ASSET,
@@ -50,8 +53,9 @@ _instances: dict[str, DagsterInstance] = {}
 
 
 def instance() -> DagsterInstance:
-    """The persistent Dagster instance of the lakehouse's home, opened once per process and kept open (the instance
-    of a home this process used before, for another lakehouse, is closed)."""
+    """The persistent Dagster instance of the lakehouse's home (the one its command chose: `ensure_dagster_home` with
+    the settings' lakehouse), opened once per process and kept open (the instance of a home this process used before,
+    for another lakehouse, is closed)."""
     home = ensure_dagster_home()  # a new home gets the cached empty databases
     if str(home) not in _instances:
         for other in list(_instances):
@@ -168,6 +172,7 @@ def _root_cause(error: Any) -> str:
 
 
 def run_job(
+    settings: Settings,
     job_name: str,
     verbose: bool = False,
     op_config: dict[str, Any] | None = None,
@@ -178,12 +183,12 @@ def run_job(
 ) -> RunOutcome:
     """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix.
     `check_source=False` for runs that never read the source (a sink publishes from the lakehouse alone)."""
-    ensure_dagster_home()
-    resources = initialized_resources()
+    ensure_dagster_home(settings.lakehouse.location)
+    resources = initialized_resources(settings)
     if check_source:
         preflight(resources.binlog.settings())  # what the user can fix is said before any run starts
     resources.lakehouse.get().check_writable()
-    job = build_definitions(table_assets=False).resolve_job_def(job_name)
+    job = build_definitions(settings, table_assets=False).resolve_job_def(job_name)
     began = time.monotonic()
     # verbose: the pipeline's progress messages, never Dagster's events (a failure's stack trace stays in the run)
     loggers = {"progress": {}} if verbose else {"console": {"config": {"log_level": "CRITICAL"}}}
@@ -234,52 +239,52 @@ def run_job(
     )  # fmt: skip
 
 
-def run_sync(verbose: bool = False, run_id: str | None = None) -> RunOutcome:
+def run_sync(settings: Settings, verbose: bool = False, run_id: str | None = None) -> RunOutcome:
     """One run of the `sync` job (capture, then the touched tables' change logs and current state, with the checks
     of all three), then a publish run per configured sink. `run_id`: the sync run's id, chosen before a capture
     was forked for it (cdc_assets.runtime.forked_capture)."""
-    lakehouse = initialized_resources().lakehouse.get()
+    lakehouse = initialized_resources(settings).lakehouse.get()
     refuse_beside_continuous(lakehouse)
-    outcome = run_job(SYNC_JOB, verbose, run_id=run_id)
+    outcome = run_job(settings, SYNC_JOB, verbose, run_id=run_id)
     outcome.quarantined = [q.sentence() for q in quarantined_tables(lakehouse.store).values()]
-    if configured_sinks():
-        outcome = outcome + run_publish(None, verbose)
+    if configured_sinks(settings):
+        outcome = outcome + run_publish(settings, None, verbose)
     return outcome
 
 
-def run_repair(tables: list[str], verbose: bool = False) -> RunOutcome:
+def run_repair(settings: Settings, tables: list[str], verbose: bool = False) -> RunOutcome:
     """A `sync` run that repairs `tables` first (`cdc-lakehouse repair`): their differing rows written as `repair`
     changes, applied and checked with everything else the run captures."""
-    refuse_beside_continuous(initialized_resources().lakehouse.get())
-    return run_job(REPAIR_JOB, verbose, {"sync_lakehouse": {"config": {"repair": tables}}})
+    refuse_beside_continuous(initialized_resources(settings).lakehouse.get())
+    return run_job(settings, REPAIR_JOB, verbose, {"sync_lakehouse": {"config": {"repair": tables}}})
 
 
-def run_publish(sinks: list[str] | None = None, verbose: bool = False) -> RunOutcome:
+def run_publish(settings: Settings, sinks: list[str] | None = None, verbose: bool = False) -> RunOutcome:
     """A publish run per sink (default: every configured one), each on its own: a sink that cannot publish is
     recorded in `user_errors` (its checkpoint unmoved) and the others go on."""
-    configured = configured_sinks()
+    configured = configured_sinks(settings)
     names = list(dict.fromkeys(sinks)) if sinks else configured
     if not names:
         raise CdcUserError(
             "No sink is configured: set CDC_RABBITMQ_URL or CDC_KINESIS_STREAM (see the README's section on sinks)."
         )
-    resources = initialized_resources()
+    resources = initialized_resources(settings)
     outcome = RunOutcome(True)
     for name in names:
         try:
             sink = resources.sinks.settings(name)  # unknown, not configured, badly configured: this sink only
             check_sink(sink)  # an unreachable broker, refused credentials, a missing destination: said before any run
-            outcome = outcome + run_job(publish_job_name(sink.name), verbose, check_source=False)
+            outcome = outcome + run_job(settings, publish_job_name(sink.name), verbose, check_source=False)
         except CdcUserError as exc:
             outcome = outcome + RunOutcome(False, user_errors=[str(exc)])
     return outcome
 
 
-def run_snapshot(tables: list[str], verbose: bool = False) -> RunOutcome:
+def run_snapshot(settings: Settings, tables: list[str], verbose: bool = False) -> RunOutcome:
     """A snapshot run; its progress (tables or chunks read, rows) reaches the CLI's display, or with `verbose` its
     log lines are printed as they come."""
-    refuse_beside_continuous(initialized_resources().lakehouse.get())
-    return run_job(SNAPSHOT_JOB, verbose, {"snapshot_tables": {"config": {"tables": tables}}})
+    refuse_beside_continuous(initialized_resources(settings).lakehouse.get())
+    return run_job(settings, SNAPSHOT_JOB, verbose, {"snapshot_tables": {"config": {"tables": tables}}})
 
 
 STOPPED = "continuous mode stopped"
@@ -296,20 +301,20 @@ class ContinuousOutcome:
     seconds: float = 0.0
 
 
-def run_continuous(poll_seconds: float | None = None, verbose: bool = False) -> ContinuousOutcome:
+def run_continuous(settings: Settings, poll_seconds: float | None = None, verbose: bool = False) -> ContinuousOutcome:
     """The continuous job in this process until it is stopped (`cdc-lakehouse stop`, the UI, Ctrl-C, SIGTERM).
 
     Refuses at once when another continuous mode holds the lakehouse; a batch run in progress is waited for (up
     to CDC_LOCK_WAIT_SECONDS) by the follower itself. Dagster turns SIGTERM and Ctrl-C into an interruption of the
     step; the op lets its follower finish the cycle in progress first, and the run ends as canceled.
     """
-    ensure_dagster_home()
-    resources = initialized_resources()
+    ensure_dagster_home(settings.lakehouse.location)
+    resources = initialized_resources(settings)
     preflight(resources.binlog.settings())
     lakehouse = resources.lakehouse.get()
     lakehouse.check_writable()
     refuse_beside_continuous(lakehouse)
-    job = build_definitions(table_assets=False).resolve_job_def(CONTINUOUS_JOB)
+    job = build_definitions(settings, table_assets=False).resolve_job_def(CONTINUOUS_JOB)
     loggers = {"progress": {}} if verbose else {"console": {"config": {"log_level": "CRITICAL"}}}
     run_config: dict[str, Any] = {"loggers": loggers}
     if poll_seconds is not None:
@@ -349,11 +354,11 @@ def _interrupted(error: Any) -> bool:
 LEFT_STARTED = (DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING)
 
 
-def stop_continuous(wait_seconds: float = STOP_WAIT_SECONDS) -> str:
+def stop_continuous(settings: Settings, wait_seconds: float = STOP_WAIT_SECONDS) -> str:
     """Stop the continuous mode after its cycle in progress, and wait until it has: its runs are terminated (as
     from the UI; a run the CLI started in the foreground is also sent SIGTERM when it runs on this host)."""
-    ensure_dagster_home()
-    lakehouse = initialized_resources().lakehouse.get()
+    ensure_dagster_home(settings.lakehouse.location)
+    lakehouse = initialized_resources(settings).lakehouse.get()
     dagster = instance()
     holder = continuous_holder(lakehouse)
     runs = dagster.get_runs(filters=RunsFilter(job_name=CONTINUOUS_JOB, statuses=ALIVE_STATUSES))
@@ -393,17 +398,17 @@ def stop_continuous(wait_seconds: float = STOP_WAIT_SECONDS) -> str:
     return STOPPED
 
 
-def run_export(table: str, point: str, destination: str) -> int:
+def run_export(settings: Settings, table: str, point: str, destination: str) -> int:
     """`cdc-lakehouse export`: a table as of a point (a time or seq:N) to a Parquet file; the rows written."""
-    return export_as_of(initialized_resources().lakehouse.get(), table, point, destination)
+    return export_as_of(initialized_resources(settings).lakehouse.get(), table, point, destination)
 
 
-def run_verify(tables: list[str] | None = None) -> list[ConsistentComparison]:
+def run_verify(settings: Settings, tables: list[str] | None = None) -> list[ConsistentComparison]:
     """Current-state tables compared with the source at one consistent point (`cdc-lakehouse verify`)."""
-    resources = initialized_resources()
-    settings, lakehouse = resources.binlog.settings(), resources.lakehouse.get()
+    resources = initialized_resources(settings)
+    source, lakehouse = resources.binlog.settings(), resources.lakehouse.get()
     return comparing_all_but_quarantined(
-        lakehouse, tables_to_verify(lakehouse, tables), lambda kept: verify_tables(settings, lakehouse, [str(t) for t in kept])
+        lakehouse, tables_to_verify(lakehouse, tables), lambda kept: verify_tables(source, lakehouse, [str(t) for t in kept])
     )
 
 
@@ -432,9 +437,9 @@ class Status:
         return dataclasses.asdict(self)
 
 
-def collect_status() -> Status:
-    ensure_dagster_home()
-    resources = initialized_resources()
+def collect_status(settings: Settings) -> Status:
+    ensure_dagster_home(settings.lakehouse.location)
+    resources = initialized_resources(settings)
     lakehouse = resources.lakehouse.get()
     now = time.time()
     lag = capture_lag(resources.binlog.settings(), lakehouse, now)
@@ -442,12 +447,12 @@ def collect_status() -> Status:
     batches = list_batches(lakehouse.store)
     freshness: dict[str, float | None] = {}
     sinks: dict[str, dict[str, Any]] = {}
-    for name in configured_sinks():
-        settings = resources.sinks.settings(name)
+    for name in configured_sinks(settings):
+        sink = resources.sinks.settings(name)
         sent = load_sink_checkpoint(lakehouse.store, name)
-        behind = sink_lag(settings, lakehouse, sent, now)
+        behind = sink_lag(sink, lakehouse, sent, now)
         sinks[name] = {
-            "destination": settings.destination,
+            "destination": sink.destination,
             "last_seq": sent.last_seq,
             "messages": sent.messages,
             "lag_seconds": round(behind.seconds, 1),
@@ -458,7 +463,7 @@ def collect_status() -> Status:
     for key in keys:  # one query for every asset: the raw batches, each table's current state, each sink
         event = last.get(key)
         freshness[key.to_user_string()] = None if event is None else round(time.time() - event.timestamp, 1)
-    warn, fail = freshness_windows()
+    warn, fail = settings.cadence.freshness_windows
     return Status(
         lakehouse=str(lakehouse),
         checkpoint=str(checkpoint.position) if checkpoint else None,

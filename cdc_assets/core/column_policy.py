@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -327,9 +326,9 @@ def missing_key() -> CdcUserError:
     )
 
 
-def policy_from_env(env: Mapping[str, str] | None = None) -> ColumnPolicy:
-    """The policy the environment sets; a bad glob, or hashing without a key, ends in one sentence."""
-    env = os.environ if env is None else env
+def policy_from_env(env: Mapping[str, str]) -> ColumnPolicy:
+    """The policy an environment's texts set (core.settings.source_from_env: a part of the source's settings); a bad
+    glob, or hashing without a key, ends in one sentence."""
     lists = {}
     for kind, variable in VARIABLES.items():
         globs = [g.strip() for g in (env.get(variable) or "").split(",") if g.strip()]

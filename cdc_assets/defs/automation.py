@@ -14,7 +14,6 @@ touched) and the continuous mode (CDC_CONTINUOUS=1).
 
 from __future__ import annotations
 
-import os
 import warnings
 
 from dagster import (
@@ -25,31 +24,13 @@ from dagster import (
     DefaultSensorStatus,
 )
 
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.settings import CadenceSettings
 from cdc_assets.defs.keys import CHANGES_TABLE_PREFIX, CURRENT_TABLE_PREFIX, RAW_ASSET, SOURCE_TABLE_PREFIX, STAGE_TAG
 
 AUTOMATION_SENSOR = "automation_sensor"
 with warnings.catch_warnings():  # include_sources is flagged beta; without it external assets are never selected
     warnings.simplefilter("ignore", BetaWarning)
     SOURCE_TABLES = AssetSelection.key_prefixes([SOURCE_TABLE_PREFIX], include_sources=True)
-OWNERS_ENV = "CDC_ASSET_OWNERS"
-
-
-def schedule_mode() -> bool:
-    """CDC_CAPTURE_CRON or CDC_CAPTURE_INTERVAL_SECONDS set: the capture schedule (or the binlog sensor) and the
-    raw-batch sensor update the tables, not the automation."""
-    return bool(os.environ.get("CDC_CAPTURE_CRON") or os.environ.get("CDC_CAPTURE_INTERVAL_SECONDS"))
-
-
-def continuous_mode() -> bool:
-    """CDC_CONTINUOUS=1: the continuous mode follows the binlog and holds the stages' locks."""
-    return os.environ.get("CDC_CONTINUOUS", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def automation_on() -> bool:
-    return not schedule_mode() and not continuous_mode()
-
-
 def update_minutes(warn_minutes: float) -> int:
     """How often a table with this warn window is updated: every half window (at least every minute), so a run's
     wait for the sensor's tick and its own length still leave it within the window."""
@@ -87,25 +68,13 @@ def capture_automation(warn_minutes: float) -> AutomationCondition:
     return AutomationCondition.on_cron(cron).with_label(f"ahead of the tightest window ({warn_minutes:g} min): on_cron({cron})")
 
 
-def asset_owners() -> tuple[str, ...]:
-    """CDC_ASSET_OWNERS: comma-separated owners of every asset, each an e-mail address or `team:<name>`."""
-    owners = tuple(o.strip() for o in os.environ.get(OWNERS_ENV, "").split(",") if o.strip())
-    for owner in owners:
-        if not (owner.startswith("team:") and len(owner) > 5) and not ("@" in owner and " " not in owner):
-            raise CdcUserError(
-                f"{OWNERS_ENV} entry {owner!r} is neither an e-mail address nor team:<name>: write e.g. "
-                "data@example.com,team:analytics."
-            )
-    return owners
-
-
-def build_automation_sensor() -> AutomationConditionSensorDefinition:
+def build_automation_sensor(cadence: CadenceSettings) -> AutomationConditionSensorDefinition:
     """Dagster's automation sensor over the capture and the tables, running in the automation mode (`make dev`'s
-    default); its runs queue as a sync's do (one at a time)."""
+    default; `cadence.automation_on`); its runs queue as a sync's do (one at a time)."""
     return AutomationConditionSensorDefinition(
         AUTOMATION_SENSOR,
         target=AssetSelection.assets(RAW_ASSET) | AssetSelection.key_prefixes([CHANGES_TABLE_PREFIX], [CURRENT_TABLE_PREFIX]),
-        default_status=DefaultSensorStatus.RUNNING if automation_on() else DefaultSensorStatus.STOPPED,
+        default_status=DefaultSensorStatus.RUNNING if cadence.automation_on else DefaultSensorStatus.STOPPED,
         run_tags={STAGE_TAG: "sync"},
         minimum_interval_seconds=30,
         description=(

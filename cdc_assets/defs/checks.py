@@ -18,7 +18,6 @@ from dagster import (
 )
 
 from cdc_assets.core.settings import SourceSettings
-from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import RAW_ASSET
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.table_checks import equality_verdicts, lag_verdicts, schema_verdicts, uniqueness_verdicts
@@ -114,14 +113,17 @@ def schema_match_of(problems: dict[str, str], tables: list[str]) -> list[AssetCh
     return [v.evaluation() for v in schema_verdicts(tables, problems)]
 
 
-def lag(settings: SourceSettings, house: Lakehouse, tables: list[str]) -> list[AssetCheckEvaluation]:
+def lag(
+    settings: SourceSettings, house: Lakehouse, tables: list[str], thresholds: tuple[float, float]
+) -> list[AssetCheckEvaluation]:
     """table_lag of each of `tables` (the run's) and of each table behind, from every table's lag now."""
-    return lag_of(lags_now(settings, house), tables)
+    return lag_of(lags_now(settings, house), tables, thresholds)
 
 
-def lag_of(lags: dict[str, float], tables: list[str]) -> list[AssetCheckEvaluation]:
-    """table_lag from every table's lag (measured here, or by a sync's forked child)."""
-    warn, fail = lag_thresholds()
+def lag_of(lags: dict[str, float], tables: list[str], thresholds: tuple[float, float]) -> list[AssetCheckEvaluation]:
+    """table_lag from every table's lag (measured here, or by a sync's forked child), warning and failing past
+    `thresholds` (the cadence resource's CDC_LAG_WARN/FAIL_SECONDS)."""
+    warn, fail = thresholds
     return [v.evaluation() for v in lag_verdicts(lags, tables, warn, fail)]
 
 

@@ -1,14 +1,18 @@
 """Every asset, check, job, schedule, sensor and resource of the pipeline in one `Definitions`: what the code
-location (`cdc_assets/definitions.py`) serves and what the CLI's runs resolve their jobs from."""
+location (`cdc_assets/definitions.py`) serves and what the CLI's runs resolve their jobs from. All of it is built
+from one settings value (core.settings.Settings): the CLI's, or the environment's, read once as the code location
+loads; the functions that build the schedules, sensors, freshness policies, sinks and resources are given it."""
 
 from __future__ import annotations
 
+import os
+
 from dagster import Definitions, apply_freshness_policy, colored_console_logger, in_process_executor
 
-from cdc_assets.core.settings import freshness_windows, table_freshness_rules, table_freshness_windows
+from cdc_assets.core.settings import Settings
 from cdc_assets.defs.assets import raw_binlog_batches
 from cdc_assets.defs.assets.lakehouse_tables import TableOptions, build_table_assets, readable_tables
-from cdc_assets.defs.automation import asset_owners, build_automation_sensor, capture_automation, table_automation
+from cdc_assets.defs.automation import build_automation_sensor, capture_automation, table_automation
 from cdc_assets.defs.checks import ALL_CHECKS
 from cdc_assets.defs.cli_logger import progress_logger
 from cdc_assets.defs.continuous import build_continuous_sensor, continuous_job
@@ -23,7 +27,7 @@ from cdc_assets.defs.jobs import (
     new_tables_job,
     snapshot_job,
 )
-from cdc_assets.defs.resources import initialized_resources, resources_from_env
+from cdc_assets.defs.resources import resources_of
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule, lag_check_schedule
 from cdc_assets.defs.sensors import build_binlog_sensor, build_new_tables_sensor, build_raw_batch_sensor
 from cdc_assets.defs.sinks import (
@@ -44,21 +48,23 @@ def engine_kinds(min_rows: int) -> tuple[str, ...]:
     return ("spark",) if min_rows == 0 else ("arrow", "spark")
 
 
-def build_definitions(table_assets: bool = True) -> Definitions:
-    """`table_assets=False` leaves out the per-table assets and the examples (the registry is not read): what the
-    CLI's runs resolve their jobs from, since their jobs are ops that record the per-table materializations by key."""
+def build_definitions(settings: Settings | None = None, table_assets: bool = True) -> Definitions:
+    """The definitions of `settings` (None: the code location's, read from this process's environment once, as it
+    loads: the one place the definitions read it). `table_assets=False` leaves out the per-table assets and the
+    examples (the registry is not read): what the CLI's runs resolve their jobs from, since their jobs are ops that
+    record the per-table materializations by key."""
+    settings = Settings.from_env(os.environ) if settings is None else settings
+    cadence = settings.cadence
     # One process per run: a Spark session (a JVM), when a run needs one, is started once and shared by the steps.
-    # Freshness windows come from the environment when the definitions load (CDC_FRESHNESS_*).
-    policy = current_freshness_policy()
-    owners = asset_owners()
-    resources = resources_from_env()
+    policy = current_freshness_policy(cadence)
+    owners = cadence.asset_owners
+    resources = resources_of(settings)
     # one set of assets per captured table, from the lakehouse's table registry as it is now: a table captured later
     # appears at the next definitions reload (README, "Operating it")
-    tables = readable_tables(initialized_resources().lakehouse.get()) if table_assets else []
-    rules = table_freshness_rules()
-    windows = {t.name: table_freshness_windows(t.name, rules) for t in tables}
-    tightest = min([freshness_windows(), *windows.values()])
-    kinds = engine_kinds(resources.transforms.min_rows)
+    tables = readable_tables(resources_of(settings, resolved=True).lakehouse.get()) if table_assets else []
+    windows = {t.name: cadence.table_freshness_windows(t.name) for t in tables}
+    tightest = min([cadence.freshness_windows, *windows.values()])
+    kinds = engine_kinds(settings.engine.spark_min_rows)
 
     def options_for(name: str) -> TableOptions:
         warn, fail = windows[name]
@@ -72,7 +78,7 @@ def build_definitions(table_assets: bool = True) -> Definitions:
     )
     names = [t.name for t in tables]
     # a sink is configured when its destination is set (CDC_RABBITMQ_URL, CDC_KINESIS_STREAM)
-    sinks = configured_sinks()
+    sinks = configured_sinks(settings)
     sink_assets = [
         build_sink_asset(s, names).map_asset_specs(
             lambda spec: apply_freshness_policy(spec.replace_attributes(owners=list(owners)), policy)
@@ -97,14 +103,14 @@ def build_definitions(table_assets: bool = True) -> Definitions:
             repair_job,
             *publish_jobs,
         ],
-        schedules=[build_capture_schedule(), lag_check_schedule, build_full_check_schedule()],
+        schedules=[build_capture_schedule(cadence), lag_check_schedule, build_full_check_schedule(cadence)],
         sensors=[
-            build_automation_sensor(),
-            build_raw_batch_sensor(),
-            build_new_tables_sensor(),
-            build_binlog_sensor(),
-            build_continuous_sensor(),
-            *([build_sink_sensor(sinks, publish_jobs)] if sinks else []),
+            build_automation_sensor(cadence),
+            build_raw_batch_sensor(cadence),
+            build_new_tables_sensor(cadence),
+            build_binlog_sensor(cadence),
+            build_continuous_sensor(cadence),
+            *([build_sink_sensor(sinks, publish_jobs, settings)] if sinks else []),
             *example_sensors(examples),
         ],
         resources=resources.by_key(),

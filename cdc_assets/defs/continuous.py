@@ -40,14 +40,12 @@ from dagster import (
 from pydantic import Field
 
 from cdc_assets.capture.run import CaptureReport
-from cdc_assets.core.settings import check_interval, full_check_interval
+from cdc_assets.core.settings import CadenceSettings
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
-from cdc_assets.defs.automation import continuous_mode
 from cdc_assets.defs.checks import lag, log_comparisons, schema_match
-from cdc_assets.defs.freshness import confirm_every_seconds
 from cdc_assets.defs.keys import CONTINUOUS_JOB, RAW_ASSET, STAGE_TAG, changes_asset_key, table_asset_key
-from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.resources import BinlogResource, CadenceResource, LakehouseResource
 from cdc_assets.defs.table_checks import EQUALITY_CHECK, equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
@@ -80,11 +78,6 @@ RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is bein
 STARTUP_GRACE_SECONDS = 60.0
 STOP_CHECK_WAIT_SECONDS = 20.0  # how long a stop waits for the check in progress before abandoning it (killing its child)
 ALIVE_STATUSES = [*WAITING_STATUSES, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-
-
-def continuous_on() -> bool:
-    """CDC_CONTINUOUS=1: the continuous sensor starts switched on (under `make dev`)."""
-    return continuous_mode()
 
 
 # Followers alive in this process, so a run whose step was interrupted outside the op (Dagster raises a pending
@@ -165,7 +158,8 @@ class _Checks:
     touched: set[str] = field(default_factory=set)
     last: float = field(default_factory=time.monotonic)
     last_full: float = field(default_factory=time.monotonic)
-    confirm_every: float = field(default_factory=confirm_every_seconds)
+    confirm_every: float = field(kw_only=True)  # seconds: CadenceResource.confirm_every_seconds
+    lag_thresholds: tuple[float, float] = field(kw_only=True)  # table_lag's warn and fail (CDC_LAG_WARN/FAIL_SECONDS)
     last_confirmed: float | None = None
     caught_up: str | None = None  # set by the follower's thread when idle (a plain assignment)
     recorded: Lakehouse | None = None  # the lakehouse the cycles' events read table metadata from (the op's thread)
@@ -207,10 +201,14 @@ def follow_binlog(
     binlog: BinlogResource,
     lakehouse: LakehouseResource,
     transforms: TransformsResource,
+    cadence: CadenceResource,
 ) -> Iterator[Any]:
     house = lakehouse.get()
     settings = binlog.settings()
-    checks = _Checks(check_interval(), full_check_interval(), checks_for(settings, house))
+    checks = _Checks(
+        cadence.check_interval_seconds, cadence.full_check_interval_seconds, checks_for(settings, house),
+        confirm_every=cadence.confirm_every_seconds, lag_thresholds=cadence.lag_thresholds,
+    )  # fmt: skip
     # The op thread's own copy, its tables kept open like the follower's (each copy is used by one thread and its
     # pool): the tables whose metadata each cycle records are read from the commits since, not opened afresh.
     checks.recorded = house.with_tables_kept_open()
@@ -269,7 +267,7 @@ def follow_binlog(
         if checks.runner.pending is not None and failure is None:
             answered = checks.runner.result(timeout=STOP_CHECK_WAIT_SECONDS)
             if answered is not None:
-                yield from _check_answered(context, house, settings, *answered)
+                yield from _check_answered(context, house, settings, checks.lag_thresholds, *answered)
             else:
                 context.log.warning(f"continuous mode: the {checks.runner.pending.kind} check in progress was abandoned at the stop")
     finally:
@@ -315,13 +313,13 @@ def _watch(
                 return
         answered = checks.runner.result()
         if answered is not None:
-            yield from _check_answered(context, house, settings, *answered)
+            yield from _check_answered(context, house, settings, checks.lag_thresholds, *answered)
         due = checks.due(now) if checks.runner.pending is None else None  # one check at a time: the next waits
         if due is not None:
             _submit_check(house, checks, *due)
             answered = checks.runner.result()  # at once when it ran in process
             if answered is not None:
-                yield from _check_answered(context, house, settings, *answered)
+                yield from _check_answered(context, house, settings, checks.lag_thresholds, *answered)
         caught_up, checks.caught_up = checks.caught_up, None
         if caught_up is not None and checks.confirm_due(now):  # the source is quiet: its tables are up to date
             log_batch(context, confirmations(context.instance, house, caught_up, checks.confirm_every, time.time()))
@@ -365,7 +363,10 @@ def _submit_check(house: Lakehouse, checks: _Checks, kind: str, tables: list[str
     checks.runner.submit(Request(kind, known_tables(house.store, tables or None)))
 
 
-def _check_answered(context: OpExecutionContext, house: Lakehouse, settings: Any, request: Request, answer: Answer) -> Iterator[AssetCheckEvaluation]:
+def _check_answered(
+    context: OpExecutionContext, house: Lakehouse, settings: Any, lag_thresholds: tuple[float, float], request: Request,
+    answer: Answer,
+) -> Iterator[AssetCheckEvaluation]:
     """The batch runs' three checks of each table: equality (the check process's answer), then the tables' schemas
     and every table's lag (cheap: the source's columns, and each table's progress)."""
     names = request.tables or known_tables(house.store)
@@ -387,7 +388,7 @@ def _check_answered(context: OpExecutionContext, house: Lakehouse, settings: Any
     log_comparisons(context.log, answer.comparisons or [])
     verdicts = equality_verdicts(answer.comparisons or [])  # each says which cadence compared it
     log_batch(context, [replace(v, metadata={**v.metadata, "cadence": request.kind}).evaluation() for v in verdicts])
-    log_batch(context, [*schema_match(settings, house, names), *lag(settings, house, names)])
+    log_batch(context, [*schema_match(settings, house, names), *lag(settings, house, names, lag_thresholds)])
     yield from ()
 
 
@@ -401,15 +402,15 @@ def continuous_job() -> None:
     follow_binlog()
 
 
-def build_continuous_sensor() -> SensorDefinition:
+def build_continuous_sensor(cadence: CadenceSettings) -> SensorDefinition:
     """Starts the continuous job when no run of it is alive, so it is started again when it died. Running by
-    default when CDC_CONTINUOUS=1."""
+    default when CDC_CONTINUOUS=1 (`cadence.continuous`: the continuous sensor starts switched on under `make dev`)."""
 
     @sensor(
         name=CONTINUOUS_SENSOR,
         job_name=CONTINUOUS_JOB,
         minimum_interval_seconds=30,
-        default_status=DefaultSensorStatus.RUNNING if continuous_on() else DefaultSensorStatus.STOPPED,
+        default_status=DefaultSensorStatus.RUNNING if cadence.continuous else DefaultSensorStatus.STOPPED,
         description=(
             "Keeps the continuous mode running: requests a run of the `continuous` job when none is queued or "
             "running and no continuous mode holds the lakehouse (a killed run's process is gone, so its locks are "

@@ -20,7 +20,6 @@ from dagster import (
 )
 from pydantic import Field
 
-from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
@@ -234,7 +233,7 @@ def forget_rows(
     context: OpExecutionContext, config: ForgetConfig, binlog: BinlogResource, lakehouse: LakehouseResource
 ) -> None:
     house, owner, table = lakehouse.get(), run_owner(context.run.run_id), TableRef.parse(config.table)
-    policy = policy_from_env()
+    policy = binlog.settings().column_policy
 
     def catch_up() -> None:  # under the rewrite's locks: capture, then the table's change log and current state
         bring_up_to_date(binlog.settings(), house, [str(table)], owner)

@@ -1,21 +1,29 @@
 """Dagster resources, declared once and injected: the source's binlog (which holds the checkpoint), the
-lakehouse (a directory, or S3 through the S3 resource's boto3 client) and the transforms' engine (dagster-pyspark's
-session). Connection settings and credentials set in the environment are passed as `EnvVar`s, so they never
-enter run config; plain numbers and the Spark master are read once, when the definitions load. The resources
-hand plain settings to the Dagster-free code below them.
+lakehouse (a directory, or S3 through the S3 resource's boto3 client), the transforms' engine (dagster-pyspark's
+session), the sinks and the cadence (the checks' thresholds, the continuous mode's intervals). They are built from
+one settings value (`resources_of`: core.settings.Settings, the code location's or the CLI's, its flags included):
+a text the process's environment holds is passed as its `EnvVar`, so connection settings and credentials never
+enter run config; plain numbers and the Spark master are given as they are. The resources hand plain settings
+(SourceSettings, the Lakehouse and its LakehouseSettings, the sinks') to the Dagster-free code below them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
-from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.column_policy import KEY_VARIABLE, VARIABLES, policy_from_env
 from cdc_assets.core.settings import (
+    DEFAULT_CHECK_INTERVAL_SECONDS,
+    DEFAULT_CURRENT_FILE_KB,
+    DEFAULT_FRESHNESS_FAIL_MINUTES,
+    DEFAULT_FRESHNESS_WARN_MINUTES,
+    DEFAULT_FULL_CHECK_INTERVAL_SECONDS,
     DEFAULT_LAKEHOUSE,
     DEFAULT_LOCK_TTL_SECONDS,
     DEFAULT_LOCK_WAIT_SECONDS,
@@ -27,22 +35,17 @@ from cdc_assets.core.settings import (
     LAKEHOUSE_ENV,
     SOURCE_ENV,
     EnvSetting,
+    LakehouseSettings,
     S3Retries,
+    Settings,
     SourceSettings,
-    check_numeric_settings,
-    global_read_lock,
-    lock_ttl_seconds,
-    lock_wait_seconds,
-    s3_retries_from_env,
-    snapshot_chunk_rows,
-    spark_min_rows,
+    TableSelection,
 )
-from cdc_assets.lake.store import Lakehouse, S3Access, lakehouse_of, s3_client
+from cdc_assets.lake.store import Lakehouse, S3Access, lakehouse_from, s3_client
 from cdc_assets.sinks.settings import SinkSettings, sink_settings
 from cdc_assets.source.server import source_settings
-from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS
 from spark_resources.resources import LazySparkResource, TransformsResource
-from spark_resources.session import DEFAULT_SPARK_MASTER, run_spark_config
+from spark_resources.session import spark_config
 
 
 class BinlogResource(ConfigurableResource):
@@ -68,12 +71,19 @@ class BinlogResource(ConfigurableResource):
         description="Take consistent points on MySQL under FLUSH TABLES WITH READ LOCK (CDC_GLOBAL_READ_LOCK=on; "
         "needs RELOAD). Off: no lock, as RDS and Aurora require.",
     )
+    exclude_columns: str | None = Field(default=None, description="schema.table.column globs left out (CDC_EXCLUDE_COLUMNS).")
+    hash_columns: str | None = Field(default=None, description="schema.table.column globs kept as a keyed hash (CDC_HASH_COLUMNS).")
+    mask_columns: str | None = Field(default=None, description="schema.table.column globs kept masked (CDC_MASK_COLUMNS).")
+    hash_key: str | None = Field(default=None, description="The secret key of the hash (CDC_HASH_KEY, an EnvVar only).")
 
     def settings(self) -> SourceSettings:
-        """The source as plain settings; a bad URL or table pattern raises CdcUserError with the fix."""
+        """The source as plain settings; a bad URL, table pattern or column policy raises CdcUserError with the fix."""
+        texts = {VARIABLES["exclude"]: self.exclude_columns, VARIABLES["hash"]: self.hash_columns,
+                 VARIABLES["mask"]: self.mask_columns, KEY_VARIABLE: self.hash_key}  # fmt: skip
         return source_settings(
             self.mysql_url, self.server_id, self.tables, self.exclude_tables, self.max_batch_rows,
             self.max_batches, self.snapshot_chunk_rows, self.global_read_lock,
+            policy_from_env({name: text for name, text in texts.items() if text}),
         )  # fmt: skip
 
 
@@ -133,16 +143,33 @@ class LakehouseResource(ConfigurableResource):
         default=DEFAULT_S3_TIMEOUT_SECONDS,
         description="Connect and read timeout of one try of an S3 request (CDC_S3_TIMEOUT_SECONDS).",
     )
+    current_file_kb: float = Field(
+        default=DEFAULT_CURRENT_FILE_KB,
+        description="The size of a keyed table's current-state files, each a key range, in KB (CDC_CURRENT_FILE_KB).",
+    )
     s3: S3Resource = Field(
         default_factory=S3Resource, description="The S3 of an s3:// lakehouse (the standard AWS_* settings)."
     )
 
+    def settings(self) -> LakehouseSettings:
+        """The lakehouse's plain settings; a bad table glob raises CdcUserError with the fix."""
+        return LakehouseSettings(
+            location=self.location,
+            history=TableSelection.parse(self.history_tables, "CDC_HISTORY_TABLES"),
+            soft_deletes=TableSelection.parse(self.soft_deletes, "CDC_SOFT_DELETES"),
+            lock_wait_seconds=self.lock_wait_seconds,
+            lock_ttl_seconds=self.lock_ttl_seconds,
+            s3_retries=S3Retries(self.s3_max_attempts, self.s3_timeout_seconds),
+            current_file_kb=self.current_file_kb,
+        )
+
     def get(self) -> Lakehouse:
+        settings = self.settings()
         access = None
         if self.location.startswith("s3://"):
             # One set of settings for all: the boto3 client, delta-rs's storage options, pyarrow's filesystem.
             s3 = self.s3
-            retries = S3Retries(self.s3_max_attempts, self.s3_timeout_seconds)
+            retries = settings.s3_retries
             connection = {
                 "endpoint_url": s3.endpoint_url,
                 "region": s3.region_name,
@@ -152,10 +179,7 @@ class LakehouseResource(ConfigurableResource):
             }
             client = s3_client(retries, **connection)
             access = S3Access.of(client, retries=retries, **connection)
-        return lakehouse_of(
-            self.location, self.lock_wait_seconds, self.lock_ttl_seconds, self.history_tables, self.soft_deletes,
-            access,
-        )  # fmt: skip
+        return lakehouse_from(settings, access)
 
 
 class SinksResource(ConfigurableResource):
@@ -196,14 +220,51 @@ class SinksResource(ConfigurableResource):
         return sink_settings(sink, self.environment())
 
 
-def _env_value(setting: EnvSetting, resolved: bool = False) -> Any:
-    """`EnvVar` of the setting's variable when it is set (so the value stays out of run config), else the
-    default; with `resolved`, the variable's value itself (for resources used outside runs, never put in run
-    config)."""
-    if not os.environ.get(setting.variable):
+class CadenceResource(ConfigurableResource):
+    """The thresholds and intervals ops and checks read as they run (core.settings.CadenceSettings): the lag checks'
+    (CDC_LAG_*, CDC_SINK_LAG_*), how often a capture confirms quiet tables (a quarter of the freshness warn window),
+    and how often the continuous mode compares tables (CDC_CHECK_INTERVAL_SECONDS, CDC_FULL_CHECK_INTERVAL_SECONDS).
+    What the definitions read when they are built (crons, modes, freshness policies, owners) they take from the
+    settings value itself."""
+
+    check_interval_seconds: float = Field(default=DEFAULT_CHECK_INTERVAL_SECONDS, description="CDC_CHECK_INTERVAL_SECONDS.")
+    full_check_interval_seconds: float = Field(
+        default=DEFAULT_FULL_CHECK_INTERVAL_SECONDS, description="CDC_FULL_CHECK_INTERVAL_SECONDS."
+    )
+    freshness_warn_minutes: float = Field(default=DEFAULT_FRESHNESS_WARN_MINUTES, description="CDC_FRESHNESS_WARN_MINUTES.")
+    lag_warn_seconds: float = Field(default=DEFAULT_FRESHNESS_WARN_MINUTES * 60, description="CDC_LAG_WARN_SECONDS.")
+    lag_fail_seconds: float = Field(default=DEFAULT_FRESHNESS_FAIL_MINUTES * 60, description="CDC_LAG_FAIL_SECONDS.")
+    sink_lag_warn_seconds: float = Field(
+        default=DEFAULT_FRESHNESS_WARN_MINUTES * 60, description="CDC_SINK_LAG_WARN_SECONDS."
+    )
+    sink_lag_fail_seconds: float = Field(
+        default=DEFAULT_FRESHNESS_FAIL_MINUTES * 60, description="CDC_SINK_LAG_FAIL_SECONDS."
+    )
+
+    @property
+    def lag_thresholds(self) -> tuple[float, float]:
+        return self.lag_warn_seconds, self.lag_fail_seconds
+
+    @property
+    def sink_lag_thresholds(self) -> tuple[float, float]:
+        return self.sink_lag_warn_seconds, self.sink_lag_fail_seconds
+
+    @property
+    def confirm_every_seconds(self) -> float:
+        """core.settings.CadenceSettings.confirm_every_seconds."""
+        return self.freshness_warn_minutes * 60 / 4
+
+
+def _env_value(setting: EnvSetting, env: Mapping[str, str], resolved: bool = False) -> Any:
+    """The setting's text in `env` (the settings' `environment`) as a resource field: its `EnvVar` when the process's
+    environment holds that very text (so the value stays out of run config), the value itself when it does not (a
+    CLI flag's, never a password: the CLI refuses one) or with `resolved` (for resources used outside runs, never put
+    in run config); the default when unset."""
+    text = env.get(setting.variable)
+    if not text:
         return setting.default
-    value = setting.value()  # a bad value is refused here, with the fix, whoever builds the resources (a CLI, the UI)
-    if resolved:
+    value = setting.value(env)  # checked already by Settings.from_env: the same sentence
+    if resolved or os.environ.get(setting.variable) != text:
         return value
     return EnvVar.int(setting.variable) if setting.whole_number else EnvVar(setting.variable)
 
@@ -218,6 +279,7 @@ class Resources:
     pyspark: LazySparkResource
     transforms: TransformsResource
     sinks: SinksResource
+    cadence: CadenceResource
 
     def by_key(self) -> dict[str, Any]:
         return {
@@ -227,19 +289,20 @@ class Resources:
             "pyspark": self.pyspark,
             "transforms": self.transforms,
             "sinks": self.sinks,
+            "cadence": self.cadence,
         }
 
 
-def resources_from_env(resolved: bool = False) -> Resources:
-    """Every resource configured from the environment (README: Configuration), each declared once. `resolved`: with the
-    variables' values in place of EnvVars, ready for use outside a run (see `initialized_resources`)."""
+def resources_of(settings: Settings, resolved: bool = False) -> Resources:
+    """Every resource of one settings value (README: Configuration), each declared once. `resolved`: with the values
+    in place of EnvVars, ready for use outside a run (see `initialized_resources`)."""
+    env = settings.environment
 
     def _env(name: str, default: Any) -> Any:
-        return _env_value(EnvSetting(name, default), resolved)
+        return _env_value(EnvSetting(name, default), env, resolved)
 
-    check_numeric_settings()  # every one, also those no resource holds: the code location's load says it, as the CLI
-    region = "AWS_REGION" if os.environ.get("AWS_REGION") else "AWS_DEFAULT_REGION"
-    retries = s3_retries_from_env()
+    region = "AWS_REGION" if env.get("AWS_REGION") else "AWS_DEFAULT_REGION"
+    retries = settings.lakehouse.s3_retries
     s3 = S3Resource(
         endpoint_url=_env("AWS_ENDPOINT_URL", None),
         region_name=_env(region, None),
@@ -248,36 +311,43 @@ def resources_from_env(resolved: bool = False) -> Resources:
         aws_session_token=_env("AWS_SESSION_TOKEN", None),
         max_attempts=retries.max_attempts,
     )
-    master = os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER
-    try:
-        session_config = run_spark_config()
-    except ValueError as exc:  # CDC_SPARK_CONF's sentence
-        raise CdcUserError(str(exc)) from None
-    pyspark = LazySparkResource(spark_config=session_config)
+    engine = settings.engine
+    pyspark = LazySparkResource(spark_config=spark_config(engine.spark_master, dict(engine.spark_conf)))
+    cadence = settings.cadence
     return Resources(
         binlog=BinlogResource(
-            **{name: _env_value(setting, resolved) for name, setting in SOURCE_ENV.items()},
-            snapshot_chunk_rows=snapshot_chunk_rows(),
-            global_read_lock=global_read_lock(),
+            **{name: _env_value(setting, env, resolved) for name, setting in SOURCE_ENV.items()},
+            snapshot_chunk_rows=settings.source.snapshot_chunk_rows,
+            global_read_lock=settings.source.global_read_lock,
         ),
         lakehouse=LakehouseResource(
-            **{name: _env_value(setting, resolved) for name, setting in LAKEHOUSE_ENV.items()},
-            lock_wait_seconds=lock_wait_seconds(),
-            lock_ttl_seconds=lock_ttl_seconds(),
+            **{name: _env_value(setting, env, resolved) for name, setting in LAKEHOUSE_ENV.items()},
+            lock_wait_seconds=settings.lakehouse.lock_wait_seconds,
+            lock_ttl_seconds=settings.lakehouse.lock_ttl_seconds,
             s3_max_attempts=retries.max_attempts,
             s3_timeout_seconds=retries.timeout_seconds,
+            current_file_kb=settings.lakehouse.current_file_kb,
             s3=s3,
         ),
         s3=s3,
         pyspark=pyspark,
-        transforms=TransformsResource(pyspark=pyspark, min_rows=spark_min_rows(master, DEFAULT_SPARK_MIN_ROWS)),
-        sinks=sinks_from_env(region, resolved),
+        transforms=TransformsResource(pyspark=pyspark, min_rows=engine.spark_min_rows),
+        sinks=sinks_of(env, region, resolved),
+        cadence=CadenceResource(
+            check_interval_seconds=cadence.check_interval_seconds,
+            full_check_interval_seconds=cadence.full_check_interval_seconds,
+            freshness_warn_minutes=cadence.freshness_warn_minutes,
+            lag_warn_seconds=cadence.lag_warn_seconds,
+            lag_fail_seconds=cadence.lag_fail_seconds,
+            sink_lag_warn_seconds=cadence.sink_lag_warn_seconds,
+            sink_lag_fail_seconds=cadence.sink_lag_fail_seconds,
+        ),
     )
 
 
-def sinks_from_env(region_variable: str, resolved: bool = False) -> SinksResource:
+def sinks_of(env: Mapping[str, str], region_variable: str, resolved: bool = False) -> SinksResource:
     def _env(name: str, default: Any) -> Any:
-        return _env_value(EnvSetting(name, default), resolved)
+        return _env_value(EnvSetting(name, default), env, resolved)
 
     return SinksResource(
         rabbitmq_url=_env("CDC_RABBITMQ_URL", None),
@@ -293,8 +363,14 @@ def sinks_from_env(region_variable: str, resolved: bool = False) -> SinksResourc
     )
 
 
-def initialized_resources() -> Resources:
-    """The same resources with the environment's values in place of EnvVars, for use outside a run (CLI verify,
-    status, the checks before a run). None has set-up or teardown, so they are used as they are: Dagster's own
-    initialization would make a throwaway instance (SQLite storages and their migrations) per resource."""
-    return resources_from_env(resolved=True)
+def resources_from_env(resolved: bool = False) -> Resources:
+    """`resources_of` the settings of this process's environment (the Dagster layer reads it: tests, scripts)."""
+    return resources_of(Settings.from_env(os.environ), resolved)
+
+
+def initialized_resources(settings: Settings | None = None) -> Resources:
+    """The resources of `settings` (default: this process's environment's) with the values in place of EnvVars, for
+    use outside a run (CLI verify, status, the checks before a run). None has set-up or teardown, so they are used as
+    they are: Dagster's own initialization would make a throwaway instance (SQLite storages and their migrations) per
+    resource."""
+    return resources_of(Settings.from_env(os.environ) if settings is None else settings, resolved=True)

@@ -4,8 +4,6 @@ check, and the comparison of every row with the source (CDC_FULL_CHECK_CRON, def
 The capture schedule is the schedule mode's (defs/automation.py): running when CDC_CAPTURE_CRON is set, otherwise
 stopped, as the automation (or, with CDC_CAPTURE_INTERVAL_SECONDS, the binlog sensor) captures."""
 
-import os
-
 from dagster import (
     DagsterInvalidDefinitionError,
     DefaultScheduleStatus,
@@ -17,10 +15,10 @@ from dagster import (
 )
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import DEFAULT_CAPTURE_CRON, DEFAULT_FULL_CHECK_CRON
+from cdc_assets.core.settings import DEFAULT_CAPTURE_CRON, CadenceSettings
 from cdc_assets.defs.keys import CAPTURE_JOB, EQUALITY_JOB, LAG_JOB
 from cdc_assets.defs.resources import LakehouseResource
-from cdc_assets.runtime.queue import capture_in_progress, capture_interval
+from cdc_assets.runtime.queue import capture_in_progress
 
 CAPTURE_SCHEDULE = "capture_schedule"
 FULL_CHECK_SCHEDULE = "full_equality_schedule"
@@ -33,15 +31,15 @@ def _capture_tick(context: ScheduleEvaluationContext, lakehouse: LakehouseResour
     return RunRequest()
 
 
-def build_capture_schedule() -> ScheduleDefinition:
-    cron = os.environ.get("CDC_CAPTURE_CRON") or DEFAULT_CAPTURE_CRON
+def build_capture_schedule(cadence: CadenceSettings) -> ScheduleDefinition:
+    cron = cadence.capture_cron or DEFAULT_CAPTURE_CRON
     try:
         return schedule(
             name=CAPTURE_SCHEDULE,
             job_name=CAPTURE_JOB,
             cron_schedule=cron,
             default_status=DefaultScheduleStatus.RUNNING
-            if os.environ.get("CDC_CAPTURE_CRON") and capture_interval() is None
+            if cadence.capture_cron and cadence.capture_interval_seconds is None
             else DefaultScheduleStatus.STOPPED,
             description=(
                 "Schedule mode: captures new binlog changes into raw batches on a cron (CDC_CAPTURE_CRON, every "
@@ -65,10 +63,10 @@ lag_check_schedule = ScheduleDefinition(
 )
 
 
-def build_full_check_schedule() -> ScheduleDefinition:
+def build_full_check_schedule(cadence: CadenceSettings) -> ScheduleDefinition:
     """The comparison of every row (job check_equality) on CDC_FULL_CHECK_CRON: the checks after applies compare
     only the keys they changed, and this cadence bounds how long a difference elsewhere can go unnamed."""
-    cron = os.environ.get("CDC_FULL_CHECK_CRON") or DEFAULT_FULL_CHECK_CRON
+    cron = cadence.full_check_cron
     try:
         return ScheduleDefinition(
             name=FULL_CHECK_SCHEDULE,

@@ -18,8 +18,7 @@ from dagster import (
 )
 
 from cdc_assets.capture.run import capture_lag
-from cdc_assets.defs.automation import continuous_mode, schedule_mode
-from cdc_assets.defs.freshness import confirm_every_seconds, lag_thresholds
+from cdc_assets.core.settings import CadenceSettings
 from cdc_assets.defs.keys import (
     APPLY_JOB,
     CAPTURE_JOB,
@@ -35,13 +34,16 @@ from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
 from cdc_assets.lake.state import load_progress, load_registry, needs_work, tables_behind
 from cdc_assets.lake.store import ObjectStore
-from cdc_assets.runtime.queue import WAITING_STATUSES, capture_in_progress, capture_interval
+from cdc_assets.runtime.queue import WAITING_STATUSES, capture_in_progress
 from cdc_assets.stages.follow import continuous_holder
 
 MAX_BATCHES_PER_TICK = 500
 RETRY_AFTER_SECONDS = 300  # a table left behind is requested again at most this often
-# The raw-batch sensor looks every 15 s, or as often as the binlog sensor when capture runs continuously.
-SENSOR_INTERVAL_SECONDS = int(min(15, capture_interval() or 15))
+
+
+def sensor_interval_seconds(cadence: CadenceSettings) -> int:
+    """The raw-batch sensor looks every 15 s, or as often as the binlog sensor when capture runs continuously."""
+    return int(min(15, cadence.capture_interval_seconds or 15))
 
 
 def table_keys(tables: list[str]) -> list[AssetKey]:
@@ -59,7 +61,7 @@ def current_tables_of(keys: list[AssetKey]) -> list[str]:
     return sorted(t for k in keys if k.path[0] == CURRENT_TABLE_PREFIX and (t := table_of_key(k)) is not None)
 
 
-def _confirmation(context: SensorEvaluationContext, tables: list[str]) -> RunRequest | None:
+def _confirmation(context: SensorEvaluationContext, tables: list[str], lag_warn_seconds: float) -> RunRequest | None:
     """A run over every table when capture keeps succeeding but no table changed for a while.
 
     Freshness is judged by each table's last materialization; without changes to apply it would go stale although
@@ -74,19 +76,22 @@ def _confirmation(context: SensorEvaluationContext, tables: list[str]) -> RunReq
     current = min(times) if len(times) == len(tables) else None
     if raw is None or (current is not None and current >= raw.timestamp):
         return None
-    warn_seconds, _ = lag_thresholds()
-    if current is not None and time.time() - current < warn_seconds / 2:
+    if current is not None and time.time() - current < lag_warn_seconds / 2:
         return None
     return apply_run_request(tables, f"confirm-current-{raw.timestamp:.3f}")
 
 
-def build_raw_batch_sensor() -> SensorDefinition:
-    """The raw-batch sensor, running in the schedule mode (read when the definitions load)."""
+def build_raw_batch_sensor(cadence: CadenceSettings) -> SensorDefinition:
+    """The raw-batch sensor, running in the schedule mode (`cadence`: read when the definitions load)."""
+
+    def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
+        return raw_batches_tick(context, lakehouse, cadence.lag_warn_seconds)
+
     return sensor(
         name="raw_batch_sensor",
         job_name=APPLY_JOB,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING if schedule_mode() else DefaultSensorStatus.STOPPED,
+        minimum_interval_seconds=sensor_interval_seconds(cadence),
+        default_status=DefaultSensorStatus.RUNNING if cadence.schedule_mode else DefaultSensorStatus.STOPPED,
         description=(
             "Schedule mode: watches raw/ in the lakehouse (local or S3) for batches after its cursor (the last batch "
             "name it handled) and requests one run of exactly the tables those batches touched (their change logs and "
@@ -94,10 +99,14 @@ def build_raw_batch_sensor() -> SensorDefinition:
             "when CDC_CAPTURE_CRON or CDC_CAPTURE_INTERVAL_SECONDS is set; by default the automation sensor updates "
             "the tables."
         ),
-    )(raw_batches_tick)
+    )(raw_batch_sensor)
 
 
-def raw_batches_tick(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
+def raw_batches_tick(
+    context: SensorEvaluationContext, lakehouse: LakehouseResource, lag_warn_seconds: float
+) -> SensorResult | SkipReason:
+    """One look at raw/: a run of the tables new batches touched, or the quiet tables' confirmation once their last
+    update is half `lag_warn_seconds` old."""
     house = lakehouse.get()
     store = house.store
     holder = continuous_holder(house)
@@ -120,7 +129,7 @@ def raw_batches_tick(context: SensorEvaluationContext, lakehouse: LakehouseResou
     retries = [apply_run_request(sorted(behind), f"retry:{int(time.time() // RETRY_AFTER_SECONDS)}")] if behind else []
     if not names:
         tables = sorted(t for t in registry if declared is None or t in declared)
-        confirmation = _confirmation(context, tables) if not retries else None
+        confirmation = _confirmation(context, tables, lag_warn_seconds) if not retries else None
         if confirmation is None and not retries:
             return SkipReason(f"No raw batch after {context.cursor or 'the start'}.")
         return SensorResult(run_requests=[confirmation] if confirmation else retries)
@@ -136,7 +145,7 @@ def raw_batches_tick(context: SensorEvaluationContext, lakehouse: LakehouseResou
     return SensorResult(run_requests=runs + retries, cursor=last)
 
 
-def build_new_tables_sensor() -> SensorDefinition:
+def build_new_tables_sensor(cadence: CadenceSettings) -> SensorDefinition:
     """Applies the tables captured since the definitions loaded (in every mode but the continuous one, which
     applies everything itself): they have no asset the automation or the raw-batch sensor could select."""
 
@@ -144,7 +153,7 @@ def build_new_tables_sensor() -> SensorDefinition:
         name="new_tables_sensor",
         job_name=NEW_TABLES_JOB,
         minimum_interval_seconds=30,
-        default_status=DefaultSensorStatus.STOPPED if continuous_mode() else DefaultSensorStatus.RUNNING,
+        default_status=DefaultSensorStatus.STOPPED if cadence.continuous else DefaultSensorStatus.RUNNING,
         description=(
             "Requests a run of apply_new_tables for the tables captured since the definitions loaded, with changes "
             "pending: no asset of theirs can be selected until the next reload, which shows them."
@@ -214,14 +223,14 @@ def capture_due(lag_bytes: int, last_capture: float | None, now: float, confirm_
     return None
 
 
-def build_binlog_sensor() -> SensorDefinition:
+def build_binlog_sensor(cadence: CadenceSettings) -> SensorDefinition:
     """Capture whenever the binlog has grown past the checkpoint, looking every CDC_CAPTURE_INTERVAL_SECONDS
     (switched off when that is unset: capture then runs on the capture schedule's cron).
 
     A quiet source still gets a capture every quarter of the freshness warn window: the cron would have run
     one, and only a capture confirms the quiet tables up to date, so without it their freshness would warn
     although nothing is behind."""
-    interval = capture_interval()
+    interval = cadence.capture_interval_seconds
 
     @sensor(
         name="binlog_sensor",
@@ -245,7 +254,7 @@ def build_binlog_sensor() -> SensorDefinition:
         now = time.time()
         lag = capture_lag(binlog.settings(), house, now)
         last = context.instance.get_latest_materialization_event(RAW_ASSET)
-        reason = capture_due(lag.lag_bytes, last.timestamp if last else None, now, confirm_every_seconds())
+        reason = capture_due(lag.lag_bytes, last.timestamp if last else None, now, cadence.confirm_every_seconds)
         if reason is None:
             return SkipReason(f"The binlog ends at {lag.binlog_end}: nothing new to capture.")
         context.log.info(reason)

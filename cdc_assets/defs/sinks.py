@@ -1,12 +1,11 @@
 """The sinks in Dagster: for each configured sink an asset downstream of the change logs (a publish run, see
 cdc_assets/sinks/publish.py), its lag check, its job, and one sensor that starts publish runs.
 
-A sink is configured when its destination is set in the environment as the definitions load (CDC_RABBITMQ_URL,
+A sink is configured when its destination is set in the settings the definitions are built from (CDC_RABBITMQ_URL,
 CDC_KINESIS_STREAM); each sink runs in runs of its own, so a broker that is down fails only its sink's runs,
 never capture, the stages or another sink."""
 
 
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,10 +35,10 @@ from dagster import (
     sensor,
 )
 
+from cdc_assets.core.settings import Settings
 from cdc_assets.defs.assets.metadata import figures_table
-from cdc_assets.defs.freshness import freshness_windows, sink_lag_thresholds
 from cdc_assets.defs.keys import RAW_ASSET, SINK_TAG, changes_asset_key, publish_job_name, sink_asset_key
-from cdc_assets.defs.resources import LakehouseResource, SinksResource
+from cdc_assets.defs.resources import CadenceResource, LakehouseResource, SinksResource
 from cdc_assets.lake.locks import read_holder, run_owner
 from cdc_assets.lake.state import known_tables
 from cdc_assets.runtime.queue import WAITING_STATUSES
@@ -52,9 +51,9 @@ RETRY_AFTER_SECONDS = 60  # a sink whose last publish run failed (broker down) i
 SENSOR_INTERVAL_SECONDS = 15
 
 
-def configured_sinks() -> list[str]:
-    """The sinks whose destination is set in this process's environment."""
-    return configured_sink_names(os.environ)
+def configured_sinks(settings: Settings) -> list[str]:
+    """The sinks whose destination `settings` set."""
+    return configured_sink_names(settings.environment)
 
 
 def build_sink_asset(sink: str, tables: Sequence[str] = ()) -> AssetsDefinition:
@@ -118,9 +117,9 @@ def build_sink_lag_check(sink: str):  # noqa: ANN201 - an AssetChecksDefinition
         ),
     )
     def sink_lag_check(
-        context: AssetCheckExecutionContext, lakehouse: LakehouseResource, sinks: SinksResource
+        context: AssetCheckExecutionContext, lakehouse: LakehouseResource, sinks: SinksResource, cadence: CadenceResource
     ) -> AssetCheckResult:
-        warn, fail = sink_lag_thresholds()
+        warn, fail = cadence.sink_lag_thresholds
         lag = sink_lag(sinks.settings(sink), lakehouse.get(), None, time.time())
         behind = ", ".join(f"{t} {s:.0f} s" for t, s in sorted(lag.tables.items(), key=lambda kv: -kv[1])[:10])
         severity = AssetCheckSeverity.ERROR if lag.seconds >= fail else AssetCheckSeverity.WARN
@@ -157,8 +156,10 @@ def build_publish_job(sink: str) -> Any:  # define_asset_job's (its class is not
     )
 
 
-def _why_wait(context: SensorEvaluationContext, lakehouse: LakehouseResource, sinks: SinksResource, sink: str) -> str | None:
-    """Why no publish run of `sink` is due now (None: request one)."""
+def _why_wait(
+    context: SensorEvaluationContext, lakehouse: LakehouseResource, sinks: SinksResource, sink: str, warn_minutes: float
+) -> str | None:
+    """Why no publish run of `sink` is due now (None: request one); `warn_minutes`: the freshness warn window."""
     house = lakehouse.get()
     holder = read_holder(house, sink_lock_name(sink))
     if holder is not None:
@@ -184,7 +185,6 @@ def _why_wait(context: SensorEvaluationContext, lakehouse: LakehouseResource, si
         last_beat = load_checkpoint(house.store, sink).last_heartbeat_at
         if last_beat is None or now - last_beat >= settings.heartbeat_seconds:
             return None
-    warn_minutes, _ = freshness_windows()
     if published is None or now - published.timestamp >= warn_minutes * 60 / 2:
         return None  # confirms the sink is current, so freshness fails only when publishing stops
     return "no new changes in the change logs since the last publish"
@@ -198,23 +198,23 @@ def latest_change_log(instance: Any, house: Any) -> float | None:
     return max(times, default=None)
 
 
-def sensor_interval(sinks: list[str]) -> int:
+def sensor_interval(sinks: list[str], settings: Settings) -> int:
     """As often as the raw-batch sensor, or as often as the shortest heartbeat when that is shorter."""
     beats = []
     for sink in sinks:
         try:
-            beats.append(sink_settings(sink, os.environ).heartbeat_seconds)
+            beats.append(sink_settings(sink, settings.environment).heartbeat_seconds)
         except Exception:  # noqa: BLE001 - a bad value is reported by the sink's runs, with its fix
             continue
     shortest = min((b for b in beats if b > 0), default=SENSOR_INTERVAL_SECONDS)
     return max(1, int(min(SENSOR_INTERVAL_SECONDS, shortest)))
 
 
-def build_sink_sensor(sinks: list[str], jobs: list[Any]) -> SensorDefinition:
+def build_sink_sensor(sinks: list[str], jobs: list[Any], settings: Settings) -> SensorDefinition:
     @sensor(
         name="sink_sensor",
         jobs=jobs,
-        minimum_interval_seconds=sensor_interval(sinks),
+        minimum_interval_seconds=sensor_interval(sinks, settings),
         default_status=DefaultSensorStatus.RUNNING,
         description=(
             "For each configured sink, requests a publish run when the change logs took changes in since its last "
@@ -225,7 +225,7 @@ def build_sink_sensor(sinks: list[str], jobs: list[Any]) -> SensorDefinition:
     def sink_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource, sinks: SinksResource) -> SensorResult | SkipReason:
         requests, waiting = [], []
         for sink in configured:
-            reason = _why_wait(context, lakehouse, sinks, sink)
+            reason = _why_wait(context, lakehouse, sinks, sink, settings.cadence.freshness_warn_minutes)
             if reason is None:
                 requests.append(RunRequest(job_name=publish_job_name(sink), tags={SINK_TAG: sink}))
             else:

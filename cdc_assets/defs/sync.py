@@ -43,7 +43,7 @@ from cdc_assets.defs.assets.raw import capture_events
 from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.checks import contiguity_of, equality_of, lag_of, schema_match_of, uniqueness_of
 from cdc_assets.defs.keys import RAW_ASSET, REPAIR_JOB, STAGE_TAG, SYNC_JOB, changes_asset_key
-from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.resources import BinlogResource, CadenceResource, LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables
@@ -135,6 +135,7 @@ def sync_lakehouse(
     binlog: BinlogResource,
     lakehouse: LakehouseResource,
     transforms: TransformsResource,
+    cadence: CadenceResource,
 ) -> None:
     house, settings, owner = lakehouse.get(), binlog.settings(), run_owner(context.run_id)
     forked = forked_capture.take(context.run_id)  # the command line's driver, begun before Dagster was imported
@@ -153,7 +154,7 @@ def sync_lakehouse(
 
     def record_capture(busy: list[str]) -> None:
         if held:
-            _record_capture(context, house, held.pop(), binlog.max_batch_rows, journal, busy)
+            _record_capture(context, house, held.pop(), binlog.max_batch_rows, cadence.confirm_every_seconds, journal, busy)
 
     try:
         for step in _reports(context.log, None if config.repair else forked, run):
@@ -166,7 +167,7 @@ def sync_lakehouse(
             elif isinstance(step, CurrentApplied):
                 own = table_materializations(house, applied_figures(step.current.tables, step.current.applied), step.facts)
             elif isinstance(step, Checked):
-                log_batch(context, [*own.values(), *_verdicts(step, context.log)])
+                log_batch(context, [*own.values(), *_verdicts(step, context.log, cadence.lag_thresholds)])
         record_capture([])  # a capture the blocking rules stopped the run after
     except Exception:
         record_capture([])  # recorded first, as when the op ran each step itself
@@ -197,6 +198,7 @@ def _record_capture(
     house: Lakehouse,
     captured: Captured,
     max_batch_rows: int | None,
+    confirm_every: float,
     journal: CaptureJournal,
     busy: list[str],
 ) -> None:
@@ -204,7 +206,7 @@ def _record_capture(
     quiet tables' confirmations (not `busy`: the tables the stages take) and raw_batches_contiguous, which blocks
     what follows it."""
     report = with_batches_taken_over(context.instance, house, captured.capture)
-    metadata, confirmed = capture_events(context.instance, house, report, max_batch_rows, context.log, busy=busy)
+    metadata, confirmed = capture_events(context.instance, house, report, max_batch_rows, context.log, confirm_every, busy=busy)
     contiguous = _evaluation(RAW_ASSET, "raw_batches_contiguous", contiguity_of(captured.breaks or [], captured.chain_from))
     log_batch(context, [AssetMaterialization(RAW_ASSET, metadata=metadata), *confirmed, contiguous])
     journal.close(house.store)  # recorded: the journal of this run's batches goes
@@ -222,12 +224,12 @@ def _record_changes(context: OpExecutionContext, house: Lakehouse, logged: Chang
             raise _blocked(evaluation)
 
 
-def _verdicts(checked: Checked, log: Any) -> list[AssetCheckEvaluation]:
+def _verdicts(checked: Checked, log: Any, lag_thresholds: tuple[float, float]) -> list[AssetCheckEvaluation]:
     """Each checked table's equality (its differences logged), schema and lag evaluations."""
     return [
         *equality_of(checked.comparisons, log),
         *schema_match_of(checked.schema_problems, checked.tables),
-        *lag_of(checked.lags, checked.tables),
+        *lag_of(checked.lags, checked.tables, lag_thresholds),
     ]
 
 

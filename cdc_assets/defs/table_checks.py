@@ -30,7 +30,6 @@ from dagster import (
 
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.freshness import lag_thresholds
 from cdc_assets.defs.keys import changes_asset_key, table_asset_key
 from cdc_assets.defs.resources import BinlogResource, LakehouseResource
 from cdc_assets.runtime.event_log import log_batch
@@ -242,7 +241,7 @@ def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
         name="per_table_checks",
         ins={name: In(Nothing) for name in inputs},
         out={name: Out(Nothing, is_required=False) for name in outputs},
-        required_resource_keys={"binlog", "lakehouse"},
+        required_resource_keys={"binlog", "lakehouse", "cadence"},
         description=(
             "Each table's equality, schema and lag checks on its current state, and its change log's seq check. "
             "A sync, check_equality and the continuous mode record these evaluations for the tables they compare."
@@ -252,7 +251,8 @@ def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
         binlog: BinlogResource = context.resources.binlog
         lakehouse: LakehouseResource = context.resources.lakehouse
         selected = context.selected_asset_check_keys
-        verdicts = run_table_checks(binlog.settings(), lakehouse.get(), selected_tables(selected, by_key))
+        thresholds = context.resources.cadence.lag_thresholds
+        verdicts = run_table_checks(binlog.settings(), lakehouse.get(), selected_tables(selected, by_key), thresholds)
         # a comparison may judge other tables too (a cascade's children, a table behind): recorded, not yielded
         log_batch(context, [v.evaluation() for v in verdicts if AssetCheckKey(v.asset_key, v.check) not in selected])
         for verdict in verdicts:
@@ -266,7 +266,9 @@ def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
     ]
 
 
-def run_table_checks(settings: Any, house: Any, chosen: dict[str, list[str]]) -> list[TableVerdict]:
+def run_table_checks(
+    settings: Any, house: Any, chosen: dict[str, list[str]], lag_thresholds: tuple[float, float]
+) -> list[TableVerdict]:
     """Each chosen table's chosen checks, each kind in one pass over its tables; a verdict for every one."""
     verdicts: list[TableVerdict] = []
     if chosen[EQUALITY_CHECK]:
@@ -278,7 +280,7 @@ def run_table_checks(settings: Any, house: Any, chosen: dict[str, list[str]]) ->
         verdicts += uniqueness_verdicts(chosen[UNIQUE_CHECK], duplicate_seqs(house, chosen[UNIQUE_CHECK]))
     if chosen[LAG_CHECK]:
         now = time.time()
-        warn, fail = lag_thresholds()
+        warn, fail = lag_thresholds
         lags = table_lags(house, capture_lag(settings, house, now).seconds, now)
         verdicts += [v for v in lag_verdicts(lags, chosen[LAG_CHECK], warn, fail) if v.table in chosen[LAG_CHECK]]
     done = {(v.table, v.check) for v in verdicts}

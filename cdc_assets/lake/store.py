@@ -23,7 +23,14 @@ from deltalake import DeltaTable
 from cdc_assets.core import failpoints
 from cdc_assets.core.errors import CdcUserError, storage_faults_are_user_errors, unreachable_message, unreachable_reason
 from cdc_assets.core.names import TableRef, name_of_segment
-from cdc_assets.core.settings import S3Retries, TableSelection, lakehouse_values_from_env
+from cdc_assets.core.settings import (
+    DEFAULT_CURRENT_FILE_KB,
+    DEFAULT_LOCK_TTL_SECONDS,
+    DEFAULT_LOCK_WAIT_SECONDS,
+    LakehouseSettings,
+    S3Retries,
+    TableSelection,
+)
 from cdc_assets.lake.delta import open_table
 from cdc_assets.lake.files import FileAccess
 from cdc_assets.lake.layout import CURRENT, DELTA_LOG, STATE, file_digests_folder
@@ -356,21 +363,26 @@ class _KeptTables:
 
 
 class Lakehouse:
-    """Where everything lives; `location` is a local directory or `s3://bucket/prefix`."""
+    """Where everything lives; `location` is a local directory or `s3://bucket/prefix`. It carries the lakehouse's
+    settings the stages use (core.settings.LakehouseSettings, through `lakehouse_from`): the stages take them from
+    the lakehouse they are given, never from the environment."""
 
     def __init__(
         self,
         location: str,
         s3: S3Access | None = None,
-        lock_wait_seconds: float = 120.0,
-        lock_ttl_seconds: float = 60.0,
+        lock_wait_seconds: float = DEFAULT_LOCK_WAIT_SECONDS,
+        lock_ttl_seconds: float = DEFAULT_LOCK_TTL_SECONDS,
         history: TableSelection | None = None,
         soft_deletes: TableSelection | None = None,
+        current_file_kb: float = DEFAULT_CURRENT_FILE_KB,
     ) -> None:
         self.lock_wait_seconds = lock_wait_seconds  # how long a stage waits for another run of itself
         self.lock_ttl_seconds = lock_ttl_seconds  # on S3: how long a killed run's lease blocks the next run
         self.history = history or TableSelection()  # CDC_HISTORY_TABLES: tables whose SCD2 history is kept
         self.soft_deletes = soft_deletes or TableSelection()  # CDC_SOFT_DELETES: deleted rows stay, flagged
+        # CDC_CURRENT_FILE_KB: the size of current state's key-range files (stages/current/rows.py)
+        self.current_piece_bytes = int(current_file_kb * 1024)
         self.location = location.rstrip("/") if location.startswith("s3://") else location
         if self.is_s3:
             if s3 is None:
@@ -501,25 +513,14 @@ class Lakehouse:
             ) from exc
 
 
-def lakehouse_of(
-    location: str,
-    lock_wait_seconds: float,
-    lock_ttl_seconds: float,
-    history_tables: str | None,
-    soft_deletes: str | None,
-    s3: S3Access | None = None,
-) -> Lakehouse:
-    """The lakehouse from its settings' texts (LakehouseResource's fields): the one place they are parsed."""
+def lakehouse_from(settings: LakehouseSettings, s3: S3Access | None = None) -> Lakehouse:
+    """The lakehouse of its settings (`s3`: the client and storage options of an s3:// one, made by the resources)."""
     return Lakehouse(
-        location,
+        settings.location,
         s3,
-        lock_wait_seconds,
-        lock_ttl_seconds,
-        TableSelection.parse(history_tables, "CDC_HISTORY_TABLES"),
-        TableSelection.parse(soft_deletes, "CDC_SOFT_DELETES"),
+        settings.lock_wait_seconds,
+        settings.lock_ttl_seconds,
+        settings.history,
+        settings.soft_deletes,
+        settings.current_file_kb,
     )
-
-
-def local_lakehouse_from_env() -> Lakehouse:
-    """A local lakehouse as the environment sets it, without Dagster (the capture a `sync` forks)."""
-    return lakehouse_of(**lakehouse_values_from_env())  # type: ignore[arg-type]

@@ -41,7 +41,6 @@ from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.run import CaptureReport, capture_session, finished
 from cdc_assets.capture.spool import SpoolDirectory
 from cdc_assets.core.arrow import hashable
-from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import encode_column
 from cdc_assets.core.names import TableRef
@@ -199,7 +198,7 @@ def repair(
     changes: dict[TableRef, list[tuple[Image | None, Image | None]]] = {}
     settled: set[TableRef] = set()  # tables compared at the repair's point: equal, or given their changes
     spool = SpoolDirectory()
-    policy = policy_from_env()  # the rows compared are the source's as the lakehouse holds them (core/column_policy)
+    policy = settings.column_policy  # the rows compared are the source's as the lakehouse holds them (core/column_policy)
     with capture_session(settings, lakehouse, log, owner, journal=journal) as session:
         # 2. those keys again, rows kept, at one point; capture to it; the repair's batch there
         keyed = {t: keys for t, keys in candidates.items() if keys is not None}
@@ -268,7 +267,7 @@ def _digested(settings: SourceSettings, lakehouse: Lakehouse, tables: list[Table
         for table, (current, seq) in large.items():
             shape = shapes.get(table)
             lake_columns = [f.name for f in pa.schema(current.schema().to_arrow()) if not f.name.startswith("_cdc_")]
-            if shape is None or not digests.digestible(shape) or shape.column_names != lake_columns:
+            if shape is None or not digests.digestible(shape, settings.column_policy) or shape.column_names != lake_columns:
                 continue
             narrowed = digests.narrowed(settings.url, conn, lakehouse, table, current, shape)
             found[table] = DigestedTable(narrowed, current.version(), seq)

@@ -28,7 +28,8 @@ those steps (`ForkedCapture.reports`), and runs the driver itself for the steps 
 (`pipeline.driver.remaining`). `CDC_SYNC_FORK=capture` keeps the child to the capture.
 
 Only a local lakehouse on Linux is captured this way; on S3 (its client and lease heartbeat are built by the
-resources) and where `CDC_SYNC_FORK=0`, the op captures as before.
+resources) and where `CDC_SYNC_FORK=0`, the op captures as before. The child takes the command's settings (a fork
+inherits the value the CLI built: its flags included) and reads no environment.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cdc_assets.core import progress
 
-FORK_ENV = "CDC_SYNC_FORK"
+if TYPE_CHECKING:
+    from cdc_assets.core.settings import EngineSettings, Settings
+
 PR_SET_PDEATHSIG = 1
 _started: dict[str, ForkedCapture] = {}
 
@@ -63,6 +66,7 @@ class ForkedCapture:
     run_id: str
     pid: int
     read_fd: int
+    engine: EngineSettings  # the Spark session a stage left to the run is begun with (`listen`)
     user_error: str | None = None  # the sentence a stage of the child ended with (the run ends with it there)
     _received: queue.SimpleQueue[tuple[str, Any, list[str]] | None] = field(default_factory=queue.SimpleQueue)
     _reader: threading.Thread | None = None
@@ -82,10 +86,10 @@ class ForkedCapture:
                     message = pickle.load(pipe)
                 except Exception:  # ended (EOF), or killed in the middle of a message
                     break
-                if message[0] == "spark":
-                    from spark_resources.session import start_run_session_early
+                if message[0] == "spark":  # a head start only: the run starts what it needs when it needs it
+                    from spark_resources.session import spark_config, start_session_early
 
-                    start_run_session_early()  # a head start only: the run starts what it needs when it needs it
+                    start_session_early(spark_config(self.engine.spark_master, dict(self.engine.spark_conf)))
                 self._received.put(message)
         self._received.put(None)
 
@@ -188,24 +192,24 @@ class _Sender:
         self.pipe.close()
 
 
-def stages_wanted() -> bool:
+def stages_wanted(settings: Settings) -> bool:
     """Whether the child goes on with the stages after its capture (CDC_SYNC_FORK=capture: the capture only)."""
-    return os.environ.get(FORK_ENV, "1") != "capture"
+    return settings.sync_fork != "capture"
 
 
-def wanted() -> bool:
-    location = os.environ.get("CDC_LAKEHOUSE") or ""
+def wanted(settings: Settings) -> bool:
     return (
-        os.environ.get(FORK_ENV, "1") != "0"
+        settings.sync_fork != "0"
         and sys.platform.startswith("linux")
         and hasattr(os, "fork")
-        and not location.startswith("s3://")
+        and not settings.lakehouse.location.startswith("s3://")
     )
 
 
-def start(run_id: str) -> ForkedCapture | None:
-    """Fork a child that captures for the run `run_id`; None when this sync captures in its run instead."""
-    if not wanted():
+def start(run_id: str, settings: Settings) -> ForkedCapture | None:
+    """Fork a child that captures for the run `run_id` with `settings` (the sync's); None when this sync captures in
+    its run instead."""
+    if not wanted(settings):
         return None
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
@@ -217,13 +221,13 @@ def start(run_id: str) -> ForkedCapture | None:
         os.close(read_fd)
         code = 1
         try:
-            code = _child(run_id, parent, write_fd)
+            code = _child(run_id, settings, parent, write_fd)
         finally:
             os._exit(code)
     os.close(write_fd)
     if relayed is not None:
         relayed.in_parent()
-    forked = ForkedCapture(run_id, pid, read_fd)
+    forked = ForkedCapture(run_id, pid, read_fd, settings.engine)
     forked.listen()
     _started[run_id] = forked
     return forked
@@ -258,19 +262,7 @@ def _once(said: Callable[[], None]) -> Callable[[str], None]:
     return listed
 
 
-def _every_stage_takes_spark() -> bool:
-    """Whether the run takes Spark for any stage run with a change (CDC_SPARK_MIN_ROWS 0, a cluster's default): then
-    the capture's first batch is enough to know the run will start a session."""
-    from cdc_assets.core.errors import CdcUserError
-    from cdc_assets.runtime.forked_stages import run_min_rows
-
-    try:
-        return run_min_rows() == 0
-    except CdcUserError:  # a bad value: the run says it
-        return False
-
-
-def _child(run_id: str, parent: int, write_fd: int) -> int:
+def _child(run_id: str, settings: Settings, parent: int, write_fd: int) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C reaches the whole group: the child just ends
     if not _die_with(parent):
         os.close(write_fd)
@@ -284,11 +276,13 @@ def _child(run_id: str, parent: int, write_fd: int) -> int:
         from cdc_assets.runtime.forked_stages import run_driver
 
         with _Sender(write_fd, messages) as send:
-            # the parent records the batches; with a run whose every stage takes Spark, the first batch also
-            # tells it to start the session, which then starts beside the rest of the capture
-            first_batch = _once(lambda: send("spark", "a batch captured")) if _every_stage_takes_spark() else None
+            # the parent records the batches; with a run whose every stage takes Spark (CDC_SPARK_MIN_ROWS 0, a
+            # cluster's default), the first batch also tells it to start the session, which then starts beside the
+            # rest of the capture
+            every_stage_spark = settings.engine.spark_min_rows == 0
+            first_batch = _once(lambda: send("spark", "a batch captured")) if every_stage_spark else None
             journal = CaptureJournal(run_id, Recorder.of(parent), listed=first_batch)
-            run_driver(_owner(run_id), journal, messages, send, stages=stages_wanted())
+            run_driver(settings, _owner(run_id), journal, messages, send, stages=stages_wanted(settings))
         return 0
     except BaseException:
         return 1

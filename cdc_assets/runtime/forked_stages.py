@@ -17,19 +17,17 @@ choice: its session is a Dagster resource).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import spark_min_rows
+from cdc_assets.core.settings import Settings
 from cdc_assets.lake.quarantine import RunWide
-from cdc_assets.lake.store import local_lakehouse_from_env
+from cdc_assets.lake.store import lakehouse_from
 from cdc_assets.pipeline.driver import CAPTURE, SYNC_STEPS, drive
-from cdc_assets.source.server import source_settings_from_env
-from spark_resources.engine import DEFAULT_SPARK_MIN_ROWS, Transforms
-from spark_resources.session import DEFAULT_SPARK_MASTER
+from cdc_assets.source.server import resolved_source
+from spark_resources.engine import Transforms
 
 Send = Callable[[str, Any], None]  # one message to the op: its kind and value (the child's log lines go with it)
 
@@ -50,21 +48,15 @@ def arrow_only(min_rows: int) -> Callable[[int], Transforms]:
     return transforms
 
 
-def run_min_rows() -> int:
-    """The CDC_SPARK_MIN_ROWS the run's resources read (defs/resources.py)."""
-    return spark_min_rows(os.environ.get("CDC_SPARK_MASTER") or DEFAULT_SPARK_MASTER, DEFAULT_SPARK_MIN_ROWS)
-
-
-def run_driver(owner: str, journal: CaptureJournal, log: Any, send: Send, stages: bool = True) -> None:
+def run_driver(settings: Settings, owner: str, journal: CaptureJournal, log: Any, send: Send, stages: bool = True) -> None:
     """The sync's driver (its capture, and with `stages` what follows it), each step's report sent as soon as the
     step is done. How it ended, when the driver did not end on its own: `user_error` (a sentence for the user),
     `failed`, or `left` (a stage left to the run's Spark, said first as `spark`: the parent starts the session now)."""
     try:
-        # The same variables and parsing as the resources' (core.settings.SOURCE_ENV, LAKEHOUSE_ENV), read here
-        # because this process does not import Dagster.
-        source, house = source_settings_from_env(), local_lakehouse_from_env()
+        # the sync's own settings, as the run's resources are built from them (defs/resources.resources_of)
+        source, house = resolved_source(settings.source), lakehouse_from(settings.lakehouse)
         steps = SYNC_STEPS if stages else (CAPTURE,)
-        transforms = lambda changes: arrow_only(run_min_rows())(changes)  # noqa: E731 (read when a stage asks)
+        transforms = arrow_only(settings.engine.spark_min_rows)
         for step in drive(
             source, house, owner=owner, steps=steps, transforms=transforms, log=log, journal=journal, repairs_owed=True
         ):

@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, LAKEHOUSE_ENV
+from cdc_assets.core.settings import DEFAULT_LAKEHOUSE
 from cdc_assets.runtime.empty_home import DATABASES, RUN_DATABASE, cache_complete, cache_dir, place
 
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
@@ -134,20 +134,23 @@ def claim(home: Path, location: str, chosen_by: str) -> None:
         )
 
 
-def ensure_dagster_home() -> Path:
-    """The Dagster home of the lakehouse (CDC_LAKEHOUSE): DAGSTER_HOME when the user set it, else `home_for` the
-    lakehouse; with our dagster.yaml, unless the user wrote their own; a new one gets the cached empty databases
-    (`seed_home`). A home holds one lakehouse's runs (`claim`)."""
-    location = str(LAKEHOUSE_ENV["location"].value())
+def ensure_dagster_home(location: str | None = None) -> Path:
+    """The Dagster home of the lakehouse at `location` (the settings' CDC_LAKEHOUSE): DAGSTER_HOME when the user set
+    it, else `home_for` the lakehouse; with our dagster.yaml, unless the user wrote their own; a new one gets the cached
+    empty databases (`seed_home`). A home holds one lakehouse's runs (`claim`). No `location`: the home DAGSTER_HOME
+    names as it is (the one a command chose for its lakehouse before, Dagster's own variable), claimed by nobody."""
     given = os.environ.get("DAGSTER_HOME")
-    if given and given not in _chosen_here:
+    if location is None:
+        home, chosen_by = (Path(given) if given else home_for(DEFAULT_LAKEHOUSE)).resolve(), ""
+    elif given and given not in _chosen_here:
         home, chosen_by = Path(given).resolve(), f"DAGSTER_HOME={given}"
     else:
         home = home_for(location).resolve()
         chosen_by = f"The Dagster home {home}"
         _chosen_here.add(str(home))
     home.mkdir(parents=True, exist_ok=True)
-    claim(home, location, chosen_by)
+    if location is not None:
+        claim(home, location, chosen_by)
     config = home / "dagster.yaml"
     existing = config.read_text() if config.exists() else None
     ours = existing is None or existing.startswith(MANAGED_HEADER) or existing == LEGACY_YAML

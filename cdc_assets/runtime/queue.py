@@ -3,7 +3,6 @@ up behind a lock."""
 
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
-from cdc_assets.core.settings import capture_interval as capture_interval  # read by the sensors and schedules
 from cdc_assets.lake.layout import CAPTURE_LOCK
 from cdc_assets.lake.locks import read_holder
 from cdc_assets.lake.store import Lakehouse

@@ -10,7 +10,7 @@ import ssl
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,16 +18,11 @@ import pymysql
 import pymysql.connections
 import pymysql.cursors
 
+from cdc_assets.core.column_policy import ColumnPolicy
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
-from cdc_assets.core.settings import (
-    DEFAULT_SNAPSHOT_CHUNK_ROWS,
-    MySQLUrl,
-    SourceSettings,
-    TableFilter,
-    source_values_from_env,
-)
+from cdc_assets.core.settings import DEFAULT_SNAPSHOT_CHUNK_ROWS, DEMO_SOURCE, MySQLUrl, SourceSettings, TableFilter
 from cdc_assets.local_source import server as local_server
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -100,9 +95,10 @@ def source_settings(
     max_batches: int | None = None,
     snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS,
     global_read_lock: bool = False,
+    column_policy: ColumnPolicy | None = None,
 ) -> SourceSettings:
-    """The source's settings from their texts (BinlogResource's fields): the one place they are parsed; a bad
-    URL or table pattern raises CdcUserError with the fix."""
+    """The source's settings from their texts (BinlogResource's fields), its URL looked up when unset; a bad URL
+    or table pattern raises CdcUserError with the fix."""
     return SourceSettings(
         url=resolve_mysql_url(mysql_url),
         server_id=server_id,
@@ -111,12 +107,16 @@ def source_settings(
         max_batches=max_batches,
         snapshot_chunk_rows=snapshot_chunk_rows,
         global_read_lock=global_read_lock,
+        column_policy=column_policy or ColumnPolicy(),
     )
 
 
-def source_settings_from_env() -> SourceSettings:
-    """The source's settings as the environment sets them, without Dagster (the capture a `sync` forks)."""
-    return source_settings(**source_values_from_env())  # type: ignore[arg-type]
+def resolved_source(settings: SourceSettings) -> SourceSettings:
+    """`settings` with the local demo server's URL when CDC_MYSQL_URL was unset (core.settings.DEMO_SOURCE), looked
+    up where the source is about to be read; one sentence with the fix when no source is configured or running."""
+    if settings.url != DEMO_SOURCE:
+        return settings
+    return replace(settings, url=resolve_mysql_url(None))
 
 
 def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:

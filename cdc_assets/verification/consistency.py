@@ -27,7 +27,7 @@ from cdc_assets.capture.event_loop import CaptureOptions, capture_batches
 from cdc_assets.capture.statement_scope import changed_tables
 from cdc_assets.core import failpoints
 from cdc_assets.core.arrow import release_unused_memory
-from cdc_assets.core.column_policy import ColumnPolicy, clear_left_sentence, policy_from_env
+from cdc_assets.core.column_policy import ColumnPolicy, clear_left_sentence
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import ColumnSpec, arrow_schema, arrow_type, decode_column
 from cdc_assets.core.names import TableRef
@@ -784,7 +784,7 @@ def _compare_at_one_point(
         # information_schema is not part of the snapshot: the shapes read before it and again after the rows
         # were read prove the shape inside it, when they agree (a DDL in between makes them differ).
         shapes = source_shapes(conn, tables)
-        policy = policy_from_env()
+        policy = settings.column_policy
         rewrite = load_policy_record(lakehouse.store).rewrite  # columns whose clear values are left until a rewrite
         with source.consistent_snapshot(conn, server, settings.global_read_lock, settle) as point:
             # Changes up to `low` are in the snapshot; those after it up to `high` may be or not: in flight.

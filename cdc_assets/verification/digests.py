@@ -44,7 +44,7 @@ import pyarrow.fs as pafs
 import pymysql
 from deltalake import DeltaTable
 
-from cdc_assets.core.column_policy import policy_from_env
+from cdc_assets.core.column_policy import ColumnPolicy
 from cdc_assets.core.mysql_types import BINARY_TYPES, INTEGER_TYPES, PRINTED_BINARY_TYPES, TEXT_TYPES, ColumnSpec
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl
@@ -76,9 +76,9 @@ _UNDIGESTED = ("float", "double")
 _UTF8 = ("utf8mb4", "utf8mb3", "utf8")  # charsets whose bytes are utf8mb4's
 
 
-def digestible(shape: TableShape) -> bool:
+def digestible(shape: TableShape, policy: ColumnPolicy) -> bool:
     """Whether the table's rows have a text both sides write alike and a key the server can cut into ranges."""
-    if len(shape.primary_key) != 1 or policy_from_env().touches(shape):
+    if len(shape.primary_key) != 1 or policy.touches(shape):
         return False  # a column policy's values are made in Python (core/column_policy), not on the server
     key = next(c for c in shape.columns if c.name == shape.primary_key[0])
     return key.type in INTEGER_TYPES and not any(c.type in _UNDIGESTED for c in shape.columns)

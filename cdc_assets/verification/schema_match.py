@@ -2,7 +2,6 @@
 
 import pyarrow as pa
 
-from cdc_assets.core.column_policy import policy_from_env
 from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
@@ -57,7 +56,7 @@ def schema_differences(settings: SourceSettings, lakehouse: Lakehouse, tables: l
     refs = [TableRef.parse(name) for name in tables]
     conn = source.connect(settings.url)
     try:
-        policy = policy_from_env()  # the lakehouse's columns are the source's under the column policy
+        policy = settings.column_policy  # the lakehouse's columns are the source's under the column policy
         shapes = {t: policy.lake_shape(s) if s is not None else None for t, s in source_shapes(conn, refs).items()}
     finally:
         conn.close()

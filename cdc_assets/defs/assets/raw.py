@@ -10,9 +10,8 @@ from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.assets.metadata import capture_metadata
 from cdc_assets.defs.assets.tables import confirmations
-from cdc_assets.defs.freshness import confirm_every_seconds
 from cdc_assets.defs.keys import RAW_ASSET, source_asset_key
-from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.resources import BinlogResource, CadenceResource, LakehouseResource
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.pipeline.driver import CAPTURE, Captured, drive
@@ -32,13 +31,15 @@ from cdc_assets.runtime.event_log import log_batch
     ),
 )
 def raw_binlog_batches(
-    context: AssetExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource
+    context: AssetExecutionContext, binlog: BinlogResource, lakehouse: LakehouseResource, cadence: CadenceResource
 ) -> MaterializeResult:
     house = lakehouse.get()
     owner = run_owner(context.run.run_id)  # raw_batches_contiguous is its own check: no blocking rule here
     steps = drive(binlog.settings(), house, owner=owner, steps=(CAPTURE,), log=context.log, blocking=False)
     [report] = [step.capture for step in steps if isinstance(step, Captured)]
-    metadata, confirmed = capture_events(context.instance, house, report, binlog.max_batch_rows, context.log)
+    metadata, confirmed = capture_events(
+        context.instance, house, report, binlog.max_batch_rows, context.log, cadence.confirm_every_seconds
+    )
     log_batch(context, confirmed)  # one batch of events, however many tables
     return MaterializeResult(metadata=metadata)
 
@@ -49,16 +50,18 @@ def capture_events(
     report: CaptureReport,
     max_batch_rows: int | None,
     log: Any,
+    confirm_every: float,
     busy: Collection[str] = (),
 ) -> tuple[dict[str, object], list[Any]]:
-    """A capture's metadata (the asset's, and a `sync` run's), and the confirmations of the quiet tables. `busy`:
+    """A capture's metadata (the asset's, and a `sync` run's), and the confirmations of the quiet tables (those not
+    materialized for `confirm_every` seconds: the cadence resource's). `busy`:
     tables a sync's forked child is bringing up to date meanwhile (they are the run's, not quiet ones)."""
     log.info(
         f"captured {len(report.batches)} batches, {report.rows} row changes of {len(report.tables)} tables "
         f"up to {report.end} in {report.seconds:.1f}s"
     )
     try:
-        confirmed = confirmations(instance, house, str(report.end), confirm_every_seconds(), time.time(), set(busy))
+        confirmed = confirmations(instance, house, str(report.end), confirm_every, time.time(), set(busy))
     except CdcUserError as exc:  # a corrupt progress file: the apply runs say so; the capture itself succeeded
         log.warning(f"no table confirmed up to date: {exc}")
         confirmed = []

@@ -47,7 +47,6 @@ from cdc_assets.stages.current.rows import (
     DUP_COLUMN,
     LIVE_ROWS,
     current_configuration,
-    current_piece_bytes,
     current_schema,
     file_ranges,
     home_files,
@@ -324,7 +323,7 @@ def _rewrite_touched_files(
     """Copy on write of exactly the files whose key range (their statistics) holds a changed key, plus, for new
     rows, the file whose range they extend (stages.current.rows.home_files); the rows of those files with the
     changes applied (stages.current.rules.merge_rows, as the Spark engine's tasks do), sorted by key and written
-    back as pieces of current_piece_bytes() (CDC_CURRENT_FILE_KB), committed with the removes of the files they replace in one Delta
+    back as pieces of the lakehouse's current_piece_bytes (CDC_CURRENT_FILE_KB), committed with the removes of the files they replace in one Delta
     commit that records `new_applied`. Returns the inserted, updated and deleted counts.
 
     Why not delta-rs's MERGE: it narrows the files it reads only to the changed keys' overall min and max, so a
@@ -364,7 +363,7 @@ def _rewrite_touched_files(
     slices = [
         group.slice(offset, length)
         for group in range_groups(merged, key, [r for r in ranges if r["path"] in rewritten])
-        for offset, length in pieces(group.num_rows, row_bytes, current_piece_bytes())
+        for offset, length in pieces(group.num_rows, row_bytes, lakehouse.current_piece_bytes)
     ]
 
     def write(rows: pa.Table) -> list[dict]:
@@ -377,7 +376,7 @@ def _rewrite_touched_files(
     )  # fmt: skip
     target.update_incremental()
     # only fragments (deletes thinned them, new rows of a many-column key) are binned: never the pieces
-    compact_small_files(target, current_piece_bytes() // 2, failpoint="current.compacting")
+    compact_small_files(target, lakehouse.current_piece_bytes // 2, failpoint="current.compacting")
     return counts
 
 
@@ -555,7 +554,7 @@ def replace_current_in_pieces(
     """`replace_current` for a keyed table's rows in key order: written as pieces (lake.files.write_files), so its first
     merges rewrite only the pieces holding changed keys, committed in one Delta commit that records `seq`."""
     key = lakehouse.table_key(CURRENT, table)
-    adds = list(write_files(lakehouse.file_access(), key, str(table), parts, piece_bytes=current_piece_bytes()))
+    adds = list(write_files(lakehouse.file_access(), key, str(table), parts, piece_bytes=lakehouse.current_piece_bytes))
     commit_files(
         existing, lakehouse.table_uri(CURRENT, table), lakehouse.storage_options(), lakehouse.table_key(CURRENT, table),
         schema, add_actions(adds), [], APPLIED_SEQ_KEY, seq, current_configuration(schema), overwrite=existing is not None,

@@ -35,7 +35,6 @@ from cdc_assets.stages.current.apply import ApplyResult, applied_floor, settle_s
 from cdc_assets.stages.current.rows import (
     DUP_COLUMN,
     current_configuration,
-    current_piece_bytes,
     current_schema,
     reshape_rows,
 )
@@ -240,11 +239,11 @@ def apply_on_spark(
     outcomes = merged + for_each_table(rest, run)
     # the fragments merges left, binned for every table in one job
     touched = sorted({str(step.table) for chain in chains for _, step in chain})
-    compact_tables(lakehouse, spark, CURRENT, [TableRef.parse(t) for t in touched], current_piece_bytes() // 2, APPLIED_SEQ_KEY)
+    compact_tables(lakehouse, spark, CURRENT, [TableRef.parse(t) for t in touched], lakehouse.current_piece_bytes // 2, APPLIED_SEQ_KEY)
     record_outcomes(outcomes, report, dropped, log, len(steps), "spark")
 
 
-# Compaction bins only fragments, as on Arrow: the key-range pieces of current_piece_bytes() an Arrow snapshot or merge
+# Compaction bins only fragments, as on Arrow: the key-range pieces of the lakehouse's current_piece_bytes an Arrow snapshot or merge
 # wrote are not small, and binning them (in path order) would make every file span the whole key range.
 
 # Tables whose pending changes one task applies whole (one job for all of them, however many tables): changes under

@@ -26,7 +26,7 @@ from cdc_assets.core.mysql_types import (
     encode_column,
 )
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.settings import DEFAULT_CURRENT_FILE_KB, current_file_kb
+from cdc_assets.core.settings import DEFAULT_CURRENT_FILE_KB
 from cdc_assets.core.shapes import Default, SchemaChange, TableShape
 from cdc_assets.lake.delta import table_configuration
 from cdc_assets.stages.changes.rows import COMMIT_TS_TYPE, SEQ_TYPE
@@ -90,14 +90,9 @@ CURRENT_FILE_BYTES = 4 * 1024 * 1024
 # of about this much (3,000 rows of a six-column table), however large the table: at 1,000 changes/s with one
 # table in 21 of 10M rows, changed at uniformly random keys, a 4 MB file (100k rows) per changed key made each
 # cycle of the continuous mode slower than the changes came. Compaction bins only fragments under a quarter of
-# this (deletes thinned them), never the pieces (benchmarks/README.md, continuous mode).
+# this (deletes thinned them), never the pieces (benchmarks/README.md, continuous mode). CDC_CURRENT_FILE_KB sets
+# it: the stages take it from the lakehouse they are given (lake.store.Lakehouse.current_piece_bytes).
 CURRENT_PIECE_BYTES = int(DEFAULT_CURRENT_FILE_KB * 1024)
-
-
-def current_piece_bytes() -> int:
-    """The size of current state's key-range files: CDC_CURRENT_FILE_KB, default CURRENT_PIECE_BYTES. Larger files
-    cost a merge more per changed key and a whole-table reader fewer files."""
-    return int(current_file_kb() * 1024)
 
 
 

@@ -47,7 +47,7 @@ from typing import Any
 import pymysql
 
 from cdc_assets.capture.run import CaptureReport, capture
-from cdc_assets.core.column_policy import ColumnPolicy, policy_from_env
+from cdc_assets.core.column_policy import ColumnPolicy
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
@@ -137,7 +137,11 @@ class _Run:
     owner: str
     report: SnapshotReport
     began: float = field(default_factory=time.monotonic)
-    policy: ColumnPolicy = field(default_factory=policy_from_env)  # applied by the tasks (core/column_policy)
+
+    @property
+    def policy(self) -> ColumnPolicy:
+        """The source's column policy, applied by the tasks (core/column_policy)."""
+        return self.settings.column_policy
 
     def info(self, message: str) -> None:
         if self.log is not None:
@@ -239,7 +243,7 @@ def _read_keyed(run: _Run, records: list[TableSnapshot]) -> None:
 
     def read() -> None:
         try:
-            outcome["written"] = read_chunks(run.spark, run.settings.url, lakehouse.file_access(), chunks)
+            outcome["written"] = read_chunks(run.spark, run.settings.url, lakehouse.file_access(), chunks, lakehouse.current_piece_bytes)
         except BaseException as exc:  # re-raised in the run's thread
             outcome["error"] = exc
 

@@ -27,7 +27,7 @@ from cdc_assets.capture import failover
 from cdc_assets.capture.run import capture
 from cdc_assets.capture.spool import SpoolDirectory
 from cdc_assets.core import failpoints
-from cdc_assets.core.column_policy import ColumnPolicy, policy_from_env
+from cdc_assets.core.column_policy import ColumnPolicy
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.mysql_types import arrow_schema
 from cdc_assets.core.names import TableRef
@@ -94,7 +94,6 @@ def take_snapshot(
     (the default below CDC_SPARK_MIN_ROWS rows) in this process inside one consistent snapshot; on Spark by
     parallel tasks a key range at a time, without a lock on the source (stages/snapshot/on_spark.py)."""
     wait = lakehouse.lock_wait_seconds
-    policy_from_env()  # a bad column policy, or no hash key, is one sentence before anything is read
     with lakehouse.faults_are_user_errors(), lakehouse_lock(lakehouse, SNAPSHOT_LOCK, "snapshot", owner, wait, log=log):
         if transforms is not None:
             engine = transforms(_rows_estimate(settings, requested))
@@ -155,7 +154,7 @@ def _read_tables(
                 )
             read = _Read(point, dt.datetime.now(dt.UTC))
             shapes = source_shapes(conn, tables)
-            policy = policy_from_env()
+            policy = settings.column_policy
             for n, table in enumerate(tables):
                 shape = shapes[table]
                 if shape is None:

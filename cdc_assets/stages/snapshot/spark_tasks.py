@@ -20,7 +20,7 @@ from cdc_assets.core.shapes import TableShape
 from cdc_assets.lake.files import FILE_ACTION_SCHEMA, FileAccess, put_object, write_files
 from cdc_assets.source import server as source
 from cdc_assets.source.rows import key_range_select, read_query_rows, read_source_chunks
-from cdc_assets.stages.current.rows import DUP_COLUMN, current_piece_bytes, current_schema, number_duplicates
+from cdc_assets.stages.current.rows import DUP_COLUMN, current_schema, number_duplicates
 from spark_resources.transforms import TaskWork, item_tasks
 
 READ_ROWS = 100_000  # rows a task holds at once
@@ -80,13 +80,14 @@ def _one_task_each(spark: SparkSession, ids: list[int], work: TaskWork, schema: 
     return item_tasks(spark, pa.table({"chunk": pa.array(ids, pa.int64())}), work, schema, tasks=len(ids))
 
 
-def read_chunks(spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: dict[int, ChunkRead]) -> list[dict]:
+def read_chunks(
+    spark: SparkSession, url: MySQLUrl, access: FileAccess, chunks: dict[int, ChunkRead], piece_bytes: int
+) -> list[dict]:
     """Every chunk read by a task of its own and written as files (one SELECT each: one consistent read), then
-    recorded at its `done_key`; the files' add actions, each with its chunk's id."""
+    recorded at its `done_key`; the files' add actions, each with its chunk's id, in key order as current state's
+    pieces of `piece_bytes` (the lakehouse's)."""
     if not chunks:
         return []
-
-    piece_bytes = current_piece_bytes()  # read here: the executors do not have the run's environment
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         conn = source.connect(url)
