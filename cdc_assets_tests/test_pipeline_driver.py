@@ -1,12 +1,13 @@
-"""The pipeline's one driver (cdc_assets/pipeline/driver.py) without a server: raw batches written as capture writes
-them, then the stages run by the driver, its reports, its blocking rules, and what a run stopped part-way leaves to
-another (`remaining`). Capture, the checks and a run for ever read the source: test_pipeline, test_forked_capture
-and test_continuous run them through `sync` and the continuous mode."""
+"""The pipeline's one driver (cdc_assets/pipeline/driver.py) without a source: raw batches written as capture writes
+them, then the stages run by the driver, its reports, its blocking rules, what a run stopped part-way leaves to
+another (`remaining`), and its sinks step publishing to moto's Kinesis. Capture, the checks and a run for ever read
+the source: test_pipeline, test_forked_capture and test_continuous run them through `sync` and the continuous mode."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import boto3
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -33,15 +34,19 @@ from cdc_assets.pipeline.driver import (
     CHANGES,
     CHECKS,
     CURRENT,
+    SINKS,
     SYNC_STEPS,
     Captured,
     ChangesLogged,
     CurrentApplied,
     Forever,
     Pending,
+    Published,
     drive,
     remaining,
 )
+from cdc_assets.sinks.consume import read_stream
+from cdc_assets.sinks.settings import SinkSettings
 from cdc_assets.stages.changes.plan import ChangesReport
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets.stages.current.steps import CurrentReport
@@ -171,3 +176,22 @@ def test_a_run_is_asked_for_what_it_can_do(house: Lakehouse) -> None:
         list(drive(None, house, owner=OWNER, steps=(CAPTURE,)))
     with pytest.raises(ValueError, match="for ever"):
         list(drive(NOWHERE, house, owner=OWNER, until=Forever(lambda: True), tables=["shop.orders"]))
+
+
+def test_the_sinks_step_publishes_where_the_caller_asks(house: Lakehouse, s3_endpoint: str, monkeypatch) -> None:
+    """No caller publishes in its run today (the sinks have runs of their own); a caller that asks gets every change
+    the stages took in published, and a report of it."""
+    for variable, value in {"AWS_ENDPOINT_URL_KINESIS": s3_endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(variable, value)
+    boto3.client("kinesis", region_name="us-east-1").create_stream(StreamName="driver", ShardCount=1)
+    sink = SinkSettings("kinesis", stream="driver", region="us-east-1")
+
+    assert [type(r) for r in _stages(house, sinks=[sink])] == [Pending, ChangesLogged, CurrentApplied]  # not asked
+    assert read_stream("driver", "us-east-1") == []
+    builder = _after_checkpoint(house)
+    _inserts(builder, USERS, range(3, 5), 900)
+    _captured(house, builder)
+    reports = list(drive(None, house, owner=OWNER, steps=(CHANGES, CURRENT, SINKS), sinks=[sink]))
+    assert [type(r) for r in reports] == [Pending, ChangesLogged, CurrentApplied, Published]
+    assert reports[-1].reports[0].messages == 7  # type: ignore[attr-defined]  (the orders' 3, the users' 4)
+    assert len(read_stream("driver", "us-east-1")) == 7
