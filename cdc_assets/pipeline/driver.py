@@ -222,7 +222,9 @@ def drive(
 ) -> Iterator[StepReport]:
     """Run `steps` in the pipeline's order, yielding a report after each.
 
-    `source`: the source's settings (capture and the checks read it; None for a run of the stages alone). `tables`:
+    `source` and `lakehouse` are the pipeline's settings as a run holds them: `Settings.source` (capture and the
+    checks read it; None for a run of the stages alone) and the Lakehouse built from `Settings.lakehouse`, which
+    carries those to every stage (a Dagster run gets both from its resources, a sync's child from its Settings). `tables`:
     the tables the stages take (default: those pending, `pending_tables`; run for ever, those a stopped run left
     behind at the first cycle and those each capture touched after); `current_tables`, a subset of them whose
     current state is applied (default: all). `transforms`: the engine for each stage run, by its size. `blocking`:
