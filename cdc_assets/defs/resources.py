@@ -34,6 +34,7 @@ from cdc_assets.core.settings import (
     DEFAULT_SNAPSHOT_CHUNK_ROWS,
     LAKEHOUSE_ENV,
     SOURCE_ENV,
+    CadenceSettings,
     EnvSetting,
     LakehouseSettings,
     S3Retries,
@@ -241,18 +242,29 @@ class CadenceResource(ConfigurableResource):
         default=DEFAULT_FRESHNESS_FAIL_MINUTES * 60, description="CDC_SINK_LAG_FAIL_SECONDS."
     )
 
+    def values(self) -> CadenceSettings:
+        """The fields as the settings value, whose properties are the one home of what they mean."""
+        return CadenceSettings(
+            check_interval_seconds=self.check_interval_seconds,
+            full_check_interval_seconds=self.full_check_interval_seconds,
+            freshness_warn_minutes=self.freshness_warn_minutes,
+            lag_warn_seconds=self.lag_warn_seconds,
+            lag_fail_seconds=self.lag_fail_seconds,
+            sink_lag_warn_seconds=self.sink_lag_warn_seconds,
+            sink_lag_fail_seconds=self.sink_lag_fail_seconds,
+        )
+
     @property
     def lag_thresholds(self) -> tuple[float, float]:
-        return self.lag_warn_seconds, self.lag_fail_seconds
+        return self.values().lag_thresholds
 
     @property
     def sink_lag_thresholds(self) -> tuple[float, float]:
-        return self.sink_lag_warn_seconds, self.sink_lag_fail_seconds
+        return self.values().sink_lag_thresholds
 
     @property
     def confirm_every_seconds(self) -> float:
-        """core.settings.CadenceSettings.confirm_every_seconds."""
-        return self.freshness_warn_minutes * 60 / 4
+        return self.values().confirm_every_seconds
 
 
 def _env_value(setting: EnvSetting, env: Mapping[str, str], resolved: bool = False) -> Any:
