@@ -1,5 +1,9 @@
 """Shared real parts: one MariaDB and one Oracle MySQL (the project's own scripts) and one SparkSession per session.
 
+`make test` runs the suite in two pytest-xdist workers, each a session of its own: every session fixture here
+(servers, brokers, moto, Spark) lives under the worker's own temporary directory on ports the system hands out, so
+the workers share only what `make install` built (.local/mysql-dist, the caches under ~/.cache/cdc-lakehouse).
+
 Each test gets its own database, its own lakehouse directory and a table filter for its database,
 so tests share the server's binlog without seeing each other's tables. A test reaches its server through the
 `source` fixture: MariaDB, or each flavour in turn where the test (or its module) is marked `both_sources`.
