@@ -13,10 +13,10 @@ from cdc_assets.capture.run import capture
 from cdc_assets.core.column_policy import hash_text
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
-from cdc_assets.core.settings import MySQLUrl, SourceSettings, TableFilter
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.env_settings import source_now
 
 KEY = "personal-data-test-key-0123456789"
 # distinctive clear values: none may be found anywhere
@@ -102,10 +102,6 @@ def test_policies_keep_clear_values_out_of_every_layer(
     assert not [t for t in CLEAR if t in out + err]
 
 
-def _settings(cdc: CdcEnv) -> SourceSettings:
-    return SourceSettings(MySQLUrl.parse(cdc.server.reader_url()), table_filter=TableFilter.parse(f"{cdc.database}.*", None))
-
-
 class _Log:
     def __init__(self) -> None:
         self.warnings: list[str] = []
@@ -123,13 +119,14 @@ class _Log:
 def test_policy_changes_are_explicit(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     db = cdc.database
     cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, email VARCHAR(100), age INT)", "INSERT INTO t VALUES (1, 'a@x.org', 30)")
-    capture(_settings(cdc), cdc.lakehouse)  # captured clear
-    # a policy added: one sentence naming the command that rewrites earlier layers; the shape changes explicitly
+    capture(source_now(), cdc.lakehouse)  # captured clear
+    # a policy added: one sentence naming the command that rewrites earlier layers; the shape changes explicitly.
+    # Each capture takes the settings a command started then reads from the environment, as a user's next sync does.
     monkeypatch.setenv("CDC_HASH_COLUMNS", f"{db}.t.age")
     monkeypatch.setenv("CDC_HASH_KEY", KEY)
     cdc.execute("INSERT INTO t VALUES (2, 'b@x.org', 40)")
     log = _Log()
-    capture(_settings(cdc), cdc.lakehouse, log=log)
+    capture(source_now(), cdc.lakehouse, log=log)
     assert log.warnings == [
         f"{db}.t: a column policy now covers age (hashed), but its earlier raw batches, change log, current state and "
         f"history still hold the clear values: run `cdc-lakehouse forget {db}.t --rewrite-policies` to rewrite them."
@@ -142,7 +139,7 @@ def test_policy_changes_are_explicit(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatc
     cdc.execute("INSERT INTO t VALUES (3, 'c@x.org', 50)")
     batches = list_batches(cdc.lakehouse.store)
     with pytest.raises(CdcUserError, match=r"put the policy back, or accept the change by taking `cdc-lakehouse snapshot"):
-        capture(_settings(cdc), cdc.lakehouse)
+        capture(source_now(), cdc.lakehouse)
     assert list_batches(cdc.lakehouse.store) == batches
 
 

@@ -17,8 +17,9 @@ from cdc_assets.stages.current.apply import read_current
 from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.consistency import CHANGED_KEYS
 from cdc_assets_tests.conftest import CdcEnv, run_cli
+from cdc_assets_tests.env_settings import source_now
 from cdc_assets_tests.test_continuous import _start, _wait_for
-from cdc_assets_tests.test_personal_data import _files, _found, _settings
+from cdc_assets_tests.test_personal_data import _files, _found
 from cdc_assets_tests.test_sinks import Sinks
 from cdc_assets_tests.test_sinks import sinks as sinks_fixture
 
@@ -60,8 +61,9 @@ def test_repair_and_the_changed_keys_check_under_a_policy(
     assert cdc.sync() == 0  # its check compares every row, and records each table found equal
     cdc.execute("UPDATE acct SET n = 10, card = '5555-6666-7777-0009' WHERE id = 1", "UPDATE users SET n = 20")
     assert cdc.sync() == 0
-    # the check after an apply: only the changed keys of a table keyed clear; every row of one keyed on a hash
-    found = {str(c.table): c for c in compare_changed(_settings(cdc), cdc.lakehouse, [TableRef(db, "acct"), TableRef(db, "users")])}
+    # the check after an apply: only the changed keys of a table keyed clear; every row of one keyed on a hash (under
+    # the settings, column policy included, that a command started now reads from the environment)
+    found = {str(c.table): c for c in compare_changed(source_now(), cdc.lakehouse, [TableRef(db, "acct"), TableRef(db, "users")])}
     assert all(c.ok for c in found.values()), [c.describe() for c in found.values()]
     assert found[f"{db}.acct"].scope == CHANGED_KEYS
     assert found[f"{db}.users"].scope != CHANGED_KEYS
