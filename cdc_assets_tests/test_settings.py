@@ -300,15 +300,13 @@ def _rows(conn: object, house: object, table: TableRef) -> tuple[object, object]
 def test_two_settings_in_one_process_are_two_pipelines(
     mariadb: object, mysql: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two settings values, each its own source (MariaDB, MySQL) into its own lakehouse, run capture, the change logs
-    and current state in one process, turn about: each lakehouse equals its own source row for row and holds nothing
-    of the other's. The process's environment points elsewhere all along: a stage that read it would show."""
-    from cdc_assets.capture.run import capture
+    """Two settings values, each its own source (MariaDB, MySQL) into its own lakehouse, each run by the pipeline's
+    driver in one process, turn about (capture, change logs, current state and the checks): each lakehouse equals its
+    own source row for row, its checks say so, and it holds nothing of the other's. The process's environment points
+    elsewhere all along: a stage that read it would show."""
     from cdc_assets.lake.layout import CHANGES, CURRENT
     from cdc_assets.lake.state import known_tables
-    from cdc_assets.stages.changes.run import process_new_batches
-    from cdc_assets.stages.current.run import apply_pending
-    from spark_resources.engine import Transforms
+    from cdc_assets.pipeline.driver import Checked, Pending, drive
 
     for name, value in {
         "CDC_MYSQL_URL": "mysql://nobody@127.0.0.1:9",
@@ -342,13 +340,14 @@ def test_two_settings_in_one_process_are_two_pipelines(
         pipelines[side] = (server, database, resolved_source(settings.source), lakehouse_from(settings.lakehouse))
 
     def run_both() -> None:
-        arrow = lambda changes: Transforms()  # noqa: E731
-        for _, _, source, house in pipelines.values():
-            capture(source, house)
-        for _, _, _, house in pipelines.values():
-            process_new_batches(house, arrow)
-        for _, _, _, house in pipelines.values():
-            apply_pending(house, arrow)
+        for side, (_, database, source, house) in pipelines.items():
+            reports = list(drive(source, house, owner=f"test {side}"))
+            pending = next(r.tables for r in reports if isinstance(r, Pending))  # the tables the run took in
+            assert pending and all(t.startswith(f"{database}.") for t in pending), (side, pending)
+            checked = [r for r in reports if isinstance(r, Checked)]
+            assert len(checked) == 1, side
+            found = {str(c.table): c.status for c in checked[0].comparisons}
+            assert found == dict.fromkeys(pending, "ok"), (side, found)
 
     run_both()
     for side, (server, database, _, _) in pipelines.items():  # changes on both, captured and applied again
