@@ -21,10 +21,9 @@ from cdc_assets.core.settings import SourceSettings
 from cdc_assets.defs.keys import RAW_ASSET
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.table_checks import equality_verdicts, lag_verdicts, schema_verdicts, uniqueness_verdicts
-from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.consistency import ConsistentComparison
-from cdc_assets.verification.integrity import batch_chain_breaks
+from cdc_assets.verification.integrity import chain_checked_from
 from cdc_assets.verification.lag import lags_now
 from cdc_assets.verification.schema_match import schema_differences
 
@@ -49,13 +48,10 @@ def raw_batches_contiguous(context: AssetCheckExecutionContext, lakehouse: Lakeh
 
 
 def contiguity(house: Lakehouse, since: str | None) -> dict[str, Any]:
-    """raw_batches_contiguous's outcome from batch `since` on (the check's fields, for a result or an evaluation).
-    A run that added no batch (`since` None) checks the last batch against the checkpoint, not the whole chain
-    again: that read every manifest the lakehouse ever made, at every capture and every no-op sync."""
-    if since is None:
-        names = list_batches(house.store)
-        since = names[-1] if names else None
-    return contiguity_of(batch_chain_breaks(house, since), since)
+    """raw_batches_contiguous's outcome from batch `since` on (the check's fields, for a result or an evaluation;
+    `since` None: a run that added no batch, verification.integrity.chain_checked_from)."""
+    checked_from, breaks = chain_checked_from(house, since)
+    return contiguity_of(breaks, checked_from)
 
 
 def contiguity_of(breaks: list[str], since: str | None) -> dict[str, Any]:

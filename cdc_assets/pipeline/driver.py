@@ -40,7 +40,6 @@ from cdc_assets.core.settings import SourceSettings
 from cdc_assets.lake.layout import CAPTURE_LOCK, CHANGES_LOCK, CURRENT_LOCK, CURRENT_STAGE, RAW
 from cdc_assets.lake.locks import lakehouse_lock
 from cdc_assets.lake.quarantine import quarantined_tables
-from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables, load_checkpoint, tables_behind
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.lake.table_facts import TableFacts, table_facts
@@ -55,7 +54,7 @@ from cdc_assets.stages.current.steps import CurrentReport
 from cdc_assets.stages.follow import CONTINUOUS_OWNER
 from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.consistency import ConsistentComparison
-from cdc_assets.verification.integrity import batch_chain_breaks, duplicate_seqs
+from cdc_assets.verification.integrity import chain_checked_from, duplicate_seqs
 from cdc_assets.verification.lag import lags_now
 from cdc_assets.verification.schema_match import schema_differences
 from spark_resources.engine import Transforms, TransformsFor
@@ -312,11 +311,8 @@ class _Run:
         if not self.blocking:
             return Captured(report)
         names = [*(b.name for b in report.batches), *report.taken_over]
-        since = min(names) if names else None
-        if since is None:
-            batches = list_batches(self.lakehouse.store)
-            since = batches[-1] if batches else None
-        return Captured(report, since, batch_chain_breaks(self.lakehouse, since))
+        since, breaks = chain_checked_from(self.lakehouse, min(names) if names else None)
+        return Captured(report, since, breaks)
 
     def stages(self, tables: list[str], current_tables: list[str] | None) -> Iterator[StepReport]:
         """The steps after capture over `tables`, in order, each report yielded as the step is done."""

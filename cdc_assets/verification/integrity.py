@@ -12,6 +12,16 @@ from cdc_assets.lake.state import known_tables, load_checkpoint
 from cdc_assets.lake.store import Lakehouse
 
 
+def chain_checked_from(lakehouse: Lakehouse, since: str | None) -> tuple[str | None, list[str]]:
+    """raw_batches_contiguous's starting batch and its breaks: from `since` (a run's first batch), or, for a run
+    that added none, from the last batch against the checkpoint, not the whole chain again (that read every
+    manifest the lakehouse ever made, at every capture and every no-op sync). None: the lakehouse has no batch."""
+    if since is None:
+        names = list_batches(lakehouse.store)
+        since = names[-1] if names else None
+    return since, batch_chain_breaks(lakehouse, since)
+
+
 def batch_chain_breaks(lakehouse: Lakehouse, since: str | None = None) -> list[str]:
     """Places where a raw batch does not start exactly where the one before it ended.
 
