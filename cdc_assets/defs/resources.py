@@ -244,15 +244,7 @@ class CadenceResource(ConfigurableResource):
 
     def values(self) -> CadenceSettings:
         """The fields as the settings value, whose properties are the one home of what they mean."""
-        return CadenceSettings(
-            check_interval_seconds=self.check_interval_seconds,
-            full_check_interval_seconds=self.full_check_interval_seconds,
-            freshness_warn_minutes=self.freshness_warn_minutes,
-            lag_warn_seconds=self.lag_warn_seconds,
-            lag_fail_seconds=self.lag_fail_seconds,
-            sink_lag_warn_seconds=self.sink_lag_warn_seconds,
-            sink_lag_fail_seconds=self.sink_lag_fail_seconds,
-        )
+        return CadenceSettings(**{name: getattr(self, name) for name in type(self).model_fields})
 
     @property
     def lag_thresholds(self) -> tuple[float, float]:
@@ -345,15 +337,7 @@ def resources_of(settings: Settings, resolved: bool = False) -> Resources:
         pyspark=pyspark,
         transforms=TransformsResource(pyspark=pyspark, min_rows=engine.spark_min_rows),
         sinks=sinks_of(env, region, resolved),
-        cadence=CadenceResource(
-            check_interval_seconds=cadence.check_interval_seconds,
-            full_check_interval_seconds=cadence.full_check_interval_seconds,
-            freshness_warn_minutes=cadence.freshness_warn_minutes,
-            lag_warn_seconds=cadence.lag_warn_seconds,
-            lag_fail_seconds=cadence.lag_fail_seconds,
-            sink_lag_warn_seconds=cadence.sink_lag_warn_seconds,
-            sink_lag_fail_seconds=cadence.sink_lag_fail_seconds,
-        ),
+        cadence=CadenceResource(**{name: getattr(cadence, name) for name in CadenceResource.model_fields}),
     )
 
 
