@@ -44,27 +44,41 @@ EXIT_NOT_COMPARED = 3  # verify: nothing differs, but a table could not be compa
 LONG_COMMANDS = frozenset({"sync", "repair", "snapshot", "verify", "demo"})
 
 
+# The options every command takes, before or after the command's name: flag, type, help.
+GLOBAL_OPTIONS: tuple[tuple[str, type, str], ...] = (
+    ("--mysql-url", str, "source URL (overrides CDC_MYSQL_URL)"),
+    ("--lakehouse", str, "local directory or s3://bucket/prefix (overrides CDC_LAKEHOUSE)"),
+    ("--tables", str, "schema.table globs to include (overrides CDC_TABLES)"),
+    ("--exclude-tables", str, "schema.table globs to exclude (overrides CDC_EXCLUDE_TABLES)"),
+    ("--server-id", int, "replica server id (overrides CDC_SERVER_ID)"),
+    ("--spark-master", str, "Spark master or sc:// remote (overrides CDC_SPARK_MASTER)"),
+    ("--rabbitmq-url", str, "amqp://user:password@host:port/vhost: turns the RabbitMQ sink on (CDC_RABBITMQ_URL)"),
+    ("--rabbitmq-exchange", str, "exchange the RabbitMQ sink publishes to (CDC_RABBITMQ_EXCHANGE)"),
+    ("--rabbitmq-tables", str, "schema.table globs the RabbitMQ sink publishes (CDC_RABBITMQ_TABLES)"),
+    ("--rabbitmq-exclude-tables", str, "schema.table globs it leaves out (CDC_RABBITMQ_EXCLUDE_TABLES)"),
+    ("--kinesis-stream", str, "stream name: turns the Kinesis sink on (CDC_KINESIS_STREAM)"),
+    ("--kinesis-tables", str, "schema.table globs the Kinesis sink publishes (CDC_KINESIS_TABLES)"),
+    ("--kinesis-exclude-tables", str, "schema.table globs it leaves out (CDC_KINESIS_EXCLUDE_TABLES)"),
+    ("--sink-dedup-seconds", float, "collapse repeated updates of a key (CDC_SINK_DEDUP_SECONDS)"),
+    ("--sink-heartbeat-seconds", float, "heartbeat message interval (CDC_SINK_HEARTBEAT_SECONDS)"),
+)
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, given_after_command: bool) -> None:
+    """GLOBAL_OPTIONS and -v. After the command's name, an option left out must not overwrite the value given
+    before it: its default there is argparse's SUPPRESS (no attribute at all)."""
+    for flag, kind, text in GLOBAL_OPTIONS:
+        parser.add_argument(flag, type=kind, default=argparse.SUPPRESS if given_after_command else None, help=text)
+    verbose_unset = argparse.SUPPRESS if given_after_command else False
+    parser.add_argument("-v", "--verbose", action="store_true", default=verbose_unset, help="show Dagster's run log")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cdc-lakehouse",
         description="MySQL binlog -> raw batches -> per-table change logs -> current-state Delta tables.",
     )
-    parser.add_argument("--mysql-url", help="source URL (overrides CDC_MYSQL_URL)")
-    parser.add_argument("--lakehouse", help="local directory or s3://bucket/prefix (overrides CDC_LAKEHOUSE)")
-    parser.add_argument("--tables", help="schema.table globs to include (overrides CDC_TABLES)")
-    parser.add_argument("--exclude-tables", help="schema.table globs to exclude (overrides CDC_EXCLUDE_TABLES)")
-    parser.add_argument("--server-id", type=int, help="replica server id (overrides CDC_SERVER_ID)")
-    parser.add_argument("--spark-master", help="Spark master or sc:// remote (overrides CDC_SPARK_MASTER)")
-    parser.add_argument("--rabbitmq-url", help="amqp://user:password@host:port/vhost: turns the RabbitMQ sink on (CDC_RABBITMQ_URL)")
-    parser.add_argument("--rabbitmq-exchange", help="exchange the RabbitMQ sink publishes to (CDC_RABBITMQ_EXCHANGE)")
-    parser.add_argument("--rabbitmq-tables", help="schema.table globs the RabbitMQ sink publishes (CDC_RABBITMQ_TABLES)")
-    parser.add_argument("--rabbitmq-exclude-tables", help="schema.table globs it leaves out (CDC_RABBITMQ_EXCLUDE_TABLES)")
-    parser.add_argument("--kinesis-stream", help="stream name: turns the Kinesis sink on (CDC_KINESIS_STREAM)")
-    parser.add_argument("--kinesis-tables", help="schema.table globs the Kinesis sink publishes (CDC_KINESIS_TABLES)")
-    parser.add_argument("--kinesis-exclude-tables", help="schema.table globs it leaves out (CDC_KINESIS_EXCLUDE_TABLES)")
-    parser.add_argument("--sink-dedup-seconds", type=float, help="collapse repeated updates of a key (CDC_SINK_DEDUP_SECONDS)")
-    parser.add_argument("--sink-heartbeat-seconds", type=float, help="heartbeat message interval (CDC_SINK_HEARTBEAT_SECONDS)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="show Dagster's run log")
+    _add_global_options(parser, given_after_command=False)
     sub = parser.add_subparsers(dest="command", required=True)
     sync = sub.add_parser("sync", help="capture to the binlog end, update change logs and current state, run checks")
     sync.add_argument("--max-batch-rows", type=int, help="row changes per raw batch (CDC_MAX_BATCH_ROWS)")
@@ -108,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
     demo_command.add_argument(
         "--sinks", action="store_true", help="also publish to a local RabbitMQ and a local Kinesis, and read them back"
     )
+    for command in sub.choices.values():  # `cdc-lakehouse sync -v` as well as `cdc-lakehouse -v sync`
+        _add_global_options(command, given_after_command=True)
     return parser
 
 

@@ -424,3 +424,21 @@ def test_commands_print_no_noise_and_sync_prints_its_wall_time(cdc: CdcEnv) -> N
     for command in ("status", "verify"):
         done = run_cli(command)
         assert done.returncode == 0 and done.stderr == "", (command, done.stderr)
+
+
+def test_the_global_options_are_taken_after_the_command_too(cdc: CdcEnv, tmp_path: Path) -> None:
+    """`cdc-lakehouse sync -v --lakehouse DIR`, typed as users type it (issue 44: `sync -v` was refused): an option
+    after the command's name is the same option as before it, and one given only before the name still holds."""
+    cdc.execute("CREATE TABLE g (id INT PRIMARY KEY, v VARCHAR(8))", "INSERT INTO g VALUES (1, 'a'), (2, 'b')")
+    elsewhere = tmp_path / "elsewhere"
+    quiet = run_cli("sync", "--lakehouse", str(elsewhere))
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    cdc.execute("UPDATE g SET v = 'c' WHERE id = 1")
+    verbose = run_cli("sync", "--lakehouse", str(elsewhere), "-v")
+    assert verbose.returncode == 0, verbose.stderr[-2000:]
+    # -v: the run's own log lines, which a sync without it leaves to its summary
+    assert "1 of 1 tables equal to the source" in verbose.stdout and "equal to the source" not in quiet.stdout
+    assert (elsewhere / CURRENT / TableRef(cdc.database, "g").path).is_dir()
+    assert not (cdc.lakehouse_dir / CURRENT).exists()  # CDC_LAKEHOUSE's lakehouse was not the one synced
+    status = run_cli("--lakehouse", str(elsewhere), "status", "--json")
+    assert status.returncode == 0 and f"{cdc.database}.g" in json.loads(status.stdout)["tables"]
