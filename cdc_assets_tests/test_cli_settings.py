@@ -27,7 +27,7 @@ from cdc_assets.source.server import binlog_files, connect
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv, run_cli
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"  # every setting, in one table
 
 
 def _one_sentence(code: int, err: str, *fragments: str) -> str:
@@ -44,7 +44,7 @@ def _nothing_written(cdc: CdcEnv) -> None:
     assert not (cdc.lakehouse_dir / CHECKPOINT_KEY).exists()
 
 
-# Every numeric setting of the README's configuration table, with values it must refuse. A variable documented
+# Every numeric setting of docs/configuration.md's table, with values it must refuse. A variable documented
 # there whose name says it is a number and that is missing here fails `test_every_numeric_setting_is_listed`.
 NUMERIC_SETTINGS = {
     "CDC_SERVER_ID": ["-5", "0", "4294967296", "many", "1.5"],
@@ -73,8 +73,8 @@ NUMERIC_NAME = re.compile(r"_(SECONDS|MINUTES|ROWS|KB|ID|ATTEMPTS)$")
 
 
 def test_every_numeric_setting_is_listed() -> None:
-    documented = set(re.findall(r"^\| `(CDC_[A-Z0-9_]+)`", README.read_text(), re.M))
-    documented |= {b for pair in re.findall(r"^\| `(CDC_[A-Z0-9_]+)` / `(CDC_[A-Z0-9_]+)`", README.read_text(), re.M) for b in pair}
+    documented = set(re.findall(r"^\| `(CDC_[A-Z0-9_]+)`", CONFIGURATION.read_text(), re.M))
+    documented |= {b for pair in re.findall(r"^\| `(CDC_[A-Z0-9_]+)` / `(CDC_[A-Z0-9_]+)`", CONFIGURATION.read_text(), re.M) for b in pair}
     numeric = {name for name in documented if NUMERIC_NAME.search(name)}
     assert numeric and numeric <= set(NUMERIC_SETTINGS), numeric - set(NUMERIC_SETTINGS)
 
@@ -116,7 +116,7 @@ def test_errors_name_the_flag_that_gave_the_value() -> None:
     )
     # a variable the flag did not give, or one whose name holds another's, stays as it is
     assert named_as_given("set CDC_EXCLUDE_TABLES or CDC_RABBITMQ_TABLES", given) == "set CDC_EXCLUDE_TABLES or CDC_RABBITMQ_TABLES"
-    assert set(FLAG_VARIABLES.values()) <= {v for v in re.findall(r"`(CDC_[A-Z_]+)`", README.read_text())}
+    assert set(FLAG_VARIABLES.values()) <= {v for v in re.findall(r"`(CDC_[A-Z_]+)`", CONFIGURATION.read_text())}
 
 
 def test_a_lakehouse_given_by_flag_is_named_as_the_flag(cdc: CdcEnv, tmp_path: Path, capsys) -> None:
@@ -146,7 +146,7 @@ def test_flags_reach_the_forked_child_and_the_run_without_the_environment(cdc: C
 @pytest.mark.both_sources
 def test_a_password_on_the_command_line_is_refused_and_never_shown(cdc: CdcEnv, monkeypatch) -> None:
     """A password in `--mysql-url` would show in `ps` for the whole run: it is refused, pointing to the environment
-    (README: passwords are read from the environment only); a URL without a password is taken."""
+    (docs/configuration.md: passwords are read from the environment only); a URL without a password is taken."""
     url = cdc.server.reader_url()
     password = MySQLUrl.parse(url).password
     monkeypatch.delenv("CDC_MYSQL_URL")

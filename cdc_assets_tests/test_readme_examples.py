@@ -1,6 +1,8 @@
-"""The README's examples (the `export` commands, and the polars, DuckDB and pandas reading examples) run exactly as
-written after `make demo`, in a checkout of their own, and read what the lakehouse holds; and on a history with an
-ALTER, the examples give the exact rows."""
+"""The documents' examples run exactly as written: the `export` commands and the polars, DuckDB and pandas reading
+examples of docs/history.md after `make demo`, in a checkout of their own, reading what the lakehouse holds; on a
+history with an ALTER, the reading examples give the exact rows. The README's own blocks (the set-up, and pointing
+it at a database of your own) are checked without a server: the command on PATH, the make targets, subcommands,
+settings and grants they name."""
 
 from __future__ import annotations
 
@@ -19,27 +21,31 @@ from cdc_assets.lake.layout import CHANGES, HISTORY
 from cdc_assets.stages.current.apply import read_current
 from cdc_assets_tests.conftest import CdcEnv
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+EXAMPLES = ROOT / "docs" / "history.md"  # the export commands and the reading examples
 
 
-def readme_examples() -> list[str]:
-    """The Python code blocks of the README's "Reading the lakehouse" section."""
-    text = README.read_text()
-    section = text[text.index("### Reading the lakehouse") :]
-    section = section[: section.index("\n### ", 1)]
+def reading_examples() -> list[str]:
+    """The Python code blocks of docs/history.md's "Reading the lakehouse" section."""
+    text = EXAMPLES.read_text()
+    section = text[text.index("\n## Reading the lakehouse\n") + 1 :]
+    section = section[: section.index("\n## ", 1)]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
-def readme_blocks(language: str) -> list[str]:
-    """Every code block of the README in `language`."""
-    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), re.S)
+def blocks(language: str, *paths: Path) -> list[str]:
+    """Every code block in `language` of the documents `paths`, in order."""
+    return [b for path in paths for b in re.findall(rf"```{language}\n(.*?)```", path.read_text(), re.S)]
 
 
-def test_every_readme_example_runs_as_written_after_make_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_doc_example_runs_as_written_after_make_demo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`make demo`'s own command (`cdc-lakehouse demo`) in an empty directory with a newcomer's environment (no
-    CDC_* setting, no DAGSTER_HOME), then every example block of the README but the set-up one (`make demo`, `make
-    test`), unchanged: the shell blocks with bash, the Python blocks each in a fresh interpreter and, to look at what
-    they read, here."""
+    CDC_* setting, no DAGSTER_HOME, the virtualenv's bin on PATH as `source .venv/bin/activate` puts it), then every
+    example block of the docs pages, unchanged: the shell blocks with bash, the Python blocks each in a fresh
+    interpreter and, to look at what they read, here. The README's blocks set up or need a database of your own:
+    `test_the_readme_blocks_name_what_exists` checks them."""
     from cdc_assets.lake.store import Lakehouse
     from cdc_assets.local_source import server
 
@@ -51,14 +57,14 @@ def test_every_readme_example_runs_as_written_after_make_demo(tmp_path: Path, mo
     )  # fmt: skip
     try:
         assert demo.returncode == 0 and demo.stderr == "", demo.stdout + demo.stderr
-        shell = readme_blocks("sh")
-        assert "make demo" in shell[0]
-        assert len(shell) >= 2 and all("cdc-lakehouse" in block for block in shell[1:])
-        for block in shell[1:]:
+        shell = blocks("sh", *DOCS)
+        assert "make demo" in blocks("sh", README)[0]
+        assert len(shell) >= 1 and all("cdc-lakehouse" in block for block in shell)
+        for block in shell:
             done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True)
             assert done.returncode == 0 and done.stderr == "", block + done.stdout + done.stderr
-        python = readme_blocks("python")
-        assert python == readme_examples() and len(python) == 3
+        python = blocks("python", README, *DOCS)
+        assert python == reading_examples() and len(python) == 3
         for block in python:
             done = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True)
             assert done.returncode == 0, block + done.stderr
@@ -78,7 +84,7 @@ def test_every_readme_example_runs_as_written_after_make_demo(tmp_path: Path, mo
             monkeypatch.delenv(name, raising=False)
         for block in python:
             scope: dict = {}
-            exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - the README's own examples, as written
+            exec(compile(block, "docs/history.md", "exec"), scope)  # noqa: S102 - the docs' own examples, as written
             assert _same_ids(scope["current"], orders), block
             seqs = [int(v) for v in scope["changes"]["_cdc_seq"]]
             assert seqs == sorted(seqs) and len(seqs) >= len(orders), block
@@ -92,9 +98,40 @@ def test_every_readme_example_runs_as_written_after_make_demo(tmp_path: Path, mo
         server.stop(tmp_path / ".local" / "mariadb")
 
 
-def test_the_readme_has_one_example_per_library() -> None:
-    blocks = readme_examples()
-    assert [next(lib for lib in ("polars", "duckdb", "pandas") if lib in b or lib == "pandas") for b in blocks] == [
+def test_the_readme_blocks_name_what_exists() -> None:
+    """The README's blocks run as written once the database is yours: a block that calls `cdc-lakehouse` puts it on
+    PATH first (`make install` leaves it in .venv/bin), every make target and subcommand it names exists, every
+    setting it exports is in docs/configuration.md's table, the server settings are those the tests' own servers
+    start with, and the grants those of the tests' own reader on each flavour."""
+    from cdc_assets.cli import COMMANDS
+    from cdc_assets.local_source import server
+
+    targets = set(re.findall(r"^([a-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
+    documented = set(re.findall(r"^\| `(CDC_[A-Z0-9_]+)`", (ROOT / "docs" / "configuration.md").read_text(), re.M))
+    shell = blocks("sh", README)
+    assert len(shell) >= 3 and "make demo" in shell[0]
+    for block in shell:
+        assert set(re.findall(r"\bmake ([a-z][\w-]*)", block)) <= targets, block
+        calls = [m.start() for m in re.finditer(r"^cdc-lakehouse\b", block, re.M)]
+        if calls:
+            assert 0 <= block.find("source .venv/bin/activate\n") < calls[0], block
+        assert set(re.findall(r"^cdc-lakehouse (\w+)", block, re.M)) <= set(COMMANDS), block
+        assert set(re.findall(r"^export (CDC_\w+)=", block, re.M)) <= documented, block
+    (ini,) = blocks("ini", README)
+    started_with = Path(server.__file__).read_text()
+    settings = re.findall(r"^(\w+)(?:\s*=\s*(\S+))?$", ini, re.M)
+    assert [name for name, _ in settings] == ["log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata"]
+    for name, value in settings:  # log_bin has no value: the servers give it a path
+        flag = f"--{name.replace('_', '-')}={value}"
+        assert flag in started_with, flag
+    (sql,) = blocks("sql", README)
+    for grants in server.READER_GRANTS.values():
+        assert f"GRANT {grants} ON *.* TO 'cdc'@'%';" in sql
+
+
+def test_the_docs_have_one_reading_example_per_library() -> None:
+    examples = reading_examples()
+    assert [next(lib for lib in ("polars", "duckdb", "pandas") if lib in b or lib == "pandas") for b in examples] == [
         "polars",
         "duckdb",
         "pandas",
@@ -116,7 +153,7 @@ def _same_ids(frame, ids: list[int]) -> bool:
     return sorted(int(v) for v in values) == sorted(ids)
 
 
-def test_readme_reading_examples_run(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_reading_examples_give_the_exact_rows(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CDC_HISTORY_TABLES", f"{cdc.database}.orders")
     cdc.execute(
         "CREATE TABLE orders (id INT PRIMARY KEY, amount DECIMAL(8,2))",
@@ -136,11 +173,11 @@ def test_readme_reading_examples_run(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatc
     versions = read_query(lake.open(HISTORY, table), "SELECT id FROM history", "history").num_rows
     assert want_current == [1, 3, 4] and len(want_changes) == 6 and versions == 7  # 4 written, 2 reopened by the ALTER, 1 after it
 
-    for block in readme_examples():
+    for block in reading_examples():
         code = block.replace("./lakehouse", str(cdc.lakehouse_dir))
         code = code.replace("shop/orders", f"{cdc.database}/orders").replace("shop.orders", f"{cdc.database}.orders")
         scope: dict = {}
-        exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own examples
+        exec(compile(code, "docs/history.md", "exec"), scope)  # noqa: S102 - the docs' own examples
         assert sorted(_frame_ids(scope["current"])) == want_current, block
         assert _frame_ids(scope["changes"]) == want_changes, block
         assert len(scope["history"]) == versions, block

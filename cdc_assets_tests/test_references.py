@@ -103,6 +103,10 @@ def test_every_module_and_document_named_exists() -> None:
         for match in _DOTTED.finditer(prose):
             if match.group(1) in FAILPOINTS:
                 continue  # a failpoint's name (`capture.upload_part`), not a module
+            if path.suffix == ".md" and match.group(1).endswith(".md"):  # a page beside this one, as docs pages link
+                if not (path.parent / match.group(1)).is_file():
+                    broken.append(f"{where}: {match.group(1)} does not exist beside it")
+                continue
             parts = match.group(1).split(".")
             module, rest = _module_file(parts)
             if module is None and parts[0] in SUBPACKAGES:
@@ -130,3 +134,43 @@ def test_no_file_cites_a_document_outside_the_repository() -> None:
         if _OUTSIDE.search(line)
     ]
     assert cited == [], "\n".join(cited)
+
+
+_ANCHOR_LINK = re.compile(r"\]\(([^)#\s]*)#([^)\s]+)\)")
+
+
+def _anchors(document: Path) -> set[str]:
+    """The anchors GitHub gives a document's headings: the text in lower case, without what is not a letter, digit,
+    space, `-` or `_`, spaces as `-`; a repeated one gets `-1`, `-2`…. Headings inside code blocks are not headings."""
+    found: set[str] = set()
+    fenced = False
+    for line in document.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#{1,6} (.*)", line)
+        if heading:
+            text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1).strip())
+            anchor = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+            n, unique = 0, anchor
+            while unique in found:
+                n += 1
+                unique = f"{anchor}-{n}"
+            found.add(unique)
+    return found
+
+
+def test_every_link_to_a_section_names_a_heading_there() -> None:
+    """A link to a section (`docs/operating.md#continuous-mode`, `#repair`) leads to a heading of that document, so
+    a section moved to another page (issue 44: the README's reference went to docs/) leaves no link behind."""
+    broken = []
+    for path in _files():
+        if path.suffix != ".md":
+            continue
+        for match in _ANCHOR_LINK.finditer(path.read_text()):
+            link, anchor = match.groups()
+            if "://" in link:
+                continue
+            target = (path.parent / link).resolve() if link else path
+            if target.suffix == ".md" and target.is_file() and anchor not in _anchors(target):
+                broken.append(f"{path.relative_to(ROOT)}: {link}#{anchor} names no heading of {target.relative_to(ROOT)}")
+    assert broken == [], "\n".join(broken)
