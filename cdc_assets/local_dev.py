@@ -31,8 +31,8 @@ WORKSPACE = PROJECT_ROOT / "workspace.yaml"
 DEFAULT_PORT = 3000
 DEV_SPARK_MIN_ROWS = "1000000"  # runs from the UI take the shared Spark only from this many changes on
 STOP_WAIT_SECONDS = 60.0  # how long a Ctrl-C'd `dagster dev` may take to stop its webserver, daemon and code server
-# Dagster 1.13 points `dagster dev` users to `dg dev` (dagster-dg-cli, not installed: see the README); the project keeps
-# `dagster dev -w workspace.yaml` (README: its first commands) and leaves out that one notice, and no other warning.
+# Dagster 1.13 points `dagster dev` users to `dg dev` (dagster-dg-cli, not installed: see docs/operating.md); the project keeps
+# `dagster dev -w workspace.yaml` (docs/operating.md: From the UI) and leaves out that one notice, and no other warning.
 SUPERSEDED_NOTICE = "ignore:Function `dev_command` is superseded"
 
 

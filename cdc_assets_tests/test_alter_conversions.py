@@ -132,7 +132,7 @@ FAMILIES: dict[str, Family] = {
     "m_misc": Family(("enum", "set", "json", "jtx")),
 }
 
-# What the lakehouse cannot convert exactly, and quarantines (README, "Schema changes"): a zero date is NULL in the
+# What the lakehouse cannot convert exactly, and quarantines (docs/lakehouse.md, "Schema changes"): a zero date is NULL in the
 # lakehouse, and only a date, DATETIME or TIMESTAMP column keeps the two alike; a BIT gives a TEXT or BLOB its bytes,
 # as many as its width, which the binlog's table map does not tell.
 EXPECTED_QUARANTINES: dict[str, Family] = {

@@ -65,7 +65,7 @@ def test_a_current_state_row_changed_behind_the_pipelines_back_fails_equality_an
     assert not outcome.success
     assert any(f.endswith(":current_matches_source") for f in outcome.failed_checks)
     cdc.execute("INSERT INTO t VALUES (4, 'd')")
-    assert cdc.sync() == 1  # README, The `cdc-lakehouse` command: exit 0 only if every check passed
+    assert cdc.sync() == 1  # docs/commands.md: exit 0 only if every check passed
     check = _checks(APPLY_JOB_NAME, f"{cdc.database}.t")["current_matches_source"]
     assert not check.passed and "1 different: 2" in check.description
     figures = {k: _value(v) for k, v in check.metadata.items()}

@@ -1,4 +1,4 @@
-"""JSON columns through `sync`: every current-state document equals the source's own text of it (README: Types (MySQL → Delta):
+"""JSON columns through `sync`: every current-state document equals the source's own text of it (docs/lakehouse.md: Types (MySQL → Delta):
 the document as the server prints it, MySQL's opaque values included, PARTIAL_JSON updates applied).
 
 Each sync must succeed (its checks compare current state with the source) and `verify` must find every table

@@ -1,4 +1,4 @@
-"""Type mapping (README: Types (MySQL → Delta)) and the canonical text form, without a server."""
+"""Type mapping (docs/lakehouse.md: Types (MySQL → Delta)) and the canonical text form, without a server."""
 
 from __future__ import annotations
 

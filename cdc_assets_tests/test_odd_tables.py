@@ -103,7 +103,7 @@ def test_a_system_versioned_table_keeps_its_current_rows(cdc: CdcEnv) -> None:
 
 def test_a_mariadb_sequence_is_skipped(cdc: CdcEnv) -> None:
     """A SEQUENCE became a keyless table gaining a row per cache refill, and the sync failed on a Decimal. It is the
-    server's state, not data: skipped (README, "Sequences"), while the table that takes its values is captured."""
+    server's state, not data: skipped (docs/lakehouse.md, Types: "Sequences"), while the table that takes its values is captured."""
     cdc.execute(
         "CREATE SEQUENCE s CACHE 2",
         "CREATE TABLE t (id BIGINT PRIMARY KEY)",

@@ -1,4 +1,4 @@
-"""One odd table never stops the others (README: Quarantine): a table whose changes cannot be decoded at capture, or applied
+"""One odd table never stops the others (docs/lakehouse.md: Quarantine): a table whose changes cannot be decoded at capture, or applied
 to its current state, is quarantined with one sentence (cause and fix), its own checks fail and `status` lists it;
 every other table goes on and the checkpoint moves; after the fix it catches up exactly once."""
 
@@ -111,7 +111,7 @@ def test_a_table_whose_changes_cannot_be_applied_is_quarantined_and_catches_up_o
 
 def test_an_alter_the_lakehouse_cannot_convert_quarantines_only_its_table(cdc: CdcEnv) -> None:
     """A MODIFY COLUMN the lakehouse cannot convert as the server did (a BIT made a BLOB: the server writes the
-    value's bytes, as many as the column's width, which the binlog does not tell; README, Schema changes) ended the
+    value's bytes, as many as the column's width, which the binlog does not tell; docs/lakehouse.md, Schema changes) ended the
     whole sync. Now only that table is quarantined, with the sentence naming the snapshot that loads it again; the
     others go on. (This test's case was a text in armscii8 made binary until the lakehouse learned that charset.)"""
     cdc.execute(

@@ -1,5 +1,5 @@
 """Schema changes mid-stream: current state follows the source, change logs stay readable, every
-event is read under the schema in force at its point of the binlog (README: Schema changes)."""
+event is read under the schema in force at its point of the binlog (docs/lakehouse.md: Schema changes)."""
 
 from __future__ import annotations
 

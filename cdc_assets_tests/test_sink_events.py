@@ -82,7 +82,7 @@ def test_every_kind_of_change_becomes_its_debezium_style_message() -> None:
     assert [b.get("op") for b in bodies] == ["c", "u", "d", "c", "d", None, "c", "t"]
     assert [b["type"] for b in bodies] == ["change"] * 5 + ["schema_change", "change", "truncate"]
     insert = bodies[0]
-    # values as the README documents them; columns of the version in force (no `extra` before the ALTER)
+    # values as docs/sinks.md documents them; columns of the version in force (no `extra` before the ALTER)
     assert insert["after"] == {"id": 1, "price": "-1.50", "made": "2024-01-02T03:04:05.600000", "seen": "2024-01-02T03:04:05.000000Z",
                                "photo": "AP8=", "day": "2024-02-29", "note": "caf\u00e9 \U0001f600"}  # fmt: skip
     assert insert["before"] is None and insert["key"] == {"id": 1}

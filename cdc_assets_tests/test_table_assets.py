@@ -29,7 +29,7 @@ ORDERS_DDL = """CREATE TABLE orders (
     note        VARCHAR(255) NULL,
     total       DECIMAL(14,2) NOT NULL DEFAULT 0
 )"""
-# the Delta types of those columns (README: Types (MySQL → Delta))
+# the Delta types of those columns (docs/lakehouse.md: Types (MySQL → Delta))
 ORDERS_TYPES = ["decimal(20,0)", "long", "date", "string", "string", "decimal(14,2)"]
 SMALL_TABLES = [f"t{i}" for i in range(5)]
 

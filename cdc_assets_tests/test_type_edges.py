@@ -1,4 +1,4 @@
-"""Every type of the README's type table (Types (MySQL → Delta)) at its edges, through the binlog, compared with the source row for row."""
+"""Every type of docs/lakehouse.md's type table (Types (MySQL → Delta)) at its edges, through the binlog, compared with the source row for row."""
 
 from __future__ import annotations
 

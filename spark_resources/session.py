@@ -48,7 +48,7 @@ def spark_config(master: str = DEFAULT_SPARK_MASTER, extra: dict[str, Any] | Non
         }
         # The tasks' Python (mapInArrow) must have the project installed. On this machine that is this
         # interpreter; a cluster elsewhere runs its workers' own (their PYSPARK_PYTHON, or python3 on their PATH),
-        # unless the user names one here with PYSPARK_PYTHON (see the README, "Running on a Spark cluster").
+        # unless the user names one here with PYSPARK_PYTHON (see docs/spark.md).
         if _on_this_machine(master):
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         if os.environ.get("PYSPARK_PYTHON"):

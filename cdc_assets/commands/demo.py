@@ -56,7 +56,7 @@ def run_demo(
     """The local source under a live workload for `seconds`, synced again and again, then once more after the
     workload stops, then verified. `say` hears what happens, `synced` every sync while the workload runs. With
     `sinks`, every sync also publishes to a local RabbitMQ and a local Kinesis, which are read back at the end."""
-    texts = {"CDC_HISTORY_TABLES": DEMO_HISTORY_TABLES, **settings.environment}  # the README's history examples read it
+    texts = {"CDC_HISTORY_TABLES": DEMO_HISTORY_TABLES, **settings.environment}  # docs/history.md's reading examples read it
     local = start_demo_source(seed)
     texts |= passed_on({"CDC_MYSQL_URL": local.reader_url()})
     lakehouse = initialized_resources(Settings.from_env(texts)).lakehouse.get()

@@ -266,7 +266,7 @@ def run_publish(settings: Settings, sinks: list[str] | None = None, verbose: boo
     names = list(dict.fromkeys(sinks)) if sinks else configured
     if not names:
         raise CdcUserError(
-            "No sink is configured: set CDC_RABBITMQ_URL or CDC_KINESIS_STREAM (see the README's section on sinks)."
+            "No sink is configured: set CDC_RABBITMQ_URL or CDC_KINESIS_STREAM (see docs/sinks.md)."
         )
     resources = initialized_resources(settings)
     outcome = RunOutcome(True)

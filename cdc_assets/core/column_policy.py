@@ -1,4 +1,4 @@
-"""Column policies for personal data (README, "Personal data"): the one home of what a policy does to a table.
+"""Column policies for personal data (docs/personal-data.md): the one home of what a policy does to a table.
 
 `CDC_EXCLUDE_COLUMNS`, `CDC_HASH_COLUMNS` and `CDC_MASK_COLUMNS` name columns by `schema.table.column` globs; the hash
 key comes from `CDC_HASH_KEY`, from the environment only. Capture applies the policy to each row image as it decodes
@@ -305,7 +305,7 @@ def lake_shape(shape: TableShape, rules: Mapping[str, str]) -> TableShape:
         rule = rules.get(col.name, CLEAR)
         if rule == EXCLUDE:
             continue
-        # a hashed or masked column is text (README's type table)
+        # a hashed or masked column is text (docs/lakehouse.md's type table)
         columns.append(ColumnSpec(col.name, "varchar", charset="utf8mb4") if rule in (HASH, MASK) else col)
     return TableShape(shape.table, tuple(columns), shape.primary_key)
 

@@ -1,7 +1,7 @@
 """MySQL column types, their Delta (Arrow) types, and one canonical text form of every value.
 
 Raw batches carry each row image as a list of canonical texts, one per column; the column's
-`ColumnSpec` (in the batch manifest) says how to turn the texts into the Delta type (README: Types (MySQL → Delta)).
+`ColumnSpec` (in the batch manifest) says how to turn the texts into the Delta type (docs/lakehouse.md: Types (MySQL → Delta)).
 Values reach the canonical form by two independent routes, from the binlog
 (`encode_binlog_value`) and from a SQL result (`encode_sql_value`), so `verify` compares the
 lakehouse with the source without trusting the capture path.
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 INTEGER_TYPES = ("tinyint", "smallint", "mediumint", "int", "bigint")
-# The signed mapping of the README's type table; unsigned takes the next wider signed type.
+# The signed mapping of docs/lakehouse.md's type table; unsigned takes the next wider signed type.
 _SIGNED_INT: dict[str, pa.DataType] = {
     "tinyint": pa.int8(),
     "smallint": pa.int16(),
@@ -79,7 +79,7 @@ class ColumnSpec:
 
 
 def arrow_type(col: ColumnSpec) -> pa.DataType:
-    """The Delta type of a MySQL column (README: Types (MySQL → Delta))."""
+    """The Delta type of a MySQL column (docs/lakehouse.md: Types (MySQL → Delta))."""
     t = col.type
     if t in _SIGNED_INT:
         return _UNSIGNED_INT[t] if col.unsigned else _SIGNED_INT[t]

@@ -1,6 +1,6 @@
 """Binlog positions, and how `_cdc_seq` is numbered.
 
-`_cdc_seq` orders every row change of the whole binlog as one number (README: Lakehouse layout): it is the
+`_cdc_seq` orders every row change of the whole binlog as one number (docs/lakehouse.md): it is the
 change's ordinal in binlog order, counted from 1 since the lakehouse started capturing. The
 counter travels with the checkpoint, so re-capturing from a checkpoint numbers the same changes
 the same way, and it keeps increasing across binlog file rotation. It is a 64-bit integer on

@@ -1,4 +1,4 @@
-"""Configuration (README: Configuration) as one typed value, `Settings`, read from an environment's texts (a
+"""Configuration (docs/configuration.md) as one typed value, `Settings`, read from an environment's texts (a
 `Mapping[str, str]`: the process's, with the CLI's flags over it) once, range-checked at once, and passed down.
 No function here reads the process's environment: whoever builds the value says which one.
 

@@ -168,7 +168,7 @@ def with_rename_partners(targets: set[str], take_in: Callable[[list[str]], set[s
 
 
 # A MariaDB SEQUENCE (CREATE SEQUENCE) is a table of one row of these columns, which the binlog logs as a row insert at
-# every cache refill. It is state of the server, not data: capture skips it, as a snapshot does (README, "Sequences").
+# every cache refill. It is state of the server, not data: capture skips it, as a snapshot does (docs/lakehouse.md, Types: "Sequences").
 SEQUENCE_COLUMNS = (
     "next_not_cached_value", "minimum_value", "maximum_value", "start_value", "increment", "cache_size",
     "cycle_option", "cycle_count",

@@ -60,7 +60,7 @@ def build_definitions(settings: Settings | None = None, table_assets: bool = Tru
     owners = cadence.asset_owners
     resources = resources_of(settings)
     # one set of assets per captured table, from the lakehouse's table registry as it is now: a table captured later
-    # appears at the next definitions reload (README, "Operating it")
+    # appears at the next definitions reload (docs/operating.md, "From the UI")
     tables = readable_tables(resources_of(settings, resolved=True).lakehouse.get()) if table_assets else []
     windows = {t.name: cadence.table_freshness_windows(t.name) for t in tables}
     tightest = min([cadence.freshness_windows, *windows.values()])

@@ -184,7 +184,7 @@ class LakehouseResource(ConfigurableResource):
 
 
 class SinksResource(ConfigurableResource):
-    """The message brokers every change is also published to (README, "Sinks"): a RabbitMQ exchange and a
+    """The message brokers every change is also published to (docs/sinks.md): a RabbitMQ exchange and a
     Kinesis stream, each on when its destination is set, each with its own table globs. The AMQP URL (it holds
     a password) comes from an EnvVar, so it never enters run config; Kinesis takes the standard AWS settings
     (AWS_REGION, credentials, AWS_ENDPOINT_URL_KINESIS) as boto3 reads them."""
@@ -298,7 +298,7 @@ class Resources:
 
 
 def resources_of(settings: Settings, resolved: bool = False) -> Resources:
-    """Every resource of one settings value (README: Configuration), each declared once. `resolved`: with the values
+    """Every resource of one settings value (docs/configuration.md), each declared once. `resolved`: with the values
     in place of EnvVars, ready for use outside a run (see `initialized_resources`)."""
     env = settings.environment
 

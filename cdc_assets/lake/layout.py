@@ -1,4 +1,4 @@
-"""Where things live under CDC_LAKEHOUSE (README: Lakehouse layout), and the names of the stages that write them.
+"""Where things live under CDC_LAKEHOUSE (docs/lakehouse.md: Lakehouse layout), and the names of the stages that write them.
 
 Each stage is named after the layer it writes; the lock that keeps two runs of a stage apart and the
 progress files under `_state/progress/<stage>/` carry that name.

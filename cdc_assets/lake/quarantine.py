@@ -1,4 +1,4 @@
-"""Quarantine: one odd table never stops the others (README: Quarantine).
+"""Quarantine: one odd table never stops the others (docs/lakehouse.md: Quarantine).
 
 A table whose changes cannot be decoded (capture) or applied (the change-log or current-state stage) is quarantined:
 `_state/quarantine/<schema>/<table>.json` records the stage, the cause, the fix and the first seq the table has not

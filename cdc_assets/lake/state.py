@@ -1,7 +1,7 @@
 """Pipeline state under `_state/`: the binlog checkpoint, the table registry and per-table progress.
 
 The checkpoint is only ever a transaction boundary and is written only after the batch that ends
-there is durable (README: What it does; docs/reliability.md). Each state object is one small JSON file replaced atomically.
+there is durable (docs/overview.md; docs/reliability.md). Each state object is one small JSON file replaced atomically.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ and users who want the cluster engine locally (`make spark-cluster-start`).
 
 `CDC_SPARK_MASTER=spark://127.0.0.1:<port>` then sends every stage to it. The executors run Python as
 PYSPARK_PYTHON: this machine's project interpreter (a real cluster needs the project installed on its
-workers' Python: see the README, "Running on a Spark cluster").
+workers' Python: see docs/spark.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Change-log rows as sink messages: a JSON envelope shaped like Debezium's (`before`, `after`, `source`, `op`,
-`ts_ms`), with `_cdc_seq`, the GTID and a stable message id. Plain functions over Arrow rows (README, "Event
+`ts_ms`), with `_cdc_seq`, the GTID and a stable message id. Plain functions over Arrow rows (docs/sinks.md, "Event
 format").
 
 - A row change is one message (`op` c, u, d); an update that changes the primary key is two, as Debezium

@@ -1,5 +1,5 @@
 """One publish run of a sink: every change its tables' change logs hold above its checkpoint, a window at a time,
-each window acknowledged by the broker before the checkpoint moves past it (README, "Delivery guarantee").
+each window acknowledged by the broker before the checkpoint moves past it (docs/sinks.md, "Delivery guarantee").
 
 A broker that goes away mid-run is reconnected to for up to RECONNECT_SECONDS, and the unacknowledged window is
 sent again; then the run ends with one sentence and the checkpoint where the last acknowledged window left it.

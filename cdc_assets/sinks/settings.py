@@ -1,4 +1,4 @@
-"""What a sink publishes and where: plain settings parsed from the environment's texts (README, "Sinks").
+"""What a sink publishes and where: plain settings parsed from the environment's texts (docs/sinks.md).
 
 A sink is on when its destination is set: `CDC_RABBITMQ_URL` for RabbitMQ, `CDC_KINESIS_STREAM` for Kinesis.
 Passwords live only in memory: `AmqpUrl` never prints one.
@@ -109,7 +109,7 @@ def sink_settings(name: str, env: Mapping[str, str]) -> SinkSettings:
         raise CdcUserError(f"There is no sink named '{name}': use one of {', '.join(SINK_NAMES)}.")
     if not env.get(ENABLING_VARIABLE[name]):
         raise CdcUserError(
-            f"The {name} sink is not configured: set {ENABLING_VARIABLE[name]} (see the README's section on sinks)."
+            f"The {name} sink is not configured: set {ENABLING_VARIABLE[name]} (see docs/sinks.md)."
         )
     include, exclude = TABLES_VARIABLES[name]
     common = {

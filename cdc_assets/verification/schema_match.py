@@ -1,4 +1,4 @@
-"""Whether each current-state table has its source table's columns, order and Delta types (README: Lakehouse layout; Types (MySQL → Delta))."""
+"""Whether each current-state table has its source table's columns, order and Delta types (docs/lakehouse.md: Lakehouse layout; Types (MySQL → Delta))."""
 
 import pyarrow as pa
 

@@ -1,4 +1,4 @@
-"""Per-table change logs: `changes/<schema>/<table>`, one row per row change (README: Lakehouse layout).
+"""Per-table change logs: `changes/<schema>/<table>`, one row per row change (docs/lakehouse.md: Lakehouse layout).
 
 Each table gets one atomic Delta append per run, holding only changes newer than what the table
 already has (its highest `_cdc_seq`), so re-processing a batch after a crash adds nothing twice.

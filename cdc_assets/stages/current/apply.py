@@ -1,4 +1,4 @@
-"""Current-state tables: `current/<schema>/<table>`, one row per source row (README: Lakehouse layout, What it does).
+"""Current-state tables: `current/<schema>/<table>`, one row per source row (docs/lakehouse.md: Lakehouse layout; docs/overview.md).
 
 A run applies, per key, only the newest pending change (stages.current.rules.newest_rows): upserts write the row,
 deletes remove it, a key-changing update does both. A change not newer than the row's `_cdc_seq` is ignored

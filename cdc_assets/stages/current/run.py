@@ -191,7 +191,7 @@ def _apply_to(
     pending: list[PendingTable] = []
     engine = transforms(_pending_estimate(lakehouse, targets))
     if engine.session is not None and any(t in lakehouse.soft_deletes for t in targets):
-        engine = Transforms(None)  # soft deletes are applied by the Arrow merge only (README)
+        engine = Transforms(None)  # soft deletes are applied by the Arrow merge only (docs/history.md: Soft deletes)
         if log is not None:
             log.info("current state: on Arrow, as CDC_SOFT_DELETES selects some of the run's tables")
     if engine.session is not None:  # on Spark no pending row is read here
