@@ -9,6 +9,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,14 +24,14 @@ def _pins() -> dict[str, str]:
     for line in (ROOT / "constraints.txt").read_text().splitlines():
         name, sep, pinned = line.partition("==")
         if sep and not line.startswith("#"):
-            pins[name.strip().lower().replace("_", "-")] = pinned.strip()
+            pins[canonicalize_name(name)] = pinned.strip()
     return pins
 
 
 def test_every_dependency_is_a_range_that_its_pinned_and_installed_version_satisfies() -> None:
     pins = _pins()
     for requirement in _requirements():
-        name = requirement.name.lower()
+        name = canonicalize_name(requirement.name)
         assert not any(s.operator in ("==", "===") for s in requirement.specifier), f"{requirement} is an exact pin"
         assert name in pins, f"constraints.txt does not pin {name}"
         assert requirement.specifier.contains(pins[name], prereleases=True), f"{name}=={pins[name]} is outside {requirement}"
