@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -377,6 +378,10 @@ class Settings:
 
     source: SourceSettings
     lakehouse: LakehouseSettings = field(default_factory=LakehouseSettings)
+    # CDC_SOURCE_NAME, or a component's `name`: every asset key, job, sensor, schedule, resource and run-queue lane of
+    # the source lives under it, so many sources share one Dagster deployment (defs/keys.SourceKeys). None: the one
+    # unnamed source of the environment, with the keys as they always were (`current/<schema>/<table>`).
+    name: str | None = None
     engine: EngineSettings = field(default_factory=EngineSettings)
     cadence: CadenceSettings = field(default_factory=CadenceSettings)
     progress_seconds: float = DEFAULT_PROGRESS_SECONDS  # CDC_PROGRESS_SECONDS: the CLI's progress lines
@@ -398,6 +403,7 @@ class Settings:
         return Settings(
             source=source,
             lakehouse=lakehouse,
+            name=source_name(env.get("CDC_SOURCE_NAME")),
             engine=engine,
             cadence=cadence,
             progress_seconds=env_number(
@@ -464,6 +470,25 @@ LAKEHOUSE_ENV = {
     "history_tables": EnvSetting("CDC_HISTORY_TABLES"),
     "soft_deletes": EnvSetting("CDC_SOFT_DELETES"),
 }
+
+
+SOURCE_NAME_PATTERN = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+def source_name(text: str | None) -> str | None:
+    """A source's name as Dagster will carry it (an asset key's first part, a job name's prefix, a run tag): lower
+    case letters, digits and `_`, a letter first, at most 40; None for no name."""
+    name = (text or "").strip()
+    if not name:
+        return None
+    if not SOURCE_NAME_PATTERN.fullmatch(name):
+        raise CdcUserError(
+            f"The source name {name!r} cannot name Dagster asset keys and jobs: use lower-case letters, digits and "
+            "'_', starting with a letter, at most 40 characters (for example orders_db)."
+        )
+    if "__" in name:
+        raise CdcUserError(f"The source name {name!r} holds '__', which separates a source's name from its jobs' names: use a single '_'.")
+    return name
 
 
 def source_from_env(env: Mapping[str, str]) -> SourceSettings:

@@ -6,9 +6,9 @@ demo's, which `make dev` shows), `.local/dagster_home-<name>-<digest>` for any o
 user sets is used as it is, and holds one lakehouse's runs too: the first lakehouse to use it marks it as its own,
 and a command for another is refused with one sentence (`claim`).
 
-The run queue lets one capture, one apply and one sync run go at a time (tag `cdc/stage`; a `sync` run launched
-from the UI queues too), and one publish run per sink (tag `cdc/sink`): the lakehouse locks would keep them apart
-anyway, but queued runs wait without holding a run slot or timing out on a lock.
+The run queue lets one capture, one apply and one sync run of each source go at a time, and one publish run per sink
+(tag `cdc/queue`, one value per source and lane; a `sync` run launched from the UI queues too): the lakehouse locks
+would keep them apart anyway, but queued runs wait without holding a run slot or timing out on a lock.
 
 A new DAGSTER_HOME starts from copies of empty databases Dagster built once (`seed_home`): creating runs.db,
 schedules.db and the event log's index.db with their tables, indexes and data migrations took ~0.5 s of a first
@@ -40,9 +40,18 @@ _chosen_here: set[str] = set()  # homes this process chose itself (from the lake
 LEGACY_YAML = "telemetry:\n  enabled: false\n"  # what earlier versions wrote
 EVENT_BATCH_SIZE = 1000  # events Dagster gathers before it hands them to store_event_batch (cdc_assets.runtime.event_log)
 MANAGED_HEADER = "# Written by cdc-lakehouse; delete this line to keep your own edits to this file.\n"
-# the tags the run queue limits (dagster.yaml below); the definitions put them on their runs (defs/keys.py)
-SINK_TAG = "cdc/sink"  # the sink a publish run serves: the run queue lets one run per sink go at a time
-STAGE_TAG = "cdc/stage"  # capture, apply, sync or check: the run queue lets one capture and one apply run go at a time
+# the tags runs carry (defs/keys.SourceKeys puts them on its jobs): the source a run serves, what it does, and the
+# run-queue lane it takes, `<source>/<lane>`, of which any Dagster instance lets one run go at a time (QUEUE_LIMITS)
+SOURCE_TAG = "cdc/source"  # the source's name (`-` for the unnamed source of the environment)
+STAGE_TAG = "cdc/stage"  # capture, apply, sync, check, forget, repair, continuous, publish
+SINK_TAG = "cdc/sink"  # the sink a publish run serves
+QUEUE_TAG = "cdc/queue"  # `<source>/capture`, `<source>/apply`, `<source>/sync`, `<source>/sink-<sink>`: one run each
+QUEUE_LIMITS = f"""    tag_concurrency_limits:
+      - key: {QUEUE_TAG}
+        value:
+          applyLimitPerUniqueValue: true
+        limit: 1
+"""  # the snippet a user's own dagster.yaml takes under `concurrency: runs:` (docs/operating.md)
 
 
 def instance_yaml(home: Path) -> str:
@@ -56,21 +65,7 @@ def instance_yaml(home: Path) -> str:
 concurrency:
   runs:
     max_concurrent_runs: 4
-    tag_concurrency_limits:
-      - key: {STAGE_TAG}
-        value: capture
-        limit: 1
-      - key: {STAGE_TAG}
-        value: apply
-        limit: 1
-      - key: {STAGE_TAG}
-        value: sync
-        limit: 1
-      - key: {SINK_TAG}
-        value:
-          applyLimitPerUniqueValue: true
-        limit: 1
-run_queue:
+{QUEUE_LIMITS}run_queue:
   dequeue_interval_seconds: 1
   dequeue_use_threads: true
 event_log_storage:
