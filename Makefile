@@ -17,13 +17,17 @@ endif
 
 .PHONY: demo test dev stop bench chaos workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
 
-## System packages: a MariaDB server (run as our own dedicated instance), a Java 17+ runtime for Spark, a RabbitMQ
-## server (the sinks' tests and the demo run a dedicated broker of their own; a system one is left alone), and
-## Chromium, which the UI's browser test drives headless over the DevTools protocol.
+## System packages: a MariaDB server and PostgreSQL (each run as our own dedicated instance; a system one is left
+## alone), a Java 17+ runtime for Spark, a RabbitMQ server (the sinks' tests and the demo run a dedicated broker of
+## their own), and Chromium, which the UI's browser test drives headless over the DevTools protocol.
 system-deps:
 	@if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ] || ! command -v mariadb-install-db >/dev/null 2>&1; then \
 		echo "Installing mariadb-server"; \
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq mariadb-server mariadb-client >/dev/null; \
+	fi
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		echo "Installing postgresql (the tests run a dedicated server for a Dagster instance with PostgreSQL storage)"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq postgresql >/dev/null; \
 	fi
 	@if ! java -version 2>&1 | grep -Eq 'version "(1[7-9]|2[0-9])'; then \
 		echo "Installing a Java 17 runtime"; \
