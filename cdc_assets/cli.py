@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -46,6 +47,7 @@ LONG_COMMANDS = frozenset({"sync", "repair", "snapshot", "verify", "demo"})
 
 # The options every command takes, before or after the command's name: flag, type, help.
 GLOBAL_OPTIONS: tuple[tuple[str, type, str], ...] = (
+    ("--source", str, "a MySQLSource component of the Dagster project here, by name: its settings, not CDC_* variables"),
     ("--mysql-url", str, "source URL (overrides CDC_MYSQL_URL)"),
     ("--lakehouse", str, "local directory or s3://bucket/prefix (overrides CDC_LAKEHOUSE)"),
     ("--tables", str, "schema.table globs to include (overrides CDC_TABLES)"),
@@ -224,10 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     args.from_command_line = argv is None
     environment: dict[str, str] = dict(os.environ)
     try:
-        environment |= flag_texts(args)
+        flags = flag_texts(args)
+        environment |= flags
         # every setting read and range-checked once, here: a bad value ends the command before any work starts,
         # whoever would read it; the value is what every command, child and run is given
-        settings = Settings.from_env(environment)
+        if args.source:
+            # the project's defs.yaml files; Dagster's resolver is imported only here, for a named source
+            from cdc_assets.components.project import named_source_settings
+
+            settings = named_source_settings(args.source, Path.cwd(), os.environ, flags)
+            environment = dict(settings.environment)
+        else:
+            settings = Settings.from_env(environment)
         ensure_dagster_home(settings.lakehouse.location)  # the lakehouse's own, or a sentence before a sync forks
         with ProgressDisplay(every=settings.progress_seconds) if _shows_progress(args) else nullcontext():
             return COMMANDS[args.command](args, settings)

@@ -1,10 +1,18 @@
-"""The Dagster code location (workspace.yaml, `make dev`): the pipeline's definitions, assembled in `defs/`."""
+"""The Dagster code location (workspace.yaml, `dg dev`, `make dev`): the `MySQLSource` component instances under
+cdc_assets/sources/, one folder and defs.yaml per source, loaded as Dagster loads any `dg` project's defs folder."""
 
 from __future__ import annotations
 
-from cdc_assets.defs.code_location import build_definitions
+from pathlib import Path
+
+import dagster as dg
+
 from cdc_assets.runtime.instance import enable_event_batches
 
 # Runs launched from the UI or the daemon load this module: their partition-range events go in batches too.
 enable_event_batches()
-defs = build_definitions()  # with the settings of this process's environment, read once as the code location loads
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)

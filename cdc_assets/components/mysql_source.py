@@ -1,0 +1,167 @@
+"""`MySQLSource`: one MySQL or MariaDB source as a Dagster Component (`defs.yaml`), any number of them in one project.
+
+The pattern is Dagster's own ingestion components (Sling's replication component, dlt's): YAML attributes in, the
+definitions of one source out, built by a plain Python factory (`settings_of` -> `build_definitions`). Each attribute
+is one of the settings of docs/configuration.md, given as YAML instead of an environment variable; the source's own
+`name` puts every asset key, job, sensor, schedule and resource of it under that name (defs/keys.SourceKeys), so two
+sources never collide in one code location or one instance.
+
+    type: cdc_assets.components.MySQLSource
+    attributes:
+      name: orders_db
+      mysql_url: "{{ env.ORDERS_DB_URL }}"      # from the environment, never written in YAML
+      lakehouse: s3://lake/orders_db
+      tables: [shop.*]
+
+A component reads no CDC_* variable of the process: a source is its attributes (the AWS_* variables excepted: they are
+the standard S3 credentials every source shares). `from_environment: true` is the one exception, the project's own
+demo: that source is the process's CDC_* variables, read as the CLI reads them.
+"""
+
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets.core.settings import Settings
+
+
+class SparkArgs(dg.Model):
+    """Where a source's stage runs go to Spark (CDC_SPARK_MASTER, CDC_SPARK_MIN_ROWS, CDC_SPARK_CONF)."""
+
+    master: str | None = None
+    min_rows: int | None = None
+    conf: dict[str, str] | None = None
+
+
+class RabbitMQArgs(dg.Model):
+    url: str  # CDC_RABBITMQ_URL: from the environment ("{{ env.X }}"), it holds a password
+    exchange: str | None = None
+    tables: list[str] | None = None
+    exclude_tables: list[str] | None = None
+
+
+class KinesisArgs(dg.Model):
+    stream: str
+    tables: list[str] | None = None
+    exclude_tables: list[str] | None = None
+
+
+class SinkArgs(dg.Model):
+    rabbitmq: RabbitMQArgs | None = None
+    kinesis: KinesisArgs | None = None
+
+
+class FreshnessArgs(dg.Model):
+    """The freshness windows of every table (minutes), and each glob's own (`{"shop.orders": "1/3"}`)."""
+
+    warn_minutes: float | None = None
+    fail_minutes: float | None = None
+    tables: dict[str, str] | None = None
+
+
+@dataclass
+class MySQLSource(dg.Component, dg.Resolvable):
+    """One MySQL or MariaDB source captured into its own lakehouse: its raw binlog batches, each table's change log
+    and current state, their checks, jobs, schedules and sensors, all under the source's name."""
+
+    name: str | None = None
+    mysql_url: str | None = None
+    lakehouse: str | None = None
+    tables: list[str] | None = None
+    exclude_tables: list[str] | None = None
+    server_id: int | None = None
+    spark: SparkArgs | None = None
+    exclude_columns: list[str] | None = None
+    hash_columns: list[str] | None = None
+    mask_columns: list[str] | None = None
+    hash_key: str | None = None
+    history_tables: list[str] | None = None
+    soft_delete_tables: list[str] | None = None
+    sinks: SinkArgs | None = None
+    freshness: FreshnessArgs | None = None
+    owners: list[str] | None = None
+    group: str | None = None
+    settings: dict[str, str] = field(default_factory=dict)  # any other variable of docs/configuration.md, by name
+    from_environment: bool = False
+
+    def source_settings(self) -> Settings:
+        return settings_of(self)
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        from cdc_assets.defs.code_location import build_definitions
+
+        definitions = build_definitions(self.source_settings())
+        if self.group is None:
+            return definitions
+        group = self.group
+        return definitions.map_asset_specs(func=lambda spec: spec.replace_attributes(group_name=group))
+
+
+def _globs(values: Sequence[str] | None) -> str | None:
+    return None if values is None else ",".join(values)
+
+
+def variables_of(source: MySQLSource) -> dict[str, str]:
+    """The component's attributes as the variables of docs/configuration.md they stand for: one meaning per
+    setting, whichever way it is given, and the same checks and sentences."""
+    spark = source.spark or SparkArgs()
+    sinks = source.sinks or SinkArgs()
+    freshness = source.freshness or FreshnessArgs()
+    rabbitmq, kinesis = sinks.rabbitmq, sinks.kinesis
+    given: dict[str, object] = {
+        "CDC_SOURCE_NAME": source.name,
+        "CDC_MYSQL_URL": source.mysql_url,
+        "CDC_LAKEHOUSE": source.lakehouse,
+        "CDC_TABLES": _globs(source.tables),
+        "CDC_EXCLUDE_TABLES": _globs(source.exclude_tables),
+        "CDC_SERVER_ID": source.server_id,
+        "CDC_SPARK_MASTER": spark.master,
+        "CDC_SPARK_MIN_ROWS": spark.min_rows,
+        "CDC_SPARK_CONF": None if spark.conf is None else json.dumps(spark.conf),
+        "CDC_EXCLUDE_COLUMNS": _globs(source.exclude_columns),
+        "CDC_HASH_COLUMNS": _globs(source.hash_columns),
+        "CDC_MASK_COLUMNS": _globs(source.mask_columns),
+        "CDC_HASH_KEY": source.hash_key,
+        "CDC_HISTORY_TABLES": _globs(source.history_tables),
+        "CDC_SOFT_DELETES": _globs(source.soft_delete_tables),
+        "CDC_RABBITMQ_URL": rabbitmq and rabbitmq.url,
+        "CDC_RABBITMQ_EXCHANGE": rabbitmq and rabbitmq.exchange,
+        "CDC_RABBITMQ_TABLES": rabbitmq and _globs(rabbitmq.tables),
+        "CDC_RABBITMQ_EXCLUDE_TABLES": rabbitmq and _globs(rabbitmq.exclude_tables),
+        "CDC_KINESIS_STREAM": kinesis and kinesis.stream,
+        "CDC_KINESIS_TABLES": kinesis and _globs(kinesis.tables),
+        "CDC_KINESIS_EXCLUDE_TABLES": kinesis and _globs(kinesis.exclude_tables),
+        "CDC_FRESHNESS_WARN_MINUTES": freshness.warn_minutes,
+        "CDC_FRESHNESS_FAIL_MINUTES": freshness.fail_minutes,
+        "CDC_FRESHNESS_TABLES": None if not freshness.tables else ",".join(f"{g}={w}" for g, w in freshness.tables.items()),
+        "CDC_ASSET_OWNERS": _globs(source.owners),
+    }
+    variables = {name: str(value) for name, value in given.items() if value is not None and value != ""}
+    for name, value in source.settings.items():
+        if not name.startswith("CDC_"):
+            raise CdcUserError(f"The source {source.name!r} sets {name!r} under `settings`, which takes only the CDC_* variables of docs/configuration.md: use one of them, or the attribute of its own.")
+        if name in variables:
+            raise CdcUserError(f"The source {source.name!r} sets {name} both under `settings` and as an attribute: keep one.")
+        variables[name] = str(value)
+    return variables
+
+
+def settings_of(source: MySQLSource, environment: Mapping[str, str] | None = None) -> Settings:
+    """The source's settings value: its attributes (or, with `from_environment`, the process's CDC_* variables), with
+    the AWS_* variables of the environment for an S3 lakehouse. A bad value raises the CdcUserError its variable
+    would."""
+    environment = os.environ if environment is None else environment
+    if source.from_environment:
+        given = variables_of(source)
+        if given:
+            raise CdcUserError(f"A source `from_environment` takes its settings from the CDC_* variables only, not from attributes ({', '.join(sorted(given))}): drop them or `from_environment`.")
+        return Settings.from_env(environment)
+    if not source.name:
+        raise CdcUserError("A MySQLSource component needs a `name` (for example orders_db): every asset key, job and sensor of the source lives under it.")
+    aws = {k: v for k, v in environment.items() if k.startswith("AWS_")}
+    return Settings.from_env({**aws, **variables_of(source)})
