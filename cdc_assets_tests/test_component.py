@@ -1,0 +1,172 @@
+"""The MySQLSource component in a Dagster project of a user's: two sources declared in defs.yaml files load into one
+code location without a collision, each under its own name, and the CLI works on each by name (`--source`)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from cdc_assets.components.mysql_source import MySQLSource, settings_of
+from cdc_assets.core.errors import CdcUserError
+from cdc_assets_tests.conftest import CdcEnv
+
+SOURCES = ("orders_db", "crm_db")
+
+
+def write_project(root: Path, lakehouses: dict[str, Path], tables: dict[str, str]) -> None:
+    """A `dg` project of a user's, `shop_project`, with one MySQLSource folder per source."""
+    (root / "pyproject.toml").write_text(
+        '[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "shop_project"\n'
+    )
+    package = root / "shop_project"
+    (package / "defs").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "defs" / "__init__.py").write_text("")
+    for name, lakehouse in lakehouses.items():
+        folder = package / "defs" / name
+        folder.mkdir()
+        (folder / "defs.yaml").write_text(
+            "type: cdc_assets.components.MySQLSource\n"
+            "attributes:\n"
+            f"  name: {name}\n"
+            f'  mysql_url: "{{{{ env.{name.upper()}_URL }}}}"\n'
+            f"  lakehouse: {lakehouse}\n"
+            f"  tables: [{tables[name]}]\n"
+            f"  server_id: {4200100 + len(name)}\n"
+            "  owners: [team:data]\n"
+        )
+
+
+@pytest.fixture
+def project(cdc: CdcEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Two sources, two schemas of the test's server, each with a table of its own and a lakehouse of its own."""
+    root = tmp_path / "project"
+    schemas = {name: f"{cdc.database[:40]}_{i}" for i, name in enumerate(SOURCES)}
+    for name, schema in schemas.items():
+        cdc.execute(
+            f"DROP DATABASE IF EXISTS `{schema}`",
+            f"CREATE DATABASE `{schema}`",
+            f"CREATE TABLE `{schema}`.accounts (id INT PRIMARY KEY, owner VARCHAR(20))",
+            f"INSERT INTO `{schema}`.accounts SELECT seq, CONCAT('{name}-', seq) FROM {cdc.numbers(5 + len(name))}",
+        )
+        monkeypatch.setenv(f"{name.upper()}_URL", cdc.server.reader_url())
+    for variable in [v for v in os.environ if v.startswith("CDC_")]:
+        monkeypatch.delenv(variable)  # a named source is its attributes, whatever the environment says
+    write_project(root, {n: tmp_path / f"lake-{n}" for n in SOURCES}, {n: f"{s}.*" for n, s in schemas.items()})
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+def test_two_sources_load_into_one_code_location_each_under_its_own_name(project: Path) -> None:
+    defs = dg.load_from_defs_folder(project_root=project)
+    dg.Definitions.validate_loadable(defs)
+    repository = defs.get_repository_def()
+    keys = {key for a in repository.asset_graph.asset_nodes for key in [a.key]}
+    assert {key.path[0] for key in keys} == set(SOURCES), keys
+    for name in SOURCES:
+        assert dg.AssetKey([name, "raw_binlog_batches"]) in keys
+    jobs = [job.name for job in repository.get_all_jobs() if not job.name.startswith("__")]
+    sensors = [sensor.name for sensor in repository.sensor_defs]
+    schedules = [schedule.name for schedule in repository.schedule_defs]
+    resources = list(repository.get_top_level_resources())
+    for names in (jobs, sensors, schedules, resources):
+        assert names and all(n.split("__", 1)[0] in SOURCES for n in names), names
+        assert len(names) == len(set(names))
+    for name in SOURCES:
+        assert f"{name}__sync" in jobs and f"{name}__capture" in jobs
+
+
+def test_the_cli_syncs_each_source_by_name_from_the_projects_folder(project: Path, tmp_path: Path) -> None:
+    for name in SOURCES:
+        done = subprocess.run(
+            [sys.executable, "-m", "cdc_assets.cli", "--source", name, "sync"],
+            cwd=project, capture_output=True, text=True, timeout=600,
+            env={**os.environ, "DAGSTER_HOME": str(tmp_path / f"home-{name}")},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    for name in SOURCES:
+        current = next((tmp_path / f"lake-{name}" / "current").glob("*/accounts"))
+        rows = DeltaTable(str(current)).to_pyarrow_table().to_pylist()
+        assert sorted((r["id"], r["owner"]) for r in rows) == [(i, f"{name}-{i}") for i in range(1, 6 + len(name))]
+
+
+def test_an_unknown_source_name_is_one_sentence_naming_the_projects_sources(project: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cdc_assets.cli", "--source", "billing", "status"],
+        cwd=project, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: The project at {project} has no MySQLSource named 'billing' (its sources: crm_db, orders_db): give "
+        "one of those names to --source."
+    ]
+
+
+def test_a_source_without_a_name_or_with_a_variable_of_another_kind_is_refused_with_the_fix() -> None:
+    with pytest.raises(CdcUserError, match="needs a `name`"):
+        settings_of(MySQLSource(mysql_url="mysql://u@h:3306"), {})
+    with pytest.raises(CdcUserError, match="takes only the CDC_\\* variables"):
+        settings_of(MySQLSource(name="a", settings={"PATH": "/"}), {})
+    with pytest.raises(CdcUserError, match="both under `settings` and as an attribute"):
+        settings_of(MySQLSource(name="a", lakehouse="x", settings={"CDC_LAKEHOUSE": "y"}), {})
+    with pytest.raises(CdcUserError, match="cannot name Dagster asset keys"):
+        settings_of(MySQLSource(name="Orders-DB"), {})
+
+
+def test_each_attribute_is_the_setting_of_its_variable() -> None:
+    source = MySQLSource.resolve_from_yaml(
+        """
+name: orders_db
+mysql_url: mysql://reader@db.internal:3306
+lakehouse: s3://lake/orders
+tables: [shop.*, billing.invoices]
+exclude_tables: [shop.tmp_*]
+server_id: 4200777
+spark: {master: "spark://spark:7077", min_rows: 0, conf: {spark.executor.memory: 2g}}
+history_tables: [shop.orders]
+soft_delete_tables: [shop.customers]
+freshness: {warn_minutes: 5, fail_minutes: 15, tables: {shop.orders: 1/3}}
+owners: [team:data]
+settings: {CDC_MAX_BATCH_ROWS: "5000"}
+"""
+    )
+    settings = settings_of(source, {"CDC_LAKEHOUSE": "ignored", "AWS_REGION": "eu-west-1"})
+    assert settings.name == "orders_db"
+    assert settings.source.url.host == "db.internal"
+    assert settings.source.server_id == 4200777
+    assert settings.source.max_batch_rows == 5000
+    assert settings.source.table_filter.matches("billing", "invoices")
+    assert not settings.source.table_filter.matches("shop", "tmp_x")
+    assert settings.lakehouse.location == "s3://lake/orders"
+    assert settings.engine.spark_master == "spark://spark:7077" and settings.engine.spark_min_rows == 0
+    assert dict(settings.engine.spark_conf)["spark.executor.memory"] == "2g"
+    assert "shop.orders" in settings.lakehouse.history and "shop.customers" in settings.lakehouse.soft_deletes
+    assert settings.cadence.freshness_windows == (5, 15)
+    assert settings.cadence.table_freshness_windows("shop.orders") == (1, 3)
+    assert settings.cadence.asset_owners == ("team:data",)
+    assert settings.environment["AWS_REGION"] == "eu-west-1"
+
+
+def test_the_docs_yaml_of_two_sources_loads_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/dagster-project.md's defs.yaml examples, each resolved as Dagster resolves it and turned into settings."""
+    page = (Path(__file__).parents[1] / "docs" / "dagster-project.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", page, re.S)
+    assert len(blocks) == 2
+    monkeypatch.setenv("ORDERS_DB_URL", "mysql://reader:s3cret@orders.internal:3306")
+    monkeypatch.setenv("CRM_DB_URL", "mysql://reader:s3cret@crm.internal:3306")
+    monkeypatch.setenv("CRM_HASH_KEY", "a-key-of-at-least-16-characters")
+    names = []
+    for block in blocks:
+        document = yaml.safe_load(block)
+        assert document["type"] == "cdc_assets.components.MySQLSource"
+        source = MySQLSource.resolve_from_yaml(yaml.safe_dump(document["attributes"]))
+        settings = settings_of(source)
+        names.append(settings.name)
+        assert settings.source.url.password == "s3cret"
+    assert names == ["orders_db", "crm_db"]
