@@ -16,7 +16,7 @@ from cdc_assets.commands.runs import instance as _instance
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import CAPTURE_JOB as CAPTURE_JOB_NAME
-from cdc_assets.defs.keys import STAGE_TAG
+from cdc_assets.defs.keys import CAPTURE_LANE, UNNAMED
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule
 from cdc_assets.lake.layout import CAPTURE_LOCK, RAW
@@ -60,7 +60,7 @@ def test_capture_schedule_skips_while_a_capture_runs_or_waits(cdc: CdcEnv, monke
 
     # A capture run waiting to start: no second one is queued behind it.
     run = create_run_for_test(
-        instance, job_name=CAPTURE_JOB_NAME, status=DagsterRunStatus.NOT_STARTED, tags={STAGE_TAG: "capture"}
+        instance, job_name=CAPTURE_JOB_NAME, status=DagsterRunStatus.NOT_STARTED, tags=UNNAMED.tags("capture", CAPTURE_LANE)
     )
     try:
         skipped = tick()

@@ -21,23 +21,22 @@ from cdc_assets.capture.run import capture_lag, preflight
 from cdc_assets.core.errors import CdcUserError, unreachable_message, unreachable_reason
 from cdc_assets.core.settings import Settings
 from cdc_assets.defs.code_location import build_definitions
-from cdc_assets.defs.continuous import ALIVE_STATUSES, stop_followers
+from cdc_assets.defs.continuous import ALIVE_STATUSES, CONTINUOUS_OP, stop_followers
 from cdc_assets.defs.keys import (
     CONTINUOUS_JOB,
-    RAW_ASSET,
     REPAIR_JOB,
     SNAPSHOT_JOB,
     SYNC_JOB,
+    SourceKeys,
     publish_job_name,
-    sink_asset_key,
-    table_asset_key,
 )
 from cdc_assets.defs.resources import initialized_resources
 from cdc_assets.defs.sinks import configured_sinks
+from cdc_assets.defs.sync import SYNC_OP
 from cdc_assets.lake.quarantine import quarantined_tables
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
-from cdc_assets.runtime.instance import ensure_dagster_home, is_new, remember_new_home
+from cdc_assets.runtime.instance import ensure_dagster_home, open_instance
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
 from cdc_assets.sinks.publish import check_sink
@@ -60,13 +59,7 @@ def instance() -> DagsterInstance:
     if str(home) not in _instances:
         for other in list(_instances):
             _instances.pop(other).dispose()
-        from cdc_assets.runtime.event_log import share_alembic_scripts  # sqlalchemy and alembic: only with an instance
-
-        share_alembic_scripts()  # before the run storage opens
-        new = is_new(home)  # no cache to seed it from: Dagster creates its databases, kept then as the cache
-        _instances[str(home)] = DagsterInstance.get()
-        if new and not is_new(home):
-            remember_new_home(_instances[str(home)], home)
+        _instances[str(home)] = open_instance(home)  # a user's own instance that cannot open: one sentence
     return _instances[str(home)]
 
 
@@ -79,7 +72,9 @@ def connections_kept_open(dagster: DagsterInstance) -> AbstractContextManager[An
 
 @dataclass
 class RunOutcome:
-    """What one or more runs did: success, each asset's materialization metadata, the checks that failed."""
+    """What one or more runs of one source did: success, each asset's materialization metadata (by the asset's path
+    below the source's name, `raw_binlog_batches`, `current/shop/orders`, whatever the source's name), the checks
+    that failed."""
 
     success: bool
     metadata: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -181,14 +176,16 @@ def run_job(
     check_source: bool = True,
     run_id: str | None = None,
 ) -> RunOutcome:
-    """One run of a job of the definitions on the persistent instance; raises CdcUserError for what a user can fix.
+    """One run of a job of the source's definitions on the persistent instance; raises CdcUserError for what a user can
+    fix. `job_name`: the job's own name (`sync`), which the source's name qualifies (`orders_db__sync`).
     `check_source=False` for runs that never read the source (a sink publishes from the lakehouse alone)."""
     ensure_dagster_home(settings.lakehouse.location)
     resources = initialized_resources(settings)
     if check_source:
         preflight(resources.binlog.settings())  # what the user can fix is said before any run starts
     resources.lakehouse.get().check_writable()
-    job = build_definitions(settings, table_assets=False).resolve_job_def(job_name)
+    keys = SourceKeys(settings.name)
+    job = build_definitions(settings, table_assets=False).resolve_job_def(keys.job(job_name))
     began = time.monotonic()
     # verbose: the pipeline's progress messages, never Dagster's events (a failure's stack trace stays in the run)
     loggers = {"progress": {}} if verbose else {"console": {"config": {"log_level": "CRITICAL"}}}
@@ -220,12 +217,12 @@ def run_job(
     for event in result.all_events:
         if event.event_type == DagsterEventType.ASSET_MATERIALIZATION:
             materialization = event.step_materialization_data.materialization
-            metadata[materialization.asset_key.to_user_string()] = {
+            metadata[_own_name(keys, materialization.asset_key)] = {
                 k: getattr(v, "value", v) for k, v in materialization.metadata.items()
             }
         elif event.event_type == DagsterEventType.ASSET_OBSERVATION:  # what a run found (a repair), by its description
             observation = event.asset_observation_data.asset_observation
-            metadata[f"{observation.asset_key.to_user_string()}:{observation.description}"] = {
+            metadata[f"{_own_name(keys, observation.asset_key)}:{observation.description}"] = {
                 k: getattr(v, "value", v) for k, v in observation.metadata.items()
             }
     evaluations = [e for e in result.get_asset_check_evaluations() if not e.passed]
@@ -237,6 +234,12 @@ def run_job(
         result.success and not failed_checks, metadata, failed_checks + failures, time.monotonic() - began,
         warnings=sorted(set(warnings)),
     )  # fmt: skip
+
+
+def _own_name(keys: SourceKeys, key: AssetKey) -> str:
+    """An asset's name as RunOutcome keeps it: its path below the source's name (the whole key of another's)."""
+    path = keys.own_path(key)
+    return key.to_user_string() if path is None else AssetKey(path).to_user_string()
 
 
 def run_sync(settings: Settings, verbose: bool = False, run_id: str | None = None) -> RunOutcome:
@@ -256,7 +259,7 @@ def run_repair(settings: Settings, tables: list[str], verbose: bool = False) -> 
     """A `sync` run that repairs `tables` first (`cdc-lakehouse repair`): their differing rows written as `repair`
     changes, applied and checked with everything else the run captures."""
     refuse_beside_continuous(initialized_resources(settings).lakehouse.get())
-    return run_job(settings, REPAIR_JOB, verbose, {"sync_lakehouse": {"config": {"repair": tables}}})
+    return run_job(settings, REPAIR_JOB, verbose, {SYNC_OP: {"config": {"repair": tables}}})
 
 
 def run_publish(settings: Settings, sinks: list[str] | None = None, verbose: bool = False) -> RunOutcome:
@@ -274,7 +277,7 @@ def run_publish(settings: Settings, sinks: list[str] | None = None, verbose: boo
         try:
             sink = resources.sinks.settings(name)  # unknown, not configured, badly configured: this sink only
             check_sink(sink)  # an unreachable broker, refused credentials, a missing destination: said before any run
-            outcome = outcome + run_job(settings, publish_job_name(sink.name), verbose, check_source=False)
+            outcome = outcome + run_job(settings, publish_job_name(sink.name), verbose, check_source=False)  # its own name
         except CdcUserError as exc:
             outcome = outcome + RunOutcome(False, user_errors=[str(exc)])
     return outcome
@@ -314,11 +317,11 @@ def run_continuous(settings: Settings, poll_seconds: float | None = None, verbos
     lakehouse = resources.lakehouse.get()
     lakehouse.check_writable()
     refuse_beside_continuous(lakehouse)
-    job = build_definitions(settings, table_assets=False).resolve_job_def(CONTINUOUS_JOB)
+    job = build_definitions(settings, table_assets=False).resolve_job_def(SourceKeys(settings.name).job(CONTINUOUS_JOB))
     loggers = {"progress": {}} if verbose else {"console": {"config": {"log_level": "CRITICAL"}}}
     run_config: dict[str, Any] = {"loggers": loggers}
     if poll_seconds is not None:
-        run_config["ops"] = {"follow_binlog": {"config": {"poll_seconds": poll_seconds}}}
+        run_config["ops"] = {CONTINUOUS_OP: {"config": {"poll_seconds": poll_seconds}}}
     began = time.monotonic()
     tags = {"cdc/trigger": "cli", "cdc/host": socket.gethostname(), "cdc/pid": str(os.getpid())}
     try:
@@ -361,7 +364,8 @@ def stop_continuous(settings: Settings, wait_seconds: float = STOP_WAIT_SECONDS)
     lakehouse = initialized_resources(settings).lakehouse.get()
     dagster = instance()
     holder = continuous_holder(lakehouse)
-    runs = dagster.get_runs(filters=RunsFilter(job_name=CONTINUOUS_JOB, statuses=ALIVE_STATUSES))
+    job = SourceKeys(settings.name).job(CONTINUOUS_JOB)
+    runs = dagster.get_runs(filters=RunsFilter(job_name=job, statuses=ALIVE_STATUSES))
     if holder is None and not runs:
         return "continuous mode is not running"
     for run in runs:
@@ -458,7 +462,12 @@ def collect_status(settings: Settings) -> Status:
             "lag_seconds": round(behind.seconds, 1),
             "pending_changes": behind.pending,
         }
-    keys = [RAW_ASSET, *(table_asset_key(t) for t in known_tables(lakehouse.store)), *(sink_asset_key(n) for n in sinks)]
+    own = SourceKeys(settings.name)
+    keys = [
+        own.raw_asset,
+        *(own.table_asset_key(t) for t in known_tables(lakehouse.store)),
+        *(own.sink_asset_key(n) for n in sinks),
+    ]
     last = {r.asset_entry.asset_key: r.asset_entry.last_materialization for r in instance().get_asset_records(keys)}
     for key in keys:  # one query for every asset: the raw batches, each table's current state, each sink
         event = last.get(key)

@@ -25,12 +25,25 @@ from dagster import (
 )
 
 from cdc_assets.core.settings import CadenceSettings
-from cdc_assets.defs.keys import CHANGES_TABLE_PREFIX, CURRENT_TABLE_PREFIX, RAW_ASSET, SOURCE_TABLE_PREFIX, STAGE_TAG
+from cdc_assets.defs.keys import (
+    CHANGES_TABLE_PREFIX,
+    CURRENT_TABLE_PREFIX,
+    SOURCE_TABLE_PREFIX,
+    SYNC_LANE,
+    UNNAMED,
+    SourceKeys,
+)
 
 AUTOMATION_SENSOR = "automation_sensor"
-with warnings.catch_warnings():  # include_sources is flagged beta; without it external assets are never selected
-    warnings.simplefilter("ignore", BetaWarning)
-    SOURCE_TABLES = AssetSelection.key_prefixes([SOURCE_TABLE_PREFIX], include_sources=True)
+
+
+def source_tables(keys: SourceKeys) -> AssetSelection:
+    """The source tables of the source `keys` names, `[<source>/]mysql/…` (external assets)."""
+    with warnings.catch_warnings():  # include_sources is flagged beta; without it external assets are never selected
+        warnings.simplefilter("ignore", BetaWarning)
+        return AssetSelection.key_prefixes(keys.prefix(SOURCE_TABLE_PREFIX), include_sources=True)
+
+
 def update_minutes(warn_minutes: float) -> int:
     """How often a table with this warn window is updated: every half window (at least every minute), so a run's
     wait for the sensor's tick and its own length still leave it within the window."""
@@ -51,13 +64,13 @@ def update_cron(warn_minutes: float) -> str:
     return "0 0 * * *"
 
 
-def table_automation(warn_minutes: float) -> AutomationCondition:
+def table_automation(warn_minutes: float, keys: SourceKeys = UNNAMED) -> AutomationCondition:
     """On the table's cron, once its upstream (the raw batches; its source table, observed, is not waited for) was
     updated since the tick or is requested with it."""
     cron = update_cron(warn_minutes)
     return (
         AutomationCondition.on_cron(cron)
-        .ignore(SOURCE_TABLES)
+        .ignore(source_tables(keys))
         .with_label(f"within {warn_minutes:g} min: on_cron({cron})")
     )
 
@@ -68,14 +81,15 @@ def capture_automation(warn_minutes: float) -> AutomationCondition:
     return AutomationCondition.on_cron(cron).with_label(f"ahead of the tightest window ({warn_minutes:g} min): on_cron({cron})")
 
 
-def build_automation_sensor(cadence: CadenceSettings) -> AutomationConditionSensorDefinition:
-    """Dagster's automation sensor over the capture and the tables, running in the automation mode (`make dev`'s
-    default; `cadence.automation_on`); its runs queue as a sync's do (one at a time)."""
+def build_automation_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> AutomationConditionSensorDefinition:
+    """Dagster's automation sensor over the source's capture and tables, running in the automation mode (`make dev`'s
+    default; `cadence.automation_on`); its runs queue as the source's syncs do (one at a time, in its sync lane)."""
+    tables = AssetSelection.key_prefixes(keys.prefix(CHANGES_TABLE_PREFIX), keys.prefix(CURRENT_TABLE_PREFIX))
     return AutomationConditionSensorDefinition(
-        AUTOMATION_SENSOR,
-        target=AssetSelection.assets(RAW_ASSET) | AssetSelection.key_prefixes([CHANGES_TABLE_PREFIX], [CURRENT_TABLE_PREFIX]),
+        keys.qualified(AUTOMATION_SENSOR),
+        target=AssetSelection.assets(keys.raw_asset) | tables,
         default_status=DefaultSensorStatus.RUNNING if cadence.automation_on else DefaultSensorStatus.STOPPED,
-        run_tags={STAGE_TAG: "sync"},
+        run_tags=keys.tags("sync", SYNC_LANE),
         minimum_interval_seconds=30,
         description=(
             "Keeps every table within its freshness window: requests the capture and the tables whose automation "

@@ -12,14 +12,15 @@ from dagster import (
     AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetChecksDefinition,
     AssetCheckSeverity,
     MetadataValue,
     asset_check,
 )
 
 from cdc_assets.core.settings import SourceSettings
-from cdc_assets.defs.keys import RAW_ASSET
-from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.defs.keys import SourceKeys
+from cdc_assets.defs.resources import SourceResources
 from cdc_assets.defs.table_checks import equality_verdicts, lag_verdicts, schema_verdicts, uniqueness_verdicts
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.verification.consistency import ConsistentComparison
@@ -30,21 +31,29 @@ from cdc_assets.verification.schema_match import schema_differences
 MAX_DETAILS = 50
 
 
-@asset_check(
-    asset=RAW_ASSET,
-    blocking=True,
-    description=(
-        "Raw batches are contiguous: each starts where the previous ended (no gap, no overlap in binlog "
-        "position or _cdc_seq), and the checkpoint sits at the end of the last one. Checks what the run added "
-        "(a run that added nothing: the last batch and the checkpoint)."
-    ),
-)
-def raw_batches_contiguous(context: AssetCheckExecutionContext, lakehouse: LakehouseResource) -> AssetCheckResult:
-    event = context.instance.get_latest_materialization_event(RAW_ASSET)
-    materialization = event.asset_materialization if event is not None else None
-    first = materialization.metadata.get("first_batch") if materialization is not None else None
-    since = first.value if first is not None and first.value else None
-    return AssetCheckResult(**contiguity(lakehouse.get(), since if isinstance(since, str) else None))
+def build_raw_checks(keys: SourceKeys) -> list[AssetChecksDefinition]:
+    """The checks on the source's raw batches: raw_batches_contiguous."""
+
+    @asset_check(
+        asset=keys.raw_asset,
+        name="raw_batches_contiguous",
+        blocking=True,
+        required_resource_keys=keys.resource_keys("lakehouse"),
+        description=(
+            "Raw batches are contiguous: each starts where the previous ended (no gap, no overlap in binlog "
+            "position or _cdc_seq), and the checkpoint sits at the end of the last one. Checks what the run added "
+            "(a run that added nothing: the last batch and the checkpoint)."
+        ),
+    )
+    def raw_batches_contiguous(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        event = context.instance.get_latest_materialization_event(keys.raw_asset)
+        materialization = event.asset_materialization if event is not None else None
+        first = materialization.metadata.get("first_batch") if materialization is not None else None
+        since = first.value if first is not None and first.value else None
+        house = SourceResources(context, keys).lakehouse.get()
+        return AssetCheckResult(**contiguity(house, since if isinstance(since, str) else None))
+
+    return [raw_batches_contiguous]
 
 
 def contiguity(house: Lakehouse, since: str | None) -> dict[str, Any]:
@@ -69,9 +78,9 @@ def contiguity_of(breaks: list[str], since: str | None) -> dict[str, Any]:
     }
 
 
-def uniqueness_of(duplicates: dict[str, int], tables: list[str]) -> list[AssetCheckEvaluation]:
+def uniqueness_of(duplicates: dict[str, int], tables: list[str], keys: SourceKeys) -> list[AssetCheckEvaluation]:
     """change_log_seq_unique of each of `tables` from the duplicates the pipeline's driver found in them."""
-    return [v.evaluation() for v in uniqueness_verdicts(tables, duplicates)]
+    return [v.evaluation(keys) for v in uniqueness_verdicts(tables, duplicates)]
 
 
 def log_comparisons(log: Any, comparisons: list[ConsistentComparison]) -> list[str]:
@@ -92,35 +101,34 @@ def log_comparisons(log: Any, comparisons: list[ConsistentComparison]) -> list[s
     return failing
 
 
-def equality_of(comparisons: list[ConsistentComparison], log: Any) -> list[AssetCheckEvaluation]:
+def equality_of(comparisons: list[ConsistentComparison], log: Any, keys: SourceKeys) -> list[AssetCheckEvaluation]:
     """current_matches_source of each table the pipeline's driver compared, its differences logged."""
     log_comparisons(log, comparisons)
-    return [v.evaluation() for v in equality_verdicts(comparisons)]
+    return [v.evaluation(keys) for v in equality_verdicts(comparisons)]
 
 
-def schema_match(settings: SourceSettings, house: Lakehouse, tables: list[str]) -> list[AssetCheckEvaluation]:
+def schema_match(settings: SourceSettings, house: Lakehouse, tables: list[str], keys: SourceKeys) -> list[AssetCheckEvaluation]:
     """current_schema_matches_source of each of `tables`."""
-    return schema_match_of(schema_differences(settings, house, tables), tables)
+    return schema_match_of(schema_differences(settings, house, tables), tables, keys)
 
 
-def schema_match_of(problems: dict[str, str], tables: list[str]) -> list[AssetCheckEvaluation]:
+def schema_match_of(problems: dict[str, str], tables: list[str], keys: SourceKeys) -> list[AssetCheckEvaluation]:
     """current_schema_matches_source of each of `tables` from the differences found (here, or by a sync's forked
     child)."""
-    return [v.evaluation() for v in schema_verdicts(tables, problems)]
+    return [v.evaluation(keys) for v in schema_verdicts(tables, problems)]
 
 
 def lag(
-    settings: SourceSettings, house: Lakehouse, tables: list[str], thresholds: tuple[float, float]
+    settings: SourceSettings, house: Lakehouse, tables: list[str], thresholds: tuple[float, float], keys: SourceKeys
 ) -> list[AssetCheckEvaluation]:
     """table_lag of each of `tables` (the run's) and of each table behind, from every table's lag now."""
-    return lag_of(lags_now(settings, house), tables, thresholds)
+    return lag_of(lags_now(settings, house), tables, thresholds, keys)
 
 
-def lag_of(lags: dict[str, float], tables: list[str], thresholds: tuple[float, float]) -> list[AssetCheckEvaluation]:
+def lag_of(
+    lags: dict[str, float], tables: list[str], thresholds: tuple[float, float], keys: SourceKeys
+) -> list[AssetCheckEvaluation]:
     """table_lag from every table's lag (measured here, or by a sync's forked child), warning and failing past
     `thresholds` (the cadence resource's CDC_LAG_WARN/FAIL_SECONDS)."""
     warn, fail = thresholds
-    return [v.evaluation() for v in lag_verdicts(lags, tables, warn, fail)]
-
-
-ALL_CHECKS = [raw_batches_contiguous]
+    return [v.evaluation(keys) for v in lag_verdicts(lags, tables, warn, fail)]

@@ -26,6 +26,7 @@ from dagster import (
     DagsterExecutionInterruptedError,
     DagsterRunStatus,
     DefaultSensorStatus,
+    JobDefinition,
     OpExecutionContext,
     RunRequest,
     RunsFilter,
@@ -44,8 +45,8 @@ from cdc_assets.core.settings import CadenceSettings
 from cdc_assets.defs.assets.metadata import applied_figures, capture_metadata, changes_figures
 from cdc_assets.defs.assets.tables import confirmations, table_materializations
 from cdc_assets.defs.checks import lag, log_comparisons, schema_match
-from cdc_assets.defs.keys import CONTINUOUS_JOB, RAW_ASSET, STAGE_TAG, changes_asset_key, table_asset_key
-from cdc_assets.defs.resources import BinlogResource, CadenceResource, LakehouseResource
+from cdc_assets.defs.keys import CONTINUOUS_JOB, UNNAMED, SourceKeys
+from cdc_assets.defs.resources import SourceResources
 from cdc_assets.defs.table_checks import EQUALITY_CHECK, equality_verdicts
 from cdc_assets.lake.state import known_tables
 from cdc_assets.lake.store import Lakehouse
@@ -69,9 +70,9 @@ from cdc_assets.runtime.queue import WAITING_STATUSES
 from cdc_assets.stages.changes.plan import ChangesReport
 from cdc_assets.stages.current.steps import CurrentReport
 from cdc_assets.stages.follow import continuous_holder, continuous_owner
-from spark_resources.resources import TransformsResource
 
 CONTINUOUS_SENSOR = "continuous_sensor"
+CONTINUOUS_OP = "follow_binlog"  # its node in the continuous job, which a run's config names
 RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is being terminated
 # A run that started longer ago than the time it may wait for the locks of a batch run in progress (the
 # lakehouse's lock wait) plus this, and still holds no lock, is taken for dead (killed with its process).
@@ -155,6 +156,7 @@ class _Checks:
     every: float
     full_every: float
     runner: ChildChecks | InProcessChecks
+    keys: SourceKeys  # the source's: its events are recorded under its keys
     touched: set[str] = field(default_factory=set)
     last: float = field(default_factory=time.monotonic)
     last_full: float = field(default_factory=time.monotonic)
@@ -184,29 +186,23 @@ class _Checks:
         return None
 
 
-@op(
-    out={},
-    description=(
-        "Continuous mode: follows the binlog in one warm process (capture, then the change logs and current state of "
-        "the tables each batch touched), records each cycle as materializations of raw_binlog_batches and of the "
-        "touched tables' `changes/<schema>/<table>` and `current/<schema>/<table>`, and evaluates each table's "
-        "current_matches_source, current_schema_matches_source and table_lag every CDC_CHECK_INTERVAL_SECONDS (the "
-        "tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every table). Holds "
-        "the capture, change-log and current-state locks for its whole life; a termination stops it between cycles."
-    ),
+FOLLOW_DESCRIPTION = (
+    "Continuous mode: follows the binlog in one warm process (capture, then the change logs and current state of "
+    "the tables each batch touched), records each cycle as materializations of raw_binlog_batches and of the "
+    "touched tables' `changes/<schema>/<table>` and `current/<schema>/<table>`, and evaluates each table's "
+    "current_matches_source, current_schema_matches_source and table_lag every CDC_CHECK_INTERVAL_SECONDS (the "
+    "tables changed) and CDC_FULL_CHECK_INTERVAL_SECONDS (every table). Holds "
+    "the capture, change-log and current-state locks for its whole life; a termination stops it between cycles."
 )
-def follow_binlog(
-    context: OpExecutionContext,
-    config: ContinuousConfig,
-    binlog: BinlogResource,
-    lakehouse: LakehouseResource,
-    transforms: TransformsResource,
-    cadence: CadenceResource,
-) -> Iterator[Any]:
-    house = lakehouse.get()
-    settings = binlog.settings()
+
+
+def follow_binlog(context: OpExecutionContext, config: ContinuousConfig, used: SourceResources) -> Iterator[Any]:
+    """The continuous op's work, with the resources of its source (`used.keys`)."""
+    cadence, transforms = used.cadence, used.transforms
+    house = used.lakehouse.get()
+    settings = used.binlog.settings()
     checks = _Checks(
-        cadence.check_interval_seconds, cadence.full_check_interval_seconds, checks_for(settings, house),
+        cadence.check_interval_seconds, cadence.full_check_interval_seconds, checks_for(settings, house), used.keys,
         confirm_every=cadence.confirm_every_seconds, lag_thresholds=cadence.lag_thresholds,
     )  # fmt: skip
     # The op thread's own copy, its tables kept open like the follower's (each copy is used by one thread and its
@@ -267,7 +263,7 @@ def follow_binlog(
         if checks.runner.pending is not None and failure is None:
             answered = checks.runner.result(timeout=STOP_CHECK_WAIT_SECONDS)
             if answered is not None:
-                yield from _check_answered(context, house, settings, checks.lag_thresholds, *answered)
+                yield from _check_answered(context, house, settings, checks, *answered)
             else:
                 context.log.warning(f"continuous mode: the {checks.runner.pending.kind} check in progress was abandoned at the stop")
     finally:
@@ -313,16 +309,17 @@ def _watch(
                 return
         answered = checks.runner.result()
         if answered is not None:
-            yield from _check_answered(context, house, settings, checks.lag_thresholds, *answered)
+            yield from _check_answered(context, house, settings, checks, *answered)
         due = checks.due(now) if checks.runner.pending is None else None  # one check at a time: the next waits
         if due is not None:
             _submit_check(house, checks, *due)
             answered = checks.runner.result()  # at once when it ran in process
             if answered is not None:
-                yield from _check_answered(context, house, settings, checks.lag_thresholds, *answered)
+                yield from _check_answered(context, house, settings, checks, *answered)
         caught_up, checks.caught_up = checks.caught_up, None
         if caught_up is not None and checks.confirm_due(now):  # the source is quiet: its tables are up to date
-            log_batch(context, confirmations(context.instance, house, caught_up, checks.confirm_every, time.time()))
+            confirmed = confirmations(context.instance, house, caught_up, checks.confirm_every, time.time(), keys=checks.keys)
+            log_batch(context, confirmed)
 
 
 def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, checks: _Checks) -> Iterator[Any]:
@@ -331,10 +328,11 @@ def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
     through the cycle's capture. One batch of events per cycle."""
     events: list[Any] = []
     if cycle.capture is not None and cycle.capture.batches:
-        events.append(AssetMaterialization(RAW_ASSET, metadata={**capture_metadata(cycle.capture), "cycle": cycle.number}))
+        metadata = {**capture_metadata(cycle.capture), "cycle": cycle.number}
+        events.append(AssetMaterialization(checks.keys.raw_asset, metadata=metadata))
     if cycle.capture is not None and checks.confirm_due(time.monotonic()):
         position, touched = str(cycle.capture.end), set(cycle.tables)
-        events += confirmations(context.instance, house, position, checks.confirm_every, time.time(), touched)
+        events += confirmations(context.instance, house, position, checks.confirm_every, time.time(), touched, keys=checks.keys)
     if cycle.tables:
         events += _table_events(context, house, cycle, checks)
     log_batch(context, events)
@@ -348,11 +346,11 @@ def _table_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, c
     figures = applied_figures(cycle.tables, current.applied if current else [])
     for counts in figures.values():
         counts["cycle"] = cycle.number
-    own = table_materializations(house, figures, cycle.facts)  # each touched table's current/<schema>/<table>
+    own = table_materializations(house, figures, cycle.facts, keys=checks.keys)  # each touched table's current state
     events = []
     for table in cycle.tables:
         logged = {**changes_figures(changes, table), "cycle": cycle.number} if changes else {"changes": 0, "cycle": cycle.number}
-        events.append(AssetMaterialization(changes_asset_key(table), metadata=logged))
+        events.append(AssetMaterialization(checks.keys.changes_asset_key(table), metadata=logged))
         events.append(own[table])
     return events
 
@@ -364,8 +362,7 @@ def _submit_check(house: Lakehouse, checks: _Checks, kind: str, tables: list[str
 
 
 def _check_answered(
-    context: OpExecutionContext, house: Lakehouse, settings: Any, lag_thresholds: tuple[float, float], request: Request,
-    answer: Answer,
+    context: OpExecutionContext, house: Lakehouse, settings: Any, checks: _Checks, request: Request, answer: Answer
 ) -> Iterator[AssetCheckEvaluation]:
     """The batch runs' three checks of each table: equality (the check process's answer), then the tables' schemas
     and every table's lag (cheap: the source's columns, and each table's progress)."""
@@ -374,7 +371,7 @@ def _check_answered(
         context.log.error(f"continuous mode, {request.kind} check: {answer.error}")
         for table in names:
             yield AssetCheckEvaluation(
-                asset_key=table_asset_key(table),
+                asset_key=checks.keys.table_asset_key(table),
                 check_name=EQUALITY_CHECK,
                 passed=False,
                 severity=AssetCheckSeverity.ERROR,
@@ -387,28 +384,44 @@ def _check_answered(
     context.log.info(f"continuous mode, {request.kind} check:")
     log_comparisons(context.log, answer.comparisons or [])
     verdicts = equality_verdicts(answer.comparisons or [])  # each says which cadence compared it
-    log_batch(context, [replace(v, metadata={**v.metadata, "cadence": request.kind}).evaluation() for v in verdicts])
-    log_batch(context, [*schema_match(settings, house, names), *lag(settings, house, names, lag_thresholds)])
+    keys = checks.keys
+    log_batch(context, [replace(v, metadata={**v.metadata, "cadence": request.kind}).evaluation(keys) for v in verdicts])
+    log_batch(context, [*schema_match(settings, house, names, keys), *lag(settings, house, names, checks.lag_thresholds, keys)])
     yield from ()
 
 
-@job(
-    name=CONTINUOUS_JOB,
-    executor_def=in_process_executor,
-    tags={STAGE_TAG: "continuous"},
-    description=follow_binlog.description,
-)
-def continuous_job() -> None:
-    follow_binlog()
+def build_continuous_job(keys: SourceKeys) -> JobDefinition:
+    """The source's `continuous` job: its one op follows the binlog until the run is terminated."""
+
+    @op(
+        name=keys.op(CONTINUOUS_OP),
+        out={},
+        required_resource_keys=keys.resource_keys("binlog", "lakehouse", "transforms", "cadence"),
+        description=FOLLOW_DESCRIPTION,
+    )
+    def follow_binlog_op(context: OpExecutionContext, config: ContinuousConfig) -> Iterator[Any]:
+        yield from follow_binlog(context, config, SourceResources(context, keys))
+
+    @job(
+        name=keys.job(CONTINUOUS_JOB),
+        executor_def=in_process_executor,
+        tags=keys.tags("continuous"),
+        description=FOLLOW_DESCRIPTION,
+    )
+    def continuous_job() -> None:
+        follow_binlog_op.alias(CONTINUOUS_OP)()
+
+    return continuous_job
 
 
-def build_continuous_sensor(cadence: CadenceSettings) -> SensorDefinition:
-    """Starts the continuous job when no run of it is alive, so it is started again when it died. Running by
+def build_continuous_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> SensorDefinition:
+    """Starts the source's continuous job when no run of it is alive, so it is started again when it died. Running by
     default when CDC_CONTINUOUS=1 (`cadence.continuous`: the continuous sensor starts switched on under `make dev`)."""
 
     @sensor(
-        name=CONTINUOUS_SENSOR,
-        job_name=CONTINUOUS_JOB,
+        name=keys.qualified(CONTINUOUS_SENSOR),
+        job_name=keys.job(CONTINUOUS_JOB),
+        required_resource_keys=keys.resource_keys("lakehouse"),
         minimum_interval_seconds=30,
         default_status=DefaultSensorStatus.RUNNING if cadence.continuous else DefaultSensorStatus.STOPPED,
         description=(
@@ -417,20 +430,20 @@ def build_continuous_sensor(cadence: CadenceSettings) -> SensorDefinition:
             "too). Running when CDC_CONTINUOUS=1; switch it off before terminating the run to stop for good."
         ),
     )
-    def continuous_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> RunRequest | SkipReason:
-        reason = continuous_alive(context.instance, lakehouse.get())
+    def continuous_sensor(context: SensorEvaluationContext) -> RunRequest | SkipReason:
+        reason = continuous_alive(context.instance, SourceResources(context, keys).lakehouse.get(), keys)
         return SkipReason(reason) if reason else RunRequest()
 
     return continuous_sensor
 
 
-def continuous_alive(instance: Any, house: Lakehouse) -> str | None:
+def continuous_alive(instance: Any, house: Lakehouse, keys: SourceKeys) -> str | None:
     """Why no new continuous run is needed (one holds the lakehouse, waits to start or is just starting), or None.
     A started run that holds no lock past the grace period died with its process: it is marked failed."""
     holder = continuous_holder(house)
     if holder is not None:
         return f"Continuous mode is running ({holder.describe()})."
-    runs = instance.get_runs(filters=RunsFilter(job_name=CONTINUOUS_JOB, statuses=ALIVE_STATUSES), limit=20)
+    runs = instance.get_runs(filters=RunsFilter(job_name=keys.job(CONTINUOUS_JOB), statuses=ALIVE_STATUSES), limit=20)
     for run in runs:
         if run.status in WAITING_STATUSES:
             return f"Continuous run {run.run_id[:8]} is {run.status.value.lower()}."

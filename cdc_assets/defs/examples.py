@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetExecutionContext,
-    AssetKey,
     AssetsDefinition,
     AssetSelection,
     AutomationCondition,
@@ -23,8 +22,8 @@ from dagster import (
 )
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.keys import table_asset_key
-from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.defs.keys import UNNAMED, SourceKeys
+from cdc_assets.defs.resources import SourceResources
 from cdc_assets.lake.delta import read_query
 from cdc_assets.lake.layout import CURRENT
 
@@ -52,13 +51,14 @@ def after_data_changed() -> AutomationCondition:
     return AutomationCondition.eager().replace("any_deps_updated", table_changed)
 
 
-def build_orders_summary(table: str = ORDERS_TABLE) -> AssetsDefinition:
-    """The example asset over `table` (an orders table with `status` and `total` columns)."""
+def build_orders_summary(table: str = ORDERS_TABLE, keys: SourceKeys = UNNAMED) -> AssetsDefinition:
+    """The example asset over `table` (an orders table with `status` and `total` columns) of the source `keys` names."""
 
     @asset(
-        key=AssetKey([EXAMPLES_GROUP, "orders_by_status"]),
-        group_name=EXAMPLES_GROUP,
-        deps=[table_asset_key(table)],
+        key=keys.asset_key(EXAMPLES_GROUP, "orders_by_status"),
+        group_name=keys.group_of(EXAMPLES_GROUP),
+        deps=[keys.table_asset_key(table)],
+        required_resource_keys=keys.resource_keys("lakehouse"),
         automation_condition=after_data_changed(),
         kinds={"pandas"},
         description=(
@@ -66,8 +66,8 @@ def build_orders_summary(table: str = ORDERS_TABLE) -> AssetsDefinition:
             "(Delta) with pandas. It depends on that one table's asset, and runs again after the table changes."
         ),
     )
-    def orders_summary(context: AssetExecutionContext, lakehouse: LakehouseResource) -> Output[Any]:
-        dt = lakehouse.get().open(CURRENT, TableRef.parse(table))
+    def orders_summary(context: AssetExecutionContext) -> Output[Any]:
+        dt = SourceResources(context, keys).lakehouse.get().open(CURRENT, TableRef.parse(table))
         if dt is None:
             raise Failure(f"{table} has no current state in the lakehouse: run `cdc-lakehouse sync` first.")
         orders = read_query(dt, "SELECT status, total FROM t").to_pandas()
@@ -86,20 +86,22 @@ def build_orders_summary(table: str = ORDERS_TABLE) -> AssetsDefinition:
     return orders_summary
 
 
-def example_assets(tables: set[str]) -> list[AssetsDefinition]:
+def example_assets(tables: set[str], keys: SourceKeys = UNNAMED) -> list[AssetsDefinition]:
     """The examples whose table the lakehouse has captured (none before the first sync)."""
-    return [build_orders_summary()] if ORDERS_TABLE in tables else []
+    return [build_orders_summary(ORDERS_TABLE, keys)] if ORDERS_TABLE in tables else []
 
 
-def example_sensors(assets: list[AssetsDefinition]) -> list[AutomationConditionSensorDefinition]:
+def example_sensors(
+    assets: list[AssetsDefinition], keys: SourceKeys = UNNAMED
+) -> list[AutomationConditionSensorDefinition]:
     """Dagster's automation sensor over the examples, running from the start (Dagster's default one starts
     stopped), so an example follows its table under `make dev` without a click."""
     if not assets:
         return []
     return [
         AutomationConditionSensorDefinition(
-            EXAMPLES_SENSOR,
-            target=AssetSelection.groups(EXAMPLES_GROUP),
+            keys.qualified(EXAMPLES_SENSOR),
+            target=AssetSelection.assets(*assets),
             default_status=DefaultSensorStatus.RUNNING,
             description="Materializes the example assets after their table's asset was materialized (eager).",
         )

@@ -39,6 +39,7 @@ CHANGES_TABLE_PREFIX = "changes"  # each table's change log: changes/<schema>/<t
 CURRENT_TABLE_PREFIX = "current"  # each table's current state: current/<schema>/<table>
 TABLE_PREFIXES = (SOURCE_TABLE_PREFIX, CHANGES_TABLE_PREFIX, CURRENT_TABLE_PREFIX)
 NAME_SEPARATOR = "__"  # between a source's name and a job's, sensor's, schedule's or resource's own name
+CAPTURE_LANE, APPLY_LANE, SYNC_LANE = "capture", "apply", "sync"  # the run-queue lanes of a source (one run each)
 UNNAMED_LANE = "-"  # the run-queue lane's and source tag's source part for the unnamed source
 
 
@@ -72,6 +73,15 @@ class SourceKeys:
     def sink_asset_key(self, sink: str) -> AssetKey:
         """A sink's asset: `[<source>/]sinks/rabbitmq`."""
         return self.asset_key(SINK_KEY_PREFIX, sink)
+
+    def prefix(self, *path: str) -> list[str]:
+        """A key prefix of this source (for `AssetSelection.key_prefixes`): `[name, *path]`, or `path` unnamed."""
+        return list(self.asset_key(*path).path)
+
+    def is_current(self, key: AssetKey) -> bool:
+        """Whether `key` is one of this source's current-state assets, `[<source>/]current/<schema>/<table>`."""
+        path = self.own_path(key)
+        return path is not None and len(path) == 3 and path[0] == CURRENT_TABLE_PREFIX
 
     def _table_key(self, prefix: str, table: str) -> AssetKey:
         """Each name as the path segment its Delta table's directory has (cdc_assets.core.names), so the key never
@@ -112,13 +122,27 @@ class SourceKeys:
     def resource(self, name: str) -> str:
         return self.qualified(name)
 
+    def resource_keys(self, *names: str) -> set[str]:
+        """The resource keys an op, asset, check, sensor or schedule of this source requires (`required_resource_keys`)."""
+        return {self.resource(name) for name in names}
+
+    def op(self, name: str) -> str:
+        """An op's definition name (unique in a code location of many sources; its node in a job keeps `name`)."""
+        return self.qualified(name)
+
     def publish_job(self, sink: str) -> str:
-        return self.qualified(f"publish_{sink}")
+        return self.qualified(publish_job_name(sink))
 
     @property
     def group(self) -> str | None:
         """The asset group of this source's assets (None: Dagster's default group)."""
         return self.name
+
+    def group_of(self, layer: str) -> str:
+        """The asset group of one layer's assets (`capture`, `sources`, `changes`, `current`, `sinks`, `examples`):
+        the layer's own for the unnamed source, the source's name for a named one (one group per source, as Dagster's
+        ingestion components give one per connection)."""
+        return self.group or layer
 
     # --- run tags ---------------------------------------------------------------------------------------------------
     def lane(self, lane: str) -> str:
@@ -132,6 +156,10 @@ class SourceKeys:
         if lane is not None:
             tags[QUEUE_TAG] = self.lane(lane)
         return tags
+
+    def sink_lane(self, sink: str) -> str:
+        """The run-queue lane of one sink's publish runs."""
+        return self.lane(f"sink-{sink}")
 
     def sink_tags(self, sink: str) -> dict[str, str]:
         return {**self.tags("publish", f"sink-{sink}"), SINK_TAG: sink}
@@ -148,7 +176,8 @@ def sink_asset_key(sink: str) -> AssetKey:
 
 
 def publish_job_name(sink: str) -> str:
-    return UNNAMED.publish_job(sink)
+    """A sink's publish job's own name, `publish_<sink>` (a source's is `SourceKeys.publish_job`)."""
+    return f"publish_{sink}"
 
 
 def table_asset_key(table: str) -> AssetKey:

@@ -42,6 +42,7 @@ from cdc_assets.core.settings import (
     SourceSettings,
     TableSelection,
 )
+from cdc_assets.defs.keys import UNNAMED, SourceKeys
 from cdc_assets.lake.store import Lakehouse, S3Access, lakehouse_from, s3_client
 from cdc_assets.sinks.settings import SinkSettings, sink_settings
 from cdc_assets.source.server import source_settings
@@ -275,7 +276,7 @@ def _env_value(setting: EnvSetting, env: Mapping[str, str], resolved: bool = Fal
 
 @dataclass(frozen=True)
 class Resources:
-    """The code location's resources, by key (the names assets and checks ask for)."""
+    """The code location's resources of one source, by key (the names its assets and checks ask for)."""
 
     binlog: BinlogResource
     lakehouse: LakehouseResource
@@ -285,16 +286,46 @@ class Resources:
     sinks: SinksResource
     cadence: CadenceResource
 
-    def by_key(self) -> dict[str, Any]:
-        return {
-            "binlog": self.binlog,
-            "lakehouse": self.lakehouse,
-            "s3": self.s3,
-            "pyspark": self.pyspark,
-            "transforms": self.transforms,
-            "sinks": self.sinks,
-            "cadence": self.cadence,
-        }
+    def by_key(self, keys: SourceKeys = UNNAMED) -> dict[str, Any]:
+        """Each resource under the source's own key (`orders_db__binlog`; `binlog` for the unnamed source), so the
+        resources of many sources sit side by side in one code location."""
+        return {keys.resource(name): getattr(self, name) for name in RESOURCE_NAMES}
+
+
+RESOURCE_NAMES = ("binlog", "lakehouse", "s3", "pyspark", "transforms", "sinks", "cadence")
+
+
+@dataclass(frozen=True)
+class SourceResources:
+    """One source's resources as a run's, sensor's or schedule's context holds them, under the source's keys: what its
+    ops, assets, checks, sensors and schedules read, having required them with `keys.resource_keys(...)`. A typed
+    parameter would name the resource by the parameter's name, the same for every source."""
+
+    context: Any
+    keys: SourceKeys
+
+    def _get(self, name: str) -> Any:
+        return getattr(self.context.resources, self.keys.resource(name))
+
+    @property
+    def binlog(self) -> BinlogResource:
+        return self._get("binlog")
+
+    @property
+    def lakehouse(self) -> LakehouseResource:
+        return self._get("lakehouse")
+
+    @property
+    def transforms(self) -> TransformsResource:
+        return self._get("transforms")
+
+    @property
+    def sinks(self) -> SinksResource:
+        return self._get("sinks")
+
+    @property
+    def cadence(self) -> CadenceResource:
+        return self._get("cadence")
 
 
 def resources_of(settings: Settings, resolved: bool = False) -> Resources:

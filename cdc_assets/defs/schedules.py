@@ -16,27 +16,30 @@ from dagster import (
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import DEFAULT_CAPTURE_CRON, CadenceSettings
-from cdc_assets.defs.keys import CAPTURE_JOB, EQUALITY_JOB, LAG_JOB
-from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.defs.keys import CAPTURE_JOB, CAPTURE_LANE, EQUALITY_JOB, LAG_JOB, UNNAMED, SourceKeys
+from cdc_assets.defs.resources import SourceResources
 from cdc_assets.runtime.queue import capture_in_progress
 
 CAPTURE_SCHEDULE = "capture_schedule"
 FULL_CHECK_SCHEDULE = "full_equality_schedule"
+LAG_CHECK_SCHEDULE = "lag_check_schedule"
 
 
-def _capture_tick(context: ScheduleEvaluationContext, lakehouse: LakehouseResource) -> RunRequest | SkipReason:
-    busy = capture_in_progress(context.instance, lakehouse.get())
-    if busy:
-        return SkipReason(busy)
-    return RunRequest()
-
-
-def build_capture_schedule(cadence: CadenceSettings) -> ScheduleDefinition:
+def build_capture_schedule(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> ScheduleDefinition:
     cron = cadence.capture_cron or DEFAULT_CAPTURE_CRON
+
+    def _capture_tick(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+        house = SourceResources(context, keys).lakehouse.get()
+        busy = capture_in_progress(context.instance, house, keys.lane(CAPTURE_LANE))
+        if busy:
+            return SkipReason(busy)
+        return RunRequest()
+
     try:
         return schedule(
-            name=CAPTURE_SCHEDULE,
-            job_name=CAPTURE_JOB,
+            name=keys.qualified(CAPTURE_SCHEDULE),
+            job_name=keys.job(CAPTURE_JOB),
+            required_resource_keys=keys.resource_keys("lakehouse"),
             cron_schedule=cron,
             default_status=DefaultScheduleStatus.RUNNING
             if cadence.capture_cron and cadence.capture_interval_seconds is None
@@ -54,23 +57,24 @@ def build_capture_schedule(cadence: CadenceSettings) -> ScheduleDefinition:
         ) from exc
 
 
-lag_check_schedule = ScheduleDefinition(
-    name="lag_check_schedule",
-    job_name=LAG_JOB,
-    cron_schedule="* * * * *",
-    default_status=DefaultScheduleStatus.RUNNING,
-    description="Runs the per-table lag check every minute, so a table falling behind is named even if nothing runs.",
-)
+def build_lag_check_schedule(keys: SourceKeys = UNNAMED) -> ScheduleDefinition:
+    return ScheduleDefinition(
+        name=keys.qualified(LAG_CHECK_SCHEDULE),
+        job_name=keys.job(LAG_JOB),
+        cron_schedule="* * * * *",
+        default_status=DefaultScheduleStatus.RUNNING,
+        description="Runs the per-table lag check every minute, so a table falling behind is named even if nothing runs.",
+    )
 
 
-def build_full_check_schedule(cadence: CadenceSettings) -> ScheduleDefinition:
+def build_full_check_schedule(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> ScheduleDefinition:
     """The comparison of every row (job check_equality) on CDC_FULL_CHECK_CRON: the checks after applies compare
     only the keys they changed, and this cadence bounds how long a difference elsewhere can go unnamed."""
     cron = cadence.full_check_cron
     try:
         return ScheduleDefinition(
-            name=FULL_CHECK_SCHEDULE,
-            job_name=EQUALITY_JOB,
+            name=keys.qualified(FULL_CHECK_SCHEDULE),
+            job_name=keys.job(EQUALITY_JOB),
             cron_schedule=cron,
             default_status=DefaultScheduleStatus.RUNNING,
             description=(

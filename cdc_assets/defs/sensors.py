@@ -19,17 +19,9 @@ from dagster import (
 
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.settings import CadenceSettings
-from cdc_assets.defs.keys import (
-    APPLY_JOB,
-    CAPTURE_JOB,
-    CURRENT_TABLE_PREFIX,
-    NEW_TABLES_JOB,
-    RAW_ASSET,
-    changes_asset_key,
-    table_asset_key,
-    table_of_key,
-)
-from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.jobs import NEW_TABLES_OP
+from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CAPTURE_LANE, NEW_TABLES_JOB, UNNAMED, SourceKeys
+from cdc_assets.defs.resources import LakehouseResource, SourceResources
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
 from cdc_assets.lake.state import load_progress, load_registry, needs_work, tables_behind
@@ -46,22 +38,25 @@ def sensor_interval_seconds(cadence: CadenceSettings) -> int:
     return int(min(15, cadence.capture_interval_seconds or 15))
 
 
-def table_keys(tables: list[str]) -> list[AssetKey]:
+def table_keys(tables: list[str], keys: SourceKeys = UNNAMED) -> list[AssetKey]:
     """The change log and current state of each table."""
-    return [key for t in sorted(tables) for key in (changes_asset_key(t), table_asset_key(t))]
+    return [key for t in sorted(tables) for key in (keys.changes_asset_key(t), keys.table_asset_key(t))]
 
 
-def apply_run_request(tables: list[str], run_key: str) -> RunRequest:
+def apply_run_request(tables: list[str], run_key: str, keys: SourceKeys = UNNAMED) -> RunRequest:
     """One run of the apply job for exactly `tables`."""
-    return RunRequest(run_key=run_key, asset_selection=table_keys(tables))
+    return RunRequest(run_key=run_key, asset_selection=table_keys(tables, keys))
 
 
-def current_tables_of(keys: list[AssetKey]) -> list[str]:
-    """The tables whose current state is among `keys` (what a run of this sensor applies)."""
-    return sorted(t for k in keys if k.path[0] == CURRENT_TABLE_PREFIX and (t := table_of_key(k)) is not None)
+def current_tables_of(selected: list[AssetKey], keys: SourceKeys = UNNAMED) -> list[str]:
+    """The tables of the source `keys` names whose current state is among `selected` (what a run of this sensor
+    applies)."""
+    return sorted(t for k in selected if keys.is_current(k) and (t := keys.table_of_key(k)) is not None)
 
 
-def _confirmation(context: SensorEvaluationContext, tables: list[str], lag_warn_seconds: float) -> RunRequest | None:
+def _confirmation(
+    context: SensorEvaluationContext, tables: list[str], lag_warn_seconds: float, keys: SourceKeys
+) -> RunRequest | None:
     """A run over every table when capture keeps succeeding but no table changed for a while.
 
     Freshness is judged by each table's last materialization; without changes to apply it would go stale although
@@ -70,26 +65,28 @@ def _confirmation(context: SensorEvaluationContext, tables: list[str], lag_warn_
     """
     if not tables:
         return None
-    raw = context.instance.get_latest_materialization_event(RAW_ASSET)
-    records = context.instance.get_asset_records([table_asset_key(t) for t in tables])
+    raw = context.instance.get_latest_materialization_event(keys.raw_asset)
+    records = context.instance.get_asset_records([keys.table_asset_key(t) for t in tables])
     times = [r.asset_entry.last_materialization.timestamp for r in records if r.asset_entry.last_materialization]
     current = min(times) if len(times) == len(tables) else None
     if raw is None or (current is not None and current >= raw.timestamp):
         return None
     if current is not None and time.time() - current < lag_warn_seconds / 2:
         return None
-    return apply_run_request(tables, f"confirm-current-{raw.timestamp:.3f}")
+    return apply_run_request(tables, f"confirm-current-{raw.timestamp:.3f}", keys)
 
 
-def build_raw_batch_sensor(cadence: CadenceSettings) -> SensorDefinition:
-    """The raw-batch sensor, running in the schedule mode (`cadence`: read when the definitions load)."""
+def build_raw_batch_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> SensorDefinition:
+    """The raw-batch sensor of the source `keys` names, running in the schedule mode (`cadence`: read when the
+    definitions load)."""
 
-    def raw_batch_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> SensorResult | SkipReason:
-        return raw_batches_tick(context, lakehouse, cadence.lag_warn_seconds)
+    def raw_batch_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        return raw_batches_tick(context, SourceResources(context, keys).lakehouse, cadence.lag_warn_seconds, keys)
 
     return sensor(
-        name="raw_batch_sensor",
-        job_name=APPLY_JOB,
+        name=keys.qualified("raw_batch_sensor"),
+        job_name=keys.job(APPLY_JOB),
+        required_resource_keys=keys.resource_keys("lakehouse"),
         minimum_interval_seconds=sensor_interval_seconds(cadence),
         default_status=DefaultSensorStatus.RUNNING if cadence.schedule_mode else DefaultSensorStatus.STOPPED,
         description=(
@@ -103,7 +100,7 @@ def build_raw_batch_sensor(cadence: CadenceSettings) -> SensorDefinition:
 
 
 def raw_batches_tick(
-    context: SensorEvaluationContext, lakehouse: LakehouseResource, lag_warn_seconds: float
+    context: SensorEvaluationContext, lakehouse: LakehouseResource, lag_warn_seconds: float, keys: SourceKeys
 ) -> SensorResult | SkipReason:
     """One look at raw/: a run of the tables new batches touched, or the quiet tables' confirmation once their last
     update is half `lag_warn_seconds` old."""
@@ -116,7 +113,7 @@ def raw_batches_tick(
         return SensorResult(skip_reason=reason, cursor=names[-1] if names else context.cursor)
     names = list_batches(store, after=context.cursor or None)[:MAX_BATCHES_PER_TICK]
     registry = load_registry(store)
-    declared = _declared(context)
+    declared = _declared(context, keys)
     touched: set[str] = set()
     for name in names:
         touched.update(read_manifest(store, name).tables())
@@ -126,17 +123,18 @@ def raw_batches_tick(
         context.log.info(f"{len(undeclared)} tables have no asset until the definitions reload: {', '.join(undeclared[:10])}")
     if declared is not None:
         touched, behind = touched & declared, behind & declared
-    retries = [apply_run_request(sorted(behind), f"retry:{int(time.time() // RETRY_AFTER_SECONDS)}")] if behind else []
+    retry_key = f"retry:{int(time.time() // RETRY_AFTER_SECONDS)}"
+    retries = [apply_run_request(sorted(behind), retry_key, keys)] if behind else []
     if not names:
         tables = sorted(t for t in registry if declared is None or t in declared)
-        confirmation = _confirmation(context, tables, lag_warn_seconds) if not retries else None
+        confirmation = _confirmation(context, tables, lag_warn_seconds, keys) if not retries else None
         if confirmation is None and not retries:
             return SkipReason(f"No raw batch after {context.cursor or 'the start'}.")
         return SensorResult(run_requests=[confirmation] if confirmation else retries)
     last = names[-1]
-    waiting = _waiting_tables(context)
+    waiting = _waiting_tables(context, keys)
     wanted = sorted(touched - waiting)
-    runs = [apply_run_request(wanted, f"{last}:{len(wanted)}")] if wanted else []
+    runs = [apply_run_request(wanted, f"{last}:{len(wanted)}", keys)] if wanted else []
     context.log.info(
         f"{len(names)} new raw batches up to {last}: {len(touched)} tables in one run"
         + (f" ({len(touched & waiting)} tables left to apply runs waiting to start)" if touched & waiting else "")
@@ -145,13 +143,14 @@ def raw_batches_tick(
     return SensorResult(run_requests=runs + retries, cursor=last)
 
 
-def build_new_tables_sensor(cadence: CadenceSettings) -> SensorDefinition:
+def build_new_tables_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> SensorDefinition:
     """Applies the tables captured since the definitions loaded (in every mode but the continuous one, which
     applies everything itself): they have no asset the automation or the raw-batch sensor could select."""
 
     @sensor(
-        name="new_tables_sensor",
-        job_name=NEW_TABLES_JOB,
+        name=keys.qualified("new_tables_sensor"),
+        job_name=keys.job(NEW_TABLES_JOB),
+        required_resource_keys=keys.resource_keys("lakehouse"),
         minimum_interval_seconds=30,
         default_status=DefaultSensorStatus.STOPPED if cadence.continuous else DefaultSensorStatus.RUNNING,
         description=(
@@ -159,11 +158,11 @@ def build_new_tables_sensor(cadence: CadenceSettings) -> SensorDefinition:
             "pending: no asset of theirs can be selected until the next reload, which shows them."
         ),
     )
-    def new_tables_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource) -> RunRequest | SkipReason:
-        declared = _declared(context)
+    def new_tables_sensor(context: SensorEvaluationContext) -> RunRequest | SkipReason:
+        declared = _declared(context, keys)
         if declared is None:
             return SkipReason("Evaluated outside the definitions: no declared tables to compare with.")
-        house = lakehouse.get()
+        house = SourceResources(context, keys).lakehouse.get()
         holder = continuous_holder(house)
         if holder is not None:
             return SkipReason(f"The continuous mode is running ({holder.describe()}) and applies every table itself.")
@@ -173,31 +172,33 @@ def build_new_tables_sensor(cadence: CadenceSettings) -> SensorDefinition:
         )
         if not new:
             return SkipReason("Every table with changes pending has its assets.")
-        if context.instance.get_runs(filters=RunsFilter(job_name=NEW_TABLES_JOB, statuses=WAITING_STATUSES), limit=1):
-            return SkipReason("A run of apply_new_tables waits to start.")
+        job = keys.job(NEW_TABLES_JOB)
+        if context.instance.get_runs(filters=RunsFilter(job_name=job, statuses=WAITING_STATUSES), limit=1):
+            return SkipReason(f"A run of {job} waits to start.")
         context.log.info(f"{len(new)} tables captured since the definitions loaded: {', '.join(new[:10])}; reload to see them")
-        return RunRequest(run_config={"ops": {"take_in_new_tables": {"config": {"tables": new}}}})
+        return RunRequest(run_config={"ops": {NEW_TABLES_OP: {"config": {"tables": new}}}})
 
     return new_tables_sensor
 
 
-def _declared(context: SensorEvaluationContext) -> set[str] | None:
-    """The tables the loaded definitions have assets for (None when the sensor runs outside them, in a test)."""
+def _declared(context: SensorEvaluationContext, keys: SourceKeys) -> set[str] | None:
+    """The tables of the source the loaded definitions have assets for (None when the sensor runs outside them, in a
+    test)."""
     repository = getattr(context, "repository_def", None)
     if repository is None:
         return None
-    return set(current_tables_of(list(repository.asset_graph.get_all_asset_keys())))
+    return set(current_tables_of(list(repository.asset_graph.get_all_asset_keys()), keys))
 
 
-def _waiting_tables(context: SensorEvaluationContext) -> set[str]:
+def _waiting_tables(context: SensorEvaluationContext, keys: SourceKeys) -> set[str]:
     """Tables of apply runs queued and not started yet: such a run takes in every change captured before it
     starts, so another run for them behind it would only queue up (under steady load the queue would grow)."""
     runs = context.instance.get_runs(
-        filters=RunsFilter(job_name=APPLY_JOB, statuses=WAITING_STATUSES), limit=MAX_BATCHES_PER_TICK
+        filters=RunsFilter(job_name=keys.job(APPLY_JOB), statuses=WAITING_STATUSES), limit=MAX_BATCHES_PER_TICK
     )
     waiting: set[str] = set()
     for run in runs:
-        waiting.update(current_tables_of(list(run.asset_selection or [])))
+        waiting.update(current_tables_of(list(run.asset_selection or []), keys))
     return waiting
 
 
@@ -223,7 +224,7 @@ def capture_due(lag_bytes: int, last_capture: float | None, now: float, confirm_
     return None
 
 
-def build_binlog_sensor(cadence: CadenceSettings) -> SensorDefinition:
+def build_binlog_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> SensorDefinition:
     """Capture whenever the binlog has grown past the checkpoint, looking every CDC_CAPTURE_INTERVAL_SECONDS
     (switched off when that is unset: capture then runs on the capture schedule's cron).
 
@@ -233,8 +234,9 @@ def build_binlog_sensor(cadence: CadenceSettings) -> SensorDefinition:
     interval = cadence.capture_interval_seconds
 
     @sensor(
-        name="binlog_sensor",
-        job_name=CAPTURE_JOB,
+        name=keys.qualified("binlog_sensor"),
+        job_name=keys.job(CAPTURE_JOB),
+        required_resource_keys=keys.resource_keys("binlog", "lakehouse"),
         minimum_interval_seconds=int(interval or 30),
         default_status=DefaultSensorStatus.RUNNING if interval is not None else DefaultSensorStatus.STOPPED,
         description=(
@@ -244,16 +246,15 @@ def build_binlog_sensor(cadence: CadenceSettings) -> SensorDefinition:
             "to start. Running when CDC_CAPTURE_INTERVAL_SECONDS is set (the capture schedule is then off)."
         ),
     )
-    def binlog_sensor(
-        context: SensorEvaluationContext, binlog: BinlogResource, lakehouse: LakehouseResource
-    ) -> RunRequest | SkipReason:
-        house = lakehouse.get()
-        busy = capture_in_progress(context.instance, house)
+    def binlog_sensor(context: SensorEvaluationContext) -> RunRequest | SkipReason:
+        used = SourceResources(context, keys)
+        house = used.lakehouse.get()
+        busy = capture_in_progress(context.instance, house, keys.lane(CAPTURE_LANE))
         if busy:
             return SkipReason(busy)
         now = time.time()
-        lag = capture_lag(binlog.settings(), house, now)
-        last = context.instance.get_latest_materialization_event(RAW_ASSET)
+        lag = capture_lag(used.binlog.settings(), house, now)
+        last = context.instance.get_latest_materialization_event(keys.raw_asset)
         reason = capture_due(lag.lag_bytes, last.timestamp if last else None, now, cadence.confirm_every_seconds)
         if reason is None:
             return SkipReason(f"The binlog ends at {lag.binlog_end}: nothing new to capture.")

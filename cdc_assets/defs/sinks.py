@@ -37,10 +37,11 @@ from dagster import (
 
 from cdc_assets.core.settings import Settings
 from cdc_assets.defs.assets.metadata import figures_table
-from cdc_assets.defs.keys import RAW_ASSET, SINK_TAG, changes_asset_key, publish_job_name, sink_asset_key
-from cdc_assets.defs.resources import CadenceResource, LakehouseResource, SinksResource
+from cdc_assets.defs.keys import SINK_KEY_PREFIX, SINK_TAG, UNNAMED, SourceKeys
+from cdc_assets.defs.resources import LakehouseResource, SinksResource, SourceResources
 from cdc_assets.lake.locks import read_holder, run_owner
 from cdc_assets.lake.state import known_tables
+from cdc_assets.runtime.instance import QUEUE_TAG
 from cdc_assets.runtime.queue import WAITING_STATUSES
 from cdc_assets.sinks.checkpoint import load_checkpoint
 from cdc_assets.sinks.lag import sink_lag
@@ -56,16 +57,17 @@ def configured_sinks(settings: Settings) -> list[str]:
     return configured_sink_names(settings.environment)
 
 
-def build_sink_asset(sink: str, tables: Sequence[str] = ()) -> AssetsDefinition:
+def build_sink_asset(sink: str, tables: Sequence[str] = (), keys: SourceKeys = UNNAMED) -> AssetsDefinition:
     """The sink's asset, downstream of the change logs of `tables` (the registry's; the raw batches before any)."""
 
     @asset(
-        key=sink_asset_key(sink),
-        group_name="sinks",
+        key=keys.sink_asset_key(sink),
+        group_name=keys.group_of(SINK_KEY_PREFIX),
         kinds={sink},
+        required_resource_keys=keys.resource_keys("lakehouse", "sinks"),
         # inputs named by position: names from the keys would hold a segment such as `a~20b`, no valid Dagster name
-        ins={f"changes_{i}": AssetIn(changes_asset_key(t), dagster_type=Nothing) for i, t in enumerate(tables)}
-        or {"raw_batches": AssetIn(RAW_ASSET, dagster_type=Nothing)},
+        ins={f"changes_{i}": AssetIn(keys.changes_asset_key(t), dagster_type=Nothing) for i, t in enumerate(tables)}
+        or {"raw_batches": AssetIn(keys.raw_asset, dagster_type=Nothing)},
         description=(
             f"Every change of the change logs its tables' globs include, published to the {sink} sink as a "
             "Debezium-style JSON message (TRUNCATE and schema changes as messages of their own), in _cdc_seq order "
@@ -74,9 +76,11 @@ def build_sink_asset(sink: str, tables: Sequence[str] = ()) -> AssetsDefinition:
         ),
         op_tags={SINK_TAG: sink},
     )
-    def publish_to_sink(context: AssetExecutionContext, lakehouse: LakehouseResource, sinks: SinksResource) -> MaterializeResult:
-        settings = sinks.settings(sink)
-        report = publish(settings, lakehouse.get(), publisher_for(settings), owner=run_owner(context.run.run_id), log=context.log)
+    def publish_to_sink(context: AssetExecutionContext) -> MaterializeResult:
+        used = SourceResources(context, keys)
+        settings = used.sinks.settings(sink)
+        owner = run_owner(context.run.run_id)
+        report = publish(settings, used.lakehouse.get(), publisher_for(settings), owner=owner, log=context.log)
         lag = report.lag
         context.log.info(
             f"{sink}: {report.messages} messages ({report.bytes:,} bytes) acknowledged by {report.destination} in "
@@ -105,10 +109,11 @@ def build_sink_asset(sink: str, tables: Sequence[str] = ()) -> AssetsDefinition:
     return publish_to_sink
 
 
-def build_sink_lag_check(sink: str):  # noqa: ANN201 - an AssetChecksDefinition
+def build_sink_lag_check(sink: str, keys: SourceKeys = UNNAMED):  # noqa: ANN201 - an AssetChecksDefinition
     @asset_check(
-        asset=sink_asset_key(sink),
+        asset=keys.sink_asset_key(sink),
         name="sink_lag",
+        required_resource_keys=keys.resource_keys("lakehouse", "sinks", "cadence"),
         description=(
             f"How far the {sink} sink is behind the change logs: the age of the oldest change its broker has not "
             "acknowledged. Warns past CDC_SINK_LAG_WARN_SECONDS and fails past CDC_SINK_LAG_FAIL_SECONDS (default: "
@@ -116,11 +121,10 @@ def build_sink_lag_check(sink: str):  # noqa: ANN201 - an AssetChecksDefinition
             "so a sink whose broker is down is reported while its publish runs fail."
         ),
     )
-    def sink_lag_check(
-        context: AssetCheckExecutionContext, lakehouse: LakehouseResource, sinks: SinksResource, cadence: CadenceResource
-    ) -> AssetCheckResult:
-        warn, fail = cadence.sink_lag_thresholds
-        lag = sink_lag(sinks.settings(sink), lakehouse.get(), None, time.time())
+    def sink_lag_check(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        used = SourceResources(context, keys)
+        warn, fail = used.cadence.sink_lag_thresholds
+        lag = sink_lag(used.sinks.settings(sink), used.lakehouse.get(), None, time.time())
         behind = ", ".join(f"{t} {s:.0f} s" for t, s in sorted(lag.tables.items(), key=lambda kv: -kv[1])[:10])
         severity = AssetCheckSeverity.ERROR if lag.seconds >= fail else AssetCheckSeverity.WARN
         return AssetCheckResult(
@@ -143,41 +147,47 @@ def build_sink_lag_check(sink: str):  # noqa: ANN201 - an AssetChecksDefinition
     return sink_lag_check
 
 
-def sink_lag_check_key(sink: str) -> AssetCheckKey:
-    return AssetCheckKey(sink_asset_key(sink), "sink_lag")
+def sink_lag_check_key(sink: str, keys: SourceKeys = UNNAMED) -> AssetCheckKey:
+    return AssetCheckKey(keys.sink_asset_key(sink), "sink_lag")
 
 
-def build_publish_job(sink: str) -> Any:  # define_asset_job's (its class is not public)
+def build_publish_job(sink: str, keys: SourceKeys = UNNAMED) -> Any:  # define_asset_job's (its class is not public)
     return define_asset_job(
-        publish_job_name(sink),
-        selection=AssetSelection.assets(sink_asset_key(sink)),
-        tags={SINK_TAG: sink},
+        keys.publish_job(sink),
+        selection=AssetSelection.assets(keys.sink_asset_key(sink)),
+        tags=keys.sink_tags(sink),
         description=f"Publishes new changes of the change logs to the {sink} sink, then checks its lag.",
     )
 
 
 def _why_wait(
-    context: SensorEvaluationContext, lakehouse: LakehouseResource, sinks: SinksResource, sink: str, warn_minutes: float
+    context: SensorEvaluationContext,
+    lakehouse: LakehouseResource,
+    sinks: SinksResource,
+    sink: str,
+    warn_minutes: float,
+    keys: SourceKeys,
 ) -> str | None:
-    """Why no publish run of `sink` is due now (None: request one); `warn_minutes`: the freshness warn window."""
+    """Why no publish run of `sink` (of the source `keys` names) is due now (None: request one); `warn_minutes`: the
+    freshness warn window."""
     house = lakehouse.get()
     holder = read_holder(house, sink_lock_name(sink))
     if holder is not None:
         return f"publishing now ({holder.describe()})"
     instance = context.instance
-    if instance.get_runs(filters=RunsFilter(tags={SINK_TAG: sink}, statuses=WAITING_STATUSES), limit=1):
+    waiting = RunsFilter(tags={QUEUE_TAG: keys.sink_lane(sink)}, statuses=WAITING_STATUSES)
+    if instance.get_runs(filters=waiting, limit=1):
         return "a publish run is waiting to start"
     now = time.time()
-    failed = instance.get_run_records(
-        filters=RunsFilter(job_name=publish_job_name(sink), statuses=[DagsterRunStatus.FAILURE]), limit=1
-    )
-    latest = instance.get_run_records(filters=RunsFilter(job_name=publish_job_name(sink)), limit=1)
+    job = keys.publish_job(sink)
+    failed = instance.get_run_records(filters=RunsFilter(job_name=job, statuses=[DagsterRunStatus.FAILURE]), limit=1)
+    latest = instance.get_run_records(filters=RunsFilter(job_name=job), limit=1)
     if failed and latest and failed[0].dagster_run.run_id == latest[0].dagster_run.run_id:
         ended = failed[0].end_time or failed[0].update_timestamp.timestamp()
         if now - ended < RETRY_AFTER_SECONDS:
             return f"its last publish run failed {now - ended:.0f} s ago; trying again after {RETRY_AFTER_SECONDS} s"
-    changes = latest_change_log(instance, house)
-    published = instance.get_latest_materialization_event(sink_asset_key(sink))
+    changes = latest_change_log(instance, house, keys)
+    published = instance.get_latest_materialization_event(keys.sink_asset_key(sink))
     if changes is not None and (published is None or changes > published.timestamp):
         return None  # the change logs took changes in since the last publish
     settings = sinks.settings(sink)
@@ -190,10 +200,10 @@ def _why_wait(
     return "no new changes in the change logs since the last publish"
 
 
-def latest_change_log(instance: Any, house: Any) -> float | None:
+def latest_change_log(instance: Any, house: Any, keys: SourceKeys) -> float | None:
     """When a change log of the lakehouse was last materialized (one query for all of them), or None."""
-    keys = [changes_asset_key(t) for t in known_tables(house.store)]
-    records = instance.get_asset_records(keys) if keys else []
+    logs = [keys.changes_asset_key(t) for t in known_tables(house.store)]
+    records = instance.get_asset_records(logs) if logs else []
     times = [r.asset_entry.last_materialization.timestamp for r in records if r.asset_entry.last_materialization]
     return max(times, default=None)
 
@@ -210,10 +220,11 @@ def sensor_interval(sinks: list[str], settings: Settings) -> int:
     return max(1, int(min(SENSOR_INTERVAL_SECONDS, shortest)))
 
 
-def build_sink_sensor(sinks: list[str], jobs: list[Any], settings: Settings) -> SensorDefinition:
+def build_sink_sensor(sinks: list[str], jobs: list[Any], settings: Settings, keys: SourceKeys = UNNAMED) -> SensorDefinition:
     @sensor(
-        name="sink_sensor",
+        name=keys.qualified("sink_sensor"),
         jobs=jobs,
+        required_resource_keys=keys.resource_keys("lakehouse", "sinks"),
         minimum_interval_seconds=sensor_interval(sinks, settings),
         default_status=DefaultSensorStatus.RUNNING,
         description=(
@@ -222,12 +233,13 @@ def build_sink_sensor(sinks: list[str], jobs: list[Any], settings: Settings) -> 
             "Skips a sink while it publishes or a run of it waits, and for a minute after a failed run (broker down)."
         ),
     )
-    def sink_sensor(context: SensorEvaluationContext, lakehouse: LakehouseResource, sinks: SinksResource) -> SensorResult | SkipReason:
+    def sink_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+        used = SourceResources(context, keys)
         requests, waiting = [], []
         for sink in configured:
-            reason = _why_wait(context, lakehouse, sinks, sink, settings.cadence.freshness_warn_minutes)
+            reason = _why_wait(context, used.lakehouse, used.sinks, sink, settings.cadence.freshness_warn_minutes, keys)
             if reason is None:
-                requests.append(RunRequest(job_name=publish_job_name(sink), tags={SINK_TAG: sink}))
+                requests.append(RunRequest(job_name=keys.publish_job(sink), tags=keys.sink_tags(sink)))
             else:
                 waiting.append(f"{sink}: {reason}")
         if not requests:

@@ -28,6 +28,7 @@ from dagster import (
     Config,
     DagsterEventType,
     Failure,
+    JobDefinition,
     OpExecutionContext,
     in_process_executor,
     job,
@@ -42,8 +43,8 @@ from cdc_assets.defs.assets.metadata import applied_figures, changes_figures
 from cdc_assets.defs.assets.raw import capture_events
 from cdc_assets.defs.assets.tables import table_materializations
 from cdc_assets.defs.checks import contiguity_of, equality_of, lag_of, schema_match_of, uniqueness_of
-from cdc_assets.defs.keys import RAW_ASSET, REPAIR_JOB, STAGE_TAG, SYNC_JOB, changes_asset_key
-from cdc_assets.defs.resources import BinlogResource, CadenceResource, LakehouseResource
+from cdc_assets.defs.keys import REPAIR_JOB, SYNC_JOB, SYNC_LANE, SourceKeys
+from cdc_assets.defs.resources import SourceResources
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.raw_batches import batch_exists, read_manifest
 from cdc_assets.lake.state import known_tables
@@ -62,22 +63,21 @@ from cdc_assets.pipeline.driver import (
 from cdc_assets.repair.run import repair
 from cdc_assets.runtime import forked_capture
 from cdc_assets.runtime.event_log import log_batch
-from spark_resources.resources import TransformsResource
 
 
-def recorded_raw_batches(instance: Any, run_id: str) -> bool:
+def recorded_raw_batches(instance: Any, run_id: str, keys: SourceKeys) -> bool:
     """Whether run `run_id` logged its raw batches' materialization (a run that died right after it)."""
     records = instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION).records
-    return any(r.event_log_entry.dagster_event.asset_key == RAW_ASSET for r in records)
+    return any(r.event_log_entry.dagster_event.asset_key == keys.raw_asset for r in records)
 
 
-def with_batches_taken_over(instance: Any, house: Lakehouse, report: CaptureReport) -> CaptureReport:
+def with_batches_taken_over(instance: Any, house: Lakehouse, report: CaptureReport, keys: SourceKeys) -> CaptureReport:
     """The report with the batches its capture took over from runs that ended before recording them (see
     capture/journal.py) put in binlog order among its own, but those their run did record after all."""
     if not report.taken_over:
         return report
     runs = set(report.taken_over.values())
-    unrecorded = {run for run in runs if not recorded_raw_batches(instance, run)}
+    unrecorded = {run for run in runs if not recorded_raw_batches(instance, run, keys)}
     own = {b.name for b in report.batches}
     taken = [
         read_manifest(house.store, name)
@@ -88,7 +88,13 @@ def with_batches_taken_over(instance: Any, house: Lakehouse, report: CaptureRepo
 
 
 def _repaired(
-    context: OpExecutionContext, settings: Any, house: Lakehouse, tables: list[str], owner: str, journal: CaptureJournal
+    context: OpExecutionContext,
+    settings: Any,
+    house: Lakehouse,
+    tables: list[str],
+    owner: str,
+    journal: CaptureJournal,
+    keys: SourceKeys,
 ) -> CaptureReport | None:
     """`cdc-lakehouse repair`'s repair of `tables` (repair/run.py), said table by table and recorded as an
     observation of the raw batches (the repair's batch is one); its capture's report (up to its point, and its
@@ -96,7 +102,7 @@ def _repaired(
     repaired = repair(settings, house, tables, log=context.log, owner=owner, journal=journal)
     outcome = {t.table: t.describe() for t in repaired.tables}
     context.log_event(
-        AssetObservation(RAW_ASSET, description="repair", metadata={"repaired": outcome, "position": repaired.position or ""})
+        AssetObservation(keys.raw_asset, description="repair", metadata={"repaired": outcome, "position": repaired.position or ""})
     )
     return repaired.capture
 
@@ -120,28 +126,37 @@ class SyncConfig(Config):
     )
 
 
-@op(
-    description=(
-        "cdc-lakehouse sync in one run: captures raw batches up to the binlog end as of its start (and confirms the "
-        "quiet tables up to date), then appends the touched tables' changes to their change logs and applies them "
-        "to current state, and evaluates the raw batches' check and each touched table's checks "
-        "(raw_batches_contiguous and change_log_seq_unique block what follows them). Records the same "
-        "materializations and check evaluations as a capture run followed by a run of the tables, in a few batches of events."
-    ),
-)
-def sync_lakehouse(
-    context: OpExecutionContext,
-    config: SyncConfig,
-    binlog: BinlogResource,
-    lakehouse: LakehouseResource,
-    transforms: TransformsResource,
-    cadence: CadenceResource,
-) -> None:
-    house, settings, owner = lakehouse.get(), binlog.settings(), run_owner(context.run_id)
+SYNC_OP = "sync_lakehouse"  # its node in the sync and repair jobs, which a run's config names
+
+
+def build_sync_op(keys: SourceKeys) -> Any:  # an OpDefinition
+    """The sync's one op, for the source `keys` names (its definition name the source's, its node `sync_lakehouse`)."""
+
+    @op(
+        name=keys.op(SYNC_OP),
+        required_resource_keys=keys.resource_keys("binlog", "lakehouse", "transforms", "cadence"),
+        description=(
+            "cdc-lakehouse sync in one run: captures raw batches up to the binlog end as of its start (and confirms the "
+            "quiet tables up to date), then appends the touched tables' changes to their change logs and applies them "
+            "to current state, and evaluates the raw batches' check and each touched table's checks "
+            "(raw_batches_contiguous and change_log_seq_unique block what follows them). Records the same "
+            "materializations and check evaluations as a capture run followed by a run of the tables, in a few batches of events."
+        ),
+    )
+    def sync_lakehouse(context: OpExecutionContext, config: SyncConfig) -> None:
+        sync(context, config, SourceResources(context, keys))
+
+    return sync_lakehouse
+
+
+def sync(context: OpExecutionContext, config: SyncConfig, used: SourceResources) -> None:
+    """The sync op's work, with the resources of its source (`used.keys`)."""
+    keys, binlog, cadence, transforms = used.keys, used.binlog, used.cadence, used.transforms
+    house, settings, owner = used.lakehouse.get(), binlog.settings(), run_owner(context.run_id)
     forked = forked_capture.take(context.run_id)  # the command line's driver, begun before Dagster was imported
     journal = CaptureJournal(context.run_id)
     # the repair's capture: up to its point, and its batch there (a repair is never forked)
-    captured = _repaired(context, settings, house, config.repair, owner, journal) if config.repair else None
+    captured = _repaired(context, settings, house, config.repair, owner, journal, keys) if config.repair else None
 
     def run(steps: list[str], tables: list[str] | None) -> Iterator[StepReport]:
         return drive(
@@ -154,7 +169,9 @@ def sync_lakehouse(
 
     def record_capture(busy: list[str]) -> None:
         if held:
-            _record_capture(context, house, held.pop(), binlog.max_batch_rows, cadence.confirm_every_seconds, journal, busy)
+            _record_capture(
+                context, house, held.pop(), binlog.max_batch_rows, cadence.confirm_every_seconds, journal, busy, keys
+            )
 
     try:
         for step in _reports(context.log, None if config.repair else forked, run):
@@ -163,11 +180,12 @@ def sync_lakehouse(
             elif isinstance(step, Pending):
                 record_capture(step.tables)
             elif isinstance(step, ChangesLogged):
-                _record_changes(context, house, step)
+                _record_changes(context, house, step, keys)
             elif isinstance(step, CurrentApplied):
-                own = table_materializations(house, applied_figures(step.current.tables, step.current.applied), step.facts)
+                figures = applied_figures(step.current.tables, step.current.applied)
+                own = table_materializations(house, figures, step.facts, keys=keys)
             elif isinstance(step, Checked):
-                log_batch(context, [*own.values(), *_verdicts(step, context.log, cadence.lag_thresholds)])
+                log_batch(context, [*own.values(), *_verdicts(step, context.log, cadence.lag_thresholds, keys)])
         record_capture([])  # a capture the blocking rules stopped the run after
     except Exception:
         record_capture([])  # recorded first, as when the op ran each step itself
@@ -201,52 +219,70 @@ def _record_capture(
     confirm_every: float,
     journal: CaptureJournal,
     busy: list[str],
+    keys: SourceKeys,
 ) -> None:
     """The raw batches' materialization (with the batches taken over from runs that ended before recording them), the
     quiet tables' confirmations (not `busy`: the tables the stages take) and raw_batches_contiguous, which blocks
     what follows it."""
-    report = with_batches_taken_over(context.instance, house, captured.capture)
-    metadata, confirmed = capture_events(context.instance, house, report, max_batch_rows, context.log, confirm_every, busy=busy)
-    contiguous = _evaluation(RAW_ASSET, "raw_batches_contiguous", contiguity_of(captured.breaks or [], captured.chain_from))
-    log_batch(context, [AssetMaterialization(RAW_ASSET, metadata=metadata), *confirmed, contiguous])
+    report = with_batches_taken_over(context.instance, house, captured.capture, keys)
+    metadata, confirmed = capture_events(
+        context.instance, house, report, max_batch_rows, context.log, confirm_every, keys=keys, busy=busy
+    )
+    raw = keys.raw_asset
+    contiguous = _evaluation(raw, "raw_batches_contiguous", contiguity_of(captured.breaks or [], captured.chain_from))
+    log_batch(context, [AssetMaterialization(raw, metadata=metadata), *confirmed, contiguous])
     journal.close(house.store)  # recorded: the journal of this run's batches goes
     if not contiguous.passed:
         raise _blocked(contiguous)
 
 
-def _record_changes(context: OpExecutionContext, house: Lakehouse, logged: ChangesLogged) -> None:
+def _record_changes(context: OpExecutionContext, house: Lakehouse, logged: ChangesLogged, keys: SourceKeys) -> None:
     """Each change log's materialization and change_log_seq_unique, which blocks current state."""
-    unique = uniqueness_of(logged.duplicates or {}, known_tables(house.store, logged.tables))
-    logs = [AssetMaterialization(changes_asset_key(t), metadata=changes_figures(logged.changes, t)) for t in logged.tables]
+    unique = uniqueness_of(logged.duplicates or {}, known_tables(house.store, logged.tables), keys)
+    logs = [
+        AssetMaterialization(keys.changes_asset_key(t), metadata=changes_figures(logged.changes, t)) for t in logged.tables
+    ]
     log_batch(context, [*logs, *unique])
     for evaluation in unique:
         if not evaluation.passed:
             raise _blocked(evaluation)
 
 
-def _verdicts(checked: Checked, log: Any, lag_thresholds: tuple[float, float]) -> list[AssetCheckEvaluation]:
+def _verdicts(
+    checked: Checked, log: Any, lag_thresholds: tuple[float, float], keys: SourceKeys
+) -> list[AssetCheckEvaluation]:
     """Each checked table's equality (its differences logged), schema and lag evaluations."""
     return [
-        *equality_of(checked.comparisons, log),
-        *schema_match_of(checked.schema_problems, checked.tables),
-        *lag_of(checked.lags, checked.tables, lag_thresholds),
+        *equality_of(checked.comparisons, log, keys),
+        *schema_match_of(checked.schema_problems, checked.tables, keys),
+        *lag_of(checked.lags, checked.tables, lag_thresholds, keys),
     ]
 
 
-@job(name=SYNC_JOB, executor_def=in_process_executor, tags={STAGE_TAG: "sync"}, description=sync_lakehouse.description)
-def sync_job() -> None:
-    sync_lakehouse()
+def build_sync_jobs(keys: SourceKeys) -> list[JobDefinition]:
+    """The source's `sync` job and its `repair` job (the sync's op with the tables to repair in its config)."""
+    sync_op = build_sync_op(keys)
 
+    @job(
+        name=keys.job(SYNC_JOB),
+        executor_def=in_process_executor,
+        tags=keys.tags("sync", SYNC_LANE),
+        description=sync_op.description,
+    )
+    def sync_job() -> None:
+        sync_op.alias(SYNC_OP)()
 
-@job(
-    name=REPAIR_JOB,
-    executor_def=in_process_executor,
-    tags={STAGE_TAG: "repair"},
-    description=(
-        "cdc-lakehouse repair from the UI: give the tables in the launchpad (ops: sync_lakehouse: config: repair: "
-        "[schema.table, …]). Their rows that differ from the source are read again at one consistent point, without a "
-        "lock, and written as `repair` / `repair_delete` changes, then applied and checked as `sync` does."
-    ),
-)
-def repair_job() -> None:
-    sync_lakehouse()
+    @job(
+        name=keys.job(REPAIR_JOB),
+        executor_def=in_process_executor,
+        tags=keys.tags("repair"),
+        description=(
+            "cdc-lakehouse repair from the UI: give the tables in the launchpad (ops: sync_lakehouse: config: repair: "
+            "[schema.table, …]). Their rows that differ from the source are read again at one consistent point, without a "
+            "lock, and written as `repair` / `repair_delete` changes, then applied and checked as `sync` does."
+        ),
+    )
+    def repair_job() -> None:
+        sync_op.alias(SYNC_OP)()
+
+    return [sync_job, repair_job]

@@ -30,8 +30,8 @@ from dagster import (
 
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
-from cdc_assets.defs.keys import changes_asset_key, table_asset_key
-from cdc_assets.defs.resources import BinlogResource, LakehouseResource
+from cdc_assets.defs.keys import UNNAMED, SourceKeys
+from cdc_assets.defs.resources import SourceResources
 from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.consistency import ConsistentComparison
@@ -75,13 +75,16 @@ class TableVerdict:
     severity: AssetCheckSeverity = AssetCheckSeverity.ERROR
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def asset_key(self) -> AssetKey:
-        return changes_asset_key(self.table) if self.check == UNIQUE_CHECK else table_asset_key(self.table)
+    def asset_key(self, keys: SourceKeys) -> AssetKey:
+        """The asset the check is on, of the source `keys` names: the table's change log or current state."""
+        return keys.changes_asset_key(self.table) if self.check == UNIQUE_CHECK else keys.table_asset_key(self.table)
 
-    def evaluation(self) -> AssetCheckEvaluation:
+    def check_key(self, keys: SourceKeys) -> AssetCheckKey:
+        return AssetCheckKey(self.asset_key(keys), self.check)
+
+    def evaluation(self, keys: SourceKeys) -> AssetCheckEvaluation:
         return AssetCheckEvaluation(
-            asset_key=self.asset_key,
+            asset_key=self.asset_key(keys),
             check_name=self.check,
             passed=self.passed,
             severity=self.severity,
@@ -89,9 +92,9 @@ class TableVerdict:
             metadata=self.metadata,
         )
 
-    def result(self) -> AssetCheckResult:
+    def result(self, keys: SourceKeys) -> AssetCheckResult:
         return AssetCheckResult(
-            asset_key=self.asset_key,
+            asset_key=self.asset_key(keys),
             check_name=self.check,
             passed=self.passed,
             severity=self.severity,
@@ -203,14 +206,14 @@ def uniqueness_verdicts(tables: Iterable[str], duplicates: dict[str, int]) -> li
     ]
 
 
-def table_check_specs(tables: Iterable[str]) -> list[AssetCheckSpec]:
+def table_check_specs(tables: Iterable[str], keys: SourceKeys = UNNAMED) -> list[AssetCheckSpec]:
     """The three checks of each table's current state, and its change log's."""
     return [
-        AssetCheckSpec(name, asset=table_asset_key(t), description=CHECK_DESCRIPTIONS[name])
+        AssetCheckSpec(name, asset=keys.table_asset_key(t), description=CHECK_DESCRIPTIONS[name])
         for t in tables
         for name in TABLE_CHECKS
     ] + [
-        AssetCheckSpec(UNIQUE_CHECK, asset=changes_asset_key(t), description=CHECK_DESCRIPTIONS[UNIQUE_CHECK])
+        AssetCheckSpec(UNIQUE_CHECK, asset=keys.changes_asset_key(t), description=CHECK_DESCRIPTIONS[UNIQUE_CHECK])
         for t in tables
     ]
 
@@ -224,7 +227,7 @@ def selected_tables(selected: Iterable[AssetCheckKey], by_key: dict[AssetKey, st
     return {name: sorted(tables) for name, tables in chosen.items()}
 
 
-def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
+def build_table_checks(tables: list[str], keys: SourceKeys = UNNAMED) -> list[AssetChecksDefinition]:
     """The per-table checks as one subsettable definition: what the UI lists on each table's asset, and what it
     runs when a user executes some of them (one run compares every table selected, not a run per table).
 
@@ -232,32 +235,31 @@ def build_table_checks(tables: list[str]) -> list[AssetChecksDefinition]:
     them after the asset keys, and a key segment such as `a~20b` is not a valid Dagster name."""
     if not tables:
         return []
-    specs = table_check_specs(tables)
-    by_key = {table_asset_key(t): t for t in tables} | {changes_asset_key(t): t for t in tables}
+    specs = table_check_specs(tables, keys)
+    by_key = {keys.table_asset_key(t): t for t in tables} | {keys.changes_asset_key(t): t for t in tables}
     inputs = {f"table_{i}": key for i, key in enumerate(by_key)}
     outputs = {f"check_{i}": spec for i, spec in enumerate(specs)}
 
     @op(
-        name="per_table_checks",
+        name=keys.op("per_table_checks"),
         ins={name: In(Nothing) for name in inputs},
         out={name: Out(Nothing, is_required=False) for name in outputs},
-        required_resource_keys={"binlog", "lakehouse", "cadence"},
+        required_resource_keys=keys.resource_keys("binlog", "lakehouse", "cadence"),
         description=(
             "Each table's equality, schema and lag checks on its current state, and its change log's seq check. "
             "A sync, check_equality and the continuous mode record these evaluations for the tables they compare."
         ),
     )
     def per_table_checks(context: OpExecutionContext) -> Iterator[AssetCheckResult]:
-        binlog: BinlogResource = context.resources.binlog
-        lakehouse: LakehouseResource = context.resources.lakehouse
+        used = SourceResources(context, keys)
         selected = context.selected_asset_check_keys
-        thresholds = context.resources.cadence.lag_thresholds
-        verdicts = run_table_checks(binlog.settings(), lakehouse.get(), selected_tables(selected, by_key), thresholds)
+        thresholds = used.cadence.lag_thresholds
+        verdicts = run_table_checks(used.binlog.settings(), used.lakehouse.get(), selected_tables(selected, by_key), thresholds)
         # a comparison may judge other tables too (a cascade's children, a table behind): recorded, not yielded
-        log_batch(context, [v.evaluation() for v in verdicts if AssetCheckKey(v.asset_key, v.check) not in selected])
+        log_batch(context, [v.evaluation(keys) for v in verdicts if v.check_key(keys) not in selected])
         for verdict in verdicts:
-            if AssetCheckKey(verdict.asset_key, verdict.check) in selected:
-                yield verdict.result()
+            if verdict.check_key(keys) in selected:
+                yield verdict.result(keys)
 
     return [
         AssetChecksDefinition.create(

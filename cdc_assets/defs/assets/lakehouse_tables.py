@@ -41,8 +41,8 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.defs.assets.metadata import applied_figures, changes_figures
 from cdc_assets.defs.assets.tables import DATA_VERSION_TAG, table_materializations, table_name
-from cdc_assets.defs.keys import RAW_ASSET, TABLES_ASSETS, changes_asset_key, source_asset_key, table_asset_key
-from cdc_assets.defs.resources import LakehouseResource
+from cdc_assets.defs.keys import TABLES_ASSETS, UNNAMED, SourceKeys
+from cdc_assets.defs.resources import SourceResources
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.locks import run_owner
 from cdc_assets.lake.state import known_tables, load_progress
@@ -105,10 +105,10 @@ def readable_tables(house: Lakehouse) -> list[CapturedTable]:
         return []
 
 
-def source_spec(table: CapturedTable, owners: tuple[str, ...]) -> AssetSpec:
+def source_spec(table: CapturedTable, owners: tuple[str, ...], keys: SourceKeys = UNNAMED) -> AssetSpec:
     return AssetSpec(
-        key=source_asset_key(table.name),
-        group_name=SOURCES_GROUP,
+        key=keys.source_asset_key(table.name),
+        group_name=keys.group_of(SOURCES_GROUP),
         kinds={"mysql"},
         owners=list(owners),
         description=(
@@ -120,11 +120,11 @@ def source_spec(table: CapturedTable, owners: tuple[str, ...]) -> AssetSpec:
     )
 
 
-def changes_spec(table: CapturedTable, options: TableOptions) -> AssetSpec:
+def changes_spec(table: CapturedTable, options: TableOptions, keys: SourceKeys = UNNAMED) -> AssetSpec:
     return AssetSpec(
-        key=changes_asset_key(table.name),
-        group_name=CHANGES_GROUP,
-        deps=[source_asset_key(table.name), RAW_ASSET],
+        key=keys.changes_asset_key(table.name),
+        group_name=keys.group_of(CHANGES_GROUP),
+        deps=[keys.source_asset_key(table.name), keys.raw_asset],
         kinds={"delta", *options.engine_kinds},
         owners=list(options.owners),
         automation_condition=options.automation,
@@ -138,7 +138,7 @@ def changes_spec(table: CapturedTable, options: TableOptions) -> AssetSpec:
     )
 
 
-def current_spec(table: CapturedTable, options: TableOptions) -> AssetSpec:
+def current_spec(table: CapturedTable, options: TableOptions, keys: SourceKeys = UNNAMED) -> AssetSpec:
     dropped = table.dropped_seq is not None
     description = (
         f"The current state of `{table.name}` (Delta): one row per source row, its columns plus `_cdc_seq` and "
@@ -148,9 +148,9 @@ def current_spec(table: CapturedTable, options: TableOptions) -> AssetSpec:
     if dropped:
         description = f"DROPPED: `{table.name}` was dropped from the source (`_cdc_seq` {table.dropped_seq}); its current state is gone. " + description
     return AssetSpec(
-        key=table_asset_key(table.name),
-        group_name=CURRENT_GROUP,
-        deps=[changes_asset_key(table.name)],
+        key=keys.table_asset_key(table.name),
+        group_name=keys.group_of(CURRENT_GROUP),
+        deps=[keys.changes_asset_key(table.name)],
         kinds={"delta", *options.engine_kinds},
         owners=list(options.owners),
         automation_condition=options.automation,
@@ -167,46 +167,48 @@ def current_spec(table: CapturedTable, options: TableOptions) -> AssetSpec:
     )
 
 
-def build_table_assets(tables: list[CapturedTable], options_for: Any) -> list[AssetSpec | AssetsDefinition]:
-    """The source specs and the one subsettable multi-asset over every table's change log and current state;
-    `options_for(table name)` gives each table's TableOptions."""
+def build_table_assets(
+    tables: list[CapturedTable], options_for: Any, keys: SourceKeys = UNNAMED
+) -> list[AssetSpec | AssetsDefinition]:
+    """The source specs and the one subsettable multi-asset over every table's change log and current state, under
+    the keys of the source `keys` names; `options_for(table name)` gives each table's TableOptions."""
     if not tables:
         return []
     options = {t.name: options_for(t.name) for t in tables}
     by_key: dict[AssetKey, str] = {}
     outs: dict[str, AssetOut] = {}
-    ins: dict[str, AssetIn] = {"raw_batches": AssetIn(RAW_ASSET, dagster_type=Nothing)}
+    ins: dict[str, AssetIn] = {"raw_batches": AssetIn(keys.raw_asset, dagster_type=Nothing)}
     deps: dict[str, set[AssetKey]] = {}
     # inputs and outputs named by position: Dagster's names from keys would hold a segment such as `a~20b`,
     # which is not a valid Dagster name
     for i, t in enumerate(tables):
-        changes, current = changes_spec(t, options[t.name]), current_spec(t, options[t.name])
+        changes, current = changes_spec(t, options[t.name], keys), current_spec(t, options[t.name], keys)
         by_key[changes.key] = by_key[current.key] = t.name
         for name, spec in ((f"changes_{i}", changes), (f"current_{i}", current)):
             outs[name] = AssetOut.from_spec(spec.replace_attributes(deps=[]), dagster_type=Nothing, is_required=False)
             deps[name] = {dep.asset_key for dep in spec.deps}
-        ins[f"source_{i}"] = AssetIn(source_asset_key(t.name), dagster_type=Nothing)
+        ins[f"source_{i}"] = AssetIn(keys.source_asset_key(t.name), dagster_type=Nothing)
 
     @multi_asset(
-        name=TABLES_ASSETS,
+        name=keys.op(TABLES_ASSETS),
         outs=outs,
         ins=ins,
         internal_asset_deps=deps,
         can_subset=True,
+        required_resource_keys=keys.resource_keys("lakehouse", "transforms"),
         description=(
             "Takes the selected tables' new raw batches into their change logs, checks them, and applies them to their "
             "current state: one step for every table selected, however many."
         ),
     )
-    def lakehouse_tables(
-        context: AssetExecutionContext, lakehouse: LakehouseResource, transforms: TransformsResource
-    ) -> Iterator[MaterializeResult]:
+    def lakehouse_tables(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
+        used = SourceResources(context, keys)
         selected = context.selected_asset_keys
-        current = sorted({by_key[k] for k in selected if k.path[0] == CURRENT_GROUP})
+        current = sorted({by_key[k] for k in selected if keys.is_current(k)})
         tables = sorted({by_key[k] for k in selected} | set(current))
-        yield from apply_tables(context, lakehouse.get(), transforms, tables, current, selected)
+        yield from apply_tables(context, used.lakehouse.get(), used.transforms, tables, current, selected, keys)
 
-    return [*(source_spec(t, options[t.name].owners) for t in tables), lakehouse_tables]
+    return [*(source_spec(t, options[t.name].owners, keys) for t in tables), lakehouse_tables]
 
 
 def apply_tables(
@@ -216,6 +218,7 @@ def apply_tables(
     tables: list[str],
     current: list[str],
     selected: Any,
+    keys: SourceKeys,
 ) -> Iterator[MaterializeResult]:
     """The pipeline's change logs of `tables`, their seqs checked (a duplicate stops the run), then the current state
     of `current` (pipeline/driver.py), recorded: a materialization of each key selected, and an event of each other
@@ -226,15 +229,17 @@ def apply_tables(
         None, house, owner=owner, steps=steps, tables=tables, current_tables=current, transforms=transforms.for_changes, log=context.log
     ):
         if isinstance(report, ChangesLogged):
-            yield from _changes_recorded(context, report, selected)
+            yield from _changes_recorded(context, report, selected, keys)
         elif isinstance(report, CurrentApplied):
-            yield from _current_recorded(context, house, report, selected)
+            yield from _current_recorded(context, house, report, selected, keys)
 
 
-def _changes_recorded(context: AssetExecutionContext, logged: ChangesLogged, selected: Any) -> Iterator[MaterializeResult]:
+def _changes_recorded(
+    context: AssetExecutionContext, logged: ChangesLogged, selected: Any, keys: SourceKeys
+) -> Iterator[MaterializeResult]:
     """Each change log's materialization; a duplicate seq fails change_log_seq_unique, which blocks current state."""
     for table in logged.tables:
-        key = changes_asset_key(table)
+        key = keys.changes_asset_key(table)
         metadata = changes_figures(logged.changes, table)
         if key in selected:
             yield MaterializeResult(asset_key=key, metadata=metadata)
@@ -248,13 +253,13 @@ def _changes_recorded(context: AssetExecutionContext, logged: ChangesLogged, sel
 
 
 def _current_recorded(
-    context: AssetExecutionContext, house: Lakehouse, applied: CurrentApplied, selected: Any
+    context: AssetExecutionContext, house: Lakehouse, applied: CurrentApplied, selected: Any, keys: SourceKeys
 ) -> Iterator[MaterializeResult]:
     """Each applied table's own asset, with the facts the driver read of it."""
     report = applied.current
-    own = table_materializations(house, applied_figures(report.tables, report.applied), applied.facts)
+    own = table_materializations(house, applied_figures(report.tables, report.applied), applied.facts, keys=keys)
     for table, event in own.items():
-        key = table_asset_key(table)
+        key = keys.table_asset_key(table)
         if key in selected:
             version = (event.tags or {}).get(DATA_VERSION_TAG)
             yield MaterializeResult(

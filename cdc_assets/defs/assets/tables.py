@@ -20,7 +20,7 @@ from dagster import (
 
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
-from cdc_assets.defs.keys import table_asset_key
+from cdc_assets.defs.keys import UNNAMED, SourceKeys
 from cdc_assets.defs.table_checks import EQUALITY_CHECK, LAG_CHECK, SCHEMA_CHECK
 from cdc_assets.lake.layout import CURRENT, CURRENT_STAGE
 from cdc_assets.lake.state import load_progress, load_registry, needs_work
@@ -99,16 +99,19 @@ def data_version(metadata: dict[str, Any]) -> str:
 
 
 def table_materializations(
-    house: Lakehouse, figures: dict[str, dict[str, Any]], facts: dict[str, TableFacts] | None = None
+    house: Lakehouse,
+    figures: dict[str, dict[str, Any]],
+    facts: dict[str, TableFacts] | None = None,
+    keys: SourceKeys = UNNAMED,
 ) -> dict[str, AssetMaterialization]:
-    """A materialization of each table's own asset, by table: its table metadata beside the run's figures for it.
-    `facts`: the tables' facts read already (by a sync's forked child)."""
+    """A materialization of each table's own asset (of the source `keys` names), by table: its table metadata beside
+    the run's figures for it. `facts`: the tables' facts read already (by a sync's forked child)."""
     names = sorted(figures)
     known = facts or {}
     metadata = for_each_table(names, lambda t: table_metadata(house, t, known.get(t)))
     return {
         name: AssetMaterialization(
-            table_asset_key(name),
+            keys.table_asset_key(name),
             description=f"{name} dropped from the source" if meta.get("dropped") else None,
             metadata={**meta, **figures[name]},
             tags={DATA_VERSION_TAG: data_version(meta)},
@@ -138,6 +141,7 @@ def confirmations(
     every_seconds: float,
     now: float,
     exclude: set[str] | frozenset[str] = frozenset(),
+    keys: SourceKeys = UNNAMED,
 ) -> list[AssetMaterialization | AssetCheckEvaluation]:
     """Materializations of the quiet tables' assets: a table with no change pending through the binlog position
     capture has read to is up to date, although nothing was written to it.
@@ -147,15 +151,16 @@ def confirmations(
     while current. Each carries the table metadata of the table's last materialization and its data version (no
     Delta table is read, downstream assets that follow data versions do not run again), `unchanged: true`, and
     the position. Only tables last materialized `every_seconds` ago or more, so a busy table gets none; one
-    query for every table's last materialization. `exclude`: tables the caller materializes itself.
+    query for every table's last materialization. `exclude`: tables the caller materializes itself. `keys`: the
+    source's, whose table assets these are.
 
     Dagster shows a check's execution as the asset's current one only when it is newer than the asset's last
     materialization or from the same run, so each confirmation restates the table's latest check verdicts (see
     `carried_over`): the data they judged is the data confirmed."""
     tables = [t for t in up_to_date_tables(house) if t not in exclude]
-    records = instance.get_asset_records([table_asset_key(t) for t in tables])
+    records = instance.get_asset_records([keys.table_asset_key(t) for t in tables])
     last = {r.asset_entry.asset_key: r.asset_entry.last_materialization for r in records}
-    by_table = {t: last.get(table_asset_key(t)) for t in tables}
+    by_table = {t: last.get(keys.table_asset_key(t)) for t in tables}
     due = due_for_confirmation({t: e.timestamp if e else None for t, e in by_table.items()}, now, every_seconds)
     events = []
     for table in due:
@@ -169,7 +174,7 @@ def confirmations(
             version = None
         events.append(
             AssetMaterialization(
-                table_asset_key(table),
+                keys.table_asset_key(table),
                 description=f"up to date: no change of {table} pending through {position}",
                 metadata={**base, "unchanged": True, "changes_in": 0, "up_to_date_through": position},
                 tags={DATA_VERSION_TAG: version or data_version(base)},
@@ -177,7 +182,7 @@ def confirmations(
         )
     up_to_date = [
         AssetCheckEvaluation(
-            asset_key=table_asset_key(t),
+            asset_key=keys.table_asset_key(t),
             check_name=LAG_CHECK,
             passed=True,
             description=f"{t}: no change pending through {position}",
@@ -185,7 +190,7 @@ def confirmations(
         )
         for t in due
     ]
-    return [*events, *carried_over(instance, due), *up_to_date]
+    return [*events, *carried_over(instance, due, keys), *up_to_date]
 
 
 CARRIED_OVER_FROM = "carried_over_from_run"  # metadata: the run that evaluated a restated check
@@ -193,17 +198,17 @@ EVALUATED_AS = "evaluated_as"  # metadata: that run's own description of it
 _RESTATED = re.compile(r"^(unchanged since evaluated in run \w+: )+")
 
 
-def carried_over(instance: Any, tables: list[str]) -> list[AssetCheckEvaluation]:
+def carried_over(instance: Any, tables: list[str], keys: SourceKeys) -> list[AssetCheckEvaluation]:
     """Each table's latest equality and schema evaluations, restated in this run (same verdict, severity and
     metadata, the description saying which run evaluated them), so a failed check stays failed in the UI until a
     run checks the table again. One query for all of them.
 
     An evaluation restated before is restated as it was evaluated: the run that evaluated it and its own description
     (kept in its metadata), so the sentence says its cause once however many runs restate it."""
-    keys = [AssetCheckKey(table_asset_key(t), name) for t in tables for name in (EQUALITY_CHECK, SCHEMA_CHECK)]
-    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(keys) if keys else {}
+    checks = [AssetCheckKey(keys.table_asset_key(t), name) for t in tables for name in (EQUALITY_CHECK, SCHEMA_CHECK)]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(checks) if checks else {}
     restated = []
-    for key in keys:
+    for key in checks:
         record = latest.get(key)
         evaluation = record.event.dagster_event.event_specific_data if record is not None and record.event else None
         if not isinstance(evaluation, AssetCheckEvaluation):
