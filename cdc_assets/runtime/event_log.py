@@ -11,6 +11,10 @@ instance written by it reads as any other SQLite instance (`instance.py` configu
 a run records for hundreds of tables (Dagster batches only the outputs of partitioned assets, and writes a check's
 evaluation one by one). Both reach into Dagster's internals, the only place the project does.
 
+All of it is an optimisation of the embedded default, our own SQLite dagster.yaml (`instance.py`), never needed for
+correctness: `CDC_EVENT_BATCHES=0` leaves it out, and a user's own instance (PostgreSQL storage) never loads it. The
+steps log through `step_events.log_batch`, which comes here only when the instance's event log is this one.
+
 Two more fixed costs of Dagster's SQLite storage are cut here, both measured on a small `sync`:
 - each connection was a new engine and a new SQLite connection, closed after one statement; closing the last
   connection of a WAL database checkpoints and removes its WAL file, so every event paid an open, a checkpoint and
@@ -82,12 +86,10 @@ def _shared_from_config(cls: type[ScriptDirectory], config: Config) -> ScriptDir
 
 
 def share_alembic_scripts() -> None:
-    """Make alembic load Dagster's migration scripts once per process (idempotent). Called before the instance is
-    opened, so the run and schedule storages take it too."""
+    """Make alembic load Dagster's migration scripts once per process (idempotent). Called before our instance is
+    opened (`instance.enable_event_batches`), so the run and schedule storages take it too, and by the storage itself
+    (where Dagster loads it: `make dev`'s webserver and daemon); never at import, nor for an instance of another kind."""
     ScriptDirectory.from_config = classmethod(_shared_from_config)  # type: ignore[method-assign,assignment]
-
-
-share_alembic_scripts()  # also where Dagster itself loads this module (`make dev`'s webserver and daemon)
 
 
 def _no_sync_per_commit(dbapi_connection: Any, _record: Any) -> None:
@@ -122,7 +124,12 @@ def empty_run_database(dagster: Any, path: Path) -> Path:
 
 def log_batch(context: Any, events: Sequence[AssetMaterialization | AssetObservation | AssetCheckEvaluation]) -> None:
     """Log a step's asset events and check evaluations as one batch (as `context.log_event` each, in the run's
-    events too): with DAGSTER_EVENT_BATCH_SIZE set, the instance hands them to the storage together."""
+    events too): with DAGSTER_EVENT_BATCH_SIZE set, the instance hands them to the storage together. On an instance
+    whose event log is not ours, `context.log_event` each (another storage's batch write takes no check evaluations)."""
+    if not getattr(context.instance.event_log_storage, "writes_event_batches", False):
+        for event in events:
+            context.log_event(event)
+        return
     op_context = getattr(context, "op_execution_context", context)
     step = op_context._step_execution_context  # noqa: SLF001
     batch_id = generate_event_batch_id()
@@ -140,7 +147,10 @@ def log_batch(context: Any, events: Sequence[AssetMaterialization | AssetObserva
 
 
 class BatchingSqliteEventLogStorage(SqliteEventLogStorage):
+    writes_event_batches = True  # what `step_events.log_batch` looks for
+
     def __init__(self, base_dir: str, inst_data: ConfigurableClassData | None = None) -> None:
+        share_alembic_scripts()
         self._engines: OrderedDict[str, Engine] = OrderedDict()
         self._kept_open = 0  # how many connections_kept_open() blocks are running
         super().__init__(base_dir, inst_data)

@@ -1,10 +1,18 @@
 """The Dagster instance the CLI and `make dev` share: DAGSTER_HOME and its dagster.yaml.
 
-Each lakehouse keeps its runs in a Dagster home of its own, so `status` reads only its own runs' materializations
+Two kinds of instance. A user's own (DAGSTER_HOME with a dagster.yaml they wrote, e.g. PostgreSQL run, event-log and
+schedule storage; docs/operating.md) is used as it is, by any number of lakehouses and sources: a source's asset
+keys, jobs and run-queue lane carry its name (defs/keys.py). With none, the embedded default: each lakehouse keeps
+its runs in a home of its own with our SQLite dagster.yaml, so `status` reads only its own runs' materializations
 and the UI of one lakehouse never shows another's runs: `.local/dagster_home` for the default `./lakehouse` (the
 demo's, which `make dev` shows), `.local/dagster_home-<name>-<digest>` for any other (`home_for`). A DAGSTER_HOME the
-user sets is used as it is, and holds one lakehouse's runs too: the first lakehouse to use it marks it as its own,
-and a command for another is refused with one sentence (`claim`).
+user sets without a dagster.yaml of their own gets ours and holds one lakehouse's runs too: the first lakehouse to
+use it marks it as its own, and a command for another is refused with one sentence (`claim`).
+
+Our dagster.yaml names our batching event log (runtime/event_log.py, over the files of Dagster's own SQLite storage;
+Dagster's private APIs); CDC_EVENT_BATCHES=0 leaves it out (Dagster's own SQLite event log), and no other instance
+loads it (`enable_event_batches`). An instance Dagster cannot open for a reason the user can fix (its storage's
+package not installed, its database unreachable) is one sentence (`open_instance`).
 
 The run queue lets one capture, one apply and one sync run of each source go at a time, and one publish run per sink
 (tag `cdc/queue`, one value per source and lane; a `sync` run launched from the UI queues too): the lakehouse locks
@@ -17,7 +25,7 @@ schedules.db and the event log's index.db with their tables, indexes and data mi
 versions that built them; `make install` builds them, and so does the first instance opened on an empty home
 without them (a consistent copy of what Dagster just created, before anything is written). The cache is written
 to a temporary directory and renamed into place, never overwritten; where it cannot be written, homes are created
-as Dagster creates them. This module imports nothing of Dagster unless it builds the cache.
+as Dagster creates them. This module imports nothing of Dagster unless it opens an instance or builds the cache.
 """
 
 import hashlib
@@ -29,6 +37,7 @@ import sqlite3
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import DEFAULT_LAKEHOUSE
@@ -52,12 +61,27 @@ QUEUE_LIMITS = f"""    tag_concurrency_limits:
           applyLimitPerUniqueValue: true
         limit: 1
 """  # the snippet a user's own dagster.yaml takes under `concurrency: runs:` (docs/operating.md)
+EVENT_BATCHES = "CDC_EVENT_BATCHES"  # `0`: our dagster.yaml names Dagster's own SQLite event log, not our batching one
+BATCHING_STORAGE = "cdc_assets.runtime.event_log"  # the module of our batching event log, as a dagster.yaml names it
 
 
-def instance_yaml(home: Path) -> str:
+def event_batches_wanted() -> bool:
+    """Whether our dagster.yaml names our batching event log (CDC_EVENT_BATCHES, default on)."""
+    return os.environ.get(EVENT_BATCHES, "1").strip() != "0"
+
+
+def instance_yaml(home: Path, batches: bool | None = None) -> str:
     """Our dagster.yaml: the run queue's limits (looked at every second, not every five: queued runs start
-    sooner), and the event log that writes batches of events at once (cdc_assets.runtime.event_log), over the same
-    files as Dagster's default SQLite storage."""
+    sooner), and, unless `batches` is off (default: `event_batches_wanted`), the event log that writes batches of
+    events at once (cdc_assets.runtime.event_log), over the same files as Dagster's default SQLite storage; without
+    it, Dagster's default SQLite storage, which reads the same files."""
+    batches = event_batches_wanted() if batches is None else batches
+    event_log = f"""event_log_storage:
+  module: {BATCHING_STORAGE}
+  class: BatchingSqliteEventLogStorage
+  config:
+    base_dir: {json.dumps(str(home / "history" / "runs"))}
+"""
     return (
         MANAGED_HEADER
         + f"""telemetry:
@@ -68,19 +92,35 @@ concurrency:
 {QUEUE_LIMITS}run_queue:
   dequeue_interval_seconds: 1
   dequeue_use_threads: true
-event_log_storage:
-  module: cdc_assets.runtime.event_log
-  class: BatchingSqliteEventLogStorage
-  config:
-    base_dir: {json.dumps(str(home / "history" / "runs"))}
 """
+        + (event_log if batches else "")
     )
 
 
-def enable_event_batches() -> None:
-    """Dagster gathers the events of a partition range into batches only when this is set (in every process
-    that runs or starts runs: the CLI, `make dev`, the runs it launches)."""
+def writes_event_batches(home: Path) -> bool:
+    """Whether the dagster.yaml of `home` names our batching event log (ours does unless CDC_EVENT_BATCHES=0)."""
+    try:
+        return f"module: {BATCHING_STORAGE}\n" in (home / "dagster.yaml").read_text()
+    except OSError:
+        return False
+
+
+def enable_event_batches(home: Path | None = None) -> None:
+    """On an instance whose event log is ours (`home`, default DAGSTER_HOME): Dagster gathers the events of a
+    partition range into batches only when DAGSTER_EVENT_BATCH_SIZE is set (in every process that runs or starts
+    runs: the CLI, `make dev`, the runs it launches), and alembic loads Dagster's migration scripts once
+    (`event_log.share_alembic_scripts`, before the run storage opens). Any other instance: nothing of it."""
+    if home is None:
+        given = os.environ.get("DAGSTER_HOME")
+        if not given:
+            return
+        home = Path(given)
+    if not writes_event_batches(home):
+        return
     os.environ.setdefault("DAGSTER_EVENT_BATCH_SIZE", str(EVENT_BATCH_SIZE))
+    from cdc_assets.runtime.event_log import share_alembic_scripts
+
+    share_alembic_scripts()
 
 
 def lakehouse_identity(location: str) -> str:
@@ -131,9 +171,10 @@ def claim(home: Path, location: str, chosen_by: str) -> None:
 
 def ensure_dagster_home(location: str | None = None) -> Path:
     """The Dagster home of the lakehouse at `location` (the settings' CDC_LAKEHOUSE): DAGSTER_HOME when the user set
-    it, else `home_for` the lakehouse; with our dagster.yaml, unless the user wrote their own; a new one gets the cached
-    empty databases (`seed_home`). A home holds one lakehouse's runs (`claim`). No `location`: the home DAGSTER_HOME
-    names as it is (the one a command chose for its lakehouse before, Dagster's own variable), claimed by nobody."""
+    it, else `home_for` the lakehouse. A dagster.yaml the user wrote is used as it is, by any number of lakehouses.
+    Else ours is written there, the home holds one lakehouse's runs (`claim`), and a new one gets the cached empty
+    databases (`seed_home`). No `location`: the home DAGSTER_HOME names as it is (the one a command chose for its
+    lakehouse before, Dagster's own variable), claimed by nobody."""
     given = os.environ.get("DAGSTER_HOME")
     if location is None:
         home, chosen_by = (Path(given) if given else home_for(DEFAULT_LAKEHOUSE)).resolve(), ""
@@ -144,19 +185,71 @@ def ensure_dagster_home(location: str | None = None) -> Path:
         chosen_by = f"The Dagster home {home}"
         _chosen_here.add(str(home))
     home.mkdir(parents=True, exist_ok=True)
-    if location is not None:
-        claim(home, location, chosen_by)
     config = home / "dagster.yaml"
     existing = config.read_text() if config.exists() else None
     ours = existing is None or existing.startswith(MANAGED_HEADER) or existing == LEGACY_YAML
-    wanted = instance_yaml(home)
-    if ours and existing != wanted:
-        config.write_text(wanted)
-    if ours:
+    if ours:  # the embedded default: one lakehouse's runs, in our SQLite storage
+        if location is not None:
+            claim(home, location, chosen_by)
+        wanted = instance_yaml(home)
+        if existing != wanted:
+            config.write_text(wanted)
         seed_home(home)
     os.environ["DAGSTER_HOME"] = str(home)  # for Dagster, which reads it, and for processes started from here
-    enable_event_batches()
+    enable_event_batches(home)
     return home
+
+
+def open_instance(home: Path) -> Any:
+    """The Dagster instance of `home` (the DAGSTER_HOME `ensure_dagster_home` chose), opened. What the user can fix
+    is one sentence (CdcUserError): a storage whose package is not installed (dagster-postgres), a PostgreSQL that
+    does not answer or refuses the connection. A new home of ours that Dagster created itself becomes the cache."""
+    from dagster import DagsterInstance
+
+    new = writes_event_batches(home) and is_new(home)
+    try:
+        dagster = DagsterInstance.get()
+    except Exception as exc:  # what is not the user's to fix is raised as it is
+        sentence = instance_error(home, exc)
+        if sentence is None:
+            raise
+        raise CdcUserError(sentence) from exc
+    if new and not is_new(home):
+        remember_new_home(dagster, home)
+    return dagster
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return seen
+
+
+# a module a dagster.yaml's storage needs -> what installs it
+INSTALLS = {"dagster_postgres": "dagster-postgres", "psycopg": "'psycopg[binary]'", "psycopg2": "psycopg2-binary"}
+
+
+def instance_error(home: Path, exc: BaseException) -> str | None:
+    """One sentence for an instance that could not be opened for a reason the user can fix, else None."""
+    config = home / "dagster.yaml"
+    for cause in _causes(exc):
+        if isinstance(cause, ModuleNotFoundError) and cause.name:
+            top = cause.name.split(".")[0]
+            package = INSTALLS.get(top, top.replace("_", "-"))
+            return (
+                f"The Dagster instance in {config} needs the Python package {package}, which is not installed: "
+                f"install it (`pip install {package}` in the environment of cdc-lakehouse), or set DAGSTER_HOME to "
+                "another instance (unset, each lakehouse keeps its runs under .local/)."
+            )
+        if type(cause).__name__ == "OperationalError" and type(cause).__module__.split(".")[0] in ("psycopg", "psycopg2"):
+            reason = " ".join(str(cause).split()) or type(cause).__name__
+            return (
+                f"The PostgreSQL database of the Dagster instance in {config} cannot be reached ({reason}): start "
+                "that server, or fix the storage's hostname, port, user or database in that dagster.yaml."
+            )
+    return None
 
 
 def is_new(home: Path) -> bool:
@@ -230,7 +323,7 @@ def build_cache() -> Path:
     share_alembic_scripts()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
-        (home / "dagster.yaml").write_text(instance_yaml(home))
+        (home / "dagster.yaml").write_text(instance_yaml(home, batches=True))
         dagster = DagsterInstance.from_config(str(home))
         try:
             dagster.get_runs(limit=1)
