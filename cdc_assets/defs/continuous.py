@@ -430,7 +430,7 @@ def build_continuous_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED
             "too). Running when CDC_CONTINUOUS=1; switch it off before terminating the run to stop for good."
         ),
     )
-    def continuous_sensor(context: SensorEvaluationContext) -> RunRequest | SkipReason:
+    def continuous_sensor(context: SensorEvaluationContext, **_given: Any) -> RunRequest | SkipReason:
         reason = continuous_alive(context.instance, SourceResources(context, keys).lakehouse.get(), keys)
         return SkipReason(reason) if reason else RunRequest()
 

@@ -299,7 +299,9 @@ RESOURCE_NAMES = ("binlog", "lakehouse", "s3", "pyspark", "transforms", "sinks",
 class SourceResources:
     """One source's resources as a run's, sensor's or schedule's context holds them, under the source's keys: what its
     ops, assets, checks, sensors and schedules read, having required them with `keys.resource_keys(...)`. A typed
-    parameter would name the resource by the parameter's name, the same for every source."""
+    parameter would name the resource by the parameter's name, the same for every source. (A sensor's or schedule's
+    function also takes `**_given`: called directly, as tests do, Dagster passes it the required resources as
+    keywords too.)"""
 
     context: Any
     keys: SourceKeys

@@ -4,6 +4,8 @@ check, and the comparison of every row with the source (CDC_FULL_CHECK_CRON, def
 The capture schedule is the schedule mode's (defs/automation.py): running when CDC_CAPTURE_CRON is set, otherwise
 stopped, as the automation (or, with CDC_CAPTURE_INTERVAL_SECONDS, the binlog sensor) captures."""
 
+from typing import Any
+
 from dagster import (
     DagsterInvalidDefinitionError,
     DefaultScheduleStatus,
@@ -28,7 +30,7 @@ LAG_CHECK_SCHEDULE = "lag_check_schedule"
 def build_capture_schedule(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> ScheduleDefinition:
     cron = cadence.capture_cron or DEFAULT_CAPTURE_CRON
 
-    def _capture_tick(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+    def _capture_tick(context: ScheduleEvaluationContext, **_given: Any) -> RunRequest | SkipReason:
         house = SourceResources(context, keys).lakehouse.get()
         busy = capture_in_progress(context.instance, house, keys.lane(CAPTURE_LANE))
         if busy:

@@ -4,6 +4,7 @@ itself, capturing continuously instead of on the cron. Both run in the schedule 
 CDC_CAPTURE_INTERVAL_SECONDS set); by default Dagster's automation updates the tables (defs/automation.py)."""
 
 import time
+from typing import Any
 
 from dagster import (
     AssetKey,
@@ -80,7 +81,7 @@ def build_raw_batch_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED)
     """The raw-batch sensor of the source `keys` names, running in the schedule mode (`cadence`: read when the
     definitions load)."""
 
-    def raw_batch_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+    def raw_batch_sensor(context: SensorEvaluationContext, **_given: Any) -> SensorResult | SkipReason:
         return raw_batches_tick(context, SourceResources(context, keys).lakehouse, cadence.lag_warn_seconds, keys)
 
     return sensor(
@@ -158,7 +159,7 @@ def build_new_tables_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED
             "pending: no asset of theirs can be selected until the next reload, which shows them."
         ),
     )
-    def new_tables_sensor(context: SensorEvaluationContext) -> RunRequest | SkipReason:
+    def new_tables_sensor(context: SensorEvaluationContext, **_given: Any) -> RunRequest | SkipReason:
         declared = _declared(context, keys)
         if declared is None:
             return SkipReason("Evaluated outside the definitions: no declared tables to compare with.")
@@ -246,7 +247,7 @@ def build_binlog_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) ->
             "to start. Running when CDC_CAPTURE_INTERVAL_SECONDS is set (the capture schedule is then off)."
         ),
     )
-    def binlog_sensor(context: SensorEvaluationContext) -> RunRequest | SkipReason:
+    def binlog_sensor(context: SensorEvaluationContext, **_given: Any) -> RunRequest | SkipReason:
         used = SourceResources(context, keys)
         house = used.lakehouse.get()
         busy = capture_in_progress(context.instance, house, keys.lane(CAPTURE_LANE))

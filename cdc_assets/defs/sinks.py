@@ -233,7 +233,7 @@ def build_sink_sensor(sinks: list[str], jobs: list[Any], settings: Settings, key
             "Skips a sink while it publishes or a run of it waits, and for a minute after a failed run (broker down)."
         ),
     )
-    def sink_sensor(context: SensorEvaluationContext) -> SensorResult | SkipReason:
+    def sink_sensor(context: SensorEvaluationContext, **_given: Any) -> SensorResult | SkipReason:
         used = SourceResources(context, keys)
         requests, waiting = [], []
         for sink in configured:
