@@ -109,6 +109,27 @@ def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 @pytest.fixture(scope="session")
+def postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One PostgreSQL per session, started by the project's own script (cdc_assets.local_source.postgres) from the
+    Debian package, on its own port and data directory (a system server on 5432 is left alone): the storage of a
+    Dagster instance of a user's own. As root it runs as the `postgres` user, who cannot enter pytest's base
+    directory (root's alone): its directory is then one of its own under the system's temporary directory."""
+    import shutil
+    import tempfile
+
+    from cdc_assets.local_source import postgres as local_postgres
+
+    as_root = os.geteuid() == 0
+    base = Path(tempfile.mkdtemp(prefix="cdc-test-postgres-")) if as_root else tmp_path_factory.mktemp("postgres")
+    try:
+        yield local_postgres.start(base)
+    finally:
+        local_postgres.stop(base)
+        if as_root:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def spark() -> object:
     """The session dagster-pyspark's resource makes from our settings: the one the runs of the session reuse."""
     from dagster_pyspark import LazyPySparkResource

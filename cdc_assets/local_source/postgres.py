@@ -56,7 +56,7 @@ class LocalPostgres:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
     def connect(self, database: str = "postgres") -> Any:
-        """A psycopg2 connection as the superuser, in autocommit (psycopg2 is imported only here)."""
+        """A connection as the superuser, in autocommit (psycopg2, dagster-postgres's driver: imported only here)."""
         import psycopg2
 
         connection = psycopg2.connect(

@@ -30,12 +30,15 @@ as Dagster creates them. This module imports nothing of Dagster unless it opens 
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import sqlite3
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +190,7 @@ def ensure_dagster_home(location: str | None = None) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
     existing = config.read_text() if config.exists() else None
-    ours = existing is None or existing.startswith(MANAGED_HEADER) or existing == LEGACY_YAML
-    if ours:  # the embedded default: one lakehouse's runs, in our SQLite storage
+    if is_ours(home):  # the embedded default: one lakehouse's runs, in our SQLite storage
         if location is not None:
             claim(home, location, chosen_by)
         wanted = instance_yaml(home)
@@ -206,9 +208,14 @@ def open_instance(home: Path) -> Any:
     does not answer or refuses the connection. A new home of ours that Dagster created itself becomes the cache."""
     from dagster import DagsterInstance
 
-    new = writes_event_batches(home) and is_new(home)
+    ours = is_ours(home)
+    problem = None if ours else driver_problem(home)
+    if problem:
+        raise CdcUserError(problem)
+    new = ours and is_new(home)
     try:
-        dagster = DagsterInstance.get()
+        with _retries_unsaid():
+            dagster = DagsterInstance.get()
     except Exception as exc:  # what is not the user's to fix is raised as it is
         sentence = instance_error(home, exc)
         if sentence is None:
@@ -217,6 +224,91 @@ def open_instance(home: Path) -> Any:
     if new and not is_new(home):
         remember_new_home(dagster, home)
     return dagster
+
+
+class _RetryNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Retrying failed database connection")
+
+
+@contextmanager
+def _retries_unsaid() -> Iterator[None]:
+    """dagster-postgres logs each retry of a connection on the root logger (a stack of warnings on stderr before the
+    command's one sentence): while the instance opens, those notices are dropped; the root logger is left as it was."""
+    root = logging.getLogger()
+    notice = _RetryNotice()
+    placeholder = None if root.handlers else logging.NullHandler()  # else logging.warning() would set one up
+    root.addFilter(notice)
+    if placeholder:
+        root.addHandler(placeholder)
+    try:
+        yield
+    finally:
+        root.removeFilter(notice)
+        if placeholder:
+            root.removeHandler(placeholder)
+
+
+def is_ours(home: Path) -> bool:
+    """Whether the dagster.yaml of `home` is ours (or there is none yet): the embedded default's SQLite instance."""
+    config = home / "dagster.yaml"
+    existing = config.read_text() if config.exists() else None
+    return existing is None or existing.startswith(MANAGED_HEADER) or existing == LEGACY_YAML
+
+
+def _postgres_configs(config: Any) -> list[dict]:
+    """The PostgreSQL settings a dagster.yaml gives its storage: `storage: postgres:`, or per storage."""
+    if not isinstance(config, dict):
+        return []
+    found = []
+    storage = config.get("storage")
+    if isinstance(storage, dict) and isinstance(storage.get("postgres"), dict):
+        found.append(storage["postgres"])
+    for key in ("run_storage", "event_log_storage", "schedule_storage"):
+        part = config.get(key)
+        if isinstance(part, dict) and str(part.get("module", "")).startswith("dagster_postgres"):
+            found.append(part.get("config") if isinstance(part.get("config"), dict) else {})
+    return found
+
+
+def _value(value: Any, default: str) -> str:
+    """A dagster.yaml value as Dagster reads it: as written, or `{env: NAME}` from the environment."""
+    if isinstance(value, dict):
+        return os.environ.get(str(value.get("env", "")), default)
+    return default if value is None else str(value)
+
+
+def driver_problem(home: Path) -> str | None:
+    """One sentence when the dagster.yaml of `home` opens PostgreSQL with a driver dagster-postgres cannot work
+    with: a URL scheme without a driver (`postgresql://`) is psycopg 3's under SQLAlchemy 2.1, and dagster-postgres
+    writes its event notifications in a form only psycopg2 sends (each run then fails at its first event)."""
+    import yaml
+    from sqlalchemy import __version__ as sqlalchemy_version
+    from sqlalchemy.engine.url import make_url
+
+    config_file = home / "dagster.yaml"
+    try:
+        config = yaml.safe_load(config_file.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # Dagster says what is wrong with it
+    for postgres in _postgres_configs(config):
+        url = _value(postgres.get("postgres_url"), "")
+        database = postgres.get("postgres_db")
+        scheme = url.split("://", 1)[0] if url else _value(database.get("scheme") if isinstance(database, dict) else None, "postgresql")
+        if "+" in scheme:
+            continue
+        try:
+            driver = make_url(f"{scheme}://").get_dialect().driver
+        except Exception:  # not a scheme SQLAlchemy knows: Dagster says so
+            continue
+        if driver != "psycopg2":
+            return (
+                f"The Dagster instance in {config_file} opens PostgreSQL as {scheme}://, which SQLAlchemy "
+                f"{sqlalchemy_version} drives with {driver}, and dagster-postgres works only with psycopg2: add "
+                "`scheme: postgresql+psycopg2` under its postgres_db (or begin its postgres_url with "
+                "postgresql+psycopg2://)."
+            )
+    return None
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -244,7 +336,7 @@ def instance_error(home: Path, exc: BaseException) -> str | None:
                 "another instance (unset, each lakehouse keeps its runs under .local/)."
             )
         if type(cause).__name__ == "OperationalError" and type(cause).__module__.split(".")[0] in ("psycopg", "psycopg2"):
-            reason = " ".join(str(cause).split()) or type(cause).__name__
+            reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0].strip()
             return (
                 f"The PostgreSQL database of the Dagster instance in {config} cannot be reached ({reason}): start "
                 "that server, or fix the storage's hostname, port, user or database in that dagster.yaml."
