@@ -14,13 +14,15 @@ from deltalake import DeltaTable
 
 from cdc_assets.components.mysql_source import MySQLSource, settings_of
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets.local_source.server import LocalServer
+from cdc_assets_tests.conftest import CdcEnv, _database_name
 
 SOURCES = ("orders_db", "crm_db")
 
 
 def write_project(root: Path, lakehouses: dict[str, Path], tables: dict[str, str]) -> None:
     """A `dg` project of a user's, `shop_project`, with one MySQLSource folder per source."""
+    root.mkdir(parents=True)
     (root / "pyproject.toml").write_text(
         '[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "shop_project"\n'
     )
@@ -44,10 +46,12 @@ def write_project(root: Path, lakehouses: dict[str, Path], tables: dict[str, str
 
 
 @pytest.fixture
-def project(cdc: CdcEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def project(source: LocalServer, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Two sources, two schemas of the test's server, each with a table of its own and a lakehouse of its own."""
     root = tmp_path / "project"
-    schemas = {name: f"{cdc.database[:40]}_{i}" for i, name in enumerate(SOURCES)}
+    cdc = CdcEnv(source, "mysql", tmp_path / "unused")
+    database = _database_name(request.node.name)
+    schemas = {name: f"{database[:40]}_{i}" for i, name in enumerate(SOURCES)}
     for name, schema in schemas.items():
         cdc.execute(
             f"DROP DATABASE IF EXISTS `{schema}`",
