@@ -79,7 +79,7 @@ demo: install
 TEST_WORKERS ?= 3
 test: install
 	$(BIN)/ruff check cdc_assets cdc_assets_tests spark_resources benchmarks
-	$(BIN)/dagster definitions validate -w workspace.yaml
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs --use-active-venv
 	$(BIN)/pytest cdc_assets_tests -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ## Benchmarks (not tests), on a dedicated MariaDB under .local/bench, medians of 3 runs (about 40 minutes):

@@ -2,7 +2,7 @@
 
 `python -m cdc_assets.local_dev [--port 3000] [--spark-connect-port 15002] [--sinks]` starts the demo source, a
 long-lived Spark Connect server (unless CDC_SPARK_MASTER names a Spark of the user's) and, with `--sinks`, the local
-RabbitMQ and Kinesis, each only when it is not running yet, then `dagster dev -w workspace.yaml` on 127.0.0.1:PORT
+RabbitMQ and Kinesis, each only when it is not running yet, then `dg dev` (the project's code location) on 127.0.0.1:PORT
 in the foreground. When that ends (Ctrl-C), it stops what it started itself and keeps everything else: a source or a
 Spark server that was up before stays up, and no data is deleted (`make clean` does that).
 
@@ -27,21 +27,19 @@ from cdc_assets.local_spark import cluster, connect_server
 from cdc_assets.runtime.instance import DEFAULT_LAKEHOUSE, ensure_dagster_home
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-WORKSPACE = PROJECT_ROOT / "workspace.yaml"
 DEFAULT_PORT = 3000
 DEV_SPARK_MIN_ROWS = "1000000"  # runs from the UI take the shared Spark only from this many changes on
 STOP_WAIT_SECONDS = 60.0  # how long a Ctrl-C'd `dagster dev` may take to stop its webserver, daemon and code server
-# Dagster 1.13 points `dagster dev` users to `dg dev` (dagster-dg-cli, not installed: see docs/operating.md); the project keeps
-# `dagster dev -w workspace.yaml` (docs/operating.md: From the UI) and leaves out that one notice, and no other warning.
-SUPERSEDED_NOTICE = "ignore:Function `dev_command` is superseded"
 
 
 def dev_command(port: int) -> list[str]:
-    return [sys.executable, "-W", SUPERSEDED_NOTICE, "-m", "dagster", "dev", "-w", str(WORKSPACE), "-h", "127.0.0.1", "-p", str(port)]
+    """`dg dev` in the project's folder: the `dg` project's code location (cdc_assets/definitions.py, the component
+    instances under cdc_assets/sources/), its webserver and daemon, in this virtualenv."""
+    return [str(Path(sys.executable).with_name("dg")), "dev", "--use-active-venv", "-h", "127.0.0.1", "-p", str(port)]
 
 
 def run_dev(port: int, spark_connect_port: int, sinks: bool) -> int:
-    """Start what is missing, run `dagster dev` until it ends, then stop what this started."""
+    """Start what is missing, run `dg dev` until it ends, then stop what this started."""
     started: list[tuple[str, Callable[[], object]]] = []
     env = dict(os.environ)
     try:
@@ -65,6 +63,7 @@ def run_dev(port: int, spark_connect_port: int, sinks: bool) -> int:
         env.setdefault("CDC_HISTORY_TABLES", DEMO_HISTORY_TABLES)  # as the demo keeps it
         env["DAGSTER_HOME"] = str(ensure_dagster_home(env.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE))
         env.setdefault("DAGSTER_EVENT_BATCH_SIZE", "1000")
+        env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)  # the venv `dg dev` runs Dagster from
         return _foreground(dev_command(port), env)
     finally:
         for name, stop in reversed(started):
@@ -79,6 +78,7 @@ def _foreground(command: list[str], env: dict[str, str]) -> int:
     child = subprocess.Popen(
         command,
         env=env,
+        cwd=PROJECT_ROOT,
         # a process started from a script in the background ignores SIGINT, and so would `dagster dev`
         preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)],
     )
