@@ -6,8 +6,11 @@ sentence and exit 2. And the embedded default without its event batching (CDC_EV
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -56,6 +59,26 @@ def _user_home(path: Path, port: int, database: str = "dagster", **replaced: str
     return path
 
 
+# `cdc-lakehouse sync` in a process of its own that then says what of our event batching it took: the alembic patch
+# (runtime/event_log.share_alembic_scripts) and DAGSTER_EVENT_BATCH_SIZE
+PROBED_SYNC = """
+import json, os, sys
+from alembic.script import ScriptDirectory
+from cdc_assets.cli import main
+code = main(["sync"])
+patched = getattr(ScriptDirectory.from_config, "__func__", None).__name__ == "_shared_from_config"
+print(json.dumps({"code": code, "patched": patched, "batch_size": os.environ.get("DAGSTER_EVENT_BATCH_SIZE")}))
+"""
+
+
+def _probed_sync(env: dict[str, str]) -> dict:
+    """A sync (PROBED_SYNC) in the environment of this process with `env`, and none of its DAGSTER_EVENT_BATCH_SIZE."""
+    full = {k: v for k, v in {**os.environ, **env}.items() if k != "DAGSTER_EVENT_BATCH_SIZE"}
+    done = subprocess.run([sys.executable, "-c", PROBED_SYNC], env=full, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _source_env(mariadb: LocalServer, name: str, tables: str, lakehouse: Path, home: Path) -> dict[str, str]:
     return {
         "CDC_SOURCE_NAME": name,
@@ -88,8 +111,8 @@ def test_two_sources_sync_into_one_postgres_instance(
     sources = {"orders_db": f"{database}.orders", "users_db": f"{database}.users"}
     envs = {name: _source_env(mariadb, name, tables, tmp_path / name, home) for name, tables in sources.items()}
     for name, env in envs.items():
-        done = run_cli("sync", env=env)
-        assert done.returncode == 0 and "sync succeeded" in done.stdout, (name, done.stdout, done.stderr)
+        # nothing of our SQLite event batching on this instance: no alembic patch, no DAGSTER_EVENT_BATCH_SIZE
+        assert _probed_sync(env) == {"code": 0, "patched": False, "batch_size": None}, name
 
     # the user's dagster.yaml is used as it is, claimed by no lakehouse, and nothing of SQLite is made there
     assert (home / "dagster.yaml").read_text() == written
@@ -164,3 +187,36 @@ def test_a_driver_dagster_postgres_cannot_work_with_is_one_sentence(mariadb: Loc
     assert done.returncode == 2, done.stderr
     [line] = [line for line in done.stderr.splitlines() if line.strip()]
     assert "dagster-postgres works only with psycopg2" in line and "scheme: postgresql+psycopg2" in line, line
+
+
+def test_without_event_batches_the_embedded_instance_is_dagsters_own_sqlite(
+    mariadb: LocalServer, database: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CDC_EVENT_BATCHES=0: our dagster.yaml names no event log of ours, and a sync runs on Dagster's own SQLite event
+    log without our batching (no alembic patch, no DAGSTER_EVENT_BATCH_SIZE). Turned back on, the dagster.yaml names
+    ours again, over the same files: the run written without it reads back."""
+    home = tmp_path / "dagster_home"
+    env = _source_env(mariadb, "orders_db", f"{database}.orders", tmp_path / "lakehouse", home)
+    assert _probed_sync({**env, "CDC_EVENT_BATCHES": "0"}) == {"code": 0, "patched": False, "batch_size": None}
+    written = (home / "dagster.yaml").read_text()
+    assert written.startswith(home_setup.MANAGED_HEADER) and home_setup.BATCHING_STORAGE not in written
+    asset = SourceKeys("orders_db").table_asset_key(f"{database}.orders")
+    dagster = DagsterInstance.from_config(str(home))
+    try:
+        assert type(dagster.event_log_storage).__name__ == "SqliteEventLogStorage"
+        [run] = dagster.get_runs()
+        assert run.is_success and dagster.fetch_materializations(asset, limit=1).records[0].run_id == run.run_id
+    finally:
+        dagster.dispose()
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("CDC_EVENT_BATCHES", raising=False)
+    assert home_setup.ensure_dagster_home(str(tmp_path / "lakehouse")) == home.resolve()
+    assert home_setup.writes_event_batches(home)
+    dagster = DagsterInstance.from_config(str(home))
+    try:
+        assert type(dagster.event_log_storage).__name__ == "BatchingSqliteEventLogStorage"
+        assert dagster.fetch_materializations(asset, limit=1).records[0].run_id == run.run_id
+    finally:
+        dagster.dispose()
