@@ -28,7 +28,7 @@ from deltalake import DeltaTable
 from cdc_assets.commands.runs import instance
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.continuous import build_continuous_sensor
-from cdc_assets.defs.keys import CONTINUOUS_JOB, RAW_ASSET, changes_asset_key, table_asset_key
+from cdc_assets.defs.keys import CAPTURE_LANE, CONTINUOUS_JOB, RAW_ASSET, UNNAMED, changes_asset_key, table_asset_key
 from cdc_assets.defs.resources import LakehouseResource
 from cdc_assets.defs.sensors import build_raw_batch_sensor
 from cdc_assets.lake.layout import CURRENT
@@ -112,7 +112,7 @@ def test_run_catches_up_keeps_up_refuses_a_sync_and_stops(cdc: CdcEnv, monkeypat
         assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
         assert isinstance(_evaluate_sensor(cdc), SkipReason)  # CDC_CONTINUOUS's sensor starts no second one
         # the batch mode stands aside: the capture schedule skips, the raw-batch sensor moves past applied batches
-        assert (capture_in_progress(instance(), cdc.lakehouse) or "").startswith("The continuous mode is running")
+        assert (capture_in_progress(instance(), cdc.lakehouse, UNNAMED.lane(CAPTURE_LANE)) or "").startswith("The continuous mode is running")
         lake = LakehouseResource(location=str(cdc.lakehouse_dir))
         with build_sensor_context(instance=instance(), resources={"lakehouse": lake}) as context:
             skipped = build_raw_batch_sensor(settings_now().cadence)(context)
