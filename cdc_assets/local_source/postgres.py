@@ -52,8 +52,9 @@ class LocalPostgres:
         return self.base_dir / "data"
 
     def url(self, database: str = "postgres") -> str:
-        """`postgresql://` URL of the superuser on 127.0.0.1 (trusted: no password)."""
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+        """URL of the superuser on 127.0.0.1 (trusted: no password), as a dagster.yaml's `postgres_url` takes it: with
+        the driver dagster-postgres needs, psycopg2 (SQLAlchemy 2.1 would open a plain postgresql:// with psycopg 3)."""
+        return f"postgresql+psycopg2://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
 
     def connect(self, database: str = "postgres") -> Any:
         """A connection as the superuser, in autocommit (psycopg2, dagster-postgres's driver: imported only here)."""
