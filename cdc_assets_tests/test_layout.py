@@ -128,8 +128,13 @@ ALLOWED = {
         "cdc_assets.runtime",
         "cdc_assets.commands",
     },
-    "cdc_assets.definitions": {"cdc_assets.defs", "cdc_assets.runtime.instance"},
+    # the code location: the component instances of the defs folder cdc_assets/sources/ (it holds YAML only)
+    "cdc_assets.definitions": {"cdc_assets.runtime.instance"},
+    "cdc_assets.sources": set(),
+    # the MySQLSource component over build_definitions, and the project's defs.yaml files read for `--source`
+    "cdc_assets.components": {"cdc_assets.components", "cdc_assets.core", "cdc_assets.defs.code_location"},
     "cdc_assets.cli": {
+        "cdc_assets.components.project",
         "cdc_assets.commands",
         "cdc_assets.defs",
         "cdc_assets.runtime",
@@ -152,6 +157,7 @@ DAGSTER = ("dagster", "dagster_pyspark")
 # queue's view; the CLI's runs. The rest of runtime/ (a sync's forked child, the checks' child) never imports it.
 MAY_IMPORT_DAGSTER = (
     "cdc_assets.defs",
+    "cdc_assets.components",
     "cdc_assets.definitions",
     "spark_resources.resources",
     "cdc_assets.runtime.instance",
@@ -160,7 +166,7 @@ MAY_IMPORT_DAGSTER = (
     "cdc_assets.commands.runs",
 )
 # What runtime/ is below: it never imports them (they import it).
-ABOVE_RUNTIME = ("cdc_assets.defs", "cdc_assets.commands", "cdc_assets.definitions", "cdc_assets.cli")
+ABOVE_RUNTIME = ("cdc_assets.defs", "cdc_assets.components", "cdc_assets.commands", "cdc_assets.definitions", "cdc_assets.cli")
 # Who starts the local Spark servers: `make dev` / `make stop` (the tests and the benchmarks aside).
 LOCAL_SPARK_STARTED_BY = ("cdc_assets.local_dev", "cdc_assets.local_spark")
 

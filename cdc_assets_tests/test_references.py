@@ -24,6 +24,8 @@ _PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(TOP + SUBPACKAGES)})(?:/{_NAME})
 # a dotted module: cdc_assets.stages.history.as_of, spark_resources.engine.choose_transforms, lake.delta.fenced
 _DOTTED = re.compile(rf"(?<![\w./-])((?:{'|'.join(PACKAGES + SUBPACKAGES)})(?:\.{_NAME})+)")
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+# a file of another kind than a module's, named by its file name (`defs.yaml`, apt's `sources.list`)
+DATA_FILE_SUFFIXES = ("yaml", "yml", "toml", "json", "list", "sql", "txt")
 # what cites a document outside the repository
 _OUTSIDE = re.compile(r"\.\./shared/|CONTRACT\s*§")
 
@@ -94,6 +96,11 @@ def test_every_module_and_document_named_exists() -> None:
                 continue
             if parts[0] == "docs":
                 continue
+            if tail[1:] in DATA_FILE_SUFFIXES:  # a data file of the repository, by its path
+                target = (ROOT if parts[0] in TOP else ROOT / "cdc_assets").joinpath(*parts[:-1], parts[-1] + tail)
+                if not target.is_file():
+                    broken.append(f"{where}: {stem}{tail} does not exist")
+                continue
             extra = [tail[1:]] if tail.startswith(".") else []
             problem = _broken(parts + extra)
             # a path without .py may name a folder or file of the lakehouse (`current/<schema>/<table>`): only a
@@ -108,6 +115,8 @@ def test_every_module_and_document_named_exists() -> None:
                     broken.append(f"{where}: {match.group(1)} does not exist beside it")
                 continue
             parts = match.group(1).split(".")
+            if len(parts) == 2 and parts[1] in DATA_FILE_SUFFIXES:
+                continue  # a file's name (`defs.yaml`), not a module
             module, rest = _module_file(parts)
             if module is None and parts[0] in SUBPACKAGES:
                 continue  # `source.table`, `lake.open(...)`: words, not a module
