@@ -222,6 +222,7 @@ ENVIRONMENT_READERS = {
     "cdc_assets.cli": "builds the command's settings from the environment with its flags over it",
     "cdc_assets.defs.resources": "the Dagster layer: a text the environment holds is given to a run as its EnvVar",
     "cdc_assets.defs.code_location": "the code location's settings, read once as it loads (build_definitions())",
+    "cdc_assets.components.mysql_source": "a component's settings as it loads: the AWS_* credentials every source shares, and the demo source's CDC_* variables (`from_environment`)",
     "cdc_assets.commands.demo": "writes the local servers' URLs, which hold their passwords, for the runs to take as EnvVars",
     "cdc_assets.core.failpoints": "CDC_FAILPOINTS: a test hook, armed in child processes too, no setting",
     "cdc_assets.runtime.instance": "DAGSTER_HOME, DAGSTER_EVENT_BATCH_SIZE: Dagster's own variables",
