@@ -174,3 +174,19 @@ def test_the_docs_yaml_of_two_sources_loads_as_written(monkeypatch: pytest.Monke
         names.append(settings.name)
         assert settings.source.url.password == "s3cret"
     assert names == ["orders_db", "crm_db"]
+
+
+def test_a_password_comes_from_the_environment_and_stays_its_envvar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`"{{ env.X }}"` in defs.yaml: the source's resources hold the URL as EnvVar("X"), never its text; a password
+    written in the YAML itself is refused with the fix."""
+    from cdc_assets.defs.keys import SourceKeys
+    from cdc_assets.defs.resources import resources_of
+
+    monkeypatch.setenv("ORDERS_DB_URL", "mysql://reader:s3cret@orders.internal:3306")
+    source = MySQLSource.resolve_from_yaml('name: orders_db\nmysql_url: "{{ env.ORDERS_DB_URL }}"\nlakehouse: lake\n')
+    binlog = resources_of(settings_of(source)).by_key(SourceKeys("orders_db"))["orders_db__binlog"]
+    assert binlog.mysql_url == dg.EnvVar("ORDERS_DB_URL")
+    assert "s3cret" not in repr(binlog)
+    written = MySQLSource(name="orders_db", mysql_url="mysql://reader:written@orders.internal:3306")
+    with pytest.raises(CdcUserError, match=r"password or key written in its defs.yaml \(mysql_url\)"):
+        settings_of(written, {})

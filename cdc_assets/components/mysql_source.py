@@ -23,6 +23,7 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlparse
 
 import dagster as dg
 
@@ -164,4 +165,25 @@ def settings_of(source: MySQLSource, environment: Mapping[str, str] | None = Non
     if not source.name:
         raise CdcUserError("A MySQLSource component needs a `name` (for example orders_db): every asset key, job and sensor of the source lives under it.")
     aws = {k: v for k, v in environment.items() if k.startswith("AWS_")}
-    return Settings.from_env({**aws, **variables_of(source)})
+    variables = variables_of(source)
+    refuse_written_secrets(source.name, variables, environment)
+    return Settings.from_env({**aws, **variables})
+
+
+# The attributes whose text may hold a password or a key, by the variable they stand for.
+SECRET_ATTRIBUTES = {"CDC_MYSQL_URL": "mysql_url", "CDC_RABBITMQ_URL": "sinks.rabbitmq.url", "CDC_HASH_KEY": "hash_key"}
+
+
+def refuse_written_secrets(name: str, variables: Mapping[str, str], environment: Mapping[str, str]) -> None:
+    """A password or key must come from the environment (`"{{ env.X }}"`), never be written in defs.yaml: then the
+    resources hold it as that variable's EnvVar, out of run config and the UI (defs/resources.py)."""
+    held = set(environment.values())
+    for variable, attribute in SECRET_ATTRIBUTES.items():
+        text = variables.get(variable)
+        secret = text and (variable == "CDC_HASH_KEY" or urlparse(text).password)
+        if secret and text not in held:
+            raise CdcUserError(
+                f"The source {name!r} has a password or key written in its defs.yaml ({attribute}): take it from the "
+                f'environment instead, as "{{{{ env.{name.upper()}_URL }}}}" for a URL, so it never reaches the YAML, '
+                "run config or the UI."
+            )

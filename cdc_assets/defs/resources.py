@@ -260,18 +260,37 @@ class CadenceResource(ConfigurableResource):
         return self.values().confirm_every_seconds
 
 
+# The settings whose text may hold a secret: given from any variable of the environment (a component's
+# `"{{ env.ORDERS_DB_URL }}"`), they stay that variable's EnvVar.
+SECRET_VARIABLES = frozenset(
+    {"CDC_MYSQL_URL", "CDC_RABBITMQ_URL", "CDC_HASH_KEY", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+)
+
+
+def environment_variable_holding(text: str, variable: str) -> str | None:
+    """The variable of the process's environment that holds `text`: the setting's own, or, for a setting that may
+    hold a secret, whichever variable a component's `{{ env.X }}` took it from; None when none does."""
+    if os.environ.get(variable) == text:
+        return variable
+    if variable in SECRET_VARIABLES:
+        return next((name for name, value in sorted(os.environ.items()) if value == text), None)
+    return None
+
+
 def _env_value(setting: EnvSetting, env: Mapping[str, str], resolved: bool = False) -> Any:
     """The setting's text in `env` (the settings' `environment`) as a resource field: its `EnvVar` when the process's
-    environment holds that very text (so the value stays out of run config), the value itself when it does not (a
-    CLI flag's, never a password: the CLI refuses one) or with `resolved` (for resources used outside runs, never put
-    in run config); the default when unset."""
+    environment holds that very text (so the value stays out of run config and the UI), the value itself when it
+    does not (a CLI flag's, never a password: the CLI refuses one, and a component takes a password only from the
+    environment) or with `resolved` (for resources used outside runs, never put in run config); the default when
+    unset."""
     text = env.get(setting.variable)
     if not text:
         return setting.default
     value = setting.value(env)  # checked already by Settings.from_env: the same sentence
-    if resolved or os.environ.get(setting.variable) != text:
+    holder = None if resolved else environment_variable_holding(text, setting.variable)
+    if holder is None:
         return value
-    return EnvVar.int(setting.variable) if setting.whole_number else EnvVar(setting.variable)
+    return EnvVar.int(holder) if setting.whole_number else EnvVar(holder)
 
 
 @dataclass(frozen=True)
