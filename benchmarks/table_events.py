@@ -27,8 +27,8 @@ def main(tables: int = 200) -> dict[str, Any]:
     from cdc_assets.lake.layout import CURRENT_STAGE
     from cdc_assets.lake.state import TableProgress, save_progress, save_registry
     from cdc_assets.lake.store import Lakehouse
-    from cdc_assets.runtime.event_log import log_batch
     from cdc_assets.runtime.instance import ensure_dagster_home
+    from cdc_assets.runtime.step_events import log_batch
 
     ensure_dagster_home()
     house = Lakehouse(str(base / "lake"))

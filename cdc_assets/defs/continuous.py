@@ -65,8 +65,8 @@ from cdc_assets.pipeline.driver import (
     drive,
 )
 from cdc_assets.runtime.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
-from cdc_assets.runtime.event_log import log_batch
 from cdc_assets.runtime.queue import WAITING_STATUSES
+from cdc_assets.runtime.step_events import log_batch
 from cdc_assets.stages.changes.plan import ChangesReport
 from cdc_assets.stages.current.steps import CurrentReport
 from cdc_assets.stages.follow import continuous_holder, continuous_owner

@@ -62,7 +62,7 @@ from cdc_assets.pipeline.driver import (
 )
 from cdc_assets.repair.run import repair
 from cdc_assets.runtime import forked_capture
-from cdc_assets.runtime.event_log import log_batch
+from cdc_assets.runtime.step_events import log_batch
 
 
 def recorded_raw_batches(instance: Any, run_id: str, keys: SourceKeys) -> bool:

@@ -32,7 +32,7 @@ from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.names import TableRef
 from cdc_assets.defs.keys import UNNAMED, SourceKeys
 from cdc_assets.defs.resources import SourceResources
-from cdc_assets.runtime.event_log import log_batch
+from cdc_assets.runtime.step_events import log_batch
 from cdc_assets.verification.changed_keys import compare_changed
 from cdc_assets.verification.consistency import ConsistentComparison
 from cdc_assets.verification.integrity import duplicate_seqs
