@@ -3,11 +3,16 @@ cdc_assets/sources/, one folder and defs.yaml per source, loaded as Dagster load
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import dagster as dg
 
 from cdc_assets.runtime.instance import enable_event_batches
+
+# Dagster's own loading of a defs folder turns its asset checks into AssetChecksDefinitions through a parameter it
+# flags beta (repository_data.get_asset_checks_defs_by_key): a notice about Dagster's internals, not our code.
+warnings.filterwarnings("ignore", message="Parameter `execution_type`", category=dg.BetaWarning)
 
 # Runs launched from the UI or the daemon load this module: their partition-range events go in batches too.
 enable_event_batches()

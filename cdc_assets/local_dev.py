@@ -33,9 +33,10 @@ STOP_WAIT_SECONDS = 60.0  # how long a Ctrl-C'd `dagster dev` may take to stop i
 
 
 def dev_command(port: int) -> list[str]:
-    """`dg dev` in the project's folder: the `dg` project's code location (cdc_assets/definitions.py, the component
-    instances under cdc_assets/sources/), its webserver and daemon, in this virtualenv."""
-    return [str(Path(sys.executable).with_name("dg")), "dev", "--use-active-venv", "-h", "127.0.0.1", "-p", str(port)]
+    """`dg dev -w workspace.yaml` in the project's folder: the code location `cdc_assets` (cdc_assets/definitions.py,
+    the component instances under cdc_assets/sources/), its webserver and daemon, in this virtualenv."""
+    dg = str(Path(sys.executable).with_name("dg"))
+    return [dg, "dev", "--use-active-venv", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
 
 
 def run_dev(port: int, spark_connect_port: int, sinks: bool) -> int:

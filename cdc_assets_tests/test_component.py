@@ -157,17 +157,17 @@ settings: {CDC_MAX_BATCH_ROWS: "5000"}
     assert settings.environment["AWS_REGION"] == "eu-west-1"
 
 
-def test_the_docs_yaml_of_two_sources_loads_as_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    """docs/dagster-project.md's defs.yaml examples, each resolved as Dagster resolves it and turned into settings."""
-    page = (Path(__file__).parents[1] / "docs" / "dagster-project.md").read_text()
-    blocks = re.findall(r"```yaml\n(.*?)```", page, re.S)
-    assert len(blocks) == 2
+@pytest.mark.parametrize("page", ["docs/dagster-project.md", "README.md"])
+def test_the_yaml_of_two_sources_in_the_docs_loads_as_written(page: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pages' defs.yaml examples, each resolved as Dagster resolves it and turned into settings."""
+    text = (Path(__file__).parents[1] / page).read_text()
+    documents = [d for block in re.findall(r"```yaml\n(.*?)```", text, re.S) for d in yaml.safe_load_all(block)]
+    assert len(documents) == 2
     monkeypatch.setenv("ORDERS_DB_URL", "mysql://reader:s3cret@orders.internal:3306")
     monkeypatch.setenv("CRM_DB_URL", "mysql://reader:s3cret@crm.internal:3306")
     monkeypatch.setenv("CRM_HASH_KEY", "a-key-of-at-least-16-characters")
     names = []
-    for block in blocks:
-        document = yaml.safe_load(block)
+    for document in documents:
         assert document["type"] == "cdc_assets.components.MySQLSource"
         source = MySQLSource.resolve_from_yaml(yaml.safe_dump(document["attributes"]))
         settings = settings_of(source)
