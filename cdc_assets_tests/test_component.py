@@ -29,6 +29,10 @@ def write_project(root: Path, lakehouses: dict[str, Path], tables: dict[str, str
     package = root / "shop_project"
     (package / "defs").mkdir(parents=True)
     (package / "__init__.py").write_text("")
+    (package / "definitions.py").write_text(  # as create-dagster writes it
+        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
+        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
+    )
     (package / "defs" / "__init__.py").write_text("")
     for name, lakehouse in lakehouses.items():
         folder = package / "defs" / name
@@ -190,3 +194,23 @@ def test_a_password_comes_from_the_environment_and_stays_its_envvar(monkeypatch:
     written = MySQLSource(name="orders_db", mysql_url="mysql://reader:written@orders.internal:3306")
     with pytest.raises(CdcUserError, match=r"password or key written in its defs.yaml \(mysql_url\)"):
         settings_of(written, {})
+
+
+def test_dg_lists_and_launches_a_sources_assets_in_the_project(project: Path, tmp_path: Path) -> None:
+    """`dg list defs` and `dg launch --assets` in the user's project: the capture of one source, by its key."""
+    dg_cli = str(Path(sys.executable).with_name("dg"))
+    env = {**os.environ, "VIRTUAL_ENV": str(Path(sys.executable).parents[1]), "DAGSTER_HOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    listed = subprocess.run(
+        [dg_cli, "list", "defs", "--json"], cwd=project, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "orders_db/raw_binlog_batches" in listed.stdout and "crm_db/raw_binlog_batches" in listed.stdout
+    launched = subprocess.run(
+        [dg_cli, "launch", "--assets", "key:orders_db/raw_binlog_batches"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    assert list((tmp_path / "lake-orders_db" / "raw").rglob("*.parquet")), "the capture wrote no raw batch"
+    assert not (tmp_path / "lake-crm_db").exists()
