@@ -1,19 +1,21 @@
 """Freshness governs updates (issue 30, item 2): each table's automation condition comes from its freshness window,
 Dagster's declarative automation requests the capture (on the tightest table's cron) and the tables due at the same
 tick, as one run, and a table with a tighter window (CDC_FRESHNESS_TABLES) is updated more often. Ten minutes of the
-automation sensor's ticks (every 30 s), evaluated with Dagster's own evaluator at simulated times, their runs
-executed for real against the source."""
+automation sensor's ticks (every 30 s), evaluated with Dagster's own evaluator at simulated times, each after a tick
+of the binlog position sensor (which records the binlog's growth, what the capture waits for), their runs executed
+for real against the source."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from dagster import AssetKey, AssetRecordsFilter, evaluate_automation_conditions
+from dagster import AssetKey, AssetRecordsFilter, Definitions, build_sensor_context, evaluate_automation_conditions
 from dagster._core.test_utils import freeze_time
 
 from cdc_assets.commands.runs import instance as _instance
 from cdc_assets.defs.code_location import build_definitions
 from cdc_assets.defs.keys import RAW_ASSET, table_asset_key
+from cdc_assets.defs.resources import resources_from_env
 from cdc_assets_tests.conftest import CdcEnv
 
 MINUTES = 10
@@ -22,6 +24,18 @@ AUTOMATION_TAGS = {"dagster/from_automation_condition": "true", "cdc/stage": "sy
 
 def _materializations(key: AssetKey) -> int:
     return len(_instance().fetch_materializations(AssetRecordsFilter(asset_key=key), limit=1000).records)
+
+
+def _binlog_position_tick(defs: Definitions, cursor: str | None) -> str | None:
+    """One tick of the binlog position sensor, its runless events recorded as the daemon records them."""
+    sensor = next(s for s in defs.sensors or [] if s.name == "binlog_position_sensor")
+    with build_sensor_context(
+        instance=_instance(), cursor=cursor, repository_def=defs.get_repository_def(), resources=resources_from_env().by_key()
+    ) as context:
+        result = sensor(context)
+    for event in result.asset_events:
+        _instance().report_runless_asset_event(event)
+    return result.cursor
 
 
 def test_the_table_with_the_tighter_window_is_materialized_more_often(cdc: CdcEnv, monkeypatch) -> None:
@@ -42,12 +56,13 @@ def test_the_table_with_the_tighter_window_is_materialized_more_often(cdc: CdcEn
     before = {key: _materializations(key) for key in (tight, loose)}
     keys = [k for k in defs.resolve_asset_graph().get_all_asset_keys() if k.path[0] != "mysql"]
     start = datetime(2026, 11, 26, 12, 0, 30, tzinfo=UTC)
-    cursor = None
+    cursor = position_cursor = None
     runs = []
     for tick in range(2 * MINUTES + 1):
         cdc.execute(f"INSERT INTO tight VALUES ({tick + 1}, {tick})", f"INSERT INTO loose VALUES ({tick + 1}, {tick})")
         now = start + timedelta(seconds=30 * tick)
-        with freeze_time(now):  # the sensor's tick; the run it requests starts and records a few seconds later
+        with freeze_time(now):  # the sensors' ticks; the run requested starts and records a few seconds later
+            position_cursor = _binlog_position_tick(defs, position_cursor)
             result = evaluate_automation_conditions(defs=defs, instance=_instance(), cursor=cursor, evaluation_time=now)
         cursor = result.cursor
         selection = {key for key in keys if result.get_requested_partitions(key)}

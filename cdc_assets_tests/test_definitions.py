@@ -17,6 +17,7 @@ from cdc_assets.lake.store import Lakehouse
 from cdc_assets_tests.env_settings import settings_now
 
 ASSETS = {
+    AssetKey("binlog_position"): "capture",
     AssetKey("raw_binlog_batches"): "capture",
     AssetKey(["mysql", "shop", "orders"]): "sources",
     AssetKey(["changes", "shop", "orders"]): "changes",
@@ -53,6 +54,9 @@ def test_assets_are_grouped_and_everything_is_described(orders_registry) -> None
         AssetKey("raw_binlog_batches"),
     }
     assert graph.get(AssetKey(["current", "shop", "orders"])).parent_keys == {AssetKey(["changes", "shop", "orders"])}
+    # the capture waits for the binlog position, external: observed by its sensor, never materialized
+    assert graph.get(AssetKey("raw_binlog_batches")).parent_keys == {AssetKey("binlog_position")}
+    assert graph.get(AssetKey("binlog_position")).is_external and not graph.get(AssetKey("binlog_position")).is_materializable
     for check in graph.asset_check_keys:
         assert graph.get(check).description, check
     # Markdown shows what is written: a `<schema>/<table>` path only inside backticks (bare, Markdown ate it)
@@ -69,6 +73,7 @@ def test_assets_are_grouped_and_everything_is_described(orders_registry) -> None
         assert resource.get_resource_definition().description, name
     assert {s.name for s in defs.sensors} == {
         "automation_sensor",
+        "binlog_position_sensor",
         "raw_batch_sensor",
         "new_tables_sensor",
         "binlog_sensor",
@@ -78,16 +83,19 @@ def test_assets_are_grouped_and_everything_is_described(orders_registry) -> None
     assert {s.name for s in defs.schedules} == {"capture_schedule", "lag_check_schedule", "full_equality_schedule"}
     # freshness governs by default: the automation sensor runs, the cron schedule and the raw-batch sensor are options
     running = {s.name for s in defs.sensors if s.default_status == DefaultSensorStatus.RUNNING}
-    assert {"automation_sensor", "new_tables_sensor"} <= running and "raw_batch_sensor" not in running
+    assert {"automation_sensor", "binlog_position_sensor", "new_tables_sensor"} <= running and "raw_batch_sensor" not in running
     assert next(s for s in defs.schedules if s.name == "capture_schedule").default_status == DefaultScheduleStatus.STOPPED
+    # an idle source runs nothing: the binlog position sensor records the lag, without the lag check job's runs
+    assert next(s for s in defs.schedules if s.name == "lag_check_schedule").default_status == DefaultScheduleStatus.STOPPED
 
 
 def test_the_schedule_mode_turns_the_automation_off(orders_registry, monkeypatch) -> None:
     monkeypatch.setenv("CDC_CAPTURE_CRON", "*/2 * * * *")
     defs = build_definitions()
     running = {s.name for s in defs.sensors if s.default_status == DefaultSensorStatus.RUNNING}
-    assert "raw_batch_sensor" in running and "automation_sensor" not in running
+    assert "raw_batch_sensor" in running and not {"automation_sensor", "binlog_position_sensor"} & running
     assert next(s for s in defs.schedules if s.name == "capture_schedule").default_status == DefaultScheduleStatus.RUNNING
+    assert next(s for s in defs.schedules if s.name == "lag_check_schedule").default_status == DefaultScheduleStatus.RUNNING
 
 
 def test_freshness_policies_default_to_warn_after_2_and_fail_after_5_minutes(orders_registry, monkeypatch) -> None:

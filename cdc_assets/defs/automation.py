@@ -1,11 +1,17 @@
 """How the tables are kept up to date: by default, freshness governs it through Dagster's declarative automation.
 
 Each table's current state has a freshness policy (CDC_FRESHNESS_WARN/FAIL_MINUTES, or its glob's windows in
-CDC_FRESHNESS_TABLES), and an automation condition derived from it: materialize on a cron of half its warn window,
-once its upstream raw batches were captured since that tick (`table_automation`). The raw batches' condition is
-the cron of the tightest table, so capture always runs ahead of the tightest window, and a tick's capture and the
-tables due then are requested together: Dagster's automation sensor makes one run of them (the capture, then one
-step of the tables), however many tables are due. A table with a tighter window is updated more often.
+CDC_FRESHNESS_TABLES), and an automation condition derived from it: on a cron of half its warn window, with the
+capture (`table_automation`). The raw batches' condition is the cron of the tightest table, once the source has
+something new: the binlog position sensor (defs/sensors.py) records the external asset `[<source>/]binlog_position`
+(a runless materialization) when the binlog has grown past the checkpoint (or changes wait to be applied), and the
+capture is requested only at the first tick after such a record (`capture_automation`). A tick's capture and the tables due then are
+requested together: Dagster's automation sensor makes one run of them (the capture, then one step of the tables),
+however many tables are due. A table with a tighter window is updated more often.
+
+Quiet when idle: while the binlog ends at the checkpoint, no run is launched. The same sensor keeps freshness and
+lag reported without a run: it records the quiet tables' confirmations (as a capture does) and the tables' lag
+checks as runless events.
 
 Two other modes, for users who prefer them, switch the automation sensor off: the schedule mode (CDC_CAPTURE_CRON
 or CDC_CAPTURE_INTERVAL_SECONDS set: capture on that cron or interval, and the raw-batch sensor applies what it
@@ -15,9 +21,11 @@ touched) and the continuous mode (CDC_CONTINUOUS=1).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 from dagster import (
     AssetSelection,
+    AssetSpec,
     AutomationCondition,
     AutomationConditionSensorDefinition,
     BetaWarning,
@@ -35,6 +43,25 @@ from cdc_assets.defs.keys import (
 )
 
 AUTOMATION_SENSOR = "automation_sensor"
+BINLOG_POSITION = "binlog_position"  # the external asset the binlog position sensor records: `[<source>/]binlog_position`
+
+
+def binlog_position_spec(keys: SourceKeys, owners: Sequence[str] = ()) -> AssetSpec:
+    """The source's binlog position, `[<source>/]binlog_position`: external (the source is not ours to write),
+    recorded by the binlog position sensor without a run (a runless materialization, what Dagster's automation reads
+    of an external asset), its data version the binlog end, only when the source has something new for the capture.
+    The raw batches depend on it, so the automation captures only after it moved."""
+    return AssetSpec(
+        keys.asset_key(BINLOG_POSITION),
+        group_name=keys.group_of("capture"),
+        kinds={"mysql"},
+        owners=list(owners),
+        description=(
+            "The source's binlog end, recorded (without a run) by the binlog position sensor when the binlog has grown "
+            "past the capture's checkpoint, or captured changes wait to be applied: what the automation waits for before "
+            "it requests a capture, so an idle source launches no run."
+        ),
+    )
 
 
 def source_tables(keys: SourceKeys) -> AssetSelection:
@@ -65,20 +92,25 @@ def update_cron(warn_minutes: float) -> str:
 
 
 def table_automation(warn_minutes: float, keys: SourceKeys = UNNAMED) -> AutomationCondition:
-    """On the table's cron, once its upstream (the raw batches; its source table, observed, is not waited for) was
-    updated since the tick or is requested with it."""
+    """Once the table's cron ticked since it was last updated (or confirmed), at the next capture: requested with the
+    raw batches, in one run. Not on the raw batches' own updates: on an idle source the binlog position sensor
+    confirms them without a run, which must not set the tables going (its source table, observed, is not waited for
+    either)."""
     cron = update_cron(warn_minutes)
-    return (
-        AutomationCondition.on_cron(cron)
-        .ignore(source_tables(keys))
-        .with_label(f"within {warn_minutes:g} min: on_cron({cron})")
+    with_capture = AutomationCondition.any_deps_match(AutomationCondition.will_be_requested()).ignore(source_tables(keys))
+    return (AutomationCondition.cron_tick_passed(cron).since_last_handled() & with_capture).with_label(
+        f"within {warn_minutes:g} min: on_cron({cron})"
     )
 
 
 def capture_automation(warn_minutes: float) -> AutomationCondition:
-    """The raw batches on the cron of the tightest table window, so capture runs ahead of every table."""
+    """The raw batches on the cron of the tightest table window, so capture runs ahead of every table, but only once
+    the binlog position was recorded moving since the last capture (or confirmation): nothing new, no run."""
     cron = update_cron(warn_minutes)
-    return AutomationCondition.on_cron(cron).with_label(f"ahead of the tightest window ({warn_minutes:g} min): on_cron({cron})")
+    grew = AutomationCondition.any_deps_match(AutomationCondition.newly_updated()).since_last_handled()
+    return (
+        AutomationCondition.cron_tick_passed(cron).since_last_handled() & grew & ~AutomationCondition.in_progress()
+    ).with_label(f"ahead of the tightest window ({warn_minutes:g} min): on_cron({cron}) once the binlog grew")
 
 
 def build_automation_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> AutomationConditionSensorDefinition:

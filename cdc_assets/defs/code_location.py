@@ -14,7 +14,13 @@ from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import Settings
 from cdc_assets.defs.assets import build_raw_asset
 from cdc_assets.defs.assets.lakehouse_tables import TableOptions, build_table_assets, readable_tables
-from cdc_assets.defs.automation import build_automation_sensor, capture_automation, table_automation
+from cdc_assets.defs.automation import (
+    binlog_position_spec,
+    build_automation_sensor,
+    capture_automation,
+    table_automation,
+    update_minutes,
+)
 from cdc_assets.defs.checks import build_raw_checks
 from cdc_assets.defs.cli_logger import progress_logger
 from cdc_assets.defs.continuous import build_continuous_job, build_continuous_sensor
@@ -32,7 +38,13 @@ from cdc_assets.defs.jobs import (
 from cdc_assets.defs.keys import SourceKeys
 from cdc_assets.defs.resources import resources_of
 from cdc_assets.defs.schedules import build_capture_schedule, build_full_check_schedule, build_lag_check_schedule
-from cdc_assets.defs.sensors import build_binlog_sensor, build_new_tables_sensor, build_raw_batch_sensor
+from cdc_assets.defs.sensors import (
+    PositionTiming,
+    build_binlog_position_sensor,
+    build_binlog_sensor,
+    build_new_tables_sensor,
+    build_raw_batch_sensor,
+)
 from cdc_assets.defs.sinks import (
     build_publish_job,
     build_sink_asset,
@@ -94,8 +106,10 @@ def build_definitions(settings: Settings | None = None, table_assets: bool = Tru
     ]
     publish_jobs = [build_publish_job(s, keys) for s in sinks]
     examples = example_assets(set(names), keys)
+    # the idle source's look (no run): retried at the capture's cadence, quiet tables confirmed within the tightest window
+    position_timing = PositionTiming(update_minutes(tightest[0]) * 60, tightest[0] * 60 / 4, cadence.lag_thresholds)
     return Definitions(
-        assets=[raw, *build_table_assets(tables, options_for, keys), *examples, *sink_assets],
+        assets=[binlog_position_spec(keys, owners), raw, *build_table_assets(tables, options_for, keys), *examples, *sink_assets],
         asset_checks=[
             *build_raw_checks(keys),
             *build_table_checks(names, keys),
@@ -115,11 +129,12 @@ def build_definitions(settings: Settings | None = None, table_assets: bool = Tru
         ],
         schedules=[
             build_capture_schedule(cadence, keys),
-            build_lag_check_schedule(keys),
+            build_lag_check_schedule(keys, reported_without_run=cadence.automation_on and not sinks),
             build_full_check_schedule(cadence, keys),
         ],
         sensors=[
             build_automation_sensor(cadence, keys),
+            build_binlog_position_sensor(cadence, position_timing, keys),
             build_raw_batch_sensor(cadence, keys),
             build_new_tables_sensor(cadence, keys),
             build_binlog_sensor(cadence, keys),

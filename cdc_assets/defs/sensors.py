@@ -3,11 +3,20 @@ logs and current state, in the `apply_changes` job); and, when CDC_CAPTURE_INTER
 itself, capturing continuously instead of on the cron. Both run in the schedule mode (CDC_CAPTURE_CRON or
 CDC_CAPTURE_INTERVAL_SECONDS set); by default Dagster's automation updates the tables (defs/automation.py)."""
 
+from __future__ import annotations
+
+import json
 import time
+from dataclasses import dataclass, replace
 from typing import Any
 
+import pymysql
 from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckSeverity,
     AssetKey,
+    AssetMaterialization,
+    DagsterRunStatus,
     DefaultSensorStatus,
     RunRequest,
     RunsFilter,
@@ -19,16 +28,22 @@ from dagster import (
 )
 
 from cdc_assets.capture.run import capture_lag
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import CadenceSettings
+from cdc_assets.defs.assets.tables import DATA_VERSION_TAG, confirmations
+from cdc_assets.defs.automation import BINLOG_POSITION
 from cdc_assets.defs.jobs import NEW_TABLES_OP
-from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CAPTURE_LANE, NEW_TABLES_JOB, UNNAMED, SourceKeys
+from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CAPTURE_LANE, NEW_TABLES_JOB, SYNC_LANE, UNNAMED, SourceKeys
 from cdc_assets.defs.resources import LakehouseResource, SourceResources
+from cdc_assets.defs.table_checks import LAG_CHECK, lag_verdicts
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
 from cdc_assets.lake.state import load_progress, load_registry, needs_work, tables_behind
 from cdc_assets.lake.store import ObjectStore
+from cdc_assets.runtime.instance import QUEUE_TAG
 from cdc_assets.runtime.queue import WAITING_STATUSES, capture_in_progress
 from cdc_assets.stages.follow import continuous_holder
+from cdc_assets.verification.lag import table_lags
 
 MAX_BATCHES_PER_TICK = 500
 RETRY_AFTER_SECONDS = 300  # a table left behind is requested again at most this often
@@ -263,3 +278,184 @@ def build_binlog_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) ->
         return RunRequest()
 
     return binlog_sensor
+
+
+BINLOG_POSITION_SENSOR = "binlog_position_sensor"
+POSITION_SENSOR_SECONDS = 30
+LAG_REPORT_SECONDS = 60  # how often the binlog position sensor records each table's lag check (no run)
+SOURCE_SILENT = "unanswered"  # the binlog position's version while the source does not answer
+_IN_PROGRESS = [*WAITING_STATUSES, DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+
+
+@dataclass(frozen=True)
+class PositionCursor:
+    """What the binlog position sensor last did: the version of the binlog position it last recorded and when, and
+    when it last recorded the tables' lag."""
+
+    observed: str | None = None
+    observed_at: float = 0.0
+    lag_reported_at: float = 0.0
+
+    @classmethod
+    def read(cls, text: str | None) -> PositionCursor:
+        try:
+            values = json.loads(text) if text else {}
+        except ValueError:
+            values = {}
+        return cls(values.get("observed"), float(values.get("observed_at", 0.0)), float(values.get("lag_reported_at", 0.0)))
+
+    def text(self) -> str:
+        return json.dumps({"observed": self.observed, "observed_at": self.observed_at, "lag_reported_at": self.lag_reported_at})
+
+
+@dataclass(frozen=True)
+class PositionTiming:
+    """How often the binlog position sensor acts: `retry_seconds`, record an unchanged version again while its work
+    is still undone (a capture that failed, a source that does not answer: the cadence of the capture's cron);
+    `confirm_every`, confirm quiet tables older than this (a quarter of the tightest warn window); `lag_thresholds`,
+    the lag check's (warn, fail) seconds."""
+
+    retry_seconds: float
+    confirm_every: float
+    lag_thresholds: tuple[float, float]
+
+
+def build_binlog_position_sensor(cadence: CadenceSettings, timing: PositionTiming, keys: SourceKeys = UNNAMED) -> SensorDefinition:
+    """The automation mode's look at the source, without a run: what lets an idle source launch none."""
+
+    @sensor(
+        name=keys.qualified(BINLOG_POSITION_SENSOR),
+        required_resource_keys=keys.resource_keys("binlog", "lakehouse"),
+        minimum_interval_seconds=POSITION_SENSOR_SECONDS,
+        default_status=DefaultSensorStatus.RUNNING if cadence.automation_on else DefaultSensorStatus.STOPPED,
+        description=(
+            "Automation mode: asks the source's binlog end (one cheap query) and compares it with the capture's "
+            "checkpoint. When the binlog grew (or captured changes wait to be applied) it records "
+            f"{keys.asset_key(BINLOG_POSITION).to_user_string()}, which the automation waits for before it requests a "
+            "capture. While the source is idle it launches nothing and records, without a run, the quiet tables' "
+            "confirmations (so their freshness holds) and every minute each table's lag check."
+        ),
+    )
+    def binlog_position_sensor(context: SensorEvaluationContext, **_given: Any) -> SensorResult:
+        return binlog_position_tick(context, SourceResources(context, keys), timing, keys)
+
+    return binlog_position_sensor
+
+
+def binlog_position_tick(
+    context: SensorEvaluationContext, used: SourceResources, timing: PositionTiming, keys: SourceKeys
+) -> SensorResult:
+    """One look: a record of the binlog position when the capture has work, the quiet tables' confirmations when it
+    has none, and the tables' lag every LAG_REPORT_SECONDS; a capture or apply run only ever comes from the
+    automation, after such a record."""
+    house = used.lakehouse.get()
+    now = time.time()
+    cursor = PositionCursor.read(context.cursor)
+    declared = _declared(context, keys)
+    lag_due = now - cursor.lag_reported_at >= LAG_REPORT_SECONDS
+    events: list[AssetMaterialization | AssetCheckEvaluation] = []
+    try:
+        lag = capture_lag(used.binlog.settings(), house, now)
+    except (CdcUserError, pymysql.err.MySQLError, OSError) as exc:  # a capture run tries, and fails saying why
+        reason = f"The source did not answer: {exc}"
+        tables = sorted(declared if declared is not None else load_registry(house.store))
+        if lag_due:
+            events += [_lag_not_compared(t, str(exc), keys) for t in tables]
+        work: tuple[str, str] | None = (SOURCE_SILENT, reason)
+    else:
+        registry = load_registry(house.store)
+        tables = sorted(t for t in registry if declared is None or t in declared)
+        behind = sorted(t for t in tables_behind(house.store, CURRENT_STAGE, registry) if t in tables)
+        end = str(lag.binlog_end)
+        if lag.lag_bytes:
+            work = (end, f"The binlog ends at {end}, {lag.lag_bytes} bytes past the checkpoint: a capture is due.")
+        elif behind:
+            work = (f"{end}+apply", f"Changes of {len(behind)} tables captured up to {end} wait to be applied.")
+        else:
+            work = None
+            reason = f"The binlog ends at the checkpoint ({end}): nothing new, no run."
+            confirmed = _quiet_confirmations(context, house, end, timing.confirm_every, now, keys)
+            events += confirmed
+            if confirmed:
+                reason += f" Confirmed {sum(isinstance(e, AssetMaterialization) for e in confirmed)} assets up to date."
+        if lag_due:
+            events += _lag_evaluations(house, lag.seconds, now, tables, timing.lag_thresholds, events, keys)
+    if work is not None:
+        version, reason = work
+        again = version == cursor.observed and now - cursor.observed_at < timing.retry_seconds
+        busy = context.instance.get_runs(
+            filters=RunsFilter(tags={QUEUE_TAG: keys.lane(SYNC_LANE)}, statuses=_IN_PROGRESS), limit=1
+        )
+        if busy:
+            reason += f" Run {busy[0].run_id[:8]} of this source is {busy[0].status.value.lower()}: no new record."
+        elif again:
+            reason += " Recorded already: the automation requests the capture at its next cron tick."
+        else:
+            events.append(  # a materialization, not an observation: Dagster's automation reads an external asset's
+                AssetMaterialization(  # materializations alone (an observation counts only on an observable asset)
+                    keys.asset_key(BINLOG_POSITION),
+                    description=reason,
+                    metadata={"binlog_end": version},
+                    tags={DATA_VERSION_TAG: version},
+                )
+            )
+            cursor = replace(cursor, observed=version, observed_at=now)
+            context.log.info(reason)
+    if lag_due:
+        cursor = replace(cursor, lag_reported_at=now)
+    return SensorResult(skip_reason=reason, cursor=cursor.text(), asset_events=events)
+
+
+def _quiet_confirmations(
+    context: SensorEvaluationContext, house: Any, end: str, confirm_every: float, now: float, keys: SourceKeys
+) -> list[AssetMaterialization | AssetCheckEvaluation]:
+    """What a capture would record on an idle source, without its run: the raw batches confirmed current (the
+    checkpoint is the binlog end), and each quiet table's confirmation (tables.confirmations), each only once its
+    last materialization is `confirm_every` old, so freshness holds while nothing changes."""
+    events: list[AssetMaterialization | AssetCheckEvaluation] = []
+    raw = context.instance.get_latest_materialization_event(keys.raw_asset)
+    if raw is not None and now - raw.timestamp >= confirm_every:
+        events.append(
+            AssetMaterialization(
+                keys.raw_asset,
+                description=f"up to date: the binlog ends at the checkpoint, {end}",
+                metadata={"unchanged": True, "batches": 0, "row_changes": 0, "up_to_date_through": end},
+            )
+        )
+    try:
+        events += confirmations(context.instance, house, end, confirm_every, now, keys=keys)
+    except CdcUserError as exc:  # a corrupt progress file: the apply runs say so
+        context.log.warning(f"no table confirmed up to date: {exc}")
+    return events
+
+
+def _lag_evaluations(
+    house: Any,
+    capture_seconds: float,
+    now: float,
+    tables: list[str],
+    thresholds: tuple[float, float],
+    recorded: list[Any],
+    keys: SourceKeys,
+) -> list[AssetCheckEvaluation]:
+    """Each table's lag check, as a check job would record it (the tables whose confirmation carries one left out)."""
+    done = {e.asset_key for e in recorded if isinstance(e, AssetCheckEvaluation) and e.check_name == LAG_CHECK}
+    warn, fail = thresholds
+    lags = table_lags(house, capture_seconds, now)
+    return [
+        v.evaluation(keys)
+        for v in lag_verdicts(lags, tables, warn, fail)
+        if v.table in tables and keys.table_asset_key(v.table) not in done
+    ]
+
+
+def _lag_not_compared(table: str, error: str, keys: SourceKeys) -> AssetCheckEvaluation:
+    """A table's lag check while the source does not answer: not compared, so not passed (a warning)."""
+    return AssetCheckEvaluation(
+        asset_key=keys.table_asset_key(table),
+        check_name=LAG_CHECK,
+        passed=False,
+        severity=AssetCheckSeverity.WARN,
+        description=f"{table}: lag not compared: the source did not answer ({error})",
+        metadata={"not_compared": error},
+    )

@@ -17,6 +17,7 @@ from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.assets.metadata import capture_metadata
 from cdc_assets.defs.assets.tables import confirmations
+from cdc_assets.defs.automation import BINLOG_POSITION
 from cdc_assets.defs.keys import SourceKeys
 from cdc_assets.defs.resources import SourceResources
 from cdc_assets.lake.locks import run_owner
@@ -30,6 +31,7 @@ def build_raw_asset(keys: SourceKeys) -> AssetsDefinition:
 
     @asset(
         key=keys.raw_asset,
+        deps=[keys.asset_key(BINLOG_POSITION)],  # recorded by the binlog position sensor: the automation's trigger
         group_name=keys.group_of("capture"),
         kinds={"mysql", "parquet"},
         required_resource_keys=keys.resource_keys("binlog", "lakehouse", "cadence"),
