@@ -16,6 +16,14 @@ sources never collide in one code location or one instance.
 A component reads no CDC_* variable of the process: a source is its attributes (the AWS_* variables excepted: they are
 the standard S3 credentials every source shares). `from_environment: true` is the one exception, the project's own
 demo: that source is the process's CDC_* variables, read as the CLI reads them.
+
+The component is state-backed, as Dagster's Airbyte and Fivetran components are: its state is the source's table list
+(the lakehouse's registry and the source's tables under its filter, `write_state_to_path`), and the per-table assets
+are built from it (`build_defs_from_state`), not from the lakehouse as it is when a run loads the definitions: the
+runs a code server launches load the state it loaded, so a run selects tables its definitions have. By default
+(LOCAL_FILESYSTEM, Dagster 1.13's default for its own components) the state is a file of the project's defs folder
+(`.local_defs_state/`), written at each load under `dg dev` / `dagster dev` and by `dg utils refresh-defs-state`;
+before it is first written the source has no per-table assets, and the new-tables sensor applies every table.
 """
 
 
@@ -23,9 +31,11 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 import dagster as dg
+from dagster.components import DefsStateConfig, DefsStateConfigArgs, ResolvedDefsStateConfig
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import Settings
@@ -66,7 +76,7 @@ class FreshnessArgs(dg.Model):
 
 
 @dataclass
-class MySQLSource(dg.Component, dg.Resolvable):
+class MySQLSource(dg.StateBackedComponent, dg.Resolvable):
     """One MySQL or MariaDB source captured into its own lakehouse: its raw binlog batches, each table's change log
     and current state, their checks, jobs, schedules and sensors, all under the source's name."""
 
@@ -89,14 +99,35 @@ class MySQLSource(dg.Component, dg.Resolvable):
     group: str | None = None
     settings: dict[str, str] = field(default_factory=dict)  # any other variable of docs/configuration.md, by name
     from_environment: bool = False
+    # where the table list is kept: a file of the defs folder (the default), refreshed at each load under `dg dev` /
+    # `dagster dev` and by `dg utils refresh-defs-state`; or VERSIONED_STATE_STORAGE, LEGACY_CODE_SERVER_SNAPSHOTS
+    defs_state: ResolvedDefsStateConfig = field(default_factory=DefsStateConfigArgs.local_filesystem)
 
     def source_settings(self) -> Settings:
         return settings_of(self)
 
-    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
-        from cdc_assets.defs.code_location import build_definitions
+    @property
+    def defs_state_config(self) -> DefsStateConfig:
+        """Keyed by the source's name: unique in a deployment, as every name of a source is."""
+        key = f"MySQLSource[{self.source_settings().name or '-'}]"
+        return DefsStateConfig.from_args(self.defs_state, default_key=key)
 
-        definitions = build_definitions(self.source_settings())
+    def write_state_to_path(self, state_path: Path) -> None:
+        """The source's table list (defs/code_location.table_list_of) as JSON; a lakehouse or a source that cannot
+        be read leaves its tables out with a warning, never failing the load."""
+        from cdc_assets.defs.code_location import table_list_of
+
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        state_path.write_text(json.dumps(table_list_of(self.source_settings()), indent=1))
+
+    def build_defs_from_state(self, context: dg.ComponentLoadContext, state_path: Path | None) -> dg.Definitions:
+        """The source's definitions with a set of per-table assets for each table of the state; none while no state
+        was written (LOCAL_FILESYSTEM before its first refresh): the new-tables sensor still applies every table."""
+        from cdc_assets.defs.code_location import build_definitions, tables_of
+
+        settings = self.source_settings()
+        state = json.loads(state_path.read_text()) if state_path is not None else {}
+        definitions = build_definitions(settings, tables=tables_of(settings, state))
         if self.group is None:
             return definitions
         group = self.group

@@ -6,14 +6,23 @@ loads; the functions that build the schedules, sensors, freshness policies, sink
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from dagster import Definitions, apply_freshness_policy, colored_console_logger, in_process_executor
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import Settings
 from cdc_assets.defs.assets import build_raw_asset
-from cdc_assets.defs.assets.lakehouse_tables import TableOptions, build_table_assets, readable_tables
+from cdc_assets.defs.assets.lakehouse_tables import (
+    CapturedTable,
+    TableOptions,
+    build_table_assets,
+    readable_tables,
+    source_table_names,
+    table_list_state,
+    tables_of_state,
+)
 from cdc_assets.defs.automation import (
     binlog_position_spec,
     build_automation_sensor,
@@ -64,13 +73,16 @@ def engine_kinds(min_rows: int) -> tuple[str, ...]:
     return ("spark",) if min_rows == 0 else ("arrow", "spark")
 
 
-def build_definitions(settings: Settings | None = None, table_assets: bool = True) -> Definitions:
+def build_definitions(
+    settings: Settings | None = None, table_assets: bool = True, tables: list[CapturedTable] | None = None
+) -> Definitions:
     """The definitions of one source, `settings` (None: the code location's, read from this process's environment
     once, as it loads: the one place the definitions read it). Every asset key, job, sensor, schedule, check and
     resource key is the source's (`SourceKeys(settings.name)`: under its name, or the plain names of the unnamed
     source), so the definitions of many sources merge (`build_definitions_of`). `table_assets=False` leaves out the
     per-table assets and the examples (the registry is not read): what the CLI's runs resolve their jobs from, since
-    their jobs are ops that record the per-table materializations by key."""
+    their jobs are ops that record the per-table materializations by key. `tables`: the source's tables as the
+    MySQLSource component's state holds them (None: the lakehouse's registry, read now)."""
     settings = Settings.from_env(os.environ) if settings is None else settings
     keys = SourceKeys(settings.name)
     cadence = settings.cadence
@@ -78,9 +90,12 @@ def build_definitions(settings: Settings | None = None, table_assets: bool = Tru
     policy = current_freshness_policy(cadence)
     owners = cadence.asset_owners
     resources = resources_of(settings)
-    # one set of assets per captured table, from the lakehouse's table registry as it is now: a table captured later
-    # appears at the next definitions reload (docs/operating.md, "From the UI")
-    tables = readable_tables(resources_of(settings, resolved=True).lakehouse.get()) if table_assets else []
+    # one set of assets per table: the component's state, else the lakehouse's registry as it is now; a table created
+    # later appears at the next definitions load (docs/operating.md, "From the UI")
+    if not table_assets:
+        tables = []
+    elif tables is None:
+        tables = readable_tables(resources_of(settings, resolved=True).lakehouse.get())
     windows = {t.name: cadence.table_freshness_windows(t.name) for t in tables}
     tightest = min([cadence.freshness_windows, *windows.values()])
     kinds = engine_kinds(settings.engine.spark_min_rows)
@@ -147,6 +162,19 @@ def build_definitions(settings: Settings | None = None, table_assets: bool = Tru
         # the console (Dagster's default) for runs of the UI and the daemon; progress for the CLI's long runs
         loggers={"console": colored_console_logger, "progress": progress_logger},
     )
+
+
+def table_list_of(settings: Settings) -> dict[str, Any]:
+    """The MySQLSource component's state: the source's tables, from the lakehouse's registry and the source's own
+    information_schema under its table filter (lakehouse_tables.table_list_state)."""
+    house = resources_of(settings, resolved=True).lakehouse.get()
+    return table_list_state(house, lambda: source_table_names(settings.source))
+
+
+def tables_of(settings: Settings, state: Mapping[str, Any]) -> list[CapturedTable]:
+    """The tables of the component's state, as `build_definitions` takes them (their locations in the source's
+    lakehouse as now set)."""
+    return tables_of_state(state, resources_of(settings, resolved=True).lakehouse.get())
 
 
 def build_definitions_of(sources: Sequence[Settings], table_assets: bool = True) -> Definitions:

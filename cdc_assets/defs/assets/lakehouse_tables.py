@@ -9,12 +9,14 @@ then the current-state stage), so three tables picked in the UI are one run that
 for those tables, as the sync job and the continuous mode do, and records its reports; they and snapshots record
 materializations under the same keys.
 
-The specs come from the lakehouse's table registry when the definitions load, so a table captured since has no asset
-until the next reload; the new-tables sensor applies those meanwhile (job `apply_new_tables`), recording their
-materializations under their keys, so none waits for a reload to be applied.
+The specs come from the source's table list, the state the MySQLSource component keeps (`table_list_state`: the
+lakehouse's table registry and the source's own tables under its filter, read as the code server loads, and handed to
+the runs it launches); a table created since has no asset until the next load; the new-tables sensor applies those
+meanwhile (job `apply_new_tables`), recording their materializations under their keys, so none waits for a reload to
+be applied. A run of tables whose lakehouse is gone or cannot be read fails with one sentence (`registry_of_run`).
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,19 +39,22 @@ from dagster import (
     multi_asset,
 )
 
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
+from cdc_assets.core.settings import SourceSettings
 from cdc_assets.defs.assets.metadata import applied_figures, changes_figures
 from cdc_assets.defs.assets.tables import DATA_VERSION_TAG, table_materializations, table_name
 from cdc_assets.defs.keys import TABLES_ASSETS, UNNAMED, SourceKeys
 from cdc_assets.defs.resources import SourceResources
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.locks import run_owner
-from cdc_assets.lake.state import known_tables, load_progress
+from cdc_assets.lake.state import TABLES_KEY, known_tables, load_progress, load_registry
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.pipeline.driver import CHANGES as CHANGES_STEP
 from cdc_assets.pipeline.driver import CURRENT as CURRENT_STEP
 from cdc_assets.pipeline.driver import ChangesLogged, CurrentApplied, drive
+from cdc_assets.source.server import connect, resolved_source, source_tables
 from spark_resources.resources import TransformsResource
 
 SOURCES_GROUP = "sources"
@@ -59,13 +64,15 @@ CURRENT_GROUP = "current"
 
 @dataclass(frozen=True)
 class CapturedTable:
-    """A table of the lakehouse's registry, where its change log and current state live, and the seq of the DROP
-    that removed it from the source (None while it exists)."""
+    """A table of the source, where its change log and current state live, the seq of the DROP that removed it from
+    the source (None while it exists), and whether the lakehouse's registry had it (False: a table of the source that
+    capture has not registered yet)."""
 
     name: str
     location: str
     changes_location: str = ""
     dropped_seq: int | None = None
+    captured: bool = True
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,72 @@ def readable_tables(house: Lakehouse) -> list[CapturedTable]:
     except Exception as exc:  # an unreachable S3 or a corrupt registry must not take the code location down
         get_dagster_logger().warning(f"per-table assets left out: the table registry of {house} could not be read ({exc})")
         return []
+
+
+def table_list_state(house: Lakehouse, source_tables: Callable[[], list[str]]) -> dict[str, Any]:
+    """What the MySQLSource component keeps as its state (JSON): the registry's tables (with their DROPs) and the
+    source's own tables under its filter (`source_tables`, read from its information_schema), so a table the source
+    has has its assets even before capture registers it. A read that fails (the lakehouse or the source not there
+    yet) leaves its tables out with a warning: the definitions still load, and the next load lists them."""
+    log = get_dagster_logger()
+    entries: dict[str, dict[str, Any]] = {}
+    try:
+        for t in captured_tables(house):
+            entries[t.name] = {"name": t.name, "captured": True, "dropped_seq": t.dropped_seq}
+    except Exception as exc:  # an unreachable S3 or a corrupt registry must not take the code location down
+        log.warning(f"the table registry of {house} could not be read ({exc}): its tables have no asset until the next load")
+    try:
+        for name in source_tables():
+            entries.setdefault(name, {"name": name, "captured": False, "dropped_seq": None})
+    except Exception as exc:  # a source down while the code server loads: the registry's tables still load
+        log.warning(f"the source's tables could not be listed ({exc}): only the registry's tables have assets until the next load")
+    return {"lakehouse": str(house), "tables": [entries[n] for n in sorted(entries)]}
+
+
+SOURCE_CONNECT_SECONDS = 5  # a source that does not answer delays the code server's load this long, no more
+
+
+def source_table_names(source: SourceSettings) -> list[str]:
+    """The source's base tables its table filter includes (`schema.table`), read from its information_schema: the
+    tables it will deliver, so their assets exist before capture registers them."""
+    resolved = resolved_source(source)
+    conn = connect(resolved.url, connect_timeout=SOURCE_CONNECT_SECONDS)
+    try:
+        return [str(t) for t in source_tables(conn, resolved.table_filter)]
+    finally:
+        conn.close()
+
+
+def tables_of_state(state: Mapping[str, Any], house: Lakehouse) -> list[CapturedTable]:
+    """The tables a `table_list_state` holds, their locations in `house` (the source's lakehouse as now set)."""
+    tables = []
+    for entry in state.get("tables", []):
+        ref = TableRef.parse(entry["name"])
+        location, changes = house.table_uri(CURRENT, ref), house.table_uri(CHANGES, ref)
+        tables.append(CapturedTable(entry["name"], location, changes, entry.get("dropped_seq"), bool(entry.get("captured", True))))
+    return tables
+
+
+def registry_of_run(house: Lakehouse, captured: set[str]) -> dict[str, Any]:
+    """The lakehouse's table registry as a run of per-table assets finds it: a lakehouse that cannot be read, or
+    that lost the registry of the tables the definitions were built from (`captured`: moved or removed since), fails
+    the run with one sentence naming the cause and the fix, never a framework error."""
+    try:
+        registry = load_registry(house.store)
+    except CdcUserError:
+        raise
+    except Exception as exc:  # a directory the run may not read, a store that does not answer
+        raise CdcUserError(
+            f"The lakehouse {house} cannot be read ({type(exc).__name__}: {exc}): make it readable to the runs of "
+            "the code location (CDC_LAKEHOUSE, or the component's `lakehouse`), then run again."
+        ) from exc
+    if captured and not registry:
+        raise CdcUserError(
+            f"The lakehouse {house} has lost its table registry ({TABLES_KEY}), which listed this run's tables when "
+            "the definitions loaded: it was moved or removed. Point the source's lakehouse (CDC_LAKEHOUSE, or the "
+            "component's `lakehouse`) at where it is now, or reload the definitions to begin a new lakehouse there."
+        )
+    return registry
 
 
 def source_spec(table: CapturedTable, owners: tuple[str, ...], keys: SourceKeys = UNNAMED) -> AssetSpec:
@@ -145,6 +218,8 @@ def current_spec(table: CapturedTable, options: TableOptions, keys: SourceKeys =
         "`_cdc_commit_ts`, kept up to date from the change log. Materializing it takes in the raw batches captured "
         "so far (its change log too) and applies them."
     )
+    if not table.captured:
+        description += " Not in the lakehouse yet: capture registers it with its first change, or a snapshot loads it."
     if dropped:
         description = f"DROPPED: `{table.name}` was dropped from the source (`_cdc_seq` {table.dropped_seq}); its current state is gone. " + description
     return AssetSpec(
@@ -175,6 +250,7 @@ def build_table_assets(
     if not tables:
         return []
     options = {t.name: options_for(t.name) for t in tables}
+    captured = {t.name for t in tables if t.captured}  # the registry had them when the definitions were built
     by_key: dict[AssetKey, str] = {}
     outs: dict[str, AssetOut] = {}
     ins: dict[str, AssetIn] = {"raw_batches": AssetIn(keys.raw_asset, dagster_type=Nothing)}
@@ -203,10 +279,14 @@ def build_table_assets(
     )
     def lakehouse_tables(context: AssetExecutionContext) -> Iterator[MaterializeResult]:
         used = SourceResources(context, keys)
+        house = used.lakehouse.get()
         selected = context.selected_asset_keys
-        current = sorted({by_key[k] for k in selected if keys.is_current(k)})
-        tables = sorted({by_key[k] for k in selected} | set(current))
-        yield from apply_tables(context, used.lakehouse.get(), used.transforms, tables, current, selected, keys)
+        registry = registry_of_run(house, {by_key[k] for k in selected} & captured)
+        # a table of the source that capture has not registered yet has nothing to apply: none of its keys is yielded
+        current = sorted({by_key[k] for k in selected if keys.is_current(k)} & set(registry))
+        tables = sorted(({by_key[k] for k in selected} | set(current)) & set(registry))
+        if tables:
+            yield from apply_tables(context, house, used.transforms, tables, current, selected, keys)
 
     return [*(source_spec(t, options[t.name].owners, keys) for t in tables), lakehouse_tables]
 
