@@ -64,7 +64,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # none of them starts near the end to hold the suite's last minutes alone. Order only: every other module follows,
 # in its collection order.
 LONGEST_FIRST = (
-    "test_deployment",  # 460 s
+    "test_deployment",  # 366 s
     "test_failpoints",  # 404 s
     "test_spark_cluster",  # 198 s
     "test_forked_capture",  # 159 s

@@ -209,6 +209,14 @@ def test_two_sources_in_one_deployment_flow_fresh_stay_quiet_when_idle_and_fail_
     started = time.monotonic()
     try:
         with _dg_dev(project, env, tmp_path / "dg-dev.log") as port:
+            # changes on both sources (while the deployment starts): the automation brings each lakehouse to equal its
+            # source, row for row
+            for source in sources.values():
+                source.execute(
+                    f"INSERT INTO accounts VALUES (3, '{source.name} 3', 30.00), (4, '{source.name} 4', 40.00)",
+                    "UPDATE accounts SET balance = balance + 1 WHERE id = 1",
+                    "DELETE FROM accounts WHERE id = 2",
+                )
             # GraphQL lists both sources' assets, each under its name
             wanted = {
                 f"{n}/{path}" for n in sources for path in ("raw_binlog_batches", "binlog_position", f"current/{schema}/accounts")
@@ -216,13 +224,6 @@ def test_two_sources_in_one_deployment_flow_fresh_stay_quiet_when_idle_and_fail_
             _wait_for("the webserver to list both sources' assets", lambda: wanted <= _listed_keys(port), 180)
             assert {key.split("/", 1)[0] for key in _listed_keys(port)} == set(sources)
 
-            # changes on both sources: the automation brings each lakehouse to equal its source, row for row
-            for source in sources.values():
-                source.execute(
-                    f"INSERT INTO accounts VALUES (3, '{source.name} 3', 30.00), (4, '{source.name} 4', 40.00)",
-                    "UPDATE accounts SET balance = balance + 1 WHERE id = 1",
-                    "DELETE FROM accounts WHERE id = 2",
-                )
             _wait_for("both lakehouses to equal their sources", lambda: all(s.equal() for s in sources.values()), 240)
             caught_up = time.monotonic() - started
 

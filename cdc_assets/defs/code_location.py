@@ -28,7 +28,6 @@ from cdc_assets.defs.automation import (
     build_automation_sensor,
     capture_automation,
     table_automation,
-    update_minutes,
 )
 from cdc_assets.defs.checks import build_raw_checks
 from cdc_assets.defs.cli_logger import progress_logger
@@ -121,8 +120,8 @@ def build_definitions(
     ]
     publish_jobs = [build_publish_job(s, keys) for s in sinks]
     examples = example_assets(set(names), keys)
-    # the idle source's look (no run): retried at the capture's cadence, quiet tables confirmed within the tightest window
-    position_timing = PositionTiming(update_minutes(tightest[0]) * 60, tightest[0] * 60 / 4, cadence.lag_thresholds)
+    # the idle source's look (no run): retried within the capture's cron, quiet tables confirmed within the tightest window
+    position_timing = PositionTiming.of(tightest[0], cadence.lag_thresholds)
     return Definitions(
         assets=[binlog_position_spec(keys, owners), raw, *build_table_assets(tables, options_for, keys), *examples, *sink_assets],
         asset_checks=[

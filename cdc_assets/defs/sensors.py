@@ -31,7 +31,7 @@ from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import CadenceSettings
 from cdc_assets.defs.assets.tables import DATA_VERSION_TAG, confirmations
-from cdc_assets.defs.automation import BINLOG_POSITION
+from cdc_assets.defs.automation import BINLOG_POSITION, update_minutes
 from cdc_assets.defs.jobs import NEW_TABLES_OP
 from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CAPTURE_LANE, NEW_TABLES_JOB, SYNC_LANE, UNNAMED, SourceKeys
 from cdc_assets.defs.resources import LakehouseResource, SourceResources
@@ -318,6 +318,14 @@ class PositionTiming:
     retry_seconds: float
     confirm_every: float
     lag_thresholds: tuple[float, float]
+
+    @classmethod
+    def of(cls, warn_minutes: float, lag_thresholds: tuple[float, float]) -> PositionTiming:
+        """For the tightest warn window: a record made again every half period of the capture's cron (at least every
+        tick), so one the automation missed (its first evaluation reads no update) or a failed capture is retried by
+        the next cron tick; quiet tables confirmed every quarter of the window."""
+        retry = max(POSITION_SENSOR_SECONDS, update_minutes(warn_minutes) * 60 / 2)
+        return cls(retry, warn_minutes * 60 / 4, lag_thresholds)
 
 
 def build_binlog_position_sensor(cadence: CadenceSettings, timing: PositionTiming, keys: SourceKeys = UNNAMED) -> SensorDefinition:
