@@ -4,6 +4,9 @@ every change in its change log exactly once. docs/architecture.md ("Crash points
 
 One lakehouse is reused across the whole walk: each point starts from what the points before it left, as a
 pipeline that crashed many times in its life would.
+
+Each crashing command is a process of its own, forked from a server that imported the CLI, Dagster and the
+definitions once (cdc_assets_tests/forked_cli.py): a fresh interpreter for each cost the walk about half its CPU.
 """
 
 from __future__ import annotations
@@ -11,10 +14,9 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,6 +35,7 @@ from cdc_assets.stages.current.rows import CURRENT_PIECE_BYTES
 from cdc_assets.stages.current.run import apply_pending
 from cdc_assets_tests.conftest import CdcEnv
 from cdc_assets_tests.exactly_once import check_exactly_once
+from cdc_assets_tests.forked_cli import CliServer
 from spark_resources.engine import Transforms
 
 # Failpoints this walk does not take, and the test that crashes or fails the pipeline there instead.
@@ -249,14 +252,16 @@ WALK = [
 ]
 
 
-def _cli(*argv: str, failpoint: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cdc_assets.cli", *argv],
-        env={**os.environ, failpoints.ENV: f"{failpoint}=exit"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+@pytest.fixture(scope="module")
+def cli() -> Iterator[CliServer]:
+    """The module's crashing commands, each forked from one server (started at the first)."""
+    with CliServer() as server:
+        yield server
+
+
+def _cli(cli: CliServer, *argv: str, failpoint: str) -> subprocess.CompletedProcess[str]:
+    """`cdc-lakehouse *argv` in a process of its own, ended at `failpoint` (`os._exit`, as a SIGKILL would)."""
+    return cli.run(*argv, env={**os.environ, failpoints.ENV: f"{failpoint}=exit"}, timeout=300)
 
 
 def _in_process(*argv: str) -> int:
@@ -312,7 +317,7 @@ def _walk_names() -> list[str]:
     return [p.name for p in WALK if not only or p.name in only.split(",")]
 
 
-def test_crash_at_every_durable_step_then_restart(cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crash_at_every_durable_step_then_restart(cdc: CdcEnv, cli: CliServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CDC_MAX_BATCH_ROWS", str(BATCH_ROWS))
     walk = _set_up(cdc)
     timings = []
@@ -322,7 +327,7 @@ def test_crash_at_every_durable_step_then_restart(cdc: CdcEnv, monkeypatch: pyte
         point.prepare(walk)
         argv = ("snapshot", f"{cdc.database}.snap") if point.snapshot else ("sync",)
         with walk.churn:
-            crashed = _cli(*argv, failpoint=point.name)
+            crashed = _cli(cli, *argv, failpoint=point.name)
         assert crashed.returncode == failpoints.EXIT_CODE, (
             f"{point.name} was not reached (exit {crashed.returncode}): {crashed.stdout[-2000:]} {crashed.stderr[-2000:]}"
         )
@@ -337,7 +342,7 @@ def test_crash_at_every_durable_step_then_restart(cdc: CdcEnv, monkeypatch: pyte
 
 
 @pytest.mark.parametrize("point", ["current.drop_log_removed", "current.merged_before_progress"])
-def test_a_crash_while_dropping_a_table_a_snapshot_loaded(cdc: CdcEnv, point: str) -> None:
+def test_a_crash_while_dropping_a_table_a_snapshot_loaded(cdc: CdcEnv, cli: CliServer, point: str) -> None:
     """A DROP of a table whose rows came from a snapshot, crashed after its current state went (mid-delete, or
     before the progress recorded the drop): the restart took the missing table for one removed by hand and
     refused, naming `cdc-lakehouse snapshot` of a table the source no longer has. The change log holds the
@@ -352,7 +357,7 @@ def test_a_crash_while_dropping_a_table_a_snapshot_loaded(cdc: CdcEnv, point: st
     cdc.execute("UPDATE old SET v = 10 WHERE id = 1", "INSERT INTO keep VALUES (1)")
     assert cdc.sync() == 0
     cdc.execute("DROP TABLE old", "INSERT INTO keep VALUES (2)")
-    crashed = _cli("sync", failpoint=point)
+    crashed = _cli(cli, "sync", failpoint=point)
     assert crashed.returncode == failpoints.EXIT_CODE, crashed.stderr[-2000:]
     assert not cdc.lakehouse.has_table(CURRENT, TableRef(db, "old"))
     assert cdc.sync() == 0
