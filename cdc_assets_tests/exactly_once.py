@@ -7,8 +7,10 @@ and a change filed under the wrong table each show up by name. Used by the crash
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from cdc_assets.core import ops
 from cdc_assets.core.names import TableRef
@@ -53,41 +55,59 @@ class ExactlyOnce:
         return "; ".join(parts)
 
 
-def raw_changes(lakehouse: Lakehouse) -> Counter[tuple[str, int]]:
-    """(table, seq) of every row change in the visible raw batches."""
+def raw_changes(lakehouse: Lakehouse) -> pa.Table:
+    """(table, seq) of every row change in the visible raw batches, a row each."""
     store = lakehouse.store
-    found: Counter[tuple[str, int]] = Counter()
-    for name in list_batches(store):
-        rows = read_rows(store, read_manifest(store, name)).select(["schema", "table", "seq"])
-        for schema, table, seq in zip(*(rows.column(c).to_pylist() for c in rows.column_names), strict=True):
-            found[(str(TableRef(schema, table)), seq)] += 1
-    return found
+    batches = [
+        read_rows(store, read_manifest(store, name)).select(["schema", "table", "seq"]) for name in list_batches(store)
+    ]
+    if not batches:
+        return pa.table({"table": pa.array([], pa.string()), "seq": pa.array([], pa.int64())})
+    rows = pa.concat_tables(batches, promote_options="default")
+    # each schema and table named once, as TableRef names it, then given to their rows by a join
+    pairs = rows.group_by(["schema", "table"]).aggregate([])
+    names = [str(TableRef(s, t)) for s, t in zip(pairs["schema"].to_pylist(), pairs["table"].to_pylist(), strict=True)]
+    named = rows.join(pairs.append_column("name", pa.array(names, pa.string())), ["schema", "table"])
+    return pa.table({"table": named["name"], "seq": named["seq"].cast(pa.int64())})
 
 
-def logged_changes(lakehouse: Lakehouse) -> Counter[tuple[str, int]]:
-    """(table, seq) of every row change in the change logs, counted."""
-    found: Counter[tuple[str, int]] = Counter()
+def logged_changes(lakehouse: Lakehouse) -> pa.Table:
+    """(table, seq) of every row change in the change logs, a row each."""
+    parts = []
     for table in lakehouse.tables(CHANGES):
         log = lakehouse.open(CHANGES, table)
         if log is None:
             continue
-        seqs = read_query(log, f"SELECT _cdc_seq FROM changes WHERE {ROW_OPS}", "changes").column(0).to_pylist()
-        found.update((str(table), seq) for seq in seqs)
-    return found
+        seqs = read_query(log, f"SELECT _cdc_seq FROM changes WHERE {ROW_OPS}", "changes").column(0)
+        parts.append(pa.table({"table": pa.repeat(str(table), len(seqs)), "seq": seqs.cast(pa.int64())}))
+    if not parts:
+        return pa.table({"table": pa.array([], pa.string()), "seq": pa.array([], pa.int64())})
+    return pa.concat_tables(parts)
+
+
+def _pairs(found: pa.Table) -> list[tuple[str, int]]:
+    """(table, seq) rows, sorted."""
+    return sorted(zip(found["table"].to_pylist(), found["seq"].to_pylist(), strict=True))
+
+
+def compare(raw: pa.Table, logged: pa.Table, chain_breaks: list[str]) -> ExactlyOnce:
+    """Raw changes against logged ones, both (table, seq) a row each: counted and joined in Arrow, so a check of a
+    long-lived lakehouse does not build a Python tuple for each of its changes."""
+    keys = ["table", "seq"]
+    raw_counts = raw.group_by(keys).aggregate([([], "count_all")])
+    logged_counts = logged.group_by(keys).aggregate([([], "count_all")])
+    result = ExactlyOnce(chain_breaks=chain_breaks, changes=raw.num_rows)
+    # a seq twice in the raw batches (the capture wrote a change twice), then twice in its change log
+    for counts in (raw_counts, logged_counts):
+        for table, seq in _pairs(counts.filter(pc.greater(counts["count_all"], 1))):
+            result.duplicated.setdefault(table, []).append(seq)
+    for table, seq in _pairs(raw_counts.join(logged_counts, keys, join_type="left anti")):
+        result.lost.setdefault(table, []).append(seq)
+    for table, seq in _pairs(logged_counts.join(raw_counts, keys, join_type="left anti")):
+        result.unknown.setdefault(table, []).append(seq)
+    return result
 
 
 def check_exactly_once(lakehouse: Lakehouse) -> ExactlyOnce:
     """Raw batches against change logs (run it once every stage has caught up with capture)."""
-    raw, logged = raw_changes(lakehouse), logged_changes(lakehouse)
-    result = ExactlyOnce(chain_breaks=batch_chain_breaks(lakehouse), changes=sum(raw.values()))
-    for (table, seq), n in sorted(raw.items()):
-        if n > 1:  # a seq twice in the raw batches: the capture wrote a change twice
-            result.duplicated.setdefault(table, []).append(seq)
-        if logged.get((table, seq), 0) == 0:
-            result.lost.setdefault(table, []).append(seq)
-    for (table, seq), n in sorted(logged.items()):
-        if n > 1:
-            result.duplicated.setdefault(table, []).append(seq)
-        if (table, seq) not in raw:
-            result.unknown.setdefault(table, []).append(seq)
-    return result
+    return compare(raw_changes(lakehouse), logged_changes(lakehouse), batch_chain_breaks(lakehouse))
