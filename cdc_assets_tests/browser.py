@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 from websockets.sync.client import ClientConnection, connect
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+RELATIVE_AGE = re.compile(r"\b(?:\d+|an?|a few) (?:second|minute|hour|day)s? ago\b")
 
 
 class Page:
@@ -63,16 +64,28 @@ class Page:
                 raise AssertionError(f"the page never showed {missing}; it shows: {text[:1500]!r}")
             time.sleep(0.5)
 
-    def settle(self, timeout_s: float = 30) -> str:
-        """The page's text once nothing is loading and it stayed the same for a second (for a screenshot)."""
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+        """Until `condition()` holds, looking again every half second."""
         deadline = time.monotonic() + timeout_s
-        previous = None
+        while not condition():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the page never showed {what}; it shows: {self.text()[:1500]!r}")
+            time.sleep(0.5)
+
+    def settle(self, timeout_s: float = 30) -> str:
+        """The page's text once nothing is loading and it stayed the same for a second (for a screenshot). Ages
+        ("Loaded 12 seconds ago", "a minute ago") count as the same: Dagster's pages count them up every second, so
+        a page compared with them never settles."""
+        deadline = time.monotonic() + timeout_s
+        previous, since = None, time.monotonic()
         while time.monotonic() < deadline:
             text = self.text()
-            if text == previous and "Loading" not in text:
+            shown = RELATIVE_AGE.sub("… ago", text)
+            if shown != previous or "Loading" in text:
+                previous, since = shown, time.monotonic()
+            elif time.monotonic() - since >= 1:
                 return text
-            previous = text
-            time.sleep(1)
+            time.sleep(0.5)
         return self.text()
 
     def button(self, label: str) -> dict[str, Any] | None:

@@ -22,12 +22,16 @@ from cdc_assets.runtime.instance import HOME_MARK
 START_SECONDS = 240
 
 
+def _environment() -> dict[str, str]:
+    """A user's environment: none of the CDC_* settings or the Dagster home the tests' session set."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("CDC_", "DAGSTER_HOME"))}
+
+
 def _dev(cwd: Path, port: int, connect_port: int, **env: str) -> subprocess.Popen[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("CDC_", "DAGSTER_HOME"))}
     return subprocess.Popen(
         [sys.executable, "-m", "cdc_assets.local_dev", "--port", str(port), "--spark-connect-port", str(connect_port)],
         cwd=cwd,
-        env={**environment, **env},
+        env={**_environment(), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -79,7 +83,14 @@ def test_make_dev_serves_on_its_port_and_stops_what_it_started(tmp_path: Path) -
 
 def test_make_dev_leaves_what_was_running_and_make_stop_stops_it_keeping_the_data(tmp_path: Path) -> None:
     base = tmp_path / ".local" / "mariadb"
-    before = server.start(base)
+    # started as `make local-source-start` starts it, by a command that ends: started here, the server would be this
+    # process's child, whose end only this process can reap, and `make stop` would wait out its timeout for it
+    started = subprocess.run(
+        [sys.executable, "-m", "cdc_assets.local_source", "start"],
+        cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    before = server.running(base)
+    assert started.returncode == 0 and before is not None, started.stdout + started.stderr
     port = free_port()
     try:
         with_spark = {"CDC_SPARK_MASTER": "local[1]"}  # a Spark of the user's: no Spark Connect server started
