@@ -192,10 +192,16 @@ def test_another_replica_with_the_same_server_id_is_named_with_the_fix(cdc: CdcE
     1236; MariaDB: 4052, or a reset connection when the stream was mid-packet): the sync ends with one sentence naming
     the clash and the flag that set the id, and the lakehouse keeps its last complete batch."""
     cdc.execute("CREATE TABLE t (id INT PRIMARY KEY, pad TEXT)")
-    for _ in range(4):  # about 24 MB of binlog, so the server is still sending when the rival connects
-        cdc.execute(
-            f"INSERT INTO t SELECT seq + (SELECT COALESCE(MAX(id), 0) FROM t), REPEAT('x', 1000) FROM {cdc.numbers(6000)}"
-        )
+    # The lakehouse begins here, not at the start of the server's binlog, which the worker's other tests share: the
+    # sync below reads only this test's changes, whatever ran before it
+    assert main(["sync"]) == 0
+    begun = (cdc.lakehouse_dir / CHECKPOINT_KEY).read_bytes()
+    # About 24 MB of binlog in transactions of 1 MB, so the server is still sending when the rival connects: a batch
+    # ends only between transactions, and what the kernel may buffer for a sync that sleeps grows with what it read
+    # (to 32 MB here: net.ipv4.tcp_rmem). In CI, under load, this sync once ended with 0 and nothing printed when its
+    # first batch was a 6 MB transaction read after the worker's other tests' binlog (not reproduced alone)
+    one_mb = f"INSERT INTO t SELECT seq + (SELECT COALESCE(MAX(id), 0) FROM t), REPEAT('x', 1000) FROM {cdc.numbers(1000)}"
+    cdc.execute(*[one_mb] * 24)
     server_id = "4200777"
     env = {"CDC_SYNC_FORK": "0", "CDC_MAX_BATCH_ROWS": "1000", "CDC_FAILPOINTS": "capture.checkpoint_saved=sleep:3"}
     sync = subprocess.Popen(
@@ -206,7 +212,7 @@ def test_another_replica_with_the_same_server_id_is_named_with_the_fix(cdc: CdcE
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not (cdc.lakehouse_dir / CHECKPOINT_KEY).exists():  # the first batch is durable, capture sleeps
+    while (cdc.lakehouse_dir / CHECKPOINT_KEY).read_bytes() == begun:  # the first batch is durable, capture sleeps
         assert time.monotonic() < deadline and sync.poll() is None, sync.stderr.read() if sync.stderr else ""
         time.sleep(0.05)
     url = MySQLUrl.parse(cdc.server.reader_url())
@@ -217,6 +223,7 @@ def test_another_replica_with_the_same_server_id_is_named_with_the_fix(cdc: CdcE
     out, err = sync.communicate(timeout=300)
     read.join(timeout=120)
     rival.close()
+    assert sync.returncode != 0, f"the sync never saw the rival; it printed {out!r}"
     _one_sentence(sync.returncode, err, "same server id", "--server-id")
     assert "CDC_SERVER_ID" not in err
     # what was durable stays: the checkpoint at the end of the last complete batch, and a later sync goes on from it

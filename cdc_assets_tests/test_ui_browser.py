@@ -73,10 +73,17 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             # Meanwhile the tab shows a blank page: a Dagster page left open polls the webserver and renders anew
             # every second, CPU on both sides that nothing here looks at
             page.open("about:blank")
-            deadline = time.monotonic() + 180
+            # Alone it captures within a minute: the binlog position sensor records the source's growth, and the
+            # automation's first evaluation reads no update, so it requests the capture at its second or third tick,
+            # 30 s apart. Under a loaded suite the daemon's ticks come later (CI: not within 180 s)
+            started = time.monotonic()
+            deadline = started + 300
             while len(list_batches(cdc.lakehouse.store)) <= captured:
-                assert dev.poll() is None and time.monotonic() < deadline, "make dev's automation never captured"
+                assert dev.poll() is None and time.monotonic() < deadline, (
+                    f"make dev's automation never captured; its sensors' ticks: {_sensor_ticks()}"
+                )
                 time.sleep(1)
+            print(f"automation captured after {time.monotonic() - started:.0f} s; ticks: {_sensor_ticks()}")
             page.open(asset_url)
             page.wait_for_text("Materialize", timeout_s=60)
             page.wait_for(lambda: (page.button("Materialize") or {}).get("disabled") is False, "Materialize enabled")
@@ -107,6 +114,22 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             os.killpg(dev.pid, signal.SIGKILL)
     [diff] = cdc.verify()
     assert diff.ok and diff.in_flight_keys == 0 and diff.compared_rows == 4
+
+
+def _sensor_ticks() -> list[str]:
+    """Each sensor's recent ticks (oldest first): when, how it ended, what it requested or why it skipped; what a
+    failure needs to tell a slow daemon from a condition that never held."""
+    lines: list[str] = []
+    home = instance()
+    for state in home.all_instigator_state():
+        ticks = home.get_ticks(state.instigator_origin_id, state.selector_id, limit=8)
+        for tick in reversed(ticks):
+            what = tick.skip_reason or (tick.error.message.splitlines()[0] if tick.error else "")
+            lines.append(
+                f"{state.instigator_name} {time.strftime('%H:%M:%S', time.localtime(tick.timestamp))} "
+                f"{tick.status.value} runs={len(tick.run_ids)} {what}".strip()
+            )
+    return lines
 
 
 def _settle(page: Page) -> None:
