@@ -16,37 +16,9 @@ from cdc_assets.components.mysql_source import MySQLSource, settings_of
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.local_source.server import LocalServer
 from cdc_assets_tests.conftest import CdcEnv, _database_name
+from cdc_assets_tests.dagster_dev import write_project
 
 SOURCES = ("orders_db", "crm_db")
-
-
-def write_project(root: Path, lakehouses: dict[str, Path], tables: dict[str, str]) -> None:
-    """A `dg` project of a user's, `shop_project`, with one MySQLSource folder per source."""
-    root.mkdir(parents=True)
-    (root / "pyproject.toml").write_text(
-        '[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "shop_project"\n'
-    )
-    package = root / "shop_project"
-    (package / "defs").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "definitions.py").write_text(  # as create-dagster writes it
-        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs():\n"
-        "    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent)\n"
-    )
-    (package / "defs" / "__init__.py").write_text("")
-    for name, lakehouse in lakehouses.items():
-        folder = package / "defs" / name
-        folder.mkdir()
-        (folder / "defs.yaml").write_text(
-            "type: cdc_assets.components.MySQLSource\n"
-            "attributes:\n"
-            f"  name: {name}\n"
-            f'  mysql_url: "{{{{ env.{name.upper()}_URL }}}}"\n'
-            f"  lakehouse: {lakehouse}\n"
-            f"  tables: [{tables[name]}]\n"
-            f"  server_id: {4200100 + len(name)}\n"
-            "  owners: [team:data]\n"
-        )
 
 
 @pytest.fixture
@@ -66,13 +38,15 @@ def project(source: LocalServer, tmp_path: Path, request: pytest.FixtureRequest,
         monkeypatch.setenv(f"{name.upper()}_URL", cdc.server.reader_url())
     for variable in [v for v in os.environ if v.startswith("CDC_")]:
         monkeypatch.delenv(variable)  # a named source is its attributes, whatever the environment says
-    write_project(root, {n: tmp_path / f"lake-{n}" for n in SOURCES}, {n: f"{s}.*" for n, s in schemas.items()})
+    write_project(
+        root, {n: tmp_path / f"lake-{n}" for n in SOURCES}, {n: f"{s}.*" for n, s in schemas.items()}, attributes="  owners: [team:data]\n"
+    )
     monkeypatch.syspath_prepend(str(root))
     return root
 
 
 def test_two_sources_load_into_one_code_location_each_under_its_own_name(project: Path) -> None:
-    defs = dg.load_from_defs_folder(project_root=project)
+    defs = dg.load_from_defs_folder(path_within_project=project / "shop_project")
     dg.Definitions.validate_loadable(defs)
     repository = defs.get_repository_def()
     keys = {key for a in repository.asset_graph.asset_nodes for key in [a.key]}

@@ -5,11 +5,8 @@ API's `terminateRun`) stops it after a whole cycle: the run ends canceled, the l
 
 from __future__ import annotations
 
-import json
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 from cdc_assets.defs.keys import CONTINUOUS_JOB
@@ -17,7 +14,7 @@ from cdc_assets.runtime.instance import ensure_dagster_home
 from cdc_assets.stages.follow import continuous_holder
 from cdc_assets.verification.integrity import duplicate_seqs
 from cdc_assets_tests.conftest import CdcEnv, run_cli
-from cdc_assets_tests.dagster_dev import dagster_dev
+from cdc_assets_tests.dagster_dev import dagster_dev, graphql, wait_for
 from cdc_assets_tests.test_restart import _write_transactions
 
 LAUNCH = """
@@ -43,28 +40,9 @@ mutation Terminate($runId: String!) {
 STATUS = "query Status($runId: ID!) { runOrError(runId: $runId) { ... on Run { status } } }"
 
 
-def _graphql(port: int, query: str, variables: dict) -> dict:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": query, "variables": variables}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        body = json.load(answer)
-    assert "errors" not in body, body
-    return body["data"]
-
-
-def _wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_s: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
-        time.sleep(every_s)
-
-
 def _location_loaded(port: int) -> bool:
     try:
-        data = _graphql(
+        data = graphql(
             port,
             "{ workspaceOrError { ... on Workspace { locationEntries { name locationOrLoadError { __typename } } } } }",
             {},
@@ -86,24 +64,24 @@ def test_launched_and_terminated_from_the_ui(cdc: CdcEnv, tmp_path: Path, monkey
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     ensure_dagster_home()
     with dagster_dev(tmp_path / "dagster-dev.log") as port:
-        _wait_for("the webserver and its code location", lambda: _location_loaded(port), timeout_s=120, every_s=1)
+        wait_for("the webserver and its code location", lambda: _location_loaded(port), timeout_s=120, every_s=1)
         selector = {"repositoryLocationName": "cdc_assets", "repositoryName": "__repository__", "jobName": CONTINUOUS_JOB}
-        launched = _graphql(port, LAUNCH, {"params": {"selector": selector, "runConfigData": {}}})["launchRun"]
+        launched = graphql(port, LAUNCH, {"params": {"selector": selector, "runConfigData": {}}})["launchRun"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         run_id = launched["run"]["runId"]
 
         def status() -> str:
-            return _graphql(port, STATUS, {"runId": run_id})["runOrError"]["status"]
+            return graphql(port, STATUS, {"runId": run_id})["runOrError"]["status"]
 
         # it catches up with what was written before it, then keeps up with what is written while it runs
-        _wait_for("the continuous run to catch up", lambda: _equal(cdc), timeout_s=120)
+        wait_for("the continuous run to catch up", lambda: _equal(cdc), timeout_s=120)
         assert status() == "STARTED" and continuous_holder(cdc.lakehouse) is not None
         _write_transactions(cdc, transactions=20, rows_each=5, start=40)
-        _wait_for("the new writes", lambda: _equal(cdc), timeout_s=60)
+        wait_for("the new writes", lambda: _equal(cdc), timeout_s=60)
 
-        terminated = _graphql(port, TERMINATE, {"runId": run_id})["terminateRun"]
+        terminated = graphql(port, TERMINATE, {"runId": run_id})["terminateRun"]
         assert terminated["__typename"] == "TerminateRunSuccess", terminated
-        _wait_for("the run to end canceled", lambda: status() == "CANCELED", timeout_s=60)
+        wait_for("the run to end canceled", lambda: status() == "CANCELED", timeout_s=60)
         assert continuous_holder(cdc.lakehouse) is None  # its locks are given back
 
     # a batch sync goes on where the continuous run stopped: nothing lost, nothing applied twice

@@ -8,16 +8,11 @@ source's runs fail while the other's new rows still arrive."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,66 +23,16 @@ from deltalake import DeltaTable
 from cdc_assets.defs.keys import SourceKeys
 from cdc_assets.defs.table_checks import LAG_CHECK
 from cdc_assets.local_source import server as local_server
-from cdc_assets.local_source.processes import free_port
 from cdc_assets.local_source.server import LocalServer
 from cdc_assets.runtime.instance import SOURCE_TAG, STAGE_TAG
 from cdc_assets_tests.conftest import _database_name
+from cdc_assets_tests.dagster_dev import dg_dev, graphql_if_answering, wait_for, write_project
 from cdc_assets_tests.test_postgres_instance import _user_home
 
 LIVE, STOPPED = "shop_db", "crm_db"  # the MariaDB source, and the MySQL one whose server the test stops
 IDLE_SECONDS = 180
 PIPELINE_STAGES = {"capture", "apply", "sync"}
 GRAPHQL_ASSETS = "{ assetNodes { assetKey { path } } }"
-
-
-def _project(root: Path, sources: dict[str, tuple[str, Path]]) -> Path:
-    """A user's `dg` project, `platform_project`: one MySQLSource per source (its URL from the environment), freshness
-    windows of 1 and 2 minutes, so the automation acts every minute."""
-    (root / "platform_project" / "defs").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(
-        '[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "platform_project"\n'
-    )
-    (root / "platform_project" / "__init__.py").write_text("")
-    (root / "platform_project" / "defs" / "__init__.py").write_text("")
-    (root / "platform_project" / "definitions.py").write_text(
-        "from pathlib import Path\n\nimport dagster as dg\n\n\n@dg.definitions\ndef defs() -> dg.Definitions:\n"
-        "    return dg.load_from_defs_folder(project_root=Path(__file__).parent.parent)\n"
-    )
-    for i, (name, (schema, lakehouse)) in enumerate(sources.items()):
-        folder = root / "platform_project" / "defs" / name
-        folder.mkdir()
-        (folder / "defs.yaml").write_text(
-            "type: cdc_assets.components.MySQLSource\n"
-            "attributes:\n"
-            f"  name: {name}\n"
-            f'  mysql_url: "{{{{ env.{name.upper()}_URL }}}}"\n'
-            f"  lakehouse: {lakehouse}\n"
-            f"  tables: [{schema}.*]\n"
-            f"  server_id: {4200300 + i}\n"
-            "  freshness: {warn_minutes: 1, fail_minutes: 2}\n"
-        )
-    return root
-
-
-def _graphql(port: int, query: str) -> dict | None:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": query}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            body = json.load(answer)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return None
-    return None if "errors" in body else body["data"]
-
-
-def _wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
-        time.sleep(every_s)
 
 
 class Source:
@@ -131,31 +76,8 @@ def mysql_of_its_own(tmp_path: Path) -> Iterator[LocalServer]:
     local_server.stop(base)
 
 
-@contextmanager
-def _dg_dev(project: Path, env: dict[str, str], log: Path) -> Iterator[int]:
-    """`dg dev` in the project's folder (its webserver and daemon, from this virtualenv), as a user runs it; its
-    whole process group is killed at the end."""
-    port = free_port()
-    dg = str(Path(sys.executable).with_name("dg"))
-    dev = subprocess.Popen(
-        [dg, "dev", "--use-active-venv", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=project,
-        env={**env, "VIRTUAL_ENV": str(Path(sys.executable).parents[1])},
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("wb"),
-        start_new_session=True,
-        # started from a script, it ignores SIGINT/SIGTERM unless they are reset to the default
-        preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)],
-    )
-    try:
-        yield port
-    finally:
-        os.killpg(dev.pid, signal.SIGKILL)
-        dev.wait(timeout=30)
-
-
 def _listed_keys(port: int) -> set[str]:
-    data = _graphql(port, GRAPHQL_ASSETS)
+    data = graphql_if_answering(port, GRAPHQL_ASSETS)
     return {"/".join(node["assetKey"]["path"]) for node in (data or {}).get("assetNodes") or []}
 
 
@@ -188,7 +110,13 @@ def test_two_sources_in_one_deployment_flow_fresh_stay_quiet_when_idle_and_fail_
             "CREATE TABLE accounts (id INT PRIMARY KEY, owner VARCHAR(40), balance DECIMAL(10,2))",
             f"INSERT INTO accounts VALUES (1, '{source.name} 1', 10.00), (2, '{source.name} 2', 20.00)",
         )
-    project = _project(tmp_path / "project", {n: (s.schema, s.lakehouse) for n, s in sources.items()})
+    project = write_project(
+            tmp_path / "project",
+            {n: s.lakehouse for n, s in sources.items()},
+            {n: f"{s.schema}.*" for n, s in sources.items()},
+            package="platform_project",
+            attributes="  freshness: {warn_minutes: 1, fail_minutes: 2}\n",  # the automation acts every minute
+        )
     postgres.create_database("dagster_deployment")  # type: ignore[attr-defined]
     home = _user_home(tmp_path / "dagster_home", postgres.port, "dagster_deployment")  # type: ignore[attr-defined]
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}  # a source is its component's attributes
@@ -208,7 +136,7 @@ def test_two_sources_in_one_deployment_flow_fresh_stay_quiet_when_idle_and_fail_
     instance = DagsterInstance.from_config(str(home))
     started = time.monotonic()
     try:
-        with _dg_dev(project, env, tmp_path / "dg-dev.log") as port:
+        with dg_dev(project, env, tmp_path / "dg-dev.log") as port:
             # changes on both sources (while the deployment starts): the automation brings each lakehouse to equal its
             # source, row for row
             for source in sources.values():
@@ -221,17 +149,18 @@ def test_two_sources_in_one_deployment_flow_fresh_stay_quiet_when_idle_and_fail_
             wanted = {
                 f"{n}/{path}" for n in sources for path in ("raw_binlog_batches", "binlog_position", f"current/{schema}/accounts")
             }
-            _wait_for("the webserver to list both sources' assets", lambda: wanted <= _listed_keys(port), 180)
+            wait_for("the webserver to list both sources' assets", lambda: wanted <= _listed_keys(port), 180, every_s=2)
             assert {key.split("/", 1)[0] for key in _listed_keys(port)} == set(sources)
 
-            _wait_for("both lakehouses to equal their sources", lambda: all(s.equal() for s in sources.values()), 240)
+            wait_for("both lakehouses to equal their sources", lambda: all(s.equal() for s in sources.values()), 240, every_s=2)
             caught_up = time.monotonic() - started
 
             # idle: both sources have nothing new, and nothing runs for three minutes
-            _wait_for(
+            wait_for(
                 "the last runs to finish",
                 lambda: not any(s.runs(instance, statuses=[*IN_FLIGHT]) for s in sources.values()),
                 120,
+                every_s=2,
             )
             before = {n: {r.run_id for r in s.runs(instance)} for n, s in sources.items()}
             idle_from = time.time()
@@ -259,10 +188,11 @@ def test_two_sources_in_one_deployment_flow_fresh_stay_quiet_when_idle_and_fail_
                 runs = source.runs(instance, statuses=[DagsterRunStatus.FAILURE])
                 return [r for r in runs if r.run_id not in before[source.name]]
 
-            _wait_for(
+            wait_for(
                 "the stopped source's run to fail and the live source's rows to arrive",
                 lambda: bool(failed_runs(stopped)) and live.equal(),
                 240,
+                every_s=2,
             )
             assert not failed_runs(live)
             assert [r for r in live.runs(instance) if r.run_id not in before[LIVE]], "the live source ran nothing"

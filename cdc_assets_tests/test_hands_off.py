@@ -16,8 +16,7 @@ from cdc_assets.defs.automation import AUTOMATION_SENSOR
 from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.runtime.instance import ensure_dagster_home
 from cdc_assets_tests.conftest import CdcEnv
-from cdc_assets_tests.dagster_dev import dagster_dev
-from cdc_assets_tests.test_continuous_ui import _graphql
+from cdc_assets_tests.dagster_dev import dagster_dev, graphql
 
 SENSOR_STATE = """
 query SensorState($selector: SensorSelector!) {
@@ -62,9 +61,9 @@ def _stop_sensor(port: int, name: str) -> None:
     """What the sensor's switch in the UI does: the webserver's GraphQL API stops it (no CLI process loading the
     code location again)."""
     selector = {"repositoryLocationName": "cdc_assets", "repositoryName": "__repository__", "sensorName": name}
-    sensor = _graphql(port, SENSOR_STATE, {"selector": selector})["sensorOrError"]
+    sensor = graphql(port, SENSOR_STATE, {"selector": selector})["sensorOrError"]
     assert sensor["__typename"] == "Sensor", sensor
-    stopped = _graphql(port, STOP_SENSOR, {"id": sensor["sensorState"]["id"]})["stopSensor"]
+    stopped = graphql(port, STOP_SENSOR, {"id": sensor["sensorState"]["id"]})["stopSensor"]
     assert stopped["__typename"] == "StopSensorMutationResult", stopped
     assert stopped["instigationState"]["status"] == "STOPPED", stopped
 
