@@ -137,7 +137,7 @@ clean: install
 	-$(BIN)/python -m cdc_assets.local_spark connect stop --port $(SPARK_CONNECT_PORT)
 	-$(BIN)/python -m cdc_assets.local_spark cluster stop
 	-$(BIN)/python -m cdc_assets.local_brokers stop
-	rm -rf .local lakehouse lakehouse-mysql
+	rm -rf .local lakehouse lakehouse-mysql cdc_assets/sources/.local_defs_state
 
 ## Random kills (not a test; about 15 s a round): `sync` SIGKILLed at random moments KILLS times (default 50) under a
 ## live workload with DDL and TRUNCATE, each followed by a recovery, verify and the exactly-once oracle; prints a table.

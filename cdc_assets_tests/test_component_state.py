@@ -19,10 +19,10 @@ import pytest
 from cdc_assets.components.mysql_source import settings_of
 from cdc_assets.components.project import named_source
 from cdc_assets.defs.code_location import build_definitions
-from cdc_assets.defs.keys import APPLY_JOB, SYNC_JOB, SourceKeys
+from cdc_assets.defs.keys import APPLY_JOB, SYNC_JOB, UNNAMED, SourceKeys
 from cdc_assets.local_source.server import LocalServer
 from cdc_assets_tests.conftest import _database_name
-from cdc_assets_tests.test_component import write_project
+from cdc_assets_tests.dagster_dev import write_project
 
 SOURCE = "orders_db"
 KEYS = SourceKeys(SOURCE)
@@ -145,3 +145,50 @@ def test_a_run_of_tables_whose_lakehouse_was_moved_fails_with_one_sentence(
         "Point the source's lakehouse (CDC_LAKEHOUSE, or the component's `lakehouse`) at where it is now, or reload "
         "the definitions to begin a new lakehouse there."
     )
+
+
+def test_the_demo_source_keeps_one_table_list_per_lakehouse(
+    source: LocalServer, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The repository's own defs folder, whose demo source is the environment of the process loading it: `make dev`
+    and other processes beside it (the suite's workers) load the same folder with other lakehouses. Each keeps its
+    table list apart, so a run's process reads what its own code server wrote; one shared file made a run launched
+    from the UI select a table another process's refresh had left out (DagsterInvalidSubsetError)."""
+    name = _database_name(request.node.name)[:50]
+    environments: dict[str, dict[str, str]] = {}
+    for side in ("a", "b"):
+        schema = f"{name}_{side}"
+        _execute(source, f"DROP DATABASE IF EXISTS `{schema}`", f"CREATE DATABASE `{schema}`",
+                 f"CREATE TABLE `{schema}`.only_{side} (id INT PRIMARY KEY)")  # fmt: skip
+        environments[side] = {
+            "CDC_MYSQL_URL": source.reader_url(),
+            "CDC_LAKEHOUSE": str(tmp_path / f"lake-{side}"),
+            "CDC_TABLES": f"{schema}.*",
+        }
+    sources = Path(__file__).resolve().parent.parent / "cdc_assets" / "sources"
+    keys = UNNAMED
+
+    def tables(side: str, dev: bool) -> set[str]:
+        """The demo source's tables as `side`'s process loads them: refreshing its state (`dev`), or as a run's."""
+        with monkeypatch.context() as scope:
+            for variable in [v for v in os.environ if v.startswith("CDC_")]:
+                scope.delenv(variable)
+            for variable, value in environments[side].items():
+                scope.setenv(variable, value)
+            if dev:
+                scope.setenv("DAGSTER_IS_DEV_CLI", "1")
+            else:
+                scope.delenv("DAGSTER_IS_DEV_CLI", raising=False)
+            defs = dg.load_from_defs_folder(path_within_project=sources)
+        graph = defs.resolve_asset_graph().get_all_asset_keys()
+        return {t for k in graph if keys.is_current(k) and (t := keys.table_of_key(k)) is not None}
+
+    written = {p.name for p in (sources / ".local_defs_state").glob("MySQLSource*")}
+    try:
+        assert tables("a", dev=True) == {f"{name}_a.only_a"}  # a's code server loads
+        assert tables("b", dev=True) == {f"{name}_b.only_b"}  # then b's, beside it
+        assert tables("a", dev=False) == {f"{name}_a.only_a"}  # a's run still has a's table
+    finally:
+        for state in (sources / ".local_defs_state").glob("MySQLSource*"):
+            if state.name not in written:
+                shutil.rmtree(state, ignore_errors=True)

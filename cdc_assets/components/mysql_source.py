@@ -27,6 +27,7 @@ before it is first written the source has no per-table assets, and the new-table
 """
 
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -108,8 +109,16 @@ class MySQLSource(dg.StateBackedComponent, dg.Resolvable):
 
     @property
     def defs_state_config(self) -> DefsStateConfig:
-        """Keyed by the source's name: unique in a deployment, as every name of a source is."""
-        key = f"MySQLSource[{self.source_settings().name or '-'}]"
+        """Keyed by the source's name: unique in a deployment, as every name of a source is. A source
+        `from_environment` is the environment of the process that loads it, and processes with other settings load
+        the same defs folder (make dev and the tests beside it, each with a lakehouse of its own): its key also names
+        its lakehouse, so a run's process reads the table list its code server wrote, not another lakehouse's."""
+        settings = self.source_settings()
+        key = f"MySQLSource[{settings.name or '-'}]"
+        if self.from_environment:
+            location = settings.lakehouse.location
+            where = location if "://" in location else str(Path(location).resolve())
+            key = f"MySQLSource[{settings.name or '-'}@{hashlib.sha256(where.encode()).hexdigest()[:12]}]"
         return DefsStateConfig.from_args(self.defs_state, default_key=key)
 
     def write_state_to_path(self, state_path: Path) -> None:
