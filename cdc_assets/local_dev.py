@@ -62,6 +62,7 @@ def run_dev(port: int, spark_connect_port: int, sinks: bool) -> int:
                 started.append(("the local RabbitMQ and Kinesis", destinations.stop))
             env.update(destinations.start().environment())
         env.setdefault("CDC_HISTORY_TABLES", DEMO_HISTORY_TABLES)  # as the demo keeps it
+        env.setdefault("CDC_DAGSTER_WEBSERVER", f"http://127.0.0.1:{port}")  # new tables' assets appear by themselves
         env["DAGSTER_HOME"] = str(ensure_dagster_home(env.get("CDC_LAKEHOUSE") or DEFAULT_LAKEHOUSE))
         env.setdefault("DAGSTER_EVENT_BATCH_SIZE", "1000")
         env["VIRTUAL_ENV"] = str(Path(sys.executable).parent.parent)  # the venv `dg dev` runs Dagster from

@@ -109,6 +109,25 @@ def test_a_negative_batch_size_is_refused_before_anything_is_written(cdc: CdcEnv
     _nothing_written(cdc)
 
 
+@pytest.mark.parametrize("text", ["localhost:3000", "ftp://dagster", "http://:3000", "http://dagster:port", "http://dagster:3000?x=1"])
+def test_a_webserver_address_that_is_no_url_is_refused_before_anything_is_written(
+    text: str, cdc: CdcEnv, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CDC_DAGSTER_WEBSERVER", text)
+    _one_sentence(main(["sync"]), capsys.readouterr().err, "CDC_DAGSTER_WEBSERVER", "http://localhost:3000")
+    _nothing_written(cdc)
+
+
+def test_a_webserver_address_is_where_the_reload_is_asked() -> None:
+    from cdc_assets.core.settings import WebserverAddress
+
+    assert Settings.from_env({}).cadence.webserver is None  # the sensor then says to reload by hand
+    local = Settings.from_env({"CDC_DAGSTER_WEBSERVER": "http://127.0.0.1:3000"}).cadence.webserver
+    assert local == WebserverAddress("127.0.0.1", 3000) and str(local) == "http://127.0.0.1:3000"
+    hosted = WebserverAddress.parse("https://dagster.example.com/prefix/")
+    assert hosted == WebserverAddress("dagster.example.com", None, True, "/prefix")
+
+
 def test_errors_name_the_flag_that_gave_the_value() -> None:
     given = {"CDC_LAKEHOUSE": "--lakehouse", "CDC_TABLES": "--tables"}
     assert named_as_given("CDC_LAKEHOUSE=/x is a file: point CDC_LAKEHOUSE at a directory.", given) == (

@@ -22,6 +22,7 @@ from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.local_source.server import free_port
 from cdc_assets_tests.browser import Page, chromium
 from cdc_assets_tests.conftest import CdcEnv
+from cdc_assets_tests.dagster_dev import graphql_if_answering, wait_for
 from cdc_assets_tests.test_local_dev import _ui_answers
 
 
@@ -106,14 +107,34 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             page.wait_for_text("Row count", "4", "Passing", timeout_s=60)
             _settle(page)
             page.screenshot(shots / "ui-table-materialized.png")
+            page.open("about:blank")
+
+            # a table created after make dev loaded its definitions: once captured, the new-tables sensor has the code
+            # location reloaded (make dev names its webserver: CDC_DAGSTER_WEBSERVER), and its assets appear with
+            # nobody pressing "Reload definitions"
+            cdc.execute("CREATE TABLE invoices (id INT PRIMARY KEY, amount DECIMAL(10,2))", "INSERT INTO invoices VALUES (1, 9.99)")
+            assert cdc.sync() == 0
+            invoices = "/".join(table_asset_key(f"{db}.invoices").path)
+            wait_for(
+                "the new table's assets in the UI without a manual reload",
+                lambda: invoices in {"/".join(n["assetKey"]["path"]) for n in (graphql_if_answering(port, ASSET_KEYS) or {}).get("assetNodes", [])},
+                150,
+                every_s=2,
+            )
+            assert any("Reloaded the code location" in line for line in _sensor_ticks()), _sensor_ticks()
     finally:
         os.killpg(dev.pid, signal.SIGINT)  # Ctrl-C: it stops what it started
         try:
             dev.wait(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(dev.pid, signal.SIGKILL)
-    [diff] = cdc.verify()
-    assert diff.ok and diff.in_flight_keys == 0 and diff.compared_rows == 4
+    diffs = {str(d.table).split(".")[-1]: d for d in cdc.verify()}
+    assert diffs.keys() == {"orders", "invoices"}
+    assert all(d.ok and d.in_flight_keys == 0 for d in diffs.values())
+    assert (diffs["orders"].compared_rows, diffs["invoices"].compared_rows) == (4, 1)
+
+
+ASSET_KEYS = "{ assetNodes { assetKey { path } } }"
 
 
 def _sensor_ticks() -> list[str]:

@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlsplit
 
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef, split_name
@@ -305,6 +305,43 @@ class EngineSettings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)  # CDC_SPARK_CONF
 
 
+WEBSERVER_ENV = "CDC_DAGSTER_WEBSERVER"
+
+
+@dataclass(frozen=True)
+class WebserverAddress:
+    """Where the Dagster webserver that serves the source's code location answers (CDC_DAGSTER_WEBSERVER,
+    `http://host:port[/prefix]`): the new-tables sensor asks it, through Dagster's GraphQL client, to reload the code
+    location once tables were captured that have no assets yet, so they appear without a manual reload."""
+
+    host: str
+    port: int | None = None
+    use_https: bool = False
+    path_prefix: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> WebserverAddress | None:
+        """None for an empty text; a text that is no http(s) URL with a host raises one sentence with the fix."""
+        text = text.strip()
+        if not text:
+            return None
+        parsed = urlsplit(text)
+        try:
+            port = parsed.port
+        except ValueError:
+            port = -1
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or port == -1 or parsed.query:
+            raise CdcUserError(
+                f"{WEBSERVER_ENV}={text} is not the address of a Dagster webserver: write e.g. "
+                "http://localhost:3000 (or https://dagster.example.com/prefix)."
+            )
+        return cls(parsed.hostname, port, parsed.scheme == "https", parsed.path.rstrip("/"))
+
+    def __str__(self) -> str:
+        port = f":{self.port}" if self.port else ""
+        return f"{'https' if self.use_https else 'http'}://{self.host}{port}{self.path_prefix}"
+
+
 @dataclass(frozen=True)
 class CadenceSettings:
     """How often and how late, for the definitions (schedules, sensors, freshness, the checks' thresholds) and the
@@ -324,6 +361,7 @@ class CadenceSettings:
     sink_lag_warn_seconds: float = DEFAULT_FRESHNESS_WARN_MINUTES * 60
     sink_lag_fail_seconds: float = DEFAULT_FRESHNESS_FAIL_MINUTES * 60
     asset_owners: tuple[str, ...] = ()  # CDC_ASSET_OWNERS
+    webserver: WebserverAddress | None = None  # CDC_DAGSTER_WEBSERVER: where new tables' reload is asked for
 
     @property
     def freshness_windows(self) -> tuple[float, float]:
@@ -616,6 +654,7 @@ def cadence_from_env(env: Mapping[str, str]) -> CadenceSettings:
         sink_lag_warn_seconds=sink_lag[0],
         sink_lag_fail_seconds=sink_lag[1],
         asset_owners=asset_owners(env),
+        webserver=WebserverAddress.parse(env.get(WEBSERVER_ENV) or ""),
     )
 
 

@@ -29,7 +29,7 @@ from dagster import (
 
 from cdc_assets.capture.run import capture_lag
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import CadenceSettings
+from cdc_assets.core.settings import CadenceSettings, WebserverAddress
 from cdc_assets.defs.assets.tables import DATA_VERSION_TAG, confirmations
 from cdc_assets.defs.automation import BINLOG_POSITION, update_minutes
 from cdc_assets.defs.jobs import NEW_TABLES_OP
@@ -42,6 +42,7 @@ from cdc_assets.lake.state import load_progress, load_registry, needs_work, tabl
 from cdc_assets.lake.store import ObjectStore
 from cdc_assets.runtime.instance import QUEUE_TAG
 from cdc_assets.runtime.queue import WAITING_STATUSES, capture_in_progress
+from cdc_assets.runtime.reload import reload_code_location
 from cdc_assets.stages.follow import continuous_holder
 from cdc_assets.verification.lag import table_lags
 
@@ -161,7 +162,9 @@ def raw_batches_tick(
 
 def build_new_tables_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) -> SensorDefinition:
     """Applies the tables captured since the definitions loaded (in every mode but the continuous one, which
-    applies everything itself): they have no asset the automation or the raw-batch sensor could select."""
+    applies everything itself): they have no asset the automation or the raw-batch sensor could select. With
+    CDC_DAGSTER_WEBSERVER it also has the code location reloaded, which shows their assets."""
+    webserver = cadence.webserver
 
     @sensor(
         name=keys.qualified("new_tables_sensor"),
@@ -171,30 +174,62 @@ def build_new_tables_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED
         default_status=DefaultSensorStatus.STOPPED if cadence.continuous else DefaultSensorStatus.RUNNING,
         description=(
             "Requests a run of apply_new_tables for the tables captured since the definitions loaded, with changes "
-            "pending: no asset of theirs can be selected until the next reload, which shows them."
+            "pending: no asset of theirs can be selected until the code location reloads, which shows them. With "
+            "CDC_DAGSTER_WEBSERVER set it asks that webserver to reload the code location once for them."
         ),
     )
-    def new_tables_sensor(context: SensorEvaluationContext, **_given: Any) -> RunRequest | SkipReason:
+    def new_tables_sensor(context: SensorEvaluationContext, **_given: Any) -> SensorResult:
         declared = _declared(context, keys)
         if declared is None:
-            return SkipReason("Evaluated outside the definitions: no declared tables to compare with.")
+            return SensorResult(skip_reason="Evaluated outside the definitions: no declared tables to compare with.")
         house = SourceResources(context, keys).lakehouse.get()
         holder = continuous_holder(house)
         if holder is not None:
-            return SkipReason(f"The continuous mode is running ({holder.describe()}) and applies every table itself.")
+            return SensorResult(
+                skip_reason=f"The continuous mode is running ({holder.describe()}) and applies every table itself."
+            )
         registry = load_registry(house.store)
-        new = sorted(
-            t for t in registry if t not in declared and needs_work(registry[t], load_progress(house.store, CURRENT_STAGE, t))
-        )
+        undeclared = sorted(t for t in registry if t not in declared)
+        reloaded, cursor = _reload_for(context, webserver, undeclared)
+        new = [t for t in undeclared if needs_work(registry[t], load_progress(house.store, CURRENT_STAGE, t))]
         if not new:
-            return SkipReason("Every table with changes pending has its assets.")
+            return SensorResult(skip_reason=" ".join(["Every table with changes pending has its assets.", reloaded]).strip(), cursor=cursor)
         job = keys.job(NEW_TABLES_JOB)
         if context.instance.get_runs(filters=RunsFilter(job_name=job, statuses=WAITING_STATUSES), limit=1):
-            return SkipReason(f"A run of {job} waits to start.")
-        context.log.info(f"{len(new)} tables captured since the definitions loaded: {', '.join(new[:10])}; reload to see them")
-        return RunRequest(run_config={"ops": {NEW_TABLES_OP: {"config": {"tables": new}}}})
+            return SensorResult(skip_reason=f"A run of {job} waits to start. {reloaded}".strip(), cursor=cursor)
+        context.log.info(f"{len(new)} tables captured since the definitions loaded: {', '.join(new[:10])}. {reloaded}")
+        return SensorResult(run_requests=[RunRequest(run_config={"ops": {NEW_TABLES_OP: {"config": {"tables": new}}}})], cursor=cursor)
 
     return new_tables_sensor
+
+
+def _reload_for(
+    context: SensorEvaluationContext, webserver: WebserverAddress | None, undeclared: list[str]
+) -> tuple[str, str | None]:
+    """Have the code location reloaded for tables the registry has and the definitions do not, once per set of them
+    (the cursor), again after RETRY_AFTER_SECONDS when they are still missing: a deployed code server whose state
+    file a reload does not refresh would otherwise be reloaded every tick. What was done, as a sentence; the cursor."""
+    if not undeclared:
+        return "", None
+    if webserver is None:
+        return "Reload the code location to see their assets (or set CDC_DAGSTER_WEBSERVER).", context.cursor
+    wanted = ",".join(undeclared)
+    last = json.loads(context.cursor) if context.cursor and context.cursor.startswith("{") else {}
+    if last.get("tables") == wanted and time.time() - float(last.get("at", 0)) < RETRY_AFTER_SECONDS:
+        return (
+            f"The code location was reloaded for {len(undeclared)} tables at {time.strftime('%H:%M:%S', time.gmtime(last['at']))} "
+            "UTC and still has no assets for them: refresh its state (`dg utils refresh-defs-state`).",
+            context.cursor,
+        )
+    origin = context.code_location_origin
+    if origin is None:
+        return "No code location to reload (evaluated outside a code server).", context.cursor
+    failed = reload_code_location(webserver, origin.location_name)
+    cursor = json.dumps({"tables": wanted, "at": time.time()})
+    if failed is not None:
+        context.log.warning(failed)
+        return f"Not reloaded: {failed}.", cursor
+    return f"Reloaded the code location {origin.location_name} for {', '.join(undeclared[:10])}.", cursor
 
 
 def _declared(context: SensorEvaluationContext, keys: SourceKeys) -> set[str] | None:
