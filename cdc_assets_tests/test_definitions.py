@@ -253,3 +253,27 @@ def test_resources_used_outside_runs_read_the_environment_and_refuse_a_bad_numbe
     monkeypatch.setenv("CDC_SERVER_ID", "forty")
     with pytest.raises(CdcUserError, match="CDC_SERVER_ID='forty' is not a whole number"):
         initialized_resources()
+
+
+def test_an_idle_source_with_sinks_records_their_lag_without_a_run(orders_registry, monkeypatch) -> None:
+    """The automation mode runs nothing while the source is idle, sinks or not: the binlog position sensor records
+    each sink's lag check, as it does the tables', and the lag check job's schedule stays stopped."""
+    from dagster import AssetCheckEvaluation, DagsterInstance, build_sensor_context
+
+    monkeypatch.setenv("CDC_MYSQL_URL", "mysql://reader@127.0.0.1:9")  # nothing listens: the tables are not compared
+    monkeypatch.setenv("CDC_RABBITMQ_URL", "amqp://cdc@127.0.0.1:9/%2F")
+    monkeypatch.setenv("CDC_KINESIS_STREAM", "changes")
+    defs = build_definitions()
+    assert next(s for s in defs.schedules if s.name == "lag_check_schedule").default_status == DefaultScheduleStatus.STOPPED
+    sensor = next(s for s in defs.sensors if s.name == "binlog_position_sensor")
+    with build_sensor_context(
+        instance=DagsterInstance.ephemeral(), repository_def=defs.get_repository_def(), resources=resources_from_env().by_key()
+    ) as context:
+        result = sensor(context)
+    checks = {
+        (e.asset_key.to_user_string(), e.check_name): e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)
+    }
+    for sink in ("rabbitmq", "kinesis"):
+        lag = checks[(f"sinks/{sink}", "sink_lag")]
+        assert lag.passed and lag.description.startswith("up to date with the change logs")  # no change log yet
+    assert not checks[("current/shop/orders", "table_lag")].passed  # the source did not answer: not compared

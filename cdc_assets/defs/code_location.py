@@ -143,12 +143,12 @@ def build_definitions(
         ],
         schedules=[
             build_capture_schedule(cadence, keys),
-            build_lag_check_schedule(keys, reported_without_run=cadence.automation_on and not sinks),
+            build_lag_check_schedule(keys, reported_without_run=cadence.automation_on),
             build_full_check_schedule(cadence, keys),
         ],
         sensors=[
             build_automation_sensor(cadence, keys),
-            build_binlog_position_sensor(cadence, position_timing, keys),
+            build_binlog_position_sensor(cadence, position_timing, keys, tuple(sinks)),
             build_raw_batch_sensor(cadence, keys),
             build_new_tables_sensor(cadence, keys),
             build_binlog_sensor(cadence, keys),

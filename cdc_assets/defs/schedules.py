@@ -61,8 +61,8 @@ def build_capture_schedule(cadence: CadenceSettings, keys: SourceKeys = UNNAMED)
 
 def build_lag_check_schedule(keys: SourceKeys = UNNAMED, reported_without_run: bool = False) -> ScheduleDefinition:
     """The lag check job every minute. `reported_without_run`: the binlog position sensor records every check of the
-    job itself, with no run (the automation mode with no sink), so the schedule is stopped: an idle source runs
-    nothing."""
+    job itself, the tables' and the sinks', with no run (the automation mode), so the schedule is stopped: an idle
+    source runs nothing."""
     return ScheduleDefinition(
         name=keys.qualified(LAG_CHECK_SCHEDULE),
         job_name=keys.job(LAG_JOB),
@@ -70,7 +70,7 @@ def build_lag_check_schedule(keys: SourceKeys = UNNAMED, reported_without_run: b
         default_status=DefaultScheduleStatus.STOPPED if reported_without_run else DefaultScheduleStatus.RUNNING,
         description=(
             "Runs the per-table lag check every minute, so a table falling behind is named even if nothing runs. "
-            "Stopped in the automation mode with no sink: the binlog position sensor records the tables' lag every "
+            "Stopped in the automation mode: the binlog position sensor records the tables' and the sinks' lag every "
             "minute without a run."
         ),
     )

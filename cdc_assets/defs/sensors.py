@@ -35,6 +35,7 @@ from cdc_assets.defs.automation import BINLOG_POSITION, update_minutes
 from cdc_assets.defs.jobs import NEW_TABLES_OP
 from cdc_assets.defs.keys import APPLY_JOB, CAPTURE_JOB, CAPTURE_LANE, NEW_TABLES_JOB, SYNC_LANE, UNNAMED, SourceKeys
 from cdc_assets.defs.resources import LakehouseResource, SourceResources
+from cdc_assets.defs.sinks import sink_lag_verdict
 from cdc_assets.defs.table_checks import LAG_CHECK, lag_verdicts
 from cdc_assets.lake.layout import CURRENT_STAGE
 from cdc_assets.lake.raw_batches import list_batches, read_manifest
@@ -363,12 +364,15 @@ class PositionTiming:
         return cls(retry, warn_minutes * 60 / 4, lag_thresholds)
 
 
-def build_binlog_position_sensor(cadence: CadenceSettings, timing: PositionTiming, keys: SourceKeys = UNNAMED) -> SensorDefinition:
-    """The automation mode's look at the source, without a run: what lets an idle source launch none."""
+def build_binlog_position_sensor(
+    cadence: CadenceSettings, timing: PositionTiming, keys: SourceKeys = UNNAMED, sinks: tuple[str, ...] = ()
+) -> SensorDefinition:
+    """The automation mode's look at the source, without a run: what lets an idle source launch none. `sinks`: the
+    configured sinks, whose lag it records every minute too."""
 
     @sensor(
         name=keys.qualified(BINLOG_POSITION_SENSOR),
-        required_resource_keys=keys.resource_keys("binlog", "lakehouse"),
+        required_resource_keys=keys.resource_keys("binlog", "lakehouse", *(("sinks", "cadence") if sinks else ())),
         minimum_interval_seconds=POSITION_SENSOR_SECONDS,
         default_status=DefaultSensorStatus.RUNNING if cadence.automation_on else DefaultSensorStatus.STOPPED,
         description=(
@@ -376,17 +380,21 @@ def build_binlog_position_sensor(cadence: CadenceSettings, timing: PositionTimin
             "checkpoint. When the binlog grew (or captured changes wait to be applied) it records "
             f"{keys.asset_key(BINLOG_POSITION).to_user_string()}, which the automation waits for before it requests a "
             "capture. While the source is idle it launches nothing and records, without a run, the quiet tables' "
-            "confirmations (so their freshness holds) and every minute each table's lag check."
+            "confirmations (so their freshness holds) and every minute each table's lag check (and each sink's)."
         ),
     )
     def binlog_position_sensor(context: SensorEvaluationContext, **_given: Any) -> SensorResult:
-        return binlog_position_tick(context, SourceResources(context, keys), timing, keys)
+        return binlog_position_tick(context, SourceResources(context, keys), timing, keys, sinks)
 
     return binlog_position_sensor
 
 
 def binlog_position_tick(
-    context: SensorEvaluationContext, used: SourceResources, timing: PositionTiming, keys: SourceKeys
+    context: SensorEvaluationContext,
+    used: SourceResources,
+    timing: PositionTiming,
+    keys: SourceKeys,
+    sinks: tuple[str, ...] = (),
 ) -> SensorResult:
     """One look: a record of the binlog position when the capture has work, the quiet tables' confirmations when it
     has none, and the tables' lag every LAG_REPORT_SECONDS; a capture or apply run only ever comes from the
@@ -445,8 +453,27 @@ def binlog_position_tick(
             cursor = replace(cursor, observed=version, observed_at=now)
             context.log.info(reason)
     if lag_due:
+        events += _sink_lag_evaluations(used, sinks, now, keys)
         cursor = replace(cursor, lag_reported_at=now)
     return SensorResult(skip_reason=reason, cursor=cursor.text(), asset_events=events)
+
+
+def _sink_lag_evaluations(used: SourceResources, sinks: tuple[str, ...], now: float, keys: SourceKeys) -> list[AssetCheckEvaluation]:
+    """Each sink's lag check, as the check job would record it, with no run; a sink whose state cannot be read is
+    recorded as not compared, never passing."""
+    evaluations = []
+    for sink in sinks:
+        try:
+            verdict = sink_lag_verdict(sink, used, now)
+        except (CdcUserError, OSError) as exc:
+            verdict = {
+                "passed": False,
+                "severity": AssetCheckSeverity.WARN,
+                "description": f"not compared: the {sink} sink's progress could not be read ({exc})",
+                "metadata": {"compared": False},
+            }
+        evaluations.append(AssetCheckEvaluation(asset_key=keys.sink_asset_key(sink), check_name="sink_lag", **verdict))
+    return evaluations
 
 
 def _quiet_confirmations(

@@ -122,29 +122,33 @@ def build_sink_lag_check(sink: str, keys: SourceKeys = UNNAMED):  # noqa: ANN201
         ),
     )
     def sink_lag_check(context: AssetCheckExecutionContext) -> AssetCheckResult:
-        used = SourceResources(context, keys)
-        warn, fail = used.cadence.sink_lag_thresholds
-        lag = sink_lag(used.sinks.settings(sink), used.lakehouse.get(), None, time.time())
-        behind = ", ".join(f"{t} {s:.0f} s" for t, s in sorted(lag.tables.items(), key=lambda kv: -kv[1])[:10])
-        severity = AssetCheckSeverity.ERROR if lag.seconds >= fail else AssetCheckSeverity.WARN
-        return AssetCheckResult(
-            passed=lag.seconds < warn,
-            severity=severity,
-            description=(
-                f"{lag.pending} changes not yet acknowledged, the oldest {lag.seconds:.0f} s old ({behind})"
-                if lag.pending
-                else f"up to date with the change logs (warn after {warn:g} s)"
-            ),
-            metadata={
-                "lag_seconds": round(lag.seconds, 1),
-                "pending_changes": lag.pending,
-                "tables_behind": figures_table({t: {"lag_seconds": round(s, 1)} for t, s in lag.tables.items()}),
-                "warn_after_seconds": warn,
-                "fail_after_seconds": fail,
-            },
-        )
+        return AssetCheckResult(**sink_lag_verdict(sink, SourceResources(context, keys), time.time()))
 
     return sink_lag_check
+
+
+def sink_lag_verdict(sink: str, used: SourceResources, now: float) -> dict[str, Any]:
+    """The sink_lag check's verdict (passed, severity, description, metadata): what the check job records after a
+    publish and what the binlog position sensor records, with no run, while the source is idle."""
+    warn, fail = used.cadence.sink_lag_thresholds
+    lag = sink_lag(used.sinks.settings(sink), used.lakehouse.get(), None, now)
+    behind = ", ".join(f"{t} {s:.0f} s" for t, s in sorted(lag.tables.items(), key=lambda kv: -kv[1])[:10])
+    return {
+        "passed": lag.seconds < warn,
+        "severity": AssetCheckSeverity.ERROR if lag.seconds >= fail else AssetCheckSeverity.WARN,
+        "description": (
+            f"{lag.pending} changes not yet acknowledged, the oldest {lag.seconds:.0f} s old ({behind})"
+            if lag.pending
+            else f"up to date with the change logs (warn after {warn:g} s)"
+        ),
+        "metadata": {
+            "lag_seconds": round(lag.seconds, 1),
+            "pending_changes": lag.pending,
+            "tables_behind": figures_table({t: {"lag_seconds": round(s, 1)} for t, s in lag.tables.items()}),
+            "warn_after_seconds": warn,
+            "fail_after_seconds": fail,
+        },
+    }
 
 
 def sink_lag_check_key(sink: str, keys: SourceKeys = UNNAMED) -> AssetCheckKey:
