@@ -145,6 +145,15 @@ def test_a_run_of_tables_whose_lakehouse_was_moved_fails_with_one_sentence(
         "Point the source's lakehouse (CDC_LAKEHOUSE, or the component's `lakehouse`) at where it is now, or reload "
         "the definitions to begin a new lakehouse there."
     )
+    # a run that captures, with the tables (the automation's) or alone, fails the same, and begins no new lakehouse
+    # where the old one was (it would start again from the oldest binlog, as if nothing had been captured)
+    for selection in ([KEYS.raw_asset, *selection], [KEYS.raw_asset]):
+        job = _load(project, monkeypatch).resolve_implicit_global_asset_job_def()
+        run = job.execute_in_process(instance=instance, asset_selection=selection, raise_on_error=False)
+        assert not run.success
+        failures = [e.step_failure_data.error for e in run.all_events if e.is_step_failure]
+        assert failures and all("has lost its table registry" in (f.cause or f).message for f in failures)
+        assert not (tmp_path / "lake").exists()
 
 
 def test_the_demo_source_keeps_one_table_list_per_lakehouse(

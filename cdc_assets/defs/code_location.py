@@ -103,7 +103,7 @@ def build_definitions(
         warn, fail = windows[name]
         return TableOptions(freshness_policy(warn, fail), table_automation(warn, keys), owners, kinds)
 
-    raw = build_raw_asset(keys).map_asset_specs(
+    raw = build_raw_asset(keys, captured={t.name for t in tables if t.captured}).map_asset_specs(
         lambda spec: apply_freshness_policy(
             spec.replace_attributes(automation_condition=capture_automation(tightest[0]), owners=list(owners)),
             freshness_policy(*tightest),

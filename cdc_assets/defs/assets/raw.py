@@ -15,6 +15,7 @@ from dagster import (
 
 from cdc_assets.capture.run import CaptureReport
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.defs.assets.lakehouse_tables import registry_of_run
 from cdc_assets.defs.assets.metadata import capture_metadata
 from cdc_assets.defs.assets.tables import confirmations
 from cdc_assets.defs.automation import BINLOG_POSITION
@@ -26,8 +27,11 @@ from cdc_assets.pipeline.driver import CAPTURE, Captured, drive
 from cdc_assets.runtime.event_log import log_batch
 
 
-def build_raw_asset(keys: SourceKeys) -> AssetsDefinition:
-    """The source's raw binlog batches, `[<source>/]raw_binlog_batches`."""
+def build_raw_asset(keys: SourceKeys, captured: Collection[str] = ()) -> AssetsDefinition:
+    """The source's raw binlog batches, `[<source>/]raw_binlog_batches`. `captured`: the tables the lakehouse's
+    registry held when the definitions were built; a run that finds the registry gone (the lakehouse moved or
+    removed since) fails with one sentence instead of beginning a new lakehouse from the oldest binlog."""
+    held = set(captured)
 
     @asset(
         key=keys.raw_asset,
@@ -46,6 +50,7 @@ def build_raw_asset(keys: SourceKeys) -> AssetsDefinition:
     def raw_binlog_batches(context: AssetExecutionContext) -> MaterializeResult:
         used = SourceResources(context, keys)
         binlog, house = used.binlog, used.lakehouse.get()
+        registry_of_run(house, held)  # a lakehouse the definitions knew, and not found: one sentence, nothing written
         owner = run_owner(context.run.run_id)  # raw_batches_contiguous is its own check: no blocking rule here
         steps = drive(binlog.settings(), house, owner=owner, steps=(CAPTURE,), log=context.log, blocking=False)
         [report] = [step.capture for step in steps if isinstance(step, Captured)]
