@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance
@@ -16,7 +15,7 @@ from cdc_assets.defs.automation import AUTOMATION_SENSOR
 from cdc_assets.defs.keys import table_asset_key
 from cdc_assets.runtime.instance import ensure_dagster_home
 from cdc_assets_tests.conftest import CdcEnv
-from cdc_assets_tests.dagster_dev import dagster_dev, graphql
+from cdc_assets_tests.dagster_dev import dagster_dev, graphql, wait_for
 
 SENSOR_STATE = """
 query SensorState($selector: SensorSelector!) {
@@ -43,13 +42,6 @@ def _write(cdc: CdcEnv, stop: threading.Event) -> int:
             written += 1
             stop.wait(0.2)
     return written
-
-
-def _wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_s: float = 1.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
-        time.sleep(every_s)
 
 
 def _freshness(instance: DagsterInstance, key: AssetKey) -> FreshnessState | None:
@@ -111,12 +103,12 @@ def test_make_dev_catches_up_by_itself_and_fails_freshness_when_capture_stops(
             results = cdc.verify()
             return len(results) == 2 and all(r.ok and r.in_flight_keys == 0 and r.compared_rows for r in results)
 
-        _wait_for("the current-state tables to equal the source", caught_up, timeout_s=240)
-        _wait_for("freshness to pass", lambda: _freshness(instance, orders) == FreshnessState.PASS, timeout_s=90)
+        wait_for("the current-state tables to equal the source", caught_up, timeout_s=240, every_s=1)
+        wait_for("freshness to pass", lambda: _freshness(instance, orders) == FreshnessState.PASS, timeout_s=90, every_s=1)
 
         # The automation stops (its sensor is switched off): freshness must turn to failing by itself.
         _stop_sensor(port, AUTOMATION_SENSOR)
         # ...while the source changes: an idle source's tables are confirmed current without a run (the binlog
         # position sensor), so only a change nothing captures leaves them behind
         cdc.execute("INSERT INTO orders (item, qty) VALUES ('after the automation stopped', 1)")
-        _wait_for("freshness to fail", lambda: _freshness(instance, orders) == FreshnessState.FAIL, timeout_s=270)
+        wait_for("freshness to fail", lambda: _freshness(instance, orders) == FreshnessState.FAIL, timeout_s=270, every_s=1)
