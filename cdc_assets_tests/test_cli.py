@@ -438,6 +438,11 @@ def test_the_global_options_are_taken_after_the_command_too(cdc: CdcEnv, tmp_pat
     assert verbose.returncode == 0, verbose.stderr[-2000:]
     # -v: the run's own log lines, which a sync without it leaves to its summary
     assert "1 of 1 tables equal to the source" in verbose.stdout and "equal to the source" not in quiet.stdout
+    # and where the sync's time went, part by part (issue 45)
+    [split] = [line for line in verbose.stdout.splitlines() if "where the time went: " in line]
+    parts = dict(re.findall(r"(capture|change logs|current state|checks against the source|Dagster events) ([0-9.]+) s", split))
+    assert {"capture", "change logs", "current state", "checks against the source", "Dagster events"} <= parts.keys(), split
+    assert "where the time went" not in quiet.stdout
     assert (elsewhere / CURRENT / TableRef(cdc.database, "g").path).is_dir()
     assert not (cdc.lakehouse_dir / CURRENT).exists()  # CDC_LAKEHOUSE's lakehouse was not the one synced
     status = run_cli("--lakehouse", str(elsewhere), "status", "--json")

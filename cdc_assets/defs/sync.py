@@ -18,6 +18,7 @@ the steps the child did not report (`pipeline.driver.remaining`), each resuming 
 """
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -173,8 +174,9 @@ def sync(context: OpExecutionContext, config: SyncConfig, used: SourceResources)
                 context, house, held.pop(), binlog.max_batch_rows, cadence.confirm_every_seconds, journal, busy, keys
             )
 
+    spent = TimeSpent()
     try:
-        for step in _reports(context.log, None if config.repair else forked, run):
+        for step in spent.of_steps(_reports(context.log, None if config.repair else forked, run)):
             if isinstance(step, Captured):
                 held.append(step)
             elif isinstance(step, Pending):
@@ -190,6 +192,53 @@ def sync(context: OpExecutionContext, config: SyncConfig, used: SourceResources)
     except Exception:
         record_capture([])  # recorded first, as when the op ran each step itself
         raise
+    finally:
+        spent.recorded()
+    context.log.info(spent.sentence())
+
+
+# The driver's step report that ends each part of a sync's time (what came before the report was that part's work).
+STEP_PARTS = {
+    Captured: "capture",
+    Pending: "planning",
+    ChangesLogged: "change logs",
+    CurrentApplied: "current state",
+    Checked: "checks against the source",
+}
+RECORDING = "Dagster events"
+
+
+@dataclasses.dataclass
+class TimeSpent:
+    """Where a sync's seconds went (issue 45: a user sees the split with `-v`): each step's work, timed from the end
+    of the one before to its report (in the forked child, or the driver here), and the op's recording of Dagster's
+    events (materializations, check evaluations) between the reports."""
+
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    _mark: float = dataclasses.field(default_factory=time.monotonic)
+    _part: str = RECORDING
+
+    def _stop(self) -> None:
+        now = time.monotonic()
+        self.seconds[self._part] = self.seconds.get(self._part, 0.0) + now - self._mark
+        self._mark = now
+
+    def of_steps(self, steps: Iterator[StepReport]) -> Iterator[StepReport]:
+        """`steps`, the time before each report counted to its part and the time after it (the op recording the
+        report) to Dagster's events."""
+        for step in steps:
+            self._part = STEP_PARTS.get(type(step), "other steps")
+            self._stop()
+            self._part = RECORDING
+            yield step
+
+    def recorded(self) -> None:
+        """The last report's recording is over."""
+        self._stop()
+
+    def sentence(self) -> str:
+        parts = sorted(self.seconds.items(), key=lambda kv: -kv[1])
+        return "where the time went: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts)
 
 
 def _reports(
