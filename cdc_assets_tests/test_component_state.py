@@ -147,9 +147,9 @@ def test_a_run_of_tables_whose_lakehouse_was_moved_fails_with_one_sentence(
     )
     # a run that captures, with the tables (the automation's) or alone, fails the same, and begins no new lakehouse
     # where the old one was (it would start again from the oldest binlog, as if nothing had been captured)
-    for selection in ([KEYS.raw_asset, *selection], [KEYS.raw_asset]):
+    for with_capture in ([KEYS.raw_asset, *selection], [KEYS.raw_asset]):
         job = _load(project, monkeypatch).resolve_implicit_global_asset_job_def()
-        run = job.execute_in_process(instance=instance, asset_selection=selection, raise_on_error=False)
+        run = job.execute_in_process(instance=instance, asset_selection=with_capture, raise_on_error=False)
         assert not run.success
         failures = [e.step_failure_data.error for e in run.all_events if e.is_step_failure]
         assert failures and all("has lost its table registry" in (f.cause or f).message for f in failures)
