@@ -59,3 +59,24 @@ def test_unsupported_server_versions_are_refused(version: str, fix: str) -> None
 )
 def test_supported_server_versions(version: str, flavor: str) -> None:
     assert supported_flavor(version) == flavor
+
+
+def test_a_connection_lost_during_preflight_is_one_sentence(cdc: CdcEnv, monkeypatch, capsys) -> None:
+    """The source's server restarting just as a command starts: preflight's connection is killed by the server
+    between its connect and its queries (CI once hit it in test_source_faults' restart), and the command ends
+    with the lost connection's sentence, exit 2, not a traceback, having written nothing."""
+    from cdc_assets.source import server as source
+
+    connect = source.connect
+
+    def connected_then_killed(url, **kwargs):  # noqa: ANN001, ANN202 - source.connect's own signature
+        conn = connect(url, **kwargs)
+        with cdc.server.admin_connection() as admin, admin.cursor() as cur:
+            cur.execute(f"KILL CONNECTION {conn.thread_id()}")  # the real server ends the real connection
+        return conn
+
+    monkeypatch.setattr(source, "connect", connected_then_killed)
+    code = main(["sync"])
+    _, err = capsys.readouterr()
+    _assert_user_error(code, err, "was lost mid-way", "run the command again")
+    _nothing_written(cdc)

@@ -96,6 +96,8 @@ def preflight(settings: SourceSettings) -> source.ServerInfo:
     conn = source.connect(settings.url)
     try:
         return source.preflight(conn, settings.url, settings.server_id)
+    except pymysql.err.MySQLError as exc:  # the connection lost mid-way (a server restarting): one sentence, not a trace
+        raise source.describe_error(exc, settings.url) from exc
     finally:
         conn.close()
 
