@@ -111,6 +111,15 @@ def graphql_if_answering(port: int, query: str) -> dict | None:
         return None
 
 
+ASSET_KEYS = "{ assetNodes { assetKey { path } } }"
+
+
+def listed_asset_keys(port: int) -> set[str]:
+    """The asset keys the webserver lists (`a/b/c`), none while it does not answer yet."""
+    data = graphql_if_answering(port, ASSET_KEYS)
+    return {"/".join(node["assetKey"]["path"]) for node in (data or {}).get("assetNodes") or []}
+
+
 def wait_for(what: str, condition: Callable[[], bool], timeout_s: float, every_s: float = 0.5) -> None:
     """Poll `condition` until it holds; fail naming `what` after `timeout_s`."""
     deadline = time.monotonic() + timeout_s

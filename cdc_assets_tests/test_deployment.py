@@ -26,13 +26,12 @@ from cdc_assets.local_source import server as local_server
 from cdc_assets.local_source.server import LocalServer
 from cdc_assets.runtime.instance import SOURCE_TAG, STAGE_TAG
 from cdc_assets_tests.conftest import _database_name
-from cdc_assets_tests.dagster_dev import dg_dev, graphql_if_answering, wait_for, write_project
+from cdc_assets_tests.dagster_dev import dg_dev, listed_asset_keys, wait_for, write_project
 from cdc_assets_tests.test_postgres_instance import _user_home
 
 LIVE, STOPPED = "shop_db", "crm_db"  # the MariaDB source, and the MySQL one whose server the test stops
 IDLE_SECONDS = 180
 PIPELINE_STAGES = {"capture", "apply", "sync"}
-GRAPHQL_ASSETS = "{ assetNodes { assetKey { path } } }"
 
 
 class Source:
@@ -74,11 +73,6 @@ def mysql_of_its_own(tmp_path: Path) -> Iterator[LocalServer]:
     server = local_server.start(base, flavour=local_server.MYSQL)
     yield server
     local_server.stop(base)
-
-
-def _listed_keys(port: int) -> set[str]:
-    data = graphql_if_answering(port, GRAPHQL_ASSETS)
-    return {"/".join(node["assetKey"]["path"]) for node in (data or {}).get("assetNodes") or []}
 
 
 def _latest_lag(instance: DagsterInstance, source: Source) -> tuple[float, bool] | None:
@@ -149,8 +143,8 @@ def test_two_sources_in_one_deployment_flow_fresh_stay_quiet_when_idle_and_fail_
             wanted = {
                 f"{n}/{path}" for n in sources for path in ("raw_binlog_batches", "binlog_position", f"current/{schema}/accounts")
             }
-            wait_for("the webserver to list both sources' assets", lambda: wanted <= _listed_keys(port), 180, every_s=2)
-            assert {key.split("/", 1)[0] for key in _listed_keys(port)} == set(sources)
+            wait_for("the webserver to list both sources' assets", lambda: wanted <= listed_asset_keys(port), 180, every_s=2)
+            assert {key.split("/", 1)[0] for key in listed_asset_keys(port)} == set(sources)
 
             wait_for("both lakehouses to equal their sources", lambda: all(s.equal() for s in sources.values()), 240, every_s=2)
             caught_up = time.monotonic() - started

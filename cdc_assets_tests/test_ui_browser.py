@@ -22,7 +22,7 @@ from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.local_source.server import free_port
 from cdc_assets_tests.browser import Page, chromium
 from cdc_assets_tests.conftest import CdcEnv
-from cdc_assets_tests.dagster_dev import graphql_if_answering, wait_for
+from cdc_assets_tests.dagster_dev import listed_asset_keys, wait_for
 from cdc_assets_tests.test_local_dev import _ui_answers
 
 
@@ -117,7 +117,7 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
             invoices = "/".join(table_asset_key(f"{db}.invoices").path)
             wait_for(
                 "the new table's assets in the UI without a manual reload",
-                lambda: invoices in {"/".join(n["assetKey"]["path"]) for n in (graphql_if_answering(port, ASSET_KEYS) or {}).get("assetNodes", [])},
+                lambda: invoices in listed_asset_keys(port),
                 150,
                 every_s=2,
             )
@@ -132,9 +132,6 @@ def test_a_table_in_the_ui_lineage_materialize_schema_rows_and_automation(cdc: C
     assert diffs.keys() == {"orders", "invoices"}
     assert all(d.ok and d.in_flight_keys == 0 for d in diffs.values())
     assert (diffs["orders"].compared_rows, diffs["invoices"].compared_rows) == (4, 1)
-
-
-ASSET_KEYS = "{ assetNodes { assetKey { path } } }"
 
 
 def _sensor_ticks() -> list[str]:
