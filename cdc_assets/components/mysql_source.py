@@ -39,7 +39,7 @@ import dagster as dg
 from dagster.components import DefsStateConfig, DefsStateConfigArgs, ResolvedDefsStateConfig
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import Settings
+from cdc_assets.core.settings import Settings, lakehouse_identity
 
 
 class SparkArgs(dg.Model):
@@ -114,12 +114,10 @@ class MySQLSource(dg.StateBackedComponent, dg.Resolvable):
         the same defs folder (make dev and the tests beside it, each with a lakehouse of its own): its key also names
         its lakehouse, so a run's process reads the table list its code server wrote, not another lakehouse's."""
         settings = self.source_settings()
-        key = f"MySQLSource[{settings.name or '-'}]"
+        name = settings.name or "-"
         if self.from_environment:
-            location = settings.lakehouse.location
-            where = location if "://" in location else str(Path(location).resolve())
-            key = f"MySQLSource[{settings.name or '-'}@{hashlib.sha256(where.encode()).hexdigest()[:12]}]"
-        return DefsStateConfig.from_args(self.defs_state, default_key=key)
+            name += "@" + hashlib.sha256(lakehouse_identity(settings.lakehouse.location).encode()).hexdigest()[:12]
+        return DefsStateConfig.from_args(self.defs_state, default_key=f"MySQLSource[{name}]")
 
     def write_state_to_path(self, state_path: Path) -> None:
         """The source's table list (defs/code_location.table_list_of) as JSON; a lakehouse or a source that cannot

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse, urlsplit
 
@@ -272,6 +273,14 @@ class SourceSettings:
     snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS  # a Spark snapshot reads a table in key ranges this long
     global_read_lock: bool = False  # CDC_GLOBAL_READ_LOCK: consistent points on MySQL under FLUSH TABLES WITH READ LOCK
     column_policy: ColumnPolicy = field(default_factory=_no_policy)  # CDC_EXCLUDE/HASH/MASK_COLUMNS, CDC_HASH_KEY
+
+
+def lakehouse_identity(location: str) -> str:
+    """What names a lakehouse across processes and working directories: an s3:// URL as it is, a directory as an
+    absolute path."""
+    if "://" in location:
+        return location.rstrip("/")
+    return str(Path(location).resolve())
 
 
 @dataclass(frozen=True)

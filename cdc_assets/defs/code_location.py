@@ -12,7 +12,7 @@ from typing import Any
 from dagster import Definitions, apply_freshness_policy, colored_console_logger, in_process_executor
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import Settings
+from cdc_assets.core.settings import Settings, lakehouse_identity
 from cdc_assets.defs.assets import build_raw_asset
 from cdc_assets.defs.assets.lakehouse_tables import (
     CapturedTable,
@@ -63,7 +63,6 @@ from cdc_assets.defs.sinks import (
 )
 from cdc_assets.defs.sync import build_sync_jobs
 from cdc_assets.defs.table_checks import build_table_checks
-from cdc_assets.runtime.instance import lakehouse_identity
 
 
 def engine_kinds(min_rows: int) -> tuple[str, ...]:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc_assets.core.errors import CdcUserError
-from cdc_assets.core.settings import DEFAULT_LAKEHOUSE
+from cdc_assets.core.settings import DEFAULT_LAKEHOUSE, lakehouse_identity
 from cdc_assets.runtime.empty_home import DATABASES, RUN_DATABASE, cache_complete, cache_dir, place
 
 DEFAULT_DAGSTER_HOME = Path(".local") / "dagster_home"
@@ -124,14 +124,6 @@ def enable_event_batches(home: Path | None = None) -> None:
     from cdc_assets.runtime.event_log import share_alembic_scripts
 
     share_alembic_scripts()
-
-
-def lakehouse_identity(location: str) -> str:
-    """What names a lakehouse across processes and working directories: an s3:// URL as it is, a directory as an
-    absolute path."""
-    if "://" in location:
-        return location.rstrip("/")
-    return str(Path(location).resolve())
 
 
 def home_for(location: str) -> Path:
