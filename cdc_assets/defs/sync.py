@@ -216,25 +216,24 @@ class TimeSpent:
 
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     _mark: float = dataclasses.field(default_factory=time.monotonic)
-    _part: str = RECORDING
 
-    def _stop(self) -> None:
+    def _count(self, part: str) -> None:
+        """The time since the last count, counted to `part`."""
         now = time.monotonic()
-        self.seconds[self._part] = self.seconds.get(self._part, 0.0) + now - self._mark
+        self.seconds[part] = self.seconds.get(part, 0.0) + now - self._mark
         self._mark = now
 
     def of_steps(self, steps: Iterator[StepReport]) -> Iterator[StepReport]:
-        """`steps`, the time before each report counted to its part and the time after it (the op recording the
-        report) to Dagster's events."""
+        """`steps`, the time up to each report counted to its part and the time the op takes over it (recording
+        the report) to Dagster's events."""
         for step in steps:
-            self._part = STEP_PARTS.get(type(step), "other steps")
-            self._stop()
-            self._part = RECORDING
+            self._count(STEP_PARTS.get(type(step), "other steps"))
             yield step
+            self._count(RECORDING)
 
     def recorded(self) -> None:
-        """The last report's recording is over."""
-        self._stop()
+        """The op's recording after its last report (the capture it still held, or a step it stopped on) is over."""
+        self._count(RECORDING)
 
     def sentence(self) -> str:
         parts = sorted(self.seconds.items(), key=lambda kv: -kv[1])
