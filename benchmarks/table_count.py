@@ -5,8 +5,9 @@
 For each table count N, on a fresh MariaDB (its binlog holds only this N's work): N tables of `--rows-per-table`
 rows each; a first `cdc-lakehouse sync` from an empty lakehouse, with the tutorial baseline's capture of the same
 binlog beside it; then `--changes` single-row autocommit transactions (workload (a)'s mix: 40% UPDATE, 30% INSERT,
-30% DELETE) spread at random over the N tables, and an incremental `sync`. Each sync and the baseline are whole
-processes, timed by a parent (interpreter start-up included), on the default settings: Arrow, a local lakehouse.
+30% DELETE) spread at random over the N tables, and an incremental `sync -v`, which also says where its time went.
+Each sync and the baseline are whole processes, timed by a parent (interpreter start-up included), on the default
+settings: Arrow, a local lakehouse.
 `verify` then confirms each lakehouse equal to its source. The ratios are each N's against the smallest N's, taken
 in this one invocation. The issue's targets: an incremental sync over 1,000 tables at most 2.0x the same over 20,
 over 10,000 at most 5x, and a first sync of 1,000 tables no slower than the baseline.
@@ -25,11 +26,13 @@ from benchmarks.workloads import CLI, fresh_server, mixed_tables, more_oltp, rem
 READER_SERVER_ID = 4250
 
 
-def _sync(env: dict[str, str]) -> float:
-    done = timed(env, CLI, "sync")
+def _sync(env: dict[str, str], *flags: str) -> tuple[float, str]:
+    """A sync's wall seconds, and the line of `sync -v` that says where its time went (empty without -v)."""
+    done = timed(env, CLI, "sync", *flags)
     if done["code"] != 0:
         raise SystemExit(f"sync failed:\n{done['out']}{done['err']}")
-    return float(done["seconds"])
+    split = [line for line in done["out"].splitlines() if "where the time went: " in line]
+    return float(done["seconds"]), split[-1].split("where the time went: ", 1)[1] if split else ""
 
 
 def measure(tables: int, rows_per_table: int, changes: int, work: str) -> dict[str, float]:
@@ -46,18 +49,19 @@ def measure(tables: int, rows_per_table: int, changes: int, work: str) -> dict[s
     began = time.monotonic()  # the baseline's whole process, as the sync's: like with like
     child(BASELINE.format(server_id=READER_SERVER_ID), {**env, "OUT_DIR": tempfile.mkdtemp(dir=work)})
     baseline = time.monotonic() - began
-    first = _sync(env)
+    first, _ = _sync(env)
     began = time.monotonic()
     more_oltp(server, tables, changes)
     print(f"{changes} single-row transactions over {tables} tables written in {time.monotonic() - began:.0f} s", flush=True)
-    incremental = _sync(env)
+    incremental, split = _sync(env, "-v")  # -v: the same sync, which also says where its time went
     verified = timed(env, CLI, "verify")
     if verified["code"] != 0:
         raise SystemExit(f"verify failed after the syncs of {tables} tables:\n{verified['out']}{verified['err']}")
     figures = {"first": first, "baseline": baseline, "incremental": incremental}
     print(
         f"  {tables} tables: first sync {first:.1f} s (baseline capture {figures['baseline']:.1f} s), "
-        f"incremental sync of {changes} changes {incremental:.1f} s; verify: equal",
+        f"incremental sync of {changes} changes {incremental:.1f} s; verify: equal\n"
+        f"    where the incremental sync's time went: {split}",
         flush=True,
     )
     return figures
