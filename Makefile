@@ -7,13 +7,16 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SPARK_CONNECT_PORT ?= 15002
 DEV_PORT ?= 3000
-## The demo's, `make dev`'s and `make workload`'s source: `mariadb` (default) or `mysql` (Oracle MySQL, unpacked from
-## Debian's packages under .local/mysql-dist). A MySQL demo keeps its own lakehouse unless CDC_LAKEHOUSE says otherwise.
+## The demo's source: `mariadb` (the default: the project's `demo` source) or `mysql` (Oracle MySQL, unpacked from
+## Debian's packages under .local/mysql-dist: the project's second source, `demo_mysql`, cdc_assets/sources/demo_mysql,
+## with its own lakehouse, ./lakehouse-mysql). `make dev SOURCE=mysql` starts that server too, so both demo sources
+## flow in one UI; `make workload` and `make local-source-start` / `-stop` act on that flavour's demo server.
 SOURCE ?= mariadb
-export CDC_DEMO_SOURCE := $(SOURCE)
-ifeq ($(SOURCE),mysql)
-export CDC_LAKEHOUSE ?= lakehouse-mysql
+ifeq ($(filter $(SOURCE),mariadb mysql),)
+$(error SOURCE=$(SOURCE) is not a demo source: use SOURCE=mariadb (the default) or SOURCE=mysql)
 endif
+DEMO_SOURCE_FLAG := $(if $(filter mysql,$(SOURCE)),--source demo_mysql)
+LOCAL_SOURCE := CDC_DEMO_SOURCE=$(SOURCE) $(BIN)/python -m cdc_assets.local_source
 
 .PHONY: demo test dev stop bench chaos workload lint system-deps install local-source-start local-source-stop spark-cluster-start spark-cluster-stop clean
 
@@ -67,7 +70,7 @@ install: system-deps $(STAMP)
 
 ## `make demo SINKS=1` also publishes every change to a local RabbitMQ and a local Kinesis and reads them back.
 demo: install
-	$(BIN)/cdc-lakehouse demo $(if $(SINKS),--sinks)
+	$(BIN)/cdc-lakehouse $(DEMO_SOURCE_FLAG) demo $(if $(SINKS),--sinks)
 
 ## The suite in TEST_WORKERS processes (pytest-xdist; default 3 on this machine's 2 cores): its tests wait on
 ## servers, subprocesses, Dagster's daemon and sensor ticks much of the time, so a third worker keeps both cores busy
@@ -102,7 +105,7 @@ bench: install
 ## it ends (Ctrl-C) it stops what it started (the demo source, the Spark Connect server, the brokers), keeping their
 ## data; the runs are the lakehouse's own Dagster home's (cdc_assets/local_dev.py).
 dev: install
-	$(BIN)/python -m cdc_assets.local_dev --port $(DEV_PORT) --spark-connect-port $(SPARK_CONNECT_PORT) $(if $(SINKS),--sinks)
+	$(BIN)/python -m cdc_assets.local_dev --port $(DEV_PORT) --spark-connect-port $(SPARK_CONNECT_PORT) $(if $(SINKS),--sinks) $(if $(filter mysql,$(SOURCE)),--mysql)
 
 ## Stops every local server the project started (the demo sources, the Spark Connect server, the local brokers, a
 ## local Spark cluster) and keeps all data: what `make clean` stops, without deleting anything.
@@ -121,16 +124,16 @@ spark-cluster-stop: install
 
 ## The demo's live workload against the local source, until Ctrl-C (run it beside `make dev`).
 workload: install
-	$(BIN)/python -m cdc_assets.local_source live
+	$(LOCAL_SOURCE) live
 
 lint: install
 	$(BIN)/ruff check cdc_assets cdc_assets_tests spark_resources benchmarks
 
 local-source-start: install
-	$(BIN)/python -m cdc_assets.local_source start
+	$(LOCAL_SOURCE) start
 
 local-source-stop: install
-	$(BIN)/python -m cdc_assets.local_source stop
+	$(LOCAL_SOURCE) stop
 
 clean: install
 	-$(BIN)/python -m cdc_assets.local_source stop-all

@@ -574,7 +574,11 @@ def _demo_summary(settings: Settings, diffs: list[ConsistentComparison], syncs: 
     print(f"  seconds:  {seconds:.1f}")
     print(f"  delta:    {lakehouse}/{CURRENT}/<schema>/<table> (current state)")
     print(f"            {lakehouse}/{CHANGES}/<schema>/<table> (change logs), raw batches in {lakehouse}/{RAW}/")
-    print("  UI:       run `make dev`, then open http://127.0.0.1:3000 (assets, lineage and these runs)")
+    if settings.name is None:  # the `demo` source: make dev's Dagster home is its lakehouse's, with these runs
+        print("  UI:       run `make dev`, then open http://127.0.0.1:3000 (assets, lineage and these runs)")
+    else:  # a second demo source: make dev shows its assets and the runs it launches, in the first demo's home
+        flavour = settings.source.demo_flavour
+        print(f"  UI:       run `make dev SOURCE={flavour}`, then open http://127.0.0.1:3000 ({settings.name}'s assets and lineage)")
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Settings], int]] = {

@@ -1,7 +1,7 @@
 """`make dev` and `make stop`: the Dagster UI with its daemon over the demo source, and what it needs around it.
 
-`python -m cdc_assets.local_dev [--port 3000] [--spark-connect-port 15002] [--sinks]` starts the demo source, a
-long-lived Spark Connect server (unless CDC_SPARK_MASTER names a Spark of the user's) and, with `--sinks`, the local
+`python -m cdc_assets.local_dev [--port 3000] [--spark-connect-port 15002] [--sinks] [--mysql]` starts the demo
+source's server (with `--mysql` the demo MySQL server of the `demo_mysql` source too), a long-lived Spark Connect server (unless CDC_SPARK_MASTER names a Spark of the user's) and, with `--sinks`, the local
 RabbitMQ and Kinesis, each only when it is not running yet, then `dg dev` (the project's code location) on 127.0.0.1:PORT
 in the foreground. When that ends (Ctrl-C), it stops what it started itself and keeps everything else: a source or a
 Spark server that was up before stays up, and no data is deleted (`make clean` does that).
@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.local_brokers import destinations, kinesis, rabbitmq
 from cdc_assets.local_source import DEMO_HISTORY_TABLES, server
 from cdc_assets.local_source.processes import listening
@@ -39,16 +40,20 @@ def dev_command(port: int) -> list[str]:
     return [dg, "dev", "--use-active-venv", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
 
 
-def run_dev(port: int, spark_connect_port: int, sinks: bool) -> int:
-    """Start what is missing, run `dg dev` until it ends, then stop what this started."""
+def run_dev(port: int, spark_connect_port: int, sinks: bool, mysql: bool = False) -> int:
+    """Start what is missing, run `dg dev` until it ends, then stop what this started. The demo server of the
+    `demo` source (CDC_DEMO_SOURCE's flavour, MariaDB by default) always; with `mysql`, the demo MySQL server too,
+    which the project's `demo_mysql` source reads (without it that source waits for its server: defs/sensors)."""
     started: list[tuple[str, Callable[[], object]]] = []
     env = dict(os.environ)
     try:
-        base, flavour = server.demo_source_dir(), server.demo_flavour()
-        if server.running(base) is None:
-            started.append((f"the demo {flavour} source", lambda: server.stop(base)))
-        local = server.start(base, flavour=flavour)
-        print(f"source: local {flavour} on 127.0.0.1:{local.port} (data in {base})", flush=True)
+        flavours = dict.fromkeys([server.demo_flavour(), *([server.MYSQL] if mysql else [])])
+        for flavour in flavours:
+            base = server.demo_source_dir(flavour)
+            if server.running(base) is None:
+                started.append((f"the demo {flavour} source", lambda base=base: server.stop(base)))
+            local = server.start(base, flavour=flavour)
+            print(f"source: local {flavour} on 127.0.0.1:{local.port} (data in {base})", flush=True)
         if not env.get("CDC_SPARK_MASTER"):
             connect = connect_server.ConnectServer(spark_connect_port, connect_server.DEFAULT_STATE_DIR.resolve())
             if not listening(spark_connect_port):
@@ -135,12 +140,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=port_number, default=DEFAULT_PORT, help="the UI's port (make dev DEV_PORT=…)")
     parser.add_argument("--spark-connect-port", type=port_number, default=connect_server.DEFAULT_PORT)
     parser.add_argument("--sinks", action="store_true", help="also the local RabbitMQ and Kinesis, both sinks on")
+    parser.add_argument(
+        "--mysql", action="store_true", help="also the demo MySQL server of the demo_mysql source (make dev SOURCE=mysql)"
+    )
     args = parser.parse_args(argv)
     if args.command == "stop":
         stopped = stop_all(args.spark_connect_port)
         print("stopped " + ", ".join(stopped) + " (data kept)" if stopped else "nothing was running")
         return 0
-    return run_dev(args.port, args.spark_connect_port, args.sinks)
+    try:
+        server.demo_flavour()
+    except CdcUserError as exc:
+        parser.error(str(exc))  # exit 2
+    return run_dev(args.port, args.spark_connect_port, args.sinks, args.mysql)
 
 
 if __name__ == "__main__":

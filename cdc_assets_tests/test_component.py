@@ -99,6 +99,27 @@ def test_a_source_without_a_name_or_with_a_variable_of_another_kind_is_refused_w
         settings_of(MySQLSource(name="a", lakehouse="x", settings={"CDC_LAKEHOUSE": "y"}), {})
     with pytest.raises(CdcUserError, match="cannot name Dagster asset keys"):
         settings_of(MySQLSource(name="Orders-DB"), {})
+    with pytest.raises(CdcUserError, match="sets both mysql_url and demo_source"):
+        settings_of(MySQLSource(name="a", mysql_url="mysql://u@h:3306", demo_source="mysql"), {})
+    with pytest.raises(CdcUserError, match="CDC_DEMO_SOURCE=oracle is not a server the demo runs: set it to mariadb or mysql"):
+        settings_of(MySQLSource(name="a", demo_source="Oracle"), {})
+
+
+def test_the_projects_second_demo_source_reads_the_demo_mysql_server_into_its_own_lakehouse() -> None:
+    """`make demo SOURCE=mysql` is the project's second component instance (cdc_assets/sources/demo_mysql): its own
+    name, lakehouse and replica id beside the `demo` source, reading the local demo MySQL server (no URL)."""
+    from cdc_assets.components.project import named_source_settings
+    from cdc_assets.core.settings import DEMO_SOURCE, Settings
+
+    root = Path(__file__).resolve().parents[1]
+    mysql = named_source_settings("demo_mysql", root, {"CDC_LAKEHOUSE": "elsewhere", "CDC_MYSQL_URL": "mysql://u@h"}, {})
+    demo = Settings.from_env({})
+    assert mysql.name == "demo_mysql" and mysql.source.url == DEMO_SOURCE and mysql.source.demo_flavour == "mysql"
+    assert mysql.lakehouse.location == "lakehouse-mysql" != demo.lakehouse.location
+    assert mysql.source.server_id != demo.source.server_id  # both may read one server (CDC_DEMO_SOURCE=mysql)
+    assert "shop.orders" in mysql.lakehouse.history
+    make = subprocess.run(["make", "-n", "demo", "SOURCE=mysql"], cwd=root, capture_output=True, text=True, check=True)
+    assert "cdc-lakehouse --source demo_mysql demo" in make.stdout
 
 
 def test_each_attribute_is_the_setting_of_its_variable() -> None:

@@ -277,3 +277,28 @@ def test_an_idle_source_with_sinks_records_their_lag_without_a_run(orders_regist
         lag = checks[(f"sinks/{sink}", "sink_lag")]
         assert lag.passed and lag.description.startswith("up to date with the change logs")  # no change log yet
     assert not checks[("current/shop/orders", "table_lag")].passed  # the source did not answer: not compared
+
+
+def test_a_demo_source_whose_server_is_not_started_waits_for_it_without_a_run(orders_registry, monkeypatch, tmp_path) -> None:
+    """A source without a URL reads a local demo server (the project's `demo_mysql` beside `demo` under `make dev`):
+    while that server is not started, the binlog position sensor records no position, so the automation launches
+    no run that would fail, says how to start it, and reports the tables' lag as not compared."""
+    from dagster import AssetCheckEvaluation, AssetMaterialization, DagsterInstance, build_sensor_context
+
+    import cdc_assets.source.server as source_server
+
+    monkeypatch.delenv("CDC_MYSQL_URL", raising=False)
+    monkeypatch.setenv("CDC_DEMO_SOURCE", "mysql")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(source_server, "PROJECT_ROOT", tmp_path)  # not the checkout's own demo server, if it runs
+    defs = build_definitions()
+    sensor = next(s for s in defs.sensors if s.name == "binlog_position_sensor")
+    with build_sensor_context(
+        instance=DagsterInstance.ephemeral(), repository_def=defs.get_repository_def(), resources=resources_from_env().by_key()
+    ) as context:
+        result = sensor(context)
+    assert not [e for e in result.asset_events if isinstance(e, AssetMaterialization)]  # no position: no run
+    assert "the local demo mysql server is not running" in str(result.skip_reason)
+    assert "make local-source-start SOURCE=mysql" in str(result.skip_reason)
+    lags = [e for e in result.asset_events if isinstance(e, AssetCheckEvaluation)]
+    assert len(lags) == 2 and all(not lag.passed and "not compared" in (lag.description or "") for lag in lags)

@@ -60,7 +60,8 @@ ALLOWED = {
         "cdc_assets.pipeline",
         "spark_resources.engine",
     },
-    "cdc_assets.local_source": {"cdc_assets.local_source"},
+    # (which demo flavours there are, and CDC_DEMO_SOURCE's sentence, are the settings' of core: one home)
+    "cdc_assets.local_source": {"cdc_assets.local_source", "cdc_assets.core.settings", "cdc_assets.core.errors"},
     # the sinks follow the change logs in the lakehouse: they never read the source or run a stage; the change logs'
     # row shapes are the change-log layer's (stages/changes/rows), which a sink may take
     "cdc_assets.sinks": {"cdc_assets.core", "cdc_assets.lake", "cdc_assets.stages.changes.rows", "cdc_assets.sinks"},
@@ -146,6 +147,7 @@ ALLOWED = {
     "cdc_assets.cli_display": {"cdc_assets.core"},  # the CLI's display of the work's progress updates
     # `make dev` / `make stop`: the local servers around the UI, and the lakehouse's Dagster home
     "cdc_assets.local_dev": {
+        "cdc_assets.core.errors",
         "cdc_assets.local_source",
         "cdc_assets.local_brokers",
         "cdc_assets.local_spark",

@@ -27,9 +27,9 @@ def _environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("CDC_", "DAGSTER_HOME"))}
 
 
-def _dev(cwd: Path, port: int, connect_port: int, **env: str) -> subprocess.Popen[str]:
+def _dev(cwd: Path, port: int, connect_port: int, *flags: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "cdc_assets.local_dev", "--port", str(port), "--spark-connect-port", str(connect_port)],
+        [sys.executable, "-m", "cdc_assets.local_dev", "--port", str(port), "--spark-connect-port", str(connect_port), *flags],
         cwd=cwd,
         env={**_environment(), **env},
         stdout=subprocess.PIPE,
@@ -62,12 +62,13 @@ def _ctrl_c(dev: subprocess.Popen[str]) -> str:
 
 
 def test_make_dev_serves_on_its_port_and_stops_what_it_started(tmp_path: Path) -> None:
+    """`make dev SOURCE=mysql` (`--mysql`): the demo MySQL server of the project's demo_mysql source as well."""
     port, connect_port = free_port(), free_port()
-    dev = _dev(tmp_path, port, connect_port)
+    dev = _dev(tmp_path, port, connect_port, "--mysql")
     try:
         _wait_for_ui(dev, port)
-        source = server.running(tmp_path / ".local" / "mariadb")
-        assert source is not None and listening(connect_port)
+        source, mysql = server.running(tmp_path / ".local" / "mariadb"), server.running(tmp_path / ".local" / "mysql")
+        assert source is not None and mysql is not None and listening(connect_port)
         # the demo lakehouse's runs are in its own Dagster home, the one `make dev` shows
         assert (tmp_path / ".local" / "dagster_home" / HOME_MARK).read_text().strip() == str(tmp_path / "lakehouse")
         out = _ctrl_c(dev)
@@ -75,8 +76,9 @@ def test_make_dev_serves_on_its_port_and_stops_what_it_started(tmp_path: Path) -
         if dev.poll() is None:
             os.killpg(dev.pid, signal.SIGKILL)
     assert dev.returncode is not None
-    assert not _ui_answers(port) and not listening(connect_port) and not listening(source.port)
+    assert not _ui_answers(port) and not listening(connect_port) and not listening(source.port) and not listening(mysql.port)
     assert "stopped the demo mariadb source" in out and "stopped the Spark Connect server" in out, out
+    assert "stopped the demo mysql source" in out, out
     assert (tmp_path / ".local" / "mariadb" / "data").is_dir()  # its data kept
     assert "Traceback" not in out and "SupersessionWarning" not in out, out
 

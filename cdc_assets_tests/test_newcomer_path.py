@@ -75,3 +75,35 @@ def test_each_lakehouse_keeps_its_runs_in_its_own_dagster_home(
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert f"DAGSTER_HOME={home} holds the runs of the lakehouse at {cdc.lakehouse_dir}" in done.stderr
     assert "unset DAGSTER_HOME" in done.stderr and not (other / "raw").exists()
+
+
+def test_make_demo_on_mysql_is_the_projects_second_source(tmp_path: Path) -> None:
+    """`make demo SOURCE=mysql` runs `cdc-lakehouse --source demo_mysql demo`: the project's second component instance
+    (cdc_assets/sources/demo_mysql, copied here as written) on the local demo MySQL server, into its own lakehouse
+    under its own name, every table verified equal; the `demo` source's lakehouse is not touched."""
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.dg]\ndirectory_type = "project"\n\n[tool.dg.project]\nroot_module = "cdc_assets"\ndefs_module = "cdc_assets.sources"\n'
+    )
+    folder = tmp_path / "cdc_assets" / "sources" / "demo_mysql"
+    folder.mkdir(parents=True)
+    (folder / "defs.yaml").write_text((root / "cdc_assets" / "sources" / "demo_mysql" / "defs.yaml").read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CDC_", "DAGSTER_HOME")) or k == "CDC_MYSQL_DIST"}
+    try:
+        demo = subprocess.run(
+            [sys.executable, "-m", "cdc_assets.cli", "--source", "demo_mysql", "demo", "--seconds", "3"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert demo.returncode == 0 and demo.stderr == "", demo.stdout + demo.stderr
+        assert "source: local MySQL" in demo.stdout and "(6 verified equal to the source)" in demo.stdout, demo.stdout
+        assert "run `make dev SOURCE=mysql`" in demo.stdout
+        assert (tmp_path / "lakehouse-mysql" / "current" / "shop" / "orders").is_dir()
+        assert not (tmp_path / "lakehouse").exists() and not (tmp_path / ".local" / "mariadb").exists()
+        runs = DagsterInstance.from_config(str(tmp_path / home_for(str(tmp_path / "lakehouse-mysql"))))
+        try:
+            jobs = {run.job_name for run in runs.get_runs()}
+            assert jobs and all(job.startswith("demo_mysql__") for job in jobs), jobs  # under its own name
+        finally:
+            runs.dispose()
+    finally:
+        server.stop(tmp_path / ".local" / "mysql")

@@ -57,7 +57,7 @@ def run_demo(
     workload stops, then verified. `say` hears what happens, `synced` every sync while the workload runs. With
     `sinks`, every sync also publishes to a local RabbitMQ and a local Kinesis, which are read back at the end."""
     texts = {"CDC_HISTORY_TABLES": DEMO_HISTORY_TABLES, **settings.environment}  # docs/history.md's reading examples read it
-    local = start_demo_source(seed)
+    local = start_demo_source(seed, settings.source.demo_flavour)
     texts |= passed_on({"CDC_MYSQL_URL": local.reader_url()})
     lakehouse = initialized_resources(Settings.from_env(texts)).lakehouse.get()
     _guard_demo_lakehouse(local, lakehouse)
@@ -124,10 +124,10 @@ def read_back(
     return reports, (updates or received["rabbitmq"] or [None])[-1]
 
 
-def start_demo_source(seed: int) -> server.LocalServer:
-    """The local MariaDB (or MySQL: CDC_DEMO_SOURCE) with the sample schema and its first rows (the demo's
-    CDC_MYSQL_URL points at it)."""
-    local = server.start(Path.cwd() / server.demo_source_dir(), flavour=server.demo_flavour())
+def start_demo_source(seed: int, flavour: str) -> server.LocalServer:
+    """The local MariaDB or MySQL (CDC_DEMO_SOURCE, a component's `demo_source`) with the sample schema and its
+    first rows (the demo's CDC_MYSQL_URL points at it)."""
+    local = server.start(Path.cwd() / server.demo_source_dir(flavour), flavour=flavour)
     with local.admin_connection(autocommit=False) as conn:
         load_sample_schema(conn)
         Workload(conn, seed=seed + int(time.time())).seed()

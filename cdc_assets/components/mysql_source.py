@@ -83,6 +83,7 @@ class MySQLSource(dg.StateBackedComponent, dg.Resolvable):
 
     name: str | None = None
     mysql_url: str | None = None
+    demo_source: str | None = None  # without mysql_url: the project's local demo server, mariadb or mysql (make demo)
     lakehouse: str | None = None
     tables: list[str] | None = None
     exclude_tables: list[str] | None = None
@@ -155,6 +156,7 @@ def variables_of(source: MySQLSource) -> dict[str, str]:
     given: dict[str, object] = {
         "CDC_SOURCE_NAME": source.name,
         "CDC_MYSQL_URL": source.mysql_url,
+        "CDC_DEMO_SOURCE": source.demo_source,
         "CDC_LAKEHOUSE": source.lakehouse,
         "CDC_TABLES": _globs(source.tables),
         "CDC_EXCLUDE_TABLES": _globs(source.exclude_tables),
@@ -181,6 +183,8 @@ def variables_of(source: MySQLSource) -> dict[str, str]:
         "CDC_ASSET_OWNERS": _globs(source.owners),
     }
     variables = {name: str(value) for name, value in given.items() if value is not None and value != ""}
+    if "CDC_MYSQL_URL" in variables and "CDC_DEMO_SOURCE" in variables:
+        raise CdcUserError(f"The source {source.name!r} sets both mysql_url and demo_source, which reads a local demo server instead: keep one.")
     for name, value in source.settings.items():
         if not name.startswith("CDC_"):
             raise CdcUserError(f"The source {source.name!r} sets {name!r} under `settings`, which takes only the CDC_* variables of docs/configuration.md: use one of them, or the attribute of its own.")

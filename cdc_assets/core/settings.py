@@ -258,6 +258,9 @@ def _no_policy() -> ColumnPolicy:
 # CDC_MYSQL_URL unset: the local demo server's URL, looked up where the source is first needed
 # (source.server.resolved_source), so that settings are built where no source runs (the UI's code location).
 DEMO_SOURCE = MySQLUrl("", 0, "", "")
+# The local demo servers a source without a URL reads (CDC_DEMO_SOURCE, a component's `demo_source`): MariaDB (the
+# default) or Oracle MySQL, each under `.local/<flavour>` (local_source.server).
+DEMO_FLAVOURS = ("mariadb", "mysql")
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,7 @@ class SourceSettings:
     snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS  # a Spark snapshot reads a table in key ranges this long
     global_read_lock: bool = False  # CDC_GLOBAL_READ_LOCK: consistent points on MySQL under FLUSH TABLES WITH READ LOCK
     column_policy: ColumnPolicy = field(default_factory=_no_policy)  # CDC_EXCLUDE/HASH/MASK_COLUMNS, CDC_HASH_KEY
+    demo_flavour: str = DEMO_FLAVOURS[0]  # CDC_DEMO_SOURCE: which local demo server DEMO_SOURCE stands for
 
 
 def lakehouse_identity(location: str) -> str:
@@ -511,6 +515,7 @@ SOURCE_ENV = {
     "hash_columns": EnvSetting("CDC_HASH_COLUMNS"),
     "mask_columns": EnvSetting("CDC_MASK_COLUMNS"),
     "hash_key": EnvSetting("CDC_HASH_KEY"),
+    "demo_source": EnvSetting("CDC_DEMO_SOURCE"),
 }
 LAKEHOUSE_ENV = {
     "location": EnvSetting("CDC_LAKEHOUSE", DEFAULT_LAKEHOUSE),
@@ -551,7 +556,16 @@ def source_from_env(env: Mapping[str, str]) -> SourceSettings:
         snapshot_chunk_rows=_snapshot_chunk_rows(env),
         global_read_lock=_global_read_lock(env),
         column_policy=policy_from_env(env),  # a bad column glob, or hashing without a key
+        demo_flavour=demo_flavour_of(env.get("CDC_DEMO_SOURCE")),
     )
+
+
+def demo_flavour_of(text: str | None) -> str:
+    """CDC_DEMO_SOURCE: the local demo server read while CDC_MYSQL_URL is unset, `mariadb` (the default) or `mysql`."""
+    flavour = (text or "").strip().lower() or DEMO_FLAVOURS[0]
+    if flavour not in DEMO_FLAVOURS:
+        raise CdcUserError(f"CDC_DEMO_SOURCE={flavour} is not a server the demo runs: set it to mariadb or mysql.")
+    return flavour
 
 
 def lakehouse_from_env(env: Mapping[str, str]) -> LakehouseSettings:

@@ -41,6 +41,7 @@ from cdc_assets.core.settings import (
     Settings,
     SourceSettings,
     TableSelection,
+    demo_flavour_of,
 )
 from cdc_assets.defs.keys import UNNAMED, SourceKeys
 from cdc_assets.lake.store import Lakehouse, S3Access, lakehouse_from, s3_client
@@ -77,6 +78,9 @@ class BinlogResource(ConfigurableResource):
     hash_columns: str | None = Field(default=None, description="schema.table.column globs kept as a keyed hash (CDC_HASH_COLUMNS).")
     mask_columns: str | None = Field(default=None, description="schema.table.column globs kept masked (CDC_MASK_COLUMNS).")
     hash_key: str | None = Field(default=None, description="The secret key of the hash (CDC_HASH_KEY, an EnvVar only).")
+    demo_source: str | None = Field(
+        default=None, description="Without mysql_url: the local demo server read, mariadb or mysql (CDC_DEMO_SOURCE)."
+    )
 
     def settings(self) -> SourceSettings:
         """The source as plain settings; a bad URL, table pattern or column policy raises CdcUserError with the fix."""
@@ -85,7 +89,7 @@ class BinlogResource(ConfigurableResource):
         return source_settings(
             self.mysql_url, self.server_id, self.tables, self.exclude_tables, self.max_batch_rows,
             self.max_batches, self.snapshot_chunk_rows, self.global_read_lock,
-            policy_from_env({name: text for name, text in texts.items() if text}),
+            policy_from_env({name: text for name, text in texts.items() if text}), demo_flavour_of(self.demo_source),
         )  # fmt: skip
 
 

@@ -44,6 +44,7 @@ from cdc_assets.lake.store import ObjectStore
 from cdc_assets.runtime.instance import QUEUE_TAG
 from cdc_assets.runtime.queue import WAITING_STATUSES, capture_in_progress
 from cdc_assets.runtime.reload import reload_code_location
+from cdc_assets.source.server import DemoServerNotRunning
 from cdc_assets.stages.follow import continuous_holder
 from cdc_assets.verification.lag import table_lags
 
@@ -305,7 +306,10 @@ def build_binlog_sensor(cadence: CadenceSettings, keys: SourceKeys = UNNAMED) ->
         if busy:
             return SkipReason(busy)
         now = time.time()
-        lag = capture_lag(used.binlog.settings(), house, now)
+        try:
+            lag = capture_lag(used.binlog.settings(), house, now)
+        except DemoServerNotRunning as exc:
+            return SkipReason(f"{exc} No capture until it runs.")
         last = context.instance.get_latest_materialization_event(keys.raw_asset)
         reason = capture_due(lag.lag_bytes, last.timestamp if last else None, now, cadence.confirm_every_seconds)
         if reason is None:
@@ -413,6 +417,8 @@ def binlog_position_tick(
         if lag_due:
             events += [_lag_not_compared(t, str(exc), keys) for t in tables]
         work: tuple[str, str] | None = (SOURCE_SILENT, reason)
+        if isinstance(exc, DemoServerNotRunning):  # not started, not failing: no run until it is
+            work, reason = None, f"{exc} No run until it runs."
     else:
         registry = load_registry(house.store)
         tables = sorted(t for t in registry if declared is None or t in declared)

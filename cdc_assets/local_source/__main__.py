@@ -8,6 +8,7 @@ import argparse
 import sys
 import threading
 
+from cdc_assets.core.errors import CdcUserError
 from cdc_assets.local_source import mysql_dist, server, tpcc
 from cdc_assets.local_source.workload import Workload, load_sample_schema
 
@@ -39,7 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    base, flavour = server.demo_source_dir(), server.demo_flavour()
+    try:
+        flavour = server.demo_flavour()
+    except CdcUserError as exc:  # CDC_DEMO_SOURCE (`make ... SOURCE=`) names no server of the demo
+        print(exc, file=sys.stderr)
+        return 2
+    base = server.demo_source_dir(flavour)
 
     if args.command == "install-mysql":
         prefix = mysql_dist.install()

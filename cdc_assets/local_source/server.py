@@ -18,13 +18,14 @@ from pathlib import Path
 
 import pymysql
 
+from cdc_assets.core.settings import DEMO_FLAVOURS, demo_flavour_of
 from cdc_assets.local_source import mysql_dist
 from cdc_assets.local_source.processes import free_port, pid_alive, port_is_free, terminate
 
 READER_USER = "cdc_reader"
 MARIADB = "mariadb"
 MYSQL = "mysql"
-FLAVOURS = (MARIADB, MYSQL)
+FLAVOURS = DEMO_FLAVOURS  # (MARIADB, MYSQL)
 DEFAULT_BASE_DIR = Path(".local") / "mariadb"
 DEMO_SOURCE_ENV = "CDC_DEMO_SOURCE"  # which flavour the demo, `make dev` and `make workload` run (`make ... SOURCE=`)
 # The reader's grants on each flavour: what RDS and Aurora give a CDC user (MariaDB names the monitor privilege
@@ -74,15 +75,14 @@ class LocalServer:
 
 
 def demo_flavour() -> str:
-    flavour = os.environ.get(DEMO_SOURCE_ENV, "").strip().lower() or MARIADB
-    if flavour not in FLAVOURS:
-        raise ValueError(f"{DEMO_SOURCE_ENV}={flavour} is not a source the demo runs: use mariadb or mysql.")
-    return flavour
+    """The flavour `python -m cdc_assets.local_source` manages (`make local-source-start SOURCE=`, `make workload`)."""
+    return demo_flavour_of(os.environ.get(DEMO_SOURCE_ENV))
 
 
-def demo_source_dir() -> Path:
-    """Where the demo's server lives, relative to the checkout: `.local/mariadb` or `.local/mysql`."""
-    return Path(".local") / demo_flavour()
+def demo_source_dir(flavour: str | None = None) -> Path:
+    """Where a demo server lives, relative to the checkout: `.local/mariadb` or `.local/mysql` (default: the
+    flavour of CDC_DEMO_SOURCE)."""
+    return Path(".local") / (flavour or demo_flavour())
 
 
 def _find_binary(name: str) -> str:

@@ -22,7 +22,14 @@ from cdc_assets.core.column_policy import ColumnPolicy
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.positions import BinlogPosition
-from cdc_assets.core.settings import DEFAULT_SNAPSHOT_CHUNK_ROWS, DEMO_SOURCE, MySQLUrl, SourceSettings, TableFilter
+from cdc_assets.core.settings import (
+    DEFAULT_SNAPSHOT_CHUNK_ROWS,
+    DEMO_FLAVOURS,
+    DEMO_SOURCE,
+    MySQLUrl,
+    SourceSettings,
+    TableFilter,
+)
 from cdc_assets.local_source import server as local_server
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -63,25 +70,31 @@ def connect(url: MySQLUrl, connect_timeout: int = 10) -> pymysql.Connection:
         raise describe_error(exc, url) from exc
 
 
-def local_source_dir() -> Path:
-    """The demo server's directory (`.local/<flavour>`, CDC_DEMO_SOURCE): under the working directory, else under
-    the project checkout."""
-    relative = local_server.demo_source_dir()
+def local_source_dir(flavour: str) -> Path:
+    """The demo server's directory (`.local/<flavour>`): under the working directory, else under the project
+    checkout."""
+    relative = local_server.demo_source_dir(flavour)
     for base in (Path.cwd(), PROJECT_ROOT):
         if (base / relative / "port").exists():
             return base / relative
     return PROJECT_ROOT / relative
 
 
-def resolve_mysql_url(configured: str | None) -> MySQLUrl:
-    """The source URL: the configured one (CDC_MYSQL_URL), else the local demo server's."""
+class DemoServerNotRunning(CdcUserError):
+    """A source without a URL reads a local demo server, and that server is not started: not a fault of a running
+    source, so the binlog sensors wait for it without launching runs that would fail (defs/sensors)."""
+
+
+def resolve_mysql_url(configured: str | None, demo_flavour: str = DEMO_FLAVOURS[0]) -> MySQLUrl:
+    """The source URL: the configured one (CDC_MYSQL_URL), else the local demo server's (CDC_DEMO_SOURCE)."""
     if configured:
         return MySQLUrl.parse(configured)
-    local = local_server.running(local_source_dir())
+    local = local_server.running(local_source_dir(demo_flavour))
     if local is None:
-        raise CdcUserError(
-            "No source configured: set CDC_MYSQL_URL=mysql://user:password@host:port, or start the "
-            "local demo server with `make local-source-start`."
+        start = "make local-source-start" + ("" if demo_flavour == DEMO_FLAVOURS[0] else f" SOURCE={demo_flavour}")
+        raise DemoServerNotRunning(
+            f"No source configured and the local demo {demo_flavour} server is not running: set "
+            f"CDC_MYSQL_URL=mysql://user:password@host:port, or start that server with `{start}`."
         )
     return MySQLUrl.parse(local.reader_url())
 
@@ -96,11 +109,12 @@ def source_settings(
     snapshot_chunk_rows: int = DEFAULT_SNAPSHOT_CHUNK_ROWS,
     global_read_lock: bool = False,
     column_policy: ColumnPolicy | None = None,
+    demo_flavour: str = DEMO_FLAVOURS[0],
 ) -> SourceSettings:
     """The source's settings from their texts (BinlogResource's fields), its URL looked up when unset; a bad URL
     or table pattern raises CdcUserError with the fix."""
     return SourceSettings(
-        url=resolve_mysql_url(mysql_url),
+        url=resolve_mysql_url(mysql_url, demo_flavour),
         server_id=server_id,
         table_filter=TableFilter.parse(tables, exclude_tables),
         max_batch_rows=max_batch_rows,
@@ -108,6 +122,7 @@ def source_settings(
         snapshot_chunk_rows=snapshot_chunk_rows,
         global_read_lock=global_read_lock,
         column_policy=column_policy or ColumnPolicy(),
+        demo_flavour=demo_flavour,
     )
 
 
@@ -116,7 +131,7 @@ def resolved_source(settings: SourceSettings) -> SourceSettings:
     up where the source is about to be read; one sentence with the fix when no source is configured or running."""
     if settings.url != DEMO_SOURCE:
         return settings
-    return replace(settings, url=resolve_mysql_url(None))
+    return replace(settings, url=resolve_mysql_url(None, settings.demo_flavour))
 
 
 def describe_error(exc: BaseException, url: MySQLUrl) -> CdcUserError:
