@@ -139,3 +139,24 @@ def test_lag_check_names_the_table_that_falls_behind(cdc: CdcEnv, monkeypatch) -
     assert _checks(LAG_JOB_NAME, fast)["table_lag"].passed
     assert cdc.sync() == 0  # applying it brings the table back
     assert _checks(LAG_JOB_NAME, slow)["table_lag"].passed
+
+
+def test_the_checks_of_many_tables_are_several_definitions_and_one_run_checks_them_all(cdc: CdcEnv, monkeypatch) -> None:
+    """The per-table checks are split into definitions of TABLES_PER_CHECK_DEFINITION tables (one for all made the
+    code location's load quadratic in the table count): every check is in exactly one, and a run of the lag check job
+    over every table runs each definition's step and records each table's evaluation."""
+    import cdc_assets.defs.table_checks as table_checks
+
+    monkeypatch.setattr(table_checks, "TABLES_PER_CHECK_DEFINITION", 2)
+    tables = ("a", "b", "c")
+    cdc.execute(*(f"CREATE TABLE {t} (id INT PRIMARY KEY)" for t in tables), *(f"INSERT INTO {t} VALUES (1)" for t in tables))
+    assert cdc.sync() == 0
+    defs = build_definitions()
+    per_table = [d for d in defs.asset_checks or [] if d.node_def.name.startswith("per_table_checks")]
+    assert sorted(d.node_def.name for d in per_table) == ["per_table_checks", "per_table_checks_2"]
+    keys = [key for d in per_table for key in d.check_keys]
+    assert len(keys) == len(set(keys)) == 4 * len(tables)  # three on current state, one on the change log, each once
+    result = defs.resolve_job_def(LAG_JOB_NAME).execute_in_process(instance=_instance())
+    lags = {e.asset_key: e for e in result.get_asset_check_evaluations() if e.check_name == "table_lag"}
+    assert set(lags) == {table_asset_key(f"{cdc.database}.{t}") for t in tables}
+    assert all(e.passed for e in lags.values())

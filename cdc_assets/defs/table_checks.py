@@ -227,21 +227,38 @@ def selected_tables(selected: Iterable[AssetCheckKey], by_key: dict[AssetKey, st
     return {name: sorted(tables) for name, tables in chosen.items()}
 
 
-def build_table_checks(tables: list[str], keys: SourceKeys = UNNAMED) -> list[AssetChecksDefinition]:
-    """The per-table checks as one subsettable definition: what the UI lists on each table's asset, and what it
-    runs when a user executes some of them (one run compares every table selected, not a run per table).
+# Tables per check definition. Dagster builds a job's dependencies in time that grows with a check definition's
+# inputs times its checks (for each input it gathers every check's asset again: dagster 1.13, asset_job.py
+# `build_node_deps`): one definition for every table made the code location's load quadratic in the table count
+# (2.7 s of 8.4 at 1,000 tables, minutes at 10,000; benchmarks/definitions_load.py). Definitions of this many tables
+# keep it linear; a run of checks on more tables runs one step per definition, each comparing its tables in one pass.
+TABLES_PER_CHECK_DEFINITION = 100
 
-    Built as `@multi_asset_check` builds it, but with inputs and outputs named by position: that decorator names
-    them after the asset keys, and a key segment such as `a~20b` is not a valid Dagster name."""
-    if not tables:
-        return []
+
+def build_table_checks(tables: list[str], keys: SourceKeys = UNNAMED) -> list[AssetChecksDefinition]:
+    """The per-table checks as subsettable definitions of up to TABLES_PER_CHECK_DEFINITION tables each: what the UI
+    lists on each table's asset, and what it runs when a user executes some of them (one run compares the tables
+    selected, a pass per definition, not a run per table). The first is `per_table_checks`, the next
+    `per_table_checks_2` and so on, over the tables in name order."""
+    ordered = sorted(tables)
+    size = TABLES_PER_CHECK_DEFINITION
+    return [
+        _table_checks_definition(ordered[start : start + size], keys, "per_table_checks" + (f"_{start // size + 1}" if start else ""))
+        for start in range(0, len(ordered), size)
+    ]
+
+
+def _table_checks_definition(tables: list[str], keys: SourceKeys, name: str) -> AssetChecksDefinition:
+    """One subsettable check definition of `tables`. Built as `@multi_asset_check` builds it, but with inputs and
+    outputs named by position: that decorator names them after the asset keys, and a key segment such as `a~20b` is
+    not a valid Dagster name."""
     specs = table_check_specs(tables, keys)
     by_key = {keys.table_asset_key(t): t for t in tables} | {keys.changes_asset_key(t): t for t in tables}
     inputs = {f"table_{i}": key for i, key in enumerate(by_key)}
     outputs = {f"check_{i}": spec for i, spec in enumerate(specs)}
 
     @op(
-        name=keys.op("per_table_checks"),
+        name=keys.op(name),
         ins={name: In(Nothing) for name in inputs},
         out={name: Out(Nothing, is_required=False) for name in outputs},
         required_resource_keys=keys.resource_keys("binlog", "lakehouse", "cadence"),
@@ -261,11 +278,9 @@ def build_table_checks(tables: list[str], keys: SourceKeys = UNNAMED) -> list[As
             if verdict.check_key(keys) in selected:
                 yield verdict.result(keys)
 
-    return [
-        AssetChecksDefinition.create(
-            keys_by_input_name=inputs, node_def=per_table_checks, check_specs_by_output_name=outputs, can_subset=True
-        )
-    ]
+    return AssetChecksDefinition.create(
+        keys_by_input_name=inputs, node_def=per_table_checks, check_specs_by_output_name=outputs, can_subset=True
+    )
 
 
 def run_table_checks(
