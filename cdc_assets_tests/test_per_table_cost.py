@@ -13,12 +13,15 @@ import pytest
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets_tests.conftest import CdcEnv
 
-TABLES = 12
+TABLES = 23
 FEW = 3
 # Statements of the source user per table touched, beyond what every sync runs whatever it touches: one, the check
 # after the apply reading the table's changed keys' rows (its row count is one statement for many tables; it was a
 # statement per table too, 2 in all). A regression guard: it must not grow (issue 45 wants a few for many tables).
 STATEMENTS_PER_TOUCHED_TABLE = 1
+# What a sync may run more, or less, whatever it touches (a retried read, say): far below what one statement more per
+# table would add over the TABLES - FEW tables more that the second sync touches (20), so that still fails.
+STATEMENTS_NOISE = 5
 
 
 def _counting_user(cdc: CdcEnv) -> str:
@@ -77,5 +80,6 @@ def test_a_syncs_commits_and_source_statements_grow_with_the_tables_it_touches_n
     for layer in (CHANGES, CURRENT):  # one commit per touched table per layer, none for a table not touched
         assert few_commits[layer] == dict.fromkeys(tables[:FEW], 1), (layer, few_commits)
         assert many_commits[layer] == dict.fromkeys(tables, 1), (layer, many_commits)
-    per_table = (many - few) / (TABLES - FEW)
-    assert per_table <= STATEMENTS_PER_TOUCHED_TABLE, f"{few} statements for {FEW} tables touched, {many} for {TABLES}"
+    assert few > 0, "the server counted no statement of the sync's user"  # else the bound below proves nothing
+    bound = (TABLES - FEW) * STATEMENTS_PER_TOUCHED_TABLE + STATEMENTS_NOISE
+    assert many - few <= bound, f"{few} statements for {FEW} tables touched, {many} for {TABLES}: more than {bound} more"
