@@ -59,11 +59,12 @@ def pipeline_env(
     }
 
 
-def _prepare(server: local_server.LocalServer) -> None:
+def _prepare(server: local_server.LocalServer, tables: int = TABLES) -> None:
+    """The schema: `ticks` and `tables` tables t00, t01, … of 1,000 rows each."""
     with server.admin_connection() as conn, conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE {SCHEMA}")
         cur.execute(f"CREATE TABLE {SCHEMA}.ticks (id BIGINT AUTO_INCREMENT PRIMARY KEY, committed_at DATETIME(6))")
-        for t in range(TABLES):
+        for t in range(tables):
             cur.execute(
                 f"CREATE TABLE {SCHEMA}.t{t:02d} (id INT PRIMARY KEY, v INT, note VARCHAR(40), updated DATETIME(6))"
             )
@@ -81,17 +82,19 @@ class BigTable:
 
 
 def _write(
-    server: local_server.LocalServer, rate: int, seconds: float, seed: int, big: BigTable | None = None
-) -> tuple[int, float]:
-    """Row changes at `rate` per second for `seconds`, ten to a transaction; returns (changes, seconds taken).
+    server: local_server.LocalServer, rate: int, seconds: float, seed: int, big: BigTable | None = None,
+    tables: int = TABLES,
+) -> tuple[int, float]:  # fmt: skip
+    """Row changes at `rate` per second for `seconds`, ten to a transaction, over the first `tables` tables; returns
+    (changes, seconds taken).
 
     With `big`, it is one table more among those the nine changes of a transaction are spread over (its share:
-    one in TABLES + 1): updates and deletes of keys drawn uniformly from its whole key range (the worst case for
+    one in tables + 1): updates and deletes of keys drawn uniformly from its whole key range (the worst case for
     a copy-on-write current state: every file is as likely to be hit), inserts past its end."""
     rng = random.Random(seed)
-    next_id = {t: 1000 + seed * 1_000_000 for t in range(TABLES)}
+    next_id = {t: 1000 + seed * 1_000_000 for t in range(tables)}
     if big is not None:
-        next_id[TABLES] = big.rows + 1 + seed * 1_000_000
+        next_id[tables] = big.rows + 1 + seed * 1_000_000
     transactions = rate // 10
     began = time.monotonic()
     written = 0
@@ -103,10 +106,10 @@ def _write(
             if pause > 0:
                 time.sleep(pause)
             for _ in range(9):
-                t = rng.randrange(TABLES + (1 if big is not None else 0))
+                t = rng.randrange(tables + (1 if big is not None else 0))
                 roll = rng.random()
-                if t == TABLES and big is not None:
-                    _big_change(cur, big, roll, rng.randint(1, big.rows), next_id)
+                if t == tables and big is not None:
+                    _big_change(cur, big, roll, rng.randint(1, big.rows), next_id, tables)
                 elif roll < 0.4:
                     cur.execute(
                         f"UPDATE {SCHEMA}.t{t:02d} SET v = v + 1, updated = NOW(6) WHERE id = %s",
@@ -123,14 +126,15 @@ def _write(
     return written, time.monotonic() - began
 
 
-def _big_change(cur: Any, big: BigTable, roll: float, key: int, next_id: dict[int, int]) -> None:
-    """One change of the big table: 40% updates and 30% deletes of `key` (uniform over its range), 30% inserts."""
+def _big_change(cur: Any, big: BigTable, roll: float, key: int, next_id: dict[int, int], slot: int = TABLES) -> None:
+    """One change of the big table: 40% updates and 30% deletes of `key` (uniform over its range), 30% inserts
+    (its next id is `next_id[slot]`)."""
     table = f"{SCHEMA}.{big.name}"
     if roll < 0.4:
         cur.execute(f"UPDATE {table} SET amount = amount + 1, status = 'paid', updated = NOW(6) WHERE id = %s", (key,))
     elif roll < 0.7:
-        cur.execute(f"INSERT INTO {table} VALUES (%s, 1, 1.00, 'new', NOW(6), 'inserted')", (next_id[TABLES],))
-        next_id[TABLES] += 1
+        cur.execute(f"INSERT INTO {table} VALUES (%s, 1, 1.00, 'new', NOW(6), 'inserted')", (next_id[slot],))
+        next_id[slot] += 1
     else:
         cur.execute(f"DELETE FROM {table} WHERE id = %s", (key,))
 
