@@ -33,16 +33,6 @@ def test_due_for_confirmation() -> None:
     assert due_for_confirmation({"a": None, "b": 100.0, "c": 95.0}, now=110.0, every_seconds=15) == ["a", "c"]
 
 
-def test_a_share_of_the_due_tables_is_confirmed_the_longest_unconfirmed_first() -> None:
-    """The continuous mode looks every few seconds and confirms a share of the tables at each look: every quiet table
-    falls due at once after the first confirmation, and one burst of their events held up its cycles."""
-    last = {f"t{i}": 100.0 + i for i in range(10)} | {"new": None}
-    assert due_for_confirmation(last, now=200.0, every_seconds=15, share=0.3) == ["new", "t0", "t1", "t2"]  # ceil(3.3)
-    assert due_for_confirmation(last, now=200.0, every_seconds=15, share=0.01) == ["new"]  # at least one
-    assert due_for_confirmation(last, now=108.5, every_seconds=5, share=0.5) == ["new", "t0", "t1", "t2", "t3"]  # only those due
-    assert due_for_confirmation(last, now=200.0, every_seconds=15, share=1.0) == sorted(last)
-
-
 @pytest.mark.both_sources
 def test_a_table_that_differs_fails_the_equality_check_on_its_own_asset(cdc: CdcEnv) -> None:
     db = cdc.database

@@ -74,7 +74,6 @@ from cdc_assets.stages.follow import continuous_holder, continuous_owner
 CONTINUOUS_SENSOR = "continuous_sensor"
 CONTINUOUS_OP = "follow_binlog"  # its node in the continuous job, which a run's config names
 RUN_STATUS_EVERY_SECONDS = 1.0  # how often the op looks whether its run is being terminated
-CONFIRM_LOOK_SECONDS = 5.0  # how often the quiet tables due are looked for, a share of them confirmed at each look
 # A run that started longer ago than the time it may wait for the locks of a batch run in progress (the
 # lakehouse's lock wait) plus this, and still holds no lock, is taken for dead (killed with its process).
 STARTUP_GRACE_SECONDS = 60.0
@@ -167,23 +166,9 @@ class _Checks:
     caught_up: str | None = None  # set by the follower's thread when idle (a plain assignment)
     recorded: Lakehouse | None = None  # the lakehouse the cycles' events read table metadata from (the op's thread)
 
-    @property
-    def confirm_look_seconds(self) -> float:
-        """How often to look for quiet tables to confirm: every CONFIRM_LOOK_SECONDS, or half the confirmation
-        interval when that is shorter."""
-        return min(self.confirm_every / 2, CONFIRM_LOOK_SECONDS)
-
-    @property
-    def confirm_share(self) -> float:
-        """The share of the tables a look confirms at most: twice what falls due between two looks once the
-        confirmations are spread, so the first wave (every quiet table due at once) spreads over a few looks
-        instead of one burst of events that holds the GIL the follower's thread needs (benchmarks/README.md,
-        "Over many tables")."""
-        return 1.0 if self.confirm_every <= 0 else min(1.0, 2 * self.confirm_look_seconds / self.confirm_every)
-
     def confirm_due(self, now: float) -> bool:
-        """Whether to look for quiet tables to confirm now (at most every `confirm_look_seconds`)."""
-        if self.last_confirmed is not None and now - self.last_confirmed < self.confirm_look_seconds:
+        """Whether to look for quiet tables to confirm now (at most every `confirm_every` / 2 seconds)."""
+        if self.last_confirmed is not None and now - self.last_confirmed < self.confirm_every / 2:
             return False
         self.last_confirmed = now
         return True
@@ -333,25 +318,21 @@ def _watch(
                 yield from _check_answered(context, house, settings, checks, *answered)
         caught_up, checks.caught_up = checks.caught_up, None
         if caught_up is not None and checks.confirm_due(now):  # the source is quiet: its tables are up to date
-            confirmed = confirmations(
-                context.instance, house, caught_up, checks.confirm_every, time.time(), keys=checks.keys, share=checks.confirm_share
-            )
+            confirmed = confirmations(context.instance, house, caught_up, checks.confirm_every, time.time(), keys=checks.keys)
             log_batch(context, confirmed)
 
 
 def _cycle_events(context: OpExecutionContext, house: Lakehouse, cycle: Cycle, checks: _Checks) -> Iterator[Any]:
     """Materializations of the cycle: the raw batches, and each touched table's partitions and own asset, with the
-    batch runs' metadata; and, at most every `confirm_look_seconds`, a share of the quiet tables due confirmed up to
-    date through the cycle's capture. One batch of events per cycle."""
+    batch runs' metadata; and, at most every half confirmation interval, the quiet tables confirmed up to date
+    through the cycle's capture. One batch of events per cycle."""
     events: list[Any] = []
     if cycle.capture is not None and cycle.capture.batches:
         metadata = {**capture_metadata(cycle.capture), "cycle": cycle.number}
         events.append(AssetMaterialization(checks.keys.raw_asset, metadata=metadata))
     if cycle.capture is not None and checks.confirm_due(time.monotonic()):
         position, touched = str(cycle.capture.end), set(cycle.tables)
-        events += confirmations(
-            context.instance, house, position, checks.confirm_every, time.time(), touched, keys=checks.keys, share=checks.confirm_share
-        )
+        events += confirmations(context.instance, house, position, checks.confirm_every, time.time(), touched, keys=checks.keys)
     if cycle.tables:
         events += _table_events(context, house, cycle, checks)
     log_batch(context, events)

@@ -5,7 +5,6 @@ the continuous mode and snapshots record the same materializations."""
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -130,16 +129,9 @@ def up_to_date_tables(house: Lakehouse) -> list[str]:
     return [name for name, p in zip(names, progress, strict=True) if not needs_work(registry[name], p)]
 
 
-def due_for_confirmation(
-    last_materialized: dict[str, float | None], now: float, every_seconds: float, share: float = 1.0
-) -> list[str]:
-    """The tables whose asset was last materialized `every_seconds` ago or longer (or never), sorted. With a `share`
-    below 1, at most that share of all the tables (at least one), the longest unconfirmed first: a caller that looks
-    often confirms a few at each look instead of every quiet table in one burst (they all fall due together)."""
-    due = [t for t, at in last_materialized.items() if at is None or now - at >= every_seconds]
-    if share < 1:
-        due = sorted(due, key=lambda t: (last_materialized[t] or 0.0, t))[: max(1, math.ceil(share * len(last_materialized)))]
-    return sorted(due)
+def due_for_confirmation(last_materialized: dict[str, float | None], now: float, every_seconds: float) -> list[str]:
+    """The tables whose asset was last materialized `every_seconds` ago or longer (or never), sorted."""
+    return sorted(t for t, at in last_materialized.items() if at is None or now - at >= every_seconds)
 
 
 def confirmations(
@@ -150,7 +142,6 @@ def confirmations(
     now: float,
     exclude: set[str] | frozenset[str] = frozenset(),
     keys: SourceKeys = UNNAMED,
-    share: float = 1.0,
 ) -> list[AssetMaterialization | AssetCheckEvaluation]:
     """Materializations of the quiet tables' assets: a table with no change pending through the binlog position
     capture has read to is up to date, although nothing was written to it.
@@ -161,8 +152,7 @@ def confirmations(
     Delta table is read, downstream assets that follow data versions do not run again), `unchanged: true`, and
     the position. Only tables last materialized `every_seconds` ago or more, so a busy table gets none; one
     query for every table's last materialization. `exclude`: tables the caller materializes itself. `keys`: the
-    source's, whose table assets these are. `share`: at most that share of the tables, the longest unconfirmed
-    first (`due_for_confirmation`).
+    source's, whose table assets these are.
 
     Dagster shows a check's execution as the asset's current one only when it is newer than the asset's last
     materialization or from the same run, so each confirmation restates the table's latest check verdicts (see
@@ -171,7 +161,7 @@ def confirmations(
     records = instance.get_asset_records([keys.table_asset_key(t) for t in tables])
     last = {r.asset_entry.asset_key: r.asset_entry.last_materialization for r in records}
     by_table = {t: last.get(keys.table_asset_key(t)) for t in tables}
-    due = due_for_confirmation({t: e.timestamp if e else None for t, e in by_table.items()}, now, every_seconds, share)
+    due = due_for_confirmation({t: e.timestamp if e else None for t, e in by_table.items()}, now, every_seconds)
     events = []
     for table in due:
         entry = by_table[table]
