@@ -31,9 +31,9 @@ BUILD = (
     "import json, time\n"
     "began = time.monotonic()\n"
     "from cdc_assets.defs.code_location import build_definitions\n"
-    "defs = build_definitions()\n"
-    "graph = defs.resolve_asset_graph()\n"
-    "jobs = defs.resolve_all_job_defs()\n"
+    "built = build_definitions()\n"
+    "graph = built.resolve_asset_graph()\n"
+    "jobs = built.resolve_all_job_defs()\n"
     "print('RESULT ' + json.dumps({'assets': len(graph.get_all_asset_keys()), 'checks': len(graph.asset_check_keys), "
     "'jobs': len(jobs), 'inside': time.monotonic() - began}))\n"
 )
