@@ -40,14 +40,13 @@ def dev_command(port: int) -> list[str]:
     return [dg, "dev", "--use-active-venv", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
 
 
-def run_dev(port: int, spark_connect_port: int, sinks: bool, mysql: bool = False) -> int:
-    """Start what is missing, run `dg dev` until it ends, then stop what this started. The demo server of the
-    `demo` source (CDC_DEMO_SOURCE's flavour, MariaDB by default) always; with `mysql`, the demo MySQL server too,
-    which the project's `demo_mysql` source reads (without it that source waits for its server: defs/sensors)."""
+def run_dev(port: int, spark_connect_port: int, sinks: bool, flavours: list[str]) -> int:
+    """Start what is missing, run `dg dev` until it ends, then stop what this started. The demo servers of
+    `flavours`: the `demo` source's (CDC_DEMO_SOURCE's flavour, MariaDB by default) and, with `--mysql`, the demo
+    MySQL server the project's `demo_mysql` source reads (without it that source waits for its server: defs/sensors)."""
     started: list[tuple[str, Callable[[], object]]] = []
     env = dict(os.environ)
     try:
-        flavours = dict.fromkeys([server.demo_flavour(), *([server.MYSQL] if mysql else [])])
         for flavour in flavours:
             base = server.demo_source_dir(flavour)
             if server.running(base) is None:
@@ -149,10 +148,11 @@ def main(argv: list[str] | None = None) -> int:
         print("stopped " + ", ".join(stopped) + " (data kept)" if stopped else "nothing was running")
         return 0
     try:
-        server.demo_flavour()
+        flavour = server.demo_flavour()
     except CdcUserError as exc:
         parser.error(str(exc))  # exit 2
-    return run_dev(args.port, args.spark_connect_port, args.sinks, args.mysql)
+    flavours = list(dict.fromkeys([flavour, *([server.MYSQL] if args.mysql else [])]))
+    return run_dev(args.port, args.spark_connect_port, args.sinks, flavours)
 
 
 if __name__ == "__main__":
