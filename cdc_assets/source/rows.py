@@ -301,7 +301,7 @@ def source_row_estimates(conn: pymysql.Connection, tables: list[TableRef]) -> di
 
 def count_source_rows(conn: pymysql.Connection, table: TableRef) -> int:
     with conn.cursor(pymysql.cursors.Cursor) as cur:
-        cur.execute(f"SELECT COUNT(*) FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}")
+        cur.execute(f"SELECT COUNT(*) FROM {quoted_table(table)}")
         return int(cur.fetchone()[0])
 
 
@@ -315,7 +315,7 @@ def count_many_source_rows(conn: pymysql.Connection, tables: Sequence[TableRef])
     counts: dict[TableRef, int] = {}
     for start in range(0, len(tables), COUNTS_PER_STATEMENT):
         chunk = list(tables[start : start + COUNTS_PER_STATEMENT])
-        counted = ", ".join(f"(SELECT COUNT(*) FROM {quote_identifier(t.schema)}.{quote_identifier(t.table)})" for t in chunk)
+        counted = ", ".join(f"(SELECT COUNT(*) FROM {quoted_table(t)})" for t in chunk)
         with conn.cursor(pymysql.cursors.Cursor) as cur:
             cur.execute(f"SELECT {counted}")
             counts |= {table: int(n) for table, n in zip(chunk, cur.fetchone(), strict=True)}
@@ -326,6 +326,11 @@ def quote_identifier(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def quoted_table(table: TableRef) -> str:
+    """`schema`.`table`, each name quoted."""
+    return f"{quote_identifier(table.schema)}.{quote_identifier(table.table)}"
+
+
 def select_expression(col: ColumnSpec) -> str:
     # FLOAT prints with 6 significant digits; as a DOUBLE it carries its exact value.
     return f"({quote_identifier(col.name)} + 0e0)" if col.type == "float" else quote_identifier(col.name)
@@ -334,7 +339,7 @@ def select_expression(col: ColumnSpec) -> str:
 def _select_all(table: TableRef, columns: list[ColumnSpec], order_by: Sequence[str] = ()) -> str:
     select = ", ".join(select_expression(c) for c in columns)
     order = f" ORDER BY {', '.join(quote_identifier(k) for k in order_by)}" if order_by else ""
-    return f"SELECT {select} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}{order}"
+    return f"SELECT {select} FROM {quoted_table(table)}{order}"
 
 
 def _source_rows(columns: list[ColumnSpec], raw: list[pa.BinaryArray]) -> pa.Table:
@@ -395,7 +400,7 @@ def key_boundaries(conn: pymysql.Connection, shape: TableShape, chunk_rows: int,
     span at most twice the server's row estimate) is cut into equal ranges of values instead, from two index
     look-ups: sparse keys or a stale estimate (a table just loaded) take the walk."""
     table, key = shape.table, list(shape.primary_key)
-    name = f"{quote_identifier(table.schema)}.{quote_identifier(table.table)}"
+    name = quoted_table(table)
     columns = ", ".join(quote_identifier(k) for k in key)
     by_name = {c.name: c for c in shape.columns}
     with conn.cursor(pymysql.cursors.Cursor) as cur:

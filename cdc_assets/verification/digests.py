@@ -60,7 +60,7 @@ from cdc_assets.lake.files import conformed, read_files
 from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.source import server as source
-from cdc_assets.source.rows import quote_identifier
+from cdc_assets.source.rows import quote_identifier, quoted_table
 from cdc_assets.stages.current.apply import quote
 from cdc_assets.stages.current.rows import DELETED_COLUMN, live_rows
 from cdc_assets.verification.changed_keys import written_by_others
@@ -434,7 +434,7 @@ def source_digests(url: MySQLUrl, shape: TableShape, parts: list[Part], connecti
     """The source's digest of each part: a query per part (a range scan of the primary key), the parts shared out
     over `connections` connections so the server digests on as many cores."""
     key = quote_identifier(shape.primary_key[0])
-    table = f"{quote_identifier(shape.table.schema)}.{quote_identifier(shape.table.table)}"
+    table = quoted_table(shape.table)
     text = row_text_sql(shape)
 
     def digest(numbers: list[int]) -> Digests:
@@ -501,7 +501,7 @@ def keys_in_parts(conn: pymysql.Connection, sorted_keys: np.ndarray, table: Tabl
         return set()
     with conn.cursor(pymysql.cursors.Cursor) as cur:
         q = quote_identifier(key)
-        cur.execute(f"SELECT {q} FROM {quote_identifier(table.schema)}.{quote_identifier(table.table)}{_where(q, parts)}")
+        cur.execute(f"SELECT {q} FROM {quoted_table(table)}{_where(q, parts)}")
         found = {(row[0],) for row in cur.fetchall()}
     for low, high in parts:
         found |= {(int(k),) for k in sorted_keys[_within(sorted_keys, low, high)]}
