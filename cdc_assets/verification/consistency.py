@@ -616,7 +616,7 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
     assert lakehouse is not None
     lake_rows = _lake_rows(target.current)
     if target.not_compared:
-        source_rows = count_source_rows(conn, table)
+        source_rows = _source_rows(conn, target)
         result = _comparison(target, position, TableDiff(table, source_rows, lake_rows), source_rows, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
         result.scope, result.changed_keys = CHANGED_KEYS, len(target.only)
         return result
@@ -625,7 +625,7 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
     # a repair writes from the rows it compares and leaves the count to the check after its apply: a COUNT(*) reads
     # every row of the table (seconds for 10M rows)
     counted = not target.keep_rows
-    source_rows = (target.source_count if target.source_count is not None else count_source_rows(conn, table)) if counted else 0
+    source_rows = _source_rows(conn, target) if counted else 0
     lake, files = lake_rows_with_keys(lakehouse, table, target.current, wanted)
     lake = target.settled(lake)
     aligned = align_current(table, source, lake)
@@ -650,13 +650,19 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
     return result
 
 
+def _source_rows(conn: pymysql.Connection, target: _Target) -> int:
+    """The table's source rows in the snapshot: counted with the other tables' (`_count_changed_tables`), else now."""
+    return target.source_count if target.source_count is not None else count_source_rows(conn, target.table)
+
+
 def _count_changed_tables(conn: pymysql.Connection, targets: list[_Target]) -> None:
     """The row counts `_compare_changed` needs, a statement for many tables (`count_many_source_rows`) in the
-    snapshot. When that statement fails (a table's definition changed after the snapshot began: error 1412), each
-    table counts its own rows, and the one that cannot is found out there as before."""
+    snapshot; a repair's tables (`keep_rows`) are left to count their own when not compared, as they count nothing
+    else. When that statement fails (a table's definition changed after the snapshot began: error 1412), each table
+    counts its own rows, and the one that cannot is found out there as before."""
     counted = [
         t for t in targets
-        if t.only is not None and t.columns and not t.keep_rows and not t.not_compared and not t.missing and not t.owes_repair
+        if t.only is not None and t.columns and not t.keep_rows and not t.missing and not t.owes_repair
     ]  # fmt: skip
     if len(counted) < 2:
         return
