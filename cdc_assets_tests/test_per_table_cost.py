@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from cdc_assets.lake.layout import CHANGES, CURRENT
+from cdc_assets.local_source.server import READER_GRANTS
 from cdc_assets_tests.conftest import CdcEnv
 
 TABLES = 23
@@ -24,19 +25,18 @@ STATEMENTS_PER_TOUCHED_TABLE = 1
 STATEMENTS_NOISE = 5
 
 
-def _counting_user(cdc: CdcEnv) -> str:
+def _counting_user(cdc: CdcEnv) -> tuple[str, str]:
     """A reader of its own (the reader's grants), whose statements the server counts apart from every other test's:
-    its URL."""
+    its name and URL."""
     user, password = f"cost_{secrets.token_hex(4)}", secrets.token_hex(12)
     with cdc.server.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("SET GLOBAL userstat = ON")
         cur.execute(f"CREATE USER '{user}'@'127.0.0.1' IDENTIFIED BY %s", (password,))
-        cur.execute(f"GRANT REPLICATION SLAVE, BINLOG MONITOR, SELECT ON *.* TO '{user}'@'127.0.0.1'")
-    return f"mysql://{user}:{password}@127.0.0.1:{cdc.server.port}"
+        cur.execute(f"GRANT {READER_GRANTS[cdc.server.flavour]} ON *.* TO '{user}'@'127.0.0.1'")
+    return user, f"mysql://{user}:{password}@127.0.0.1:{cdc.server.port}"
 
 
-def _statements(cdc: CdcEnv, url: str) -> int:
-    user = url.split("//", 1)[1].split(":", 1)[0]
+def _statements(cdc: CdcEnv, user: str) -> int:
     with cdc.server.admin_connection() as conn, conn.cursor() as cur:
         cur.execute(
             "SELECT SELECT_COMMANDS + UPDATE_COMMANDS + OTHER_COMMANDS FROM information_schema.USER_STATISTICS "
@@ -53,13 +53,13 @@ def _commits(lakehouse: Path, layer: str, database: str) -> dict[str, int]:
     return {log.parent.name: len(list(log.glob("*.json"))) for log in tables}
 
 
-def _sync_counted(cdc: CdcEnv, url: str, touched: list[str]) -> tuple[int, dict[str, dict[str, int]]]:
+def _sync_counted(cdc: CdcEnv, user: str, touched: list[str]) -> tuple[int, dict[str, dict[str, int]]]:
     """One change written to each of `touched`, then a sync: the statements it ran and each layer's new commits."""
     cdc.execute(*(f"UPDATE {t} SET v = v + 1 WHERE id = 1" for t in touched))
     before = {layer: _commits(cdc.lakehouse_dir, layer, cdc.database) for layer in (CHANGES, CURRENT)}
-    statements = _statements(cdc, url)
+    statements = _statements(cdc, user)
     assert cdc.sync() == 0
-    statements = _statements(cdc, url) - statements
+    statements = _statements(cdc, user) - statements
     after = {layer: _commits(cdc.lakehouse_dir, layer, cdc.database) for layer in (CHANGES, CURRENT)}
     new = {layer: {t: n - before[layer].get(t, 0) for t, n in after[layer].items() if n != before[layer].get(t, 0)} for layer in after}
     return statements, new
@@ -71,12 +71,12 @@ def test_a_syncs_commits_and_source_statements_grow_with_the_tables_it_touches_n
     tables = [f"t{i:02}" for i in range(TABLES)]
     cdc.execute(*(f"CREATE TABLE {t} (id INT PRIMARY KEY, v INT NOT NULL)" for t in tables))
     cdc.execute(*(f"INSERT INTO {t} SELECT seq, 0 FROM {cdc.numbers(20)}" for t in tables))
-    url = _counting_user(cdc)
+    user, url = _counting_user(cdc)
     monkeypatch.setenv("CDC_MYSQL_URL", url)
     assert cdc.sync() == 0  # the first sync: every table's snapshot, not counted
 
-    few, few_commits = _sync_counted(cdc, url, tables[:FEW])
-    many, many_commits = _sync_counted(cdc, url, tables)
+    few, few_commits = _sync_counted(cdc, user, tables[:FEW])
+    many, many_commits = _sync_counted(cdc, user, tables)
     for layer in (CHANGES, CURRENT):  # one commit per touched table per layer, none for a table not touched
         assert few_commits[layer] == dict.fromkeys(tables[:FEW], 1), (layer, few_commits)
         assert many_commits[layer] == dict.fromkeys(tables, 1), (layer, many_commits)
