@@ -9,7 +9,8 @@ from pathlib import Path
 import pymysql
 import pytest
 
-from cdc_assets.local_source.server import LocalServer
+from cdc_assets.local_source.server import MARIADB as MARIADB_FLAVOUR
+from cdc_assets.local_source.server import LocalServer, _initialise
 from cdc_assets.source.server import (
     binlog_status,
     binlog_status_statement,
@@ -141,3 +142,16 @@ def test_each_local_server_keeps_its_temporary_tables_in_a_tmpdir_of_its_own(sou
     with source.admin_connection() as conn, conn.cursor() as cur:
         cur.execute("SELECT @@tmpdir")
         assert Path(str(cur.fetchone()[0])).resolve() == (source.base_dir / "tmp").resolve()
+
+
+def test_a_failed_initialisation_is_tried_again_and_says_why(tmp_path: Path) -> None:
+    """CI once errored a worker's every MariaDB test on `mariadb-install-db` exiting 1, with its output thrown away.
+    The initialiser now runs twice before giving up, and the error quotes its log."""
+    in_a_file = tmp_path / "a-file"
+    in_a_file.write_text("not a directory\n")
+    log = tmp_path / "initialise.log"
+    with pytest.raises(RuntimeError, match="failed 2 times") as raised:
+        _initialise(MARIADB_FLAVOUR, in_a_file / "data", [], log)
+    assert str(log) in str(raised.value)
+    assert log.read_text().count("--- initialising") == 2
+    assert len(str(raised.value).splitlines()) > 1  # the log's last lines, not only a pointer to it

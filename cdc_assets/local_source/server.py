@@ -105,16 +105,39 @@ def _flavour_of(base_dir: Path) -> str:
     return flavour_file.read_text().strip() if flavour_file.exists() else MARIADB
 
 
-def _initialise(flavour: str, data_dir: Path, as_root: list[str]) -> None:
-    """A new data directory: root on the socket with an empty password, no test database."""
+def _initialise(
+    flavour: str, data_dir: Path, as_root: list[str], log_path: Path, tmp_dir: Path | None = None, attempts: int = 2
+) -> None:
+    """A new data directory: root on the socket with an empty password, no test database.
+
+    The initialising server keeps its temporary files in `tmp_dir` (the server's own, see `_server_command`): a
+    server starting beside it in a shared /tmp removes every #sql* file there.
+
+    The initialiser's output goes to `log_path`, and a failed run is tried once more on a fresh directory: one failed
+    initialisation on a busy machine (CI, three workers starting servers at once) must not error a third of the suite
+    with nothing saying why."""
     if flavour == MARIADB:
         command = [
             _find_binary("mariadb-install-db"), "--no-defaults", *as_root, f"--datadir={data_dir}",
             "--auth-root-authentication-method=normal", "--skip-test-db",
-        ]  # fmt: skip
+        ]  # fmt: skip  (the script hands the options it does not know, --tmpdir, to the server)
     else:
         command = [*mysql_dist.mysqld_command(), *as_root, "--initialize-insecure", f"--datadir={data_dir}"]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if tmp_dir is not None:
+        command.append(f"--tmpdir={tmp_dir}")
+    for attempt in range(1, attempts + 1):
+        shutil.rmtree(data_dir, ignore_errors=True)
+        with open(log_path, "ab") as log:
+            log.write(f"--- initialising {data_dir} (attempt {attempt}): {' '.join(command)}\n".encode())
+            log.flush()
+            returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+        if returncode == 0:
+            return
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
+    raise RuntimeError(
+        f"Initialising the local {flavour} server's data directory failed {attempts} times (exit {returncode}): "
+        f"see {log_path}. Its last lines:\n{tail}"
+    )
 
 
 def _server_command(flavour: str, server: LocalServer, data_dir: Path, server_id: int, binlog: bool) -> list[str]:
@@ -187,9 +210,10 @@ def start(
             return server
 
     base_dir.mkdir(parents=True, exist_ok=True)
+    (base_dir / "tmp").mkdir(exist_ok=True)
     if not (data_dir / "mysql").exists():
-        shutil.rmtree(data_dir, ignore_errors=True)
-        _initialise(flavour, data_dir, ["--user=root"] if os.geteuid() == 0 else [])
+        as_root = ["--user=root"] if os.geteuid() == 0 else []
+        _initialise(flavour, data_dir, as_root, base_dir / "initialise.log", tmp_dir=base_dir / "tmp")
         (base_dir / "reader.password").unlink(missing_ok=True)
         (base_dir / "instance_id").unlink(missing_ok=True)
         (base_dir / "flavour").write_text(flavour + "\n")
@@ -197,7 +221,6 @@ def start(
     if not instance_file.exists():  # names this data directory's binlog history (see the demo's guard)
         instance_file.write_text(uuid.uuid4().hex + "\n")
     (data_dir / "binlog").mkdir(exist_ok=True)
-    (base_dir / "tmp").mkdir(exist_ok=True)
 
     if port is None:
         previous = int(port_file.read_text()) if port_file.exists() else None
