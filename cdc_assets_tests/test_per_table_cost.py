@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cdc_assets.core import work_tally
+from cdc_assets.core.parallel import for_each_table
 from cdc_assets.lake.layout import CHANGES, CURRENT
 from cdc_assets.local_source.server import READER_GRANTS
 from cdc_assets_tests.conftest import CdcEnv
@@ -83,3 +85,16 @@ def test_a_syncs_commits_and_source_statements_grow_with_the_tables_it_touches_n
     assert few > 0, "the server counted no statement of the sync's user"  # else the bound below proves nothing
     bound = (TABLES - FEW) * STATEMENTS_PER_TOUCHED_TABLE + STATEMENTS_NOISE
     assert many - few <= bound, f"{few} statements for {FEW} tables touched, {many} for {TABLES}: more than {bound} more"
+
+
+def test_the_work_tally_adds_up_threads_and_a_forked_childs_work() -> None:
+    """`sync -v`'s work by kind (core.work_tally): every thread's count lands in the process's tally, a difference of
+    two snapshots is one sync's own, and a child's tally added to it (the forked child's `work` message) counts once."""
+    before = work_tally.snapshot()
+    for_each_table(range(8), lambda _i: work_tally.count(work_tally.CURRENT_STATE_COMMITS, 0.25))
+    child = work_tally.Tally({work_tally.CHANGE_LOG_COMMITS: 8}, {work_tally.CHANGE_LOG_COMMITS: 1.0})
+    work_tally.add(child)
+    own = work_tally.snapshot() - before
+    assert own.counts == {work_tally.CURRENT_STATE_COMMITS: 8, work_tally.CHANGE_LOG_COMMITS: 8}
+    assert own.sentence() == "change-log commits 8 (1.0 s), current-state commits 8 (2.0 s)"  # KINDS' order
+    assert (own + own).counts[work_tally.CHANGE_LOG_COMMITS] == 16

@@ -39,6 +39,7 @@ from pydantic import Field
 
 from cdc_assets.capture.journal import CaptureJournal
 from cdc_assets.capture.run import CaptureReport
+from cdc_assets.core import work_tally
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.defs.assets.metadata import applied_figures, changes_figures
 from cdc_assets.defs.assets.raw import capture_events
@@ -216,6 +217,7 @@ class TimeSpent:
 
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     _mark: float = dataclasses.field(default_factory=time.monotonic)
+    _work_from: work_tally.Tally = dataclasses.field(default_factory=work_tally.snapshot)
 
     def _count(self, part: str) -> None:
         """The time since the last count, counted to `part`."""
@@ -235,9 +237,15 @@ class TimeSpent:
         """The op's recording after its last report (the capture it still held, or a step it stopped on) is over."""
         self._count(RECORDING)
 
+    def work(self) -> work_tally.Tally:
+        """The per-table work of the sync so far, by kind (the forked child's included: its reports carry it)."""
+        return work_tally.snapshot() - self._work_from
+
     def sentence(self) -> str:
+        """The split by step, then by kind of work (counts, and work-seconds: a pool's threads add up)."""
         parts = sorted(self.seconds.items(), key=lambda kv: -kv[1])
-        return "where the time went: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts)
+        by_step = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts)
+        return f"where the time went: {by_step}; the work in it: {self.work().sentence()}"
 
 
 def _reports(

@@ -14,8 +14,9 @@ from deltalake import ColumnProperties, CommitProperties, DeltaTable, QueryBuild
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import Transaction
 
-from cdc_assets.core import failpoints
+from cdc_assets.core import failpoints, work_tally
 from cdc_assets.core.errors import CdcUserError
+from cdc_assets.lake.layout import CHANGES, CURRENT, HISTORY
 
 MAX_SEQ_KEY = "cdc_max_seq"  # a change log's highest `_cdc_seq` taken in
 APPLIED_SEQ_KEY = "cdc_applied_seq"  # the `_cdc_seq` up to which a current-state table has taken changes in
@@ -175,7 +176,8 @@ def row_count(table: DeltaTable) -> int:
 
 def open_table(uri: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
     try:
-        return DeltaTable(uri, storage_options=storage_options)
+        with work_tally.timed(work_tally.DELTA_OPENS):
+            return DeltaTable(uri, storage_options=storage_options)
     except TableNotFoundError:
         return None
 
@@ -213,6 +215,13 @@ def seq_landed(uri: str, storage_options: dict[str, str] | None, key: str, seq: 
     return landed
 
 
+COMMIT_KINDS = {  # a fenced commit's kind of work, by the layer its table key begins with (lake.layout)
+    CHANGES: work_tally.CHANGE_LOG_COMMITS,
+    CURRENT: work_tally.CURRENT_STATE_COMMITS,
+    HISTORY: work_tally.HISTORY_COMMITS,
+}
+
+
 @contextmanager
 def fenced(what: str, landed: Callable[[], bool] | None = None) -> Iterator[None]:
     """A commit refused because another writer committed the same app transaction since this writer read the
@@ -221,9 +230,12 @@ def fenced(what: str, landed: Callable[[], bool] | None = None) -> Iterator[None
 
     `landed` (see `seq_landed`) tells the one refusal that is a success: the object store applied this very commit
     but its answer was lost, and the client's retry of the conditional PUT met the commit it had made itself. The
-    table then records this commit's seq, and the block ends normally."""
+    table then records this commit's seq, and the block ends normally.
+
+    Each block is one commit of `what`'s layer in the process's work tally (`core.work_tally`)."""
     try:
-        yield
+        with work_tally.timed(COMMIT_KINDS.get(what.split("/", 1)[0], work_tally.OTHER_COMMITS)):
+            yield
     except CommitFailedError as exc:
         if "concurrent transaction" in str(exc).lower() and landed is not None and landed():
             return

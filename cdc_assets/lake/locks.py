@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +49,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from cdc_assets.core import work_tally
 from cdc_assets.core.errors import CdcUserError, unreachable_cause, unreachable_message
 from cdc_assets.lake.layout import STATE
 from cdc_assets.lake.store import Lakehouse, S3Store
@@ -544,7 +545,9 @@ def lakehouse_lock(
         locked = _s3_lock(lakehouse, name, purpose, owner, wait_seconds, ttl_seconds, log)
     else:
         locked = _local_lock(lakehouse, name, purpose, owner, wait_seconds, log)
-    with locked as lease:
+    with ExitStack() as taken:
+        with work_tally.timed(work_tally.LOCKS):  # taking it, waits included
+            lease = taken.enter_context(locked)
         with _held_mutex:
             _held_here[key] = (threading.get_ident(), lease)
         try:

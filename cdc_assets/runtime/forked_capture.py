@@ -126,6 +126,7 @@ class ForkedCapture:
         failed, or a child killed before its capture's report, yields nothing (the op captures from the checkpoint).
         A later step's sentence is kept in `user_error` (the op says it where its own call would); a later step that
         failed, or was left to the run's Spark, ends the reports: the op runs the driver for the steps left."""
+        from cdc_assets.core import work_tally
         from cdc_assets.core.errors import CdcUserError
 
         captured = False
@@ -134,6 +135,8 @@ class ForkedCapture:
             if kind == "step":
                 captured = True
                 yield value
+            elif kind == "work":  # what the step took in the child: counted as this process's (core.work_tally)
+                work_tally.add(value)
             elif kind in ("left", "failed", "user_error"):
                 self._end(log)
                 if kind == "user_error" and not captured:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from cdc_assets.capture.journal import CaptureJournal
+from cdc_assets.core import work_tally
 from cdc_assets.core.errors import CdcUserError
 from cdc_assets.core.settings import Settings
 from cdc_assets.lake.quarantine import RunWide
@@ -50,8 +51,17 @@ def arrow_only(min_rows: int) -> Callable[[int], Transforms]:
 
 def run_driver(settings: Settings, owner: str, journal: CaptureJournal, log: Any, send: Send, stages: bool = True) -> None:
     """The sync's driver (its capture, and with `stages` what follows it), each step's report sent as soon as the
-    step is done. How it ended, when the driver did not end on its own: `user_error` (a sentence for the user),
+    step is done, followed by the work it took (`work`: the child's `core.work_tally` since the last, which the op
+    adds to its own). How it ended, when the driver did not end on its own: `user_error` (a sentence for the user),
     `failed`, or `left` (a stage left to the run's Spark, said first as `spark`: the parent starts the session now)."""
+    counted = work_tally.snapshot()  # the parent's, copied by the fork: not this child's work
+
+    def send_work() -> None:
+        nonlocal counted
+        now = work_tally.snapshot()
+        send("work", now - counted)
+        counted = now
+
     try:
         # the sync's own settings, as the run's resources are built from them (defs/resources.resources_of)
         source, house = resolved_source(settings.source), lakehouse_from(settings.lakehouse)
@@ -61,10 +71,14 @@ def run_driver(settings: Settings, owner: str, journal: CaptureJournal, log: Any
             source, house, owner=owner, steps=steps, transforms=transforms, log=log, journal=journal, repairs_owed=True
         ):
             send("step", step)
+            send_work()
     except LeftToRun as exc:
+        send_work()
         send("spark", str(exc))  # the parent starts the run's session now, beside Dagster's import and the run's start
         send("left", str(exc))
     except CdcUserError as exc:
+        send_work()
         send("user_error", str(exc))
     except Exception as exc:
+        send_work()
         send("failed", f"{type(exc).__name__}: {exc}")
