@@ -442,11 +442,16 @@ def test_the_global_options_are_taken_after_the_command_too(cdc: CdcEnv, tmp_pat
     [split] = [line for line in verbose.stdout.splitlines() if "where the time went: " in line]
     parts = dict(re.findall(r"(capture|change logs|current state|checks against the source|Dagster events) ([0-9.]+) s", split))
     assert {"capture", "change logs", "current state", "checks against the source", "Dagster events"} <= parts.keys(), split
-    # and by kind of work: one table touched is one commit per layer, however many steps and processes took part
-    in_it = split.split("the work in it: ")[1]
-    work = {kind.strip(): int(n.replace(",", "")) for kind, n in re.findall(r"([a-zA-Z -]+) ([0-9,]+) \([0-9.]+ s\)", in_it)}
+    # and the work in each part by kind: one table touched is one commit per layer, each in its own step's part,
+    # however many steps and processes took part
+    work: dict[str, int] = {}
+    for kind, n in re.findall(r"([a-zA-Z -]+) ([0-9,]+) \([0-9.]+ s\)", split):
+        work[kind.strip()] = work.get(kind.strip(), 0) + int(n.replace(",", ""))
     assert work["change-log commits"] == 1 and work["current-state commits"] == 1, split
     assert work["locks taken"] >= 1 and work["Delta tables opened"] >= 2 and work["state and batch file operations"] >= 1, split
+    kinds_before = r"(?:[a-zA-Z -]+ [0-9,]+ \([0-9.]+ s\), )*"  # the kinds listed before it in the same part
+    assert re.search(rf"change logs [0-9.]+ s \({kinds_before}change-log commits 1 \(", split), split
+    assert re.search(rf"current state [0-9.]+ s \({kinds_before}current-state commits 1 \(", split), split
     assert "where the time went" not in quiet.stdout
     assert (elsewhere / CURRENT / TableRef(cdc.database, "g").path).is_dir()
     assert not (cdc.lakehouse_dir / CURRENT).exists()  # CDC_LAKEHOUSE's lakehouse was not the one synced

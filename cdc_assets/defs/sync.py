@@ -213,17 +213,21 @@ RECORDING = "Dagster events"
 class TimeSpent:
     """Where a sync's seconds went (issue 45: a user sees the split with `-v`): each step's work, timed from the end
     of the one before to its report (in the forked child, or the driver here), and the op's recording of Dagster's
-    events (materializations, check evaluations) between the reports."""
+    events (materializations, check evaluations) between the reports. Each part also says the work in it by kind
+    (`core.work_tally`: Delta commits per layer, Delta tables opened, state and batch file operations, locks), the
+    forked child's included: it sends a step's work just before the step's report."""
 
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    work: dict[str, work_tally.Tally] = dataclasses.field(default_factory=dict)
     _mark: float = dataclasses.field(default_factory=time.monotonic)
-    _work_from: work_tally.Tally = dataclasses.field(default_factory=work_tally.snapshot)
+    _work_mark: work_tally.Tally = dataclasses.field(default_factory=work_tally.snapshot)
 
     def _count(self, part: str) -> None:
-        """The time since the last count, counted to `part`."""
-        now = time.monotonic()
+        """The time and work since the last count, counted to `part`."""
+        now, tally = time.monotonic(), work_tally.snapshot()
         self.seconds[part] = self.seconds.get(part, 0.0) + now - self._mark
-        self._mark = now
+        self.work[part] = self.work.get(part, work_tally.Tally()) + (tally - self._work_mark)
+        self._mark, self._work_mark = now, tally
 
     def of_steps(self, steps: Iterator[StepReport]) -> Iterator[StepReport]:
         """`steps`, the time up to each report counted to its part and the time the op takes over it (recording
@@ -237,15 +241,15 @@ class TimeSpent:
         """The op's recording after its last report (the capture it still held, or a step it stopped on) is over."""
         self._count(RECORDING)
 
-    def work(self) -> work_tally.Tally:
-        """The per-table work of the sync so far, by kind (the forked child's included: its reports carry it)."""
-        return work_tally.snapshot() - self._work_from
-
     def sentence(self) -> str:
-        """The split by step, then by kind of work (counts, and work-seconds: a pool's threads add up)."""
+        """`where the time went: current state 21.1 s (current-state commits 1,000 (12.0 s), …), …`: the parts by
+        their seconds, each with its work (work-seconds: a pool's threads add up)."""
         parts = sorted(self.seconds.items(), key=lambda kv: -kv[1])
-        by_step = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in parts)
-        return f"where the time went: {by_step}; the work in it: {self.work().sentence()}"
+        said = []
+        for name, seconds in parts:
+            work = self.work.get(name, work_tally.Tally())
+            said.append(f"{name} {seconds:.1f} s" + (f" ({work.sentence()})" if work.counts else ""))
+        return "where the time went: " + ", ".join(said)
 
 
 def _reports(

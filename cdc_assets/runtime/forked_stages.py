@@ -51,8 +51,8 @@ def arrow_only(min_rows: int) -> Callable[[int], Transforms]:
 
 def run_driver(settings: Settings, owner: str, journal: CaptureJournal, log: Any, send: Send, stages: bool = True) -> None:
     """The sync's driver (its capture, and with `stages` what follows it), each step's report sent as soon as the
-    step is done, followed by the work it took (`work`: the child's `core.work_tally` since the last, which the op
-    adds to its own). How it ended, when the driver did not end on its own: `user_error` (a sentence for the user),
+    step is done, preceded by the work it took (`work`: the child's `core.work_tally` since the last, which the op
+    adds to its own and counts to the step). How it ended, when the driver did not end on its own: `user_error` (a sentence for the user),
     `failed`, or `left` (a stage left to the run's Spark, said first as `spark`: the parent starts the session now)."""
     counted = work_tally.snapshot()  # the parent's, copied by the fork: not this child's work
 
@@ -70,8 +70,8 @@ def run_driver(settings: Settings, owner: str, journal: CaptureJournal, log: Any
         for step in drive(
             source, house, owner=owner, steps=steps, transforms=transforms, log=log, journal=journal, repairs_owed=True
         ):
+            send_work()  # first: the op counts the work up to a report to that report's step
             send("step", step)
-            send_work()
     except LeftToRun as exc:
         send_work()
         send("spark", str(exc))  # the parent starts the run's session now, beside Dagster's import and the run's start
