@@ -338,23 +338,28 @@ def s3_client(
     )
 
 
-class _KeptTables:
-    """Delta tables kept open by uri (a local lakehouse's): see Lakehouse.keeping_tables_open."""
+FIRST_COMMIT = f"{0:020d}.json"  # a Delta table's first log entry: another one means the table was made again
 
-    def __init__(self, storage_options: dict[str, str] | None) -> None:
+
+def _local_identity(uri: str) -> tuple[int, int] | None:
+    """A local table's first commit file (inode, mtime), or None when there is none."""
+    try:
+        stat = os.stat(Path(uri) / DELTA_LOG / FIRST_COMMIT)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+class _KeptTables:
+    """Delta tables kept open by uri: see Lakehouse.keeping_tables_open. `identity(uri)` tells the table's first
+    commit apart from any other (None: no table)."""
+
+    def __init__(self, storage_options: dict[str, str] | None, identity: Callable[[str], object | None]) -> None:
         self.storage_options = storage_options
-        self.tables: dict[str, tuple[DeltaTable, tuple[int, int] | None]] = {}
+        self._identity = identity
+        self.tables: dict[str, tuple[DeltaTable, object | None]] = {}
         self.locks: dict[str, threading.Lock] = {}  # one per table: tables open in parallel, one table at a time
         self.mutex = threading.Lock()
-
-    @staticmethod
-    def _identity(uri: str) -> tuple[int, int] | None:
-        """The table's first commit file (inode, mtime): another one means the table was made again."""
-        try:
-            stat = os.stat(Path(uri) / DELTA_LOG / f"{0:020d}.json")
-        except OSError:
-            return None
-        return stat.st_ino, stat.st_mtime_ns
 
     def forget(self, uri: str) -> None:
         with self.mutex:
@@ -445,27 +450,44 @@ class Lakehouse:
         kept = getattr(self, "_kept", None)
         return open_table(uri, self.storage_options()) if kept is None else kept.open(uri)
 
+    @property
+    def keeps_tables_open(self) -> bool:
+        """Whether this is a copy `keeping_tables_open` made (its opens keep each table open)."""
+        return getattr(self, "_kept", None) is not None
+
     @contextmanager
     def keeping_tables_open(self) -> Iterator[Lakehouse]:
         """A copy of this lakehouse whose `open` keeps each Delta table open for the block and brings it to the
         newest version with `update_incremental` (only the commits since), instead of reading its log again each
-        time: the continuous mode's follower (the pipeline's driver run for ever) opens the same tables every cycle. A table made
-        again since (its first commit's file is not the one seen: dropped, re-created by someone else) or whose
-        log cannot be followed is opened afresh. Other writers' commits are read like the pipeline's own.
+        time: the continuous mode's follower (the pipeline's driver run for ever) opens the same tables every cycle,
+        and a run's change-log and current-state steps open each table several times (pipeline.driver). A table made
+        again since (its first commit's file is not the one seen, by inode and mtime, or on S3 by ETag and time: one
+        HEAD request) or whose log cannot be followed is opened afresh. Other writers' commits are read like the
+        pipeline's own.
 
-        Only this copy keeps tables open (another thread's opens through `self` are unaffected); for an S3
-        lakehouse the copy opens tables afresh, as `self` does (no cheap way to see that a table was made again).
-        The DeltaTable a caller holds moves to the newest version when the same table is opened again through the
-        copy: the follower holds the pipeline's locks, so only a writer that ignores them commits in between."""
+        Only this copy keeps tables open (another thread's opens through `self` are unaffected). The DeltaTable a
+        caller holds moves to the newest version when the same table is opened again through the copy: its users
+        hold the pipeline's write locks, so only a writer that ignores them commits in between."""
         yield self.with_tables_kept_open()
 
     def with_tables_kept_open(self) -> Lakehouse:
         """The copy `keeping_tables_open` yields, for a caller that keeps it as long as it lives (the continuous
         op's thread, recording each cycle's table metadata). One thread (and its pool) per copy."""
         kept = copy.copy(self)
-        if not self.is_s3:
-            kept._kept = _KeptTables(self.storage_options())
+        kept._kept = _KeptTables(self.storage_options(), self._s3_identity if self.is_s3 else _local_identity)
         return kept
+
+    def _s3_identity(self, uri: str) -> tuple[str, str] | None:
+        """An S3 table's first commit object (ETag, last modified: one HEAD request), or None when there is none."""
+        assert isinstance(self.store, S3Store)
+        key = f"{uri[len(self.location) + 1 :]}/{DELTA_LOG}/{FIRST_COMMIT}"
+        try:
+            head = self.store.client.head_object(Bucket=self.store.bucket, Key=self.store._key(key))
+        except self.store.client.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return str(head.get("ETag")), str(head.get("LastModified"))
 
     def file_access(self) -> FileAccess:
         """How a Spark task reaches this lakehouse's files (picklable; holds the S3 credentials)."""

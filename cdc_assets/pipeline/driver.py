@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -316,23 +316,25 @@ class _Run:
 
     def stages(self, tables: list[str], current_tables: list[str] | None) -> Iterator[StepReport]:
         """The steps after capture over `tables`, in order, each report yielded as the step is done."""
-        house, log, owner = self.lakehouse, self.log, self.owner
+        log, owner = self.log, self.owner
         yield Pending(tables)
         if not tables:
             return
-        if CHANGES in self.steps:
-            changes = process_new_batches(house, self.transforms, tables=tables, log=log, owner=owner)
-            duplicates = duplicate_seqs(house, known_tables(house.store, tables)) if self.blocking else None
-            logged = ChangesLogged(tables, changes, duplicates)
-            yield logged
-            if logged.blocks:
-                return  # change_log_seq_unique fails: nothing is applied past a duplicate
-        if CURRENT in self.steps:
-            applied = tables if current_tables is None else current_tables
-            current = apply_pending(house, self.transforms, tables=applied, log=log, owner=owner)
-            names = sorted(current.tables)
-            facts = for_each_table(names, lambda t: table_facts(house, t))
-            yield CurrentApplied(current, dict(zip(names, facts, strict=True)))
+        with self._writing() as house:
+            if CHANGES in self.steps:
+                changes = process_new_batches(house, self.transforms, tables=tables, log=log, owner=owner)
+                duplicates = duplicate_seqs(house, known_tables(house.store, tables)) if self.blocking else None
+                logged = ChangesLogged(tables, changes, duplicates)
+                yield logged
+                if logged.blocks:
+                    return  # change_log_seq_unique fails: nothing is applied past a duplicate
+            if CURRENT in self.steps:
+                applied = tables if current_tables is None else current_tables
+                current = apply_pending(house, self.transforms, tables=applied, log=log, owner=owner)
+                names = sorted(current.tables)
+                facts = for_each_table(names, lambda t: table_facts(house, t))
+                yield CurrentApplied(current, dict(zip(names, facts, strict=True)))
+        house = self.lakehouse  # the checks and sinks take no lock: their tables are opened afresh
         if CHECKS in self.steps:
             assert self.source is not None
             checked = known_tables(house.store, tables)
@@ -343,6 +345,30 @@ class _Run:
             from cdc_assets.sinks.publish import publish, publisher_for
 
             yield Published([publish(sink, house, publisher_for(sink), owner=owner, log=log) for sink in self.sinks])
+
+
+    @contextmanager
+    def _writing(self) -> Iterator[Lakehouse]:
+        """The change-log and current-state steps' lakehouse: their locks held across both steps (each stage takes
+        its own again for free: they are re-entrant per thread and owner), and, under them, each Delta table kept
+        open from step to step (`Lakehouse.keeping_tables_open`: a table opened again reads only the commits since,
+        not its whole log; issue 45). No other writer commits to a table while the locks are held, so a table kept
+        open moves only with this run's own commits. A continuous run holds the locks and keeps its tables open
+        already."""
+        writes = [(lock, purpose) for step, lock, purpose in WRITE_LOCKS if step in self.steps]
+        if not writes or self.lakehouse.keeps_tables_open:
+            yield self.lakehouse
+            return
+        with ExitStack() as held:
+            for name, purpose in writes:
+                held.enter_context(
+                    lakehouse_lock(self.lakehouse, name, purpose, self.owner, self.lakehouse.lock_wait_seconds, log=self.log)
+                )
+            yield held.enter_context(self.lakehouse.keeping_tables_open())
+
+
+# The locks of the steps that write Delta tables, in the order every holder of both takes them.
+WRITE_LOCKS = ((CHANGES, CHANGES_LOCK, "change-log update"), (CURRENT, CURRENT_LOCK, "current-state update"))
 
 
 def _forever(
