@@ -24,10 +24,11 @@ CHANGE_LOG_COMMITS = "change-log commits"
 CURRENT_STATE_COMMITS = "current-state commits"
 HISTORY_COMMITS = "history commits"
 OTHER_COMMITS = "other Delta commits"
-DELTA_OPENS = "Delta tables opened"
+DELTA_OPENS = "Delta tables opened"  # read from their log's start (or last checkpoint)
+DELTA_UPDATES = "Delta tables kept open and brought up to date"  # only the commits since (Lakehouse.keeping_tables_open)
 STATE_FILES = "state and batch file operations"  # the lakehouse's object store: state files, raw batches
 LOCKS = "locks taken"
-KINDS = (CHANGE_LOG_COMMITS, CURRENT_STATE_COMMITS, HISTORY_COMMITS, OTHER_COMMITS, DELTA_OPENS, STATE_FILES, LOCKS)
+KINDS = (CHANGE_LOG_COMMITS, CURRENT_STATE_COMMITS, HISTORY_COMMITS, OTHER_COMMITS, DELTA_OPENS, DELTA_UPDATES, STATE_FILES, LOCKS)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, Protocol
 
 from deltalake import DeltaTable
 
-from cdc_assets.core import failpoints
+from cdc_assets.core import failpoints, work_tally
 from cdc_assets.core.errors import CdcUserError, storage_faults_are_user_errors, unreachable_message, unreachable_reason
 from cdc_assets.core.names import TableRef, name_of_segment
 from cdc_assets.core.settings import (
@@ -31,7 +31,6 @@ from cdc_assets.core.settings import (
     S3Retries,
     TableSelection,
 )
-from cdc_assets.core.work_tally import STATE_FILES, tallied
 from cdc_assets.lake.delta import open_table
 from cdc_assets.lake.files import FileAccess
 from cdc_assets.lake.layout import CURRENT, DELTA_LOG, STATE, file_digests_folder
@@ -85,28 +84,28 @@ class LocalStore:
         finally:
             os.close(dir_fd)
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def put(self, key: str, data: bytes) -> None:
         self._write_atomically(key, lambda f: f.write(data))
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def put_file(self, key: str, path: Path) -> None:
         """A local file's content under `key`, atomically (copied in blocks, never whole in memory)."""
         with path.open("rb") as source:
             self._write_atomically(key, lambda f: shutil.copyfileobj(source, f, 1 << 20))
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError as exc:
             raise MissingObject(key) from exc
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]:
         base = self._path(prefix)
         if not base.exists():
@@ -116,7 +115,7 @@ class LocalStore:
         )
         return keys if start_after is None else [k for k in keys if k > start_after]
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def list_dirs(self, prefix: str) -> list[str]:
         base = self._path(prefix)
         if not base.is_dir():
@@ -132,18 +131,18 @@ class LocalStore:
             path.unlink(missing_ok=True)
         return len(partial)
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def has_prefix(self, prefix: str) -> bool:
         """Whether any object lies under `prefix/`."""
         base = self._path(prefix)
         return base.is_dir() and any(p.is_file() for p in base.rglob("*"))
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def delete(self, key: str) -> None:
         """Remove one object (none there: nothing to do)."""
         self._path(key).unlink(missing_ok=True)
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def move(self, key: str, to: str) -> None:
         """Put an object under another key (a rename: never copied, never in both places)."""
         target = self._path(to)
@@ -175,24 +174,24 @@ class S3Store:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def put(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def put_file(self, key: str, path: Path) -> None:
         """A local file's content under `key`, streamed (multipart when large); visible only when complete."""
         progress = (lambda _sent: failpoints.hit("capture.upload_part")) if failpoints.is_armed("capture.upload_part") else None
         self.client.upload_file(str(path), self.bucket, self._key(key), Callback=progress)
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def get(self, key: str) -> bytes:
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except self.client.exceptions.NoSuchKey as exc:
             raise MissingObject(key) from exc
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
@@ -217,11 +216,11 @@ class S3Store:
         strip = len(self._key("")) if self.prefix else 0
         return sorted(k[strip:] for k in keys), sorted(d[len(full) :].rstrip("/") for d in dirs)
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def list_keys(self, prefix: str, start_after: str | None = None) -> list[str]:
         return self._list(prefix, None, start_after)[0]
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def list_dirs(self, prefix: str) -> list[str]:
         return self._list(prefix, "/")[1]
 
@@ -236,18 +235,18 @@ class S3Store:
                 aborted += 1
         return aborted
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def has_prefix(self, prefix: str) -> bool:
         """Whether any object lies under `prefix/` (one listing of at most one key)."""
         page = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self._key(prefix).rstrip("/") + "/", MaxKeys=1)
         return bool(page.get("KeyCount") or page.get("Contents"))
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def delete(self, key: str) -> None:
         """Remove one object (none there: nothing to do, as S3 answers)."""
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
-    @tallied(STATE_FILES)
+    @work_tally.tallied(work_tally.STATE_FILES)
     def move(self, key: str, to: str) -> None:
         """Put an object under another key: a copy on the server (multipart when large), then the delete. A crash
         between the two leaves it under both keys, never under neither."""
@@ -373,9 +372,10 @@ class _KeptTables:
             if kept is not None:
                 table, identity = kept
                 try:
-                    if self._identity(uri) == identity:
-                        table.update_incremental()
-                        return table
+                    with work_tally.timed(work_tally.DELTA_UPDATES):
+                        if self._identity(uri) == identity:
+                            table.update_incremental()
+                            return table
                 except Exception:  # noqa: BLE001 (the log changed under it: opened afresh below)
                     pass
                 self.tables.pop(uri, None)
