@@ -133,6 +133,7 @@ def _initialise(
             returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
         if returncode == 0:
             return
+    shutil.rmtree(data_dir, ignore_errors=True)  # a half-made directory would pass for a made one at the next start
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-15:])
     raise RuntimeError(
         f"Initialising the local {flavour} server's data directory failed {attempts} times (exit {returncode}): "

@@ -360,6 +360,7 @@ class _Run:
             yield self.lakehouse
             return
         with ExitStack() as held:
+            held.enter_context(self.lakehouse.faults_are_user_errors())  # a lock's storage down: one sentence
             for name, purpose in writes:
                 held.enter_context(
                     lakehouse_lock(self.lakehouse, name, purpose, self.owner, self.lakehouse.lock_wait_seconds, log=self.log)
