@@ -5,6 +5,7 @@ data, stopped them). Run as `make dev` runs it, in a directory of its own, ended
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +56,24 @@ def _wait_for_ui(dev: subprocess.Popen[str], port: int) -> None:
         time.sleep(1)
 
 
+SHUTTING_DOWN = "Shutting down Dagster services"
+# What Dagster's daemon logs when Ctrl-C (SIGINT to the whole process group, as a terminal sends it) stopped the code
+# server while a sensor's tick was under way: Dagster's own shutdown order, not an error of the project's. Seen under
+# load in fresh-clone `make test` (`Unable to reach the user code server for sensor …`).
+SHUTDOWN_RACE = {"grpc._channel._InactiveRpcError", "dagster._core.errors.DagsterUserCodeUnreachableError"}
+
+
+def _tracebacks_of_ours(out: str) -> list[str]:
+    """The exceptions `make dev`'s output shows a traceback of: any before the shutdown began, and after it any but
+    the daemon's ticks that met the code server gone."""
+    before, _, after = out.partition(SHUTTING_DOWN)
+    found = ["a traceback before the shutdown"] if "Traceback" in before else []
+    if "Traceback" in after:
+        raised = set(re.findall(r"^([\w.]+(?:Error|Exception|Interrupt))\b", after, re.MULTILINE))
+        found += sorted(raised - SHUTDOWN_RACE) or ([] if raised else ["a traceback without its exception"])
+    return found
+
+
 def _ctrl_c(dev: subprocess.Popen[str]) -> str:
     os.killpg(dev.pid, signal.SIGINT)
     out, _ = dev.communicate(timeout=180)
@@ -80,7 +99,7 @@ def test_make_dev_serves_on_its_port_and_stops_what_it_started(tmp_path: Path) -
     assert "stopped the demo mariadb source" in out and "stopped the Spark Connect server" in out, out
     assert "stopped the demo mysql source" in out, out
     assert (tmp_path / ".local" / "mariadb" / "data").is_dir()  # its data kept
-    assert "Traceback" not in out and "SupersessionWarning" not in out, out
+    assert not _tracebacks_of_ours(out) and "SupersessionWarning" not in out, out
 
 
 def test_make_dev_leaves_what_was_running_and_make_stop_stops_it_keeping_the_data(tmp_path: Path) -> None:
