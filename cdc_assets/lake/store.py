@@ -194,13 +194,17 @@ class S3Store:
 
     @work_tally.tallied(work_tally.STATE_FILES)
     def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def head(self, key: str) -> dict[str, Any] | None:
+        """The object's metadata (one HEAD request: ETag, LastModified, ...), or None when there is none. Not
+        tallied here: `exists` counts it as a state file's, a kept Delta table's identity as part of its update."""
         try:
-            self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return self.client.head_object(Bucket=self.bucket, Key=self._key(key))
         except self.client.exceptions.ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
+                return None
             raise
-        return True
 
     def _list(self, prefix: str, delimiter: str | None, start_after: str | None = None) -> tuple[list[str], list[str]]:
         full = self._key(prefix).rstrip("/") + "/"
@@ -482,14 +486,8 @@ class Lakehouse:
     def _s3_identity(self, uri: str) -> tuple[str, str] | None:
         """An S3 table's first commit object (ETag, last modified: one HEAD request), or None when there is none."""
         assert isinstance(self.store, S3Store)
-        key = f"{uri[len(self.location) + 1 :]}/{DELTA_LOG}/{FIRST_COMMIT}"
-        try:
-            head = self.store.client.head_object(Bucket=self.store.bucket, Key=self.store._key(key))
-        except self.store.client.exceptions.ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-        return str(head.get("ETag")), str(head.get("LastModified"))
+        head = self.store.head(f"{uri[len(self.location) + 1 :]}/{DELTA_LOG}/{FIRST_COMMIT}")
+        return None if head is None else (str(head.get("ETag")), str(head.get("LastModified")))
 
     def file_access(self) -> FileAccess:
         """How a Spark task reaches this lakehouse's files (picklable; holds the S3 credentials)."""

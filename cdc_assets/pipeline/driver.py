@@ -397,8 +397,9 @@ def _forever(
         raise ValueError(f"a continuous run's lock owner must start with {CONTINUOUS_OWNER!r}, not {owner!r}")
     wait = lakehouse.lock_wait_seconds
     with ExitStack() as held:
-        for name, purpose in ((CAPTURE_LOCK, "capture"), (CHANGES_LOCK, "change-log update"), (CURRENT_LOCK, "current-state update")):
-            held.enter_context(lakehouse_lock(lakehouse, name, purpose, owner, wait, log=log))
+        with lakehouse.faults_are_user_errors():  # a lock's storage down: one sentence, as in `_Run._writing`
+            for name, purpose in ((CAPTURE_LOCK, "capture"), *((lock, purpose) for _, lock, purpose in WRITE_LOCKS)):
+                held.enter_context(lakehouse_lock(lakehouse, name, purpose, owner, wait, log=log))
         # What a capture killed earlier left behind, once: the cycles' captures skip the look (tidy=False).
         removed = len(remove_orphaned_spools()) + lakehouse.store.remove_partial_writes(RAW)
         if removed and log is not None:
