@@ -452,6 +452,9 @@ def test_the_global_options_are_taken_after_the_command_too(cdc: CdcEnv, tmp_pat
     kinds_before = r"(?:[a-zA-Z -]+ [0-9,]+ \([0-9.]+ s\), )*"  # the kinds listed before it in the same part
     assert re.search(rf"change logs [0-9.]+ s \({kinds_before}change-log commits 1 \(", split), split
     assert re.search(rf"current state [0-9.]+ s \({kinds_before}current-state commits 1 \(", split), split
+    # the checks read the tables the run's writes kept open, brought up to date, instead of opening each afresh
+    [checks] = re.findall(r"checks against the source [0-9.]+ s \(([^()]*(?:\([^()]*\)[^()]*)*)\)", split)
+    assert "Delta tables kept open and brought up to date" in checks and "Delta tables opened" not in checks, split
     assert "where the time went" not in quiet.stdout
     assert (elsewhere / CURRENT / TableRef(cdc.database, "g").path).is_dir()
     assert not (cdc.lakehouse_dir / CURRENT).exists()  # CDC_LAKEHOUSE's lakehouse was not the one synced

@@ -472,8 +472,9 @@ class Lakehouse:
         pipeline's own.
 
         Only this copy keeps tables open (another thread's opens through `self` are unaffected). The DeltaTable a
-        caller holds moves to the newest version when the same table is opened again through the copy: its users
-        hold the pipeline's write locks, so only a writer that ignores them commits in between."""
+        caller holds moves to the newest version when the same table is opened again through the copy: its writers
+        hold the pipeline's write locks, so only a writer that ignores them commits in between, and its readers (a
+        run's checks after its writes) are done with a table before they open it again."""
         yield self.with_tables_kept_open()
 
     def with_tables_kept_open(self) -> Lakehouse:

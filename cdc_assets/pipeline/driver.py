@@ -320,7 +320,8 @@ class _Run:
         yield Pending(tables)
         if not tables:
             return
-        with self._writing() as house:
+        kept = self._kept_open()
+        with self._writing(kept) as house:
             if CHANGES in self.steps:
                 changes = process_new_batches(house, self.transforms, tables=tables, log=log, owner=owner)
                 duplicates = duplicate_seqs(house, known_tables(house.store, tables)) if self.blocking else None
@@ -334,7 +335,7 @@ class _Run:
                 names = sorted(current.tables)
                 facts = for_each_table(names, lambda t: table_facts(house, t))
                 yield CurrentApplied(current, dict(zip(names, facts, strict=True)))
-        house = self.lakehouse  # the checks and sinks take no lock: their tables are opened afresh
+        house = kept  # the checks take no lock: a table kept open reads the commits since, another writer's too
         if CHECKS in self.steps:
             assert self.source is not None
             checked = known_tables(house.store, tables)
@@ -347,17 +348,21 @@ class _Run:
             yield Published([publish(sink, house, publisher_for(sink), owner=owner, log=log) for sink in self.sinks])
 
 
+    def _kept_open(self) -> Lakehouse:
+        """The lakehouse of one pass over the tables, each Delta table kept open from step to step
+        (`Lakehouse.keeping_tables_open`: a table opened again reads only the commits since, not its whole log;
+        issue 45): the change-log and current-state steps' and then the checks'. A continuous run keeps its tables
+        open across its cycles already."""
+        return self.lakehouse if self.lakehouse.keeps_tables_open else self.lakehouse.with_tables_kept_open()
+
     @contextmanager
-    def _writing(self) -> Iterator[Lakehouse]:
-        """The change-log and current-state steps' lakehouse: their locks held across both steps (each stage takes
-        its own again for free: they are re-entrant per thread and owner), and, under them, each Delta table kept
-        open from step to step (`Lakehouse.keeping_tables_open`: a table opened again reads only the commits since,
-        not its whole log; issue 45). No other writer commits to a table while the locks are held, so a table kept
-        open moves only with this run's own commits. A continuous run holds the locks and keeps its tables open
-        already."""
+    def _writing(self, house: Lakehouse) -> Iterator[Lakehouse]:
+        """`house` with the change-log and current-state steps' locks held across both steps (each stage takes its
+        own again for free: they are re-entrant per thread and owner): no other writer commits to a table while they
+        are held, so a table kept open moves only with this run's own commits. A continuous run holds them already."""
         writes = [(lock, purpose) for step, lock, purpose in WRITE_LOCKS if step in self.steps]
         if not writes or self.lakehouse.keeps_tables_open:
-            yield self.lakehouse
+            yield house
             return
         with ExitStack() as held:
             held.enter_context(self.lakehouse.faults_are_user_errors())  # a lock's storage down: one sentence
@@ -365,7 +370,7 @@ class _Run:
                 held.enter_context(
                     lakehouse_lock(self.lakehouse, name, purpose, self.owner, self.lakehouse.lock_wait_seconds, log=self.log)
                 )
-            yield held.enter_context(self.lakehouse.keeping_tables_open())
+            yield house
 
 
 # The locks of the steps that write Delta tables, in the order every holder of both takes them.
