@@ -354,13 +354,26 @@ def _local_identity(uri: str) -> tuple[int, int] | None:
     return stat.st_ino, stat.st_mtime_ns
 
 
+def _local_has_version(uri: str, version: int) -> bool:
+    """Whether a local table has a commit of `version`: its log entry exists (a Delta version is made by writing
+    that entry, never replaced), so a table loaded at the version before it is at its newest without one."""
+    return (Path(uri) / DELTA_LOG / f"{version:020d}.json").exists()
+
+
 class _KeptTables:
     """Delta tables kept open by uri: see Lakehouse.keeping_tables_open. `identity(uri)` tells the table's first
-    commit apart from any other (None: no table)."""
+    commit apart from any other (None: no table); `has_version(uri, v)`, where a look is cheaper than following the
+    log (a local file's stat against a listing of the log), whether the table has a commit of version v."""
 
-    def __init__(self, storage_options: dict[str, str] | None, identity: Callable[[str], object | None]) -> None:
+    def __init__(
+        self,
+        storage_options: dict[str, str] | None,
+        identity: Callable[[str], object | None],
+        has_version: Callable[[str, int], bool] | None = None,
+    ) -> None:
         self.storage_options = storage_options
         self._identity = identity
+        self._has_version = has_version
         self.tables: dict[str, tuple[DeltaTable, object | None]] = {}
         self.locks: dict[str, threading.Lock] = {}  # one per table: tables open in parallel, one table at a time
         self.mutex = threading.Lock()
@@ -379,7 +392,8 @@ class _KeptTables:
                 began = time.perf_counter()
                 try:
                     if self._identity(uri) == identity:
-                        table.update_incremental()
+                        if self._has_version is None or self._has_version(uri, table.version() + 1):
+                            table.update_incremental()  # else nothing was committed since: it is at its newest
                         work_tally.count(work_tally.DELTA_UPDATES, time.perf_counter() - began)
                         return table
                 except Exception:  # noqa: BLE001 (the log changed under it: opened afresh below)
@@ -469,7 +483,9 @@ class Lakehouse:
         and a run's change-log and current-state steps open each table several times (pipeline.driver). A table made
         again since (its first commit's file is not the one seen, by inode and mtime, or on S3 by ETag and time: one
         HEAD request) or whose log cannot be followed is opened afresh. Other writers' commits are read like the
-        pipeline's own.
+        pipeline's own. A local table whose next version's log entry does not exist is at its newest as it is: one
+        stat instead of a listing of its log (a run's steps open each table about ten times, and mostly nothing was
+        committed since, or only through the very object kept, which the commit moved).
 
         Only this copy keeps tables open (another thread's opens through `self` are unaffected). The DeltaTable a
         caller holds moves to the newest version when the same table is opened again through the copy: its writers
@@ -481,7 +497,10 @@ class Lakehouse:
         """The copy `keeping_tables_open` yields, for a caller that keeps it as long as it lives (the continuous
         op's thread, recording each cycle's table metadata). One thread (and its pool) per copy."""
         kept = copy.copy(self)
-        kept._kept = _KeptTables(self.storage_options(), self._s3_identity if self.is_s3 else _local_identity)
+        if self.is_s3:  # following the log is one listing, as a look at the next version's entry would be
+            kept._kept = _KeptTables(self.storage_options(), self._s3_identity)
+        else:
+            kept._kept = _KeptTables(self.storage_options(), _local_identity, _local_has_version)
         return kept
 
     def _s3_identity(self, uri: str) -> tuple[str, str] | None:
