@@ -63,22 +63,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # its --durations). xdist hands modules out in collection order (`--no-loadscope-reorder`), so these start first and
 # none of them starts near the end to hold the suite's last minutes alone. Order only: every other module follows,
 # in its collection order.
-LONGEST_FIRST = (  # seconds each took in a fresh clone's `make test` (3 workers, 2026-11-29, pytest 18:09 in all)
-    "test_deployment",  # 355
-    "test_failpoints",  # 152
-    "test_spark_cluster",  # 132
-    "test_hands_off",  # 128
-    "test_forked_capture",  # 118
-    "test_ui_browser",  # ~100 (59, before it waited for a new table's assets to appear)
-    "test_schema_changes",  # 99
-    "test_source_faults",  # 92
-    "test_consistency",  # 82
-    "test_sinks",  # 80
-    "test_snapshot",  # 79
-    "test_cli",  # 78
-    "test_forget",  # 76
-    "test_pipeline",  # 74
-    "test_s3_faults",  # 68
+LONGEST_FIRST = (  # seconds each took in a fresh clone's `make test` (3 workers, 2026-12-07, pytest 19:34 in all)
+    "test_deployment",  # 334
+    "test_failpoints",  # 169
+    "test_spark_cluster",  # 153
+    "test_hands_off",  # 141
+    "test_ui_browser",  # 128
+    "test_consistency",  # 94
+    "test_huge_values",  # 89
+    "test_schema_changes",  # 86
+    "test_forked_capture",  # 83
+    "test_forget",  # 81
+    "test_s3_faults",  # 79
+    "test_restart",  # 77
+    "test_spark_snapshot",  # 77
+    "test_source_faults",  # 77
+    "test_continuous",  # 74
 )
 
 
