@@ -13,8 +13,8 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from cdc_assets.core.names import TableRef
-from cdc_assets.lake.layout import CURRENT
 from cdc_assets.core.settings import S3Retries
+from cdc_assets.lake.layout import CURRENT
 from cdc_assets.lake.store import Lakehouse, S3Access, s3_client
 
 BUCKET = "kept-tables-test"
