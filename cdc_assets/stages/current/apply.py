@@ -28,6 +28,8 @@ from cdc_assets.lake.delta import (
     APPLIED_SEQ_KEY,
     compact_small_files,
     fenced,
+    file_actions,
+    max_of,
     max_seq,
     plain_schema,
     read_query,
@@ -197,12 +199,13 @@ def missing_current_tables(lakehouse: Lakehouse, tables: list[str]) -> list[str]
 def pending_at_most(log: DeltaTable, applied: int | None) -> int:
     """An upper bound of the changes past `applied`, from the files' statistics (no data read): the rows of
     every file whose highest `_cdc_seq` is past it."""
-    actions = pa.table(log.get_add_actions(flatten=True))
+    actions = file_actions(log)
     if not actions.num_rows:
         return 0
     records = actions.column("num_records")
-    if applied is not None and "max._cdc_seq" in actions.column_names:
-        newer = pc.fill_null(pc.greater(actions.column("max._cdc_seq"), applied), True)
+    seqs = max_of(actions, "_cdc_seq")
+    if applied is not None and seqs is not None:
+        newer = pc.fill_null(pc.greater(seqs, applied), True)
         records = pc.filter(records, newer)
     return int(pc.sum(records).as_py() or 0)
 
