@@ -78,9 +78,29 @@ def test_a_table_removed_or_made_again_behind_a_kept_one_is_opened_afresh(lake: 
     assert held is not None and held.version() == 1
 
     lake.delete_table(CURRENT, TABLE)  # by another process's lakehouse: the kept one is not told
-    assert kept.open(CURRENT, TABLE) is None
-
     _write(lake, _rows([7], "new"), mode="overwrite")  # made again: its version 0, a table of its own
     _write(lake, _rows([8], "new"))  # at version 1, as the table held was: versions alone cannot tell them apart
     remade = kept.open(CURRENT, TABLE)
-    assert remade is not None and remade.version() == 1 and _content(remade) == [(7, "new"), (8, "new")]
+    assert remade is not None and remade is not held
+    assert remade.version() == 1 and _content(remade) == [(7, "new"), (8, "new")]
+
+    lake.delete_table(CURRENT, TABLE)
+    assert kept.open(CURRENT, TABLE) is None
+
+
+def test_a_table_whose_first_log_entry_was_cleaned_up_is_never_kept(tmp_path: Path) -> None:
+    """Delta's log clean-up removes entries older than a checkpoint, the first one too: the identity a kept table is
+    told by is gone, so such a table is opened afresh each time, and a removal is never hidden."""
+    lake = Lakehouse(str(tmp_path / "lake"))
+    for n in range(3):
+        _write(lake, _rows([n], "v"))
+    uri = lake.table_uri(CURRENT, TABLE)
+    DeltaTable(uri).create_checkpoint()
+    (Path(uri) / "_delta_log" / f"{0:020d}.json").unlink()  # as the clean-up does, past its retention
+    kept = lake.with_tables_kept_open()
+    first = kept.open(CURRENT, TABLE)
+    assert first is not None and first.version() == 2 and _content(first) == [(0, "v"), (1, "v"), (2, "v")]
+    again = kept.open(CURRENT, TABLE)
+    assert again is not first and again.version() == 2
+    lake.delete_table(CURRENT, TABLE)
+    assert kept.open(CURRENT, TABLE) is None

@@ -362,7 +362,8 @@ def _local_has_version(uri: str, version: int) -> bool:
 
 class _KeptTables:
     """Delta tables kept open by uri: see Lakehouse.keeping_tables_open. `identity(uri)` tells the table's first
-    commit apart from any other (None: no table); `has_version(uri, v)`, where a look is cheaper than following the
+    commit apart from any other (None: no first commit, because there is no table or because a log clean-up removed
+    it: such a table is not kept); `has_version(uri, v)`, where a look is cheaper than following the
     log (a local file's stat against a listing of the log), whether the table has a commit of version v."""
 
     def __init__(
@@ -401,8 +402,8 @@ class _KeptTables:
                 self.tables.pop(uri, None)
             identity = self._identity(uri)
             table = open_table(uri, self.storage_options)
-            if table is not None:
-                self.tables[uri] = (table, identity)
+            if table is not None and identity is not None:  # a log cleaned of its first entry: nothing to tell a
+                self.tables[uri] = (table, identity)  # table made again (or removed) by, so it is opened afresh
             return table
 
 

@@ -335,12 +335,12 @@ class _Run:
                 names = sorted(current.tables)
                 facts = for_each_table(names, lambda t: table_facts(house, t))
                 yield CurrentApplied(current, dict(zip(names, facts, strict=True)))
-        house = kept  # the checks take no lock: a table kept open reads the commits since, another writer's too
-        if CHECKS in self.steps:
+        if CHECKS in self.steps:  # no lock: a table kept open reads the commits since, another writer's too
             assert self.source is not None
-            checked = known_tables(house.store, tables)
-            comparisons = compare_changed(self.source, house, [TableRef.parse(t) for t in checked])
-            yield Checked(checked, comparisons, schema_differences(self.source, house, checked), lags_now(self.source, house))
+            checked = known_tables(kept.store, tables)
+            comparisons = compare_changed(self.source, kept, [TableRef.parse(t) for t in checked])
+            yield Checked(checked, comparisons, schema_differences(self.source, kept, checked), lags_now(self.source, kept))
+        house = self.lakehouse  # the sinks': the run's own (its tables kept open only in the continuous mode)
         if SINKS in self.steps and self.sinks:
             # the brokers' clients, imported only by a run that publishes
             from cdc_assets.sinks.publish import publish, publisher_for
