@@ -102,6 +102,11 @@ def file_actions(table: DeltaTable) -> pa.Table:
     return pa.table(table.get_add_actions(flatten=False))
 
 
+def file_paths(table: DeltaTable) -> list[str]:
+    """The table's data files, relative to its directory (from `file_actions`)."""
+    return file_actions(table).column("path").to_pylist()
+
+
 def max_of(actions: pa.Table, column: str) -> pa.ChunkedArray | None:
     """Each file's highest `column` value in `file_actions`, or None when the files hold no statistics of it."""
     if "max" not in actions.column_names:

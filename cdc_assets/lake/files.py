@@ -33,6 +33,7 @@ from cdc_assets.lake.delta import (
     MAX_DECIMAL_PRECISION_WITH_STATS,
     fenced,
     file_actions,
+    file_paths,
     files_read_alone,
     long_value_columns,
     plain_schema,
@@ -248,7 +249,7 @@ def read_table_chunks(access: FileAccess, table_key: str, table: DeltaTable, row
         yield from read_query_chunks(table, "SELECT * FROM t", "t", rows_per_chunk)
         return
     schema = plain_schema(table)
-    paths = file_actions(table).column("path").to_pylist()
+    paths = file_paths(table)
     pending: list[pa.Table] = []
     held = 0
     for rows in read_files(access, table_key, paths, batch_rows=rows_per_chunk):
@@ -393,4 +394,4 @@ MAX_REBASES = 5  # commits of others (property changes, checkpoints) a replacing
 
 
 def _file_paths(table: DeltaTable) -> set[str]:
-    return set(file_actions(table).column("path").to_pylist())
+    return set(file_paths(table))

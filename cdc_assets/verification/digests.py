@@ -49,7 +49,7 @@ from cdc_assets.core.mysql_types import BINARY_TYPES, INTEGER_TYPES, PRINTED_BIN
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.settings import MySQLUrl
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.delta import files_read_alone, read_query_chunks
+from cdc_assets.lake.delta import file_actions, files_read_alone, read_query_chunks
 from cdc_assets.lake.file_digests import (
     FileDigestWriter,
     load_file_digests,
@@ -279,7 +279,7 @@ def lake_rows(lakehouse: Lakehouse, table: TableRef, current: DeltaTable, shape:
         for rows in read_query_chunks(current, sql, "current", STREAM_ROWS):
             found.add(*digest_rows(shape, live_rows(rows)))
         return found.rows(0, 0)
-    actions = pa.table(current.get_add_actions(flatten=True))
+    actions = file_actions(current)  # paths, sizes and times: no statistics
     texts = hashlib.sha256(f"{DIGEST_TEXT_FORMAT}|{shape.columns!r}|{shape.primary_key!r}|{read}".encode()).hexdigest()
     files: list[DataFile] = []
     if actions.num_rows:

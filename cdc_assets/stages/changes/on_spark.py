@@ -12,7 +12,7 @@ import pyarrow as pa
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.delta import MAX_SEQ_KEY, max_seq, table_configuration
+from cdc_assets.lake.delta import MAX_SEQ_KEY, file_paths, max_seq, table_configuration
 from cdc_assets.lake.files import add_actions, commit_files
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.locks import Lease
@@ -71,7 +71,7 @@ def process_on_spark(
             rewritten: list[dict] = []
             if table in rewrite and existing is not None:  # a MODIFY COLUMN: the older rows take the new type
                 target = schemas[table]
-                paths = [[p] for p in pa.table(existing.get_add_actions(flatten=True)).column("path").to_pylist()]
+                paths = [[p] for p in file_paths(existing)]
                 rewritten = rewrite_files(spark, access, key, table, paths, lambda rows: conform_to_log(rows, target))
             if not files and not rewritten:
                 return None

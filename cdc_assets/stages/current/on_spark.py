@@ -25,7 +25,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import ALTER, CREATE
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
-from cdc_assets.lake.delta import APPLIED_SEQ_KEY, max_seq, row_count
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY, file_actions, file_paths, max_of, max_seq, row_count
 from cdc_assets.lake.files import FileAccess, add_actions, commit_files, remove_actions
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.locks import Lease
@@ -93,10 +93,11 @@ def _log_files(lakehouse: Lakehouse, table: TableRef, shape: TableShape, progres
     applied = applied_floor(lakehouse, table, lakehouse.open(CURRENT, table), progress)
     if log is None or log_max is None or (applied is not None and log_max <= applied):
         return None
-    actions = pa.table(log.get_add_actions(flatten=True))
+    actions = file_actions(log)
     paths = actions.column("path").to_pylist()
-    if applied is not None and "max._cdc_seq" in actions.column_names:  # files wholly taken in are not read
-        highs = actions.column("max._cdc_seq").to_pylist()
+    seqs = max_of(actions, "_cdc_seq")
+    if applied is not None and seqs is not None:  # files wholly taken in are not read
+        highs = seqs.to_pylist()
         paths = [p for p, high in zip(paths, highs, strict=True) if high is None or high > applied]
     files = PendingFiles(lakehouse.table_key(CHANGES, table), paths, applied)
     return _LogFiles(files, pa.schema(log.schema().to_arrow()), applied, shape)
@@ -323,7 +324,7 @@ def _apply_schema_change(
         if source is not None:
             assert change.renamed_from is not None
             whole = SchemaChange(table, ALTER, after, after)
-            paths = pa.table(source.get_add_actions(flatten=True)).column("path").to_pylist()
+            paths = file_paths(source)
             adds = rewrite_files(
                 spark, access, lakehouse.table_key(CURRENT, change.renamed_from), str(table), [[p] for p in paths],
                 lambda rows: reshape_rows(rows, whole, after, commit_ts, table), target_key=key,
@@ -334,7 +335,7 @@ def _apply_schema_change(
         )  # fmt: skip
         return f"created from {change.renamed_from}" if source is not None else "created"
     assert existing is not None
-    paths = pa.table(existing.get_add_actions(flatten=True)).column("path").to_pylist()
+    paths = file_paths(existing)
     # a table that loses its key numbers its identical rows over the whole table: one task reads it all
     whole = not after.primary_key and DUP_COLUMN not in existing.schema().to_arrow().names
     groups = [paths] if whole else [[p] for p in paths]

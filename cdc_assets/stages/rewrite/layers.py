@@ -35,6 +35,7 @@ from deltalake import CommitProperties, DeltaTable
 from cdc_assets.core import failpoints
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.shapes import TableShape
+from cdc_assets.lake.delta import file_paths
 from cdc_assets.lake.file_digests import remove_file_digests
 from cdc_assets.lake.files import add_actions, conformed, read_files, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES, CURRENT, DELTA_LOG, HISTORY, RAW
@@ -175,11 +176,10 @@ def _rewrite_delta(
     schema = pa.schema(current.schema().to_arrow())
     reshaped = transform(schema.empty_table())
     new_schema = reshaped.schema if reshaped is not None and _layout(reshaped.schema) != _layout(schema) else None
-    actions = pa.table(current.get_add_actions(flatten=True))
     access, key = lakehouse.file_access(), lakehouse.table_key(layer, table)
     replaced: list[str] = []
     written: list[dict] = []
-    for path in actions.column("path").to_pylist() if actions.num_rows else []:
+    for path in file_paths(current):
         groups = [conformed(rows, schema) for rows in read_files(access, key, [path])]
         rows = pa.concat_tables(groups) if groups else schema.empty_table()
         new = transform(rows)
