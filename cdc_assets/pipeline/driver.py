@@ -320,8 +320,8 @@ class _Run:
         yield Pending(tables)
         if not tables:
             return
-        kept = self._kept_open()
-        with self._writing(kept) as house:
+        house = self._kept_open()
+        with self._write_locks():
             if CHANGES in self.steps:
                 changes = process_new_batches(house, self.transforms, tables=tables, log=log, owner=owner)
                 duplicates = duplicate_seqs(house, known_tables(house.store, tables)) if self.blocking else None
@@ -337,14 +337,14 @@ class _Run:
                 yield CurrentApplied(current, dict(zip(names, facts, strict=True)))
         if CHECKS in self.steps:  # no lock: a table kept open reads the commits since, another writer's too
             assert self.source is not None
-            checked = known_tables(kept.store, tables)
-            comparisons = compare_changed(self.source, kept, [TableRef.parse(t) for t in checked])
-            yield Checked(checked, comparisons, schema_differences(self.source, kept, checked), lags_now(self.source, kept))
-        house = self.lakehouse  # the sinks': the run's own (its tables kept open only in the continuous mode)
-        if SINKS in self.steps and self.sinks:
+            checked = known_tables(house.store, tables)
+            comparisons = compare_changed(self.source, house, [TableRef.parse(t) for t in checked])
+            yield Checked(checked, comparisons, schema_differences(self.source, house, checked), lags_now(self.source, house))
+        if SINKS in self.steps and self.sinks:  # on the run's own lakehouse (tables kept open only when continuous)
             # the brokers' clients, imported only by a run that publishes
             from cdc_assets.sinks.publish import publish, publisher_for
 
+            house = self.lakehouse
             yield Published([publish(sink, house, publisher_for(sink), owner=owner, log=log) for sink in self.sinks])
 
 
@@ -356,13 +356,13 @@ class _Run:
         return self.lakehouse if self.lakehouse.keeps_tables_open else self.lakehouse.with_tables_kept_open()
 
     @contextmanager
-    def _writing(self, house: Lakehouse) -> Iterator[Lakehouse]:
-        """`house` with the change-log and current-state steps' locks held across both steps (each stage takes its
-        own again for free: they are re-entrant per thread and owner): no other writer commits to a table while they
-        are held, so a table kept open moves only with this run's own commits. A continuous run holds them already."""
+    def _write_locks(self) -> Iterator[None]:
+        """The change-log and current-state steps' locks, held across both steps (each stage takes its own again for
+        free: they are re-entrant per thread and owner): no other writer commits to a table while they are held, so
+        a table kept open moves only with this run's own commits. A continuous run holds them already."""
         writes = [(lock, purpose) for step, lock, purpose in WRITE_LOCKS if step in self.steps]
         if not writes or self.lakehouse.keeps_tables_open:
-            yield house
+            yield
             return
         with ExitStack() as held:
             held.enter_context(self.lakehouse.faults_are_user_errors())  # a lock's storage down: one sentence
@@ -370,7 +370,7 @@ class _Run:
                 held.enter_context(
                     lakehouse_lock(self.lakehouse, name, purpose, self.owner, self.lakehouse.lock_wait_seconds, log=self.log)
                 )
-            yield house
+            yield
 
 
 # The locks of the steps that write Delta tables, in the order every holder of both takes them.
@@ -402,7 +402,7 @@ def _forever(
         raise ValueError(f"a continuous run's lock owner must start with {CONTINUOUS_OWNER!r}, not {owner!r}")
     wait = lakehouse.lock_wait_seconds
     with ExitStack() as held:
-        with lakehouse.faults_are_user_errors():  # a lock's storage down: one sentence, as in `_Run._writing`
+        with lakehouse.faults_are_user_errors():  # a lock's storage down: one sentence, as in `_Run._write_locks`
             for name, purpose in ((CAPTURE_LOCK, "capture"), *((lock, purpose) for _, lock, purpose in WRITE_LOCKS)):
                 held.enter_context(lakehouse_lock(lakehouse, name, purpose, owner, wait, log=log))
         # What a capture killed earlier left behind, once: the cycles' captures skip the look (tidy=False).
