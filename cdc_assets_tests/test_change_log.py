@@ -25,7 +25,7 @@ from cdc_assets.lake.delta import (
     row_count,
     table_configuration,
 )
-from cdc_assets.lake.files import add_actions, commit_files, remove_actions, write_files
+from cdc_assets.lake.files import add_actions, commit_files, read_rows_after, remove_actions, write_files
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.store import Lakehouse
 from cdc_assets.stages.changes.log import append_changes
@@ -153,3 +153,30 @@ def test_file_statistics_read_as_structs_say_what_the_flattened_ones_say(tmp_pat
     assert max_of(actions, "no_such_column") is None
     assert row_count(log) == 15
     assert (pending_at_most(log, None), pending_at_most(log, 7), pending_at_most(log, 10), pending_at_most(log, 15)) == (15, 10, 5, 0)
+
+
+def test_rows_after_a_seq_read_by_pyarrow_are_those_the_query_engine_gives(tmp_path: Path) -> None:
+    """`read_rows_after` reads only the files whose highest `_cdc_seq` is past the seq, through pyarrow: the same
+    rows and types as `SELECT … WHERE _cdc_seq > seq` through delta-rs, a column added since NULL in older files."""
+    lakehouse = Lakehouse(str(tmp_path / "lake"))
+    table = TableRef("s", "t")
+    for first in (1, 6, 11):  # three files: seqs 1-5, 6-10, 11-15
+        append_changes(lakehouse, table, _changes(first, 5))
+    uri = lakehouse.table_uri(CHANGES, table)
+    newer = read_query(open_table(uri, None), "SELECT * FROM t WHERE _cdc_seq > 13")
+    newer = newer.append_column("note", pa.array(["added"] * newer.num_rows))  # a column the older files lack
+    newer = newer.set_column(newer.column_names.index("_cdc_seq"), "_cdc_seq", pa.array([16, 17], pa.int64()))
+    write_deltalake(uri, newer, mode="append", schema_mode="merge")
+    log = open_table(uri, None)
+    access, key = lakehouse.file_access(), lakehouse.table_key(CHANGES, table)
+    for seq in (None, 0, 3, 10, 15, 17):
+        for columns in (None, ["_cdc_seq", "_cdc_op", "note"], ["note", "id"]):
+            picked = "*" if columns is None else ", ".join(f'"{c}"' for c in columns)
+            where = "" if seq is None else f" WHERE _cdc_seq > {seq}"
+            expected = read_query(log, f"SELECT {picked} FROM t{where}")
+            found = read_rows_after(access, key, log, seq, columns)
+            assert found.schema == expected.schema, (seq, columns)
+            order = [(c, "ascending") for c in found.column_names if c in ("_cdc_seq", "id", "note")]
+            assert found.sort_by(order).equals(expected.sort_by(order)), (seq, columns)
+    assert read_rows_after(access, key, log, 15, ["note"]).column("note").to_pylist() == ["added", "added"]
+    assert read_rows_after(access, key, log, 17).num_rows == 0

@@ -36,7 +36,9 @@ from cdc_assets.lake.delta import (
     file_paths,
     files_read_alone,
     long_value_columns,
+    max_of,
     plain_schema,
+    read_query,
     read_query_chunks,
     seq_commit,
     seq_landed,
@@ -262,6 +264,38 @@ def read_table_chunks(access: FileAccess, table_key: str, table: DeltaTable, row
         yield pa.concat_tables(pending)
 
 
+def read_rows_after(
+    access: FileAccess, table_key: str, table: DeltaTable, seq: int | None, columns: list[str] | None = None
+) -> pa.Table:
+    """The rows of a table with a `_cdc_seq` past `seq` (every row when None), of `columns` (all when None), in the
+    table's schema now (plain Arrow types), as `SELECT … WHERE _cdc_seq > seq` through delta-rs's query engine gives
+    them, in no particular order. Read through pyarrow from only the files whose highest `_cdc_seq` (their statistics)
+    is past `seq`: a query's set-up alone costs about what reading a small change log's new rows does, and a run
+    reads them a few times per table it touches (issue 45)."""
+    if not files_read_alone(table):
+        picked = "*" if columns is None else ", ".join('"' + c.replace('"', '""') + '"' for c in columns)
+        where = "" if seq is None else f' WHERE "_cdc_seq" > {int(seq)}'
+        return read_query(table, f"SELECT {picked} FROM t{where}", "t")
+    schema = plain_schema(table)
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
+    actions = file_actions(table)
+    paths = actions.column("path").to_pylist()
+    highest = max_of(actions, "_cdc_seq") if seq is not None else None
+    if highest is not None:  # a file without the statistic is read
+        paths = [p for p, most in zip(paths, highest.to_pylist(), strict=True) if most is None or most > seq]
+    wanted = None if columns is None else list({*columns, "_cdc_seq"})
+    parts = [
+        conformed(rows, schema) if seq is None else _past(rows, seq, schema)
+        for rows in read_files(access, table_key, paths, wanted)
+    ]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _past(rows: pa.Table, seq: int, schema: pa.Schema) -> pa.Table:
+    return conformed(rows.filter(pc.greater(rows.column("_cdc_seq"), seq)), schema)
+
+
 def conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """Rows of an older file in a table's schema now: columns it lacks are NULL, types widened as the log's."""
     from cdc_assets.lake.delta import plain_types  # view types from delta-rs queries become plain ones
@@ -357,7 +391,9 @@ def commit_files(
             if added:
                 existing.alter.add_columns(Schema.from_arrow(pa.schema(added)).fields)
         replaces = overwrite or bool(removes)
-        read_files, read_seq = _file_paths(existing), existing.transaction_version(seq_key)
+        # what the version read holds, taken only when a commit was refused (each is a pass over the table's log)
+        read_files: set[str] | None = None
+        read_seq: int | None = None
         for _ in range(MAX_REBASES + 1):
             try:
                 if overwrite:
@@ -373,6 +409,8 @@ def commit_files(
             except CommitFailedError:
                 if not replaces:
                     raise
+                if read_files is None:  # a refused commit leaves `existing` at the version it was read at
+                    read_files, read_seq = _file_paths(existing), existing.transaction_version(seq_key)
                 read_version = existing.version()
                 existing.update_incremental()
                 if existing.version() == read_version:  # no other commit: not a race

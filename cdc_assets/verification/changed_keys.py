@@ -25,9 +25,11 @@ from deltalake import DeltaTable
 from cdc_assets.core.mysql_types import arrow_type
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import ROW_OPS
+from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.settings import SourceSettings
 from cdc_assets.core.shapes import TableShape
-from cdc_assets.lake.delta import APPLIED_SEQ_KEY, COMPACTION_KEY, read_query, row_count
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY, COMPACTION_KEY, row_count
+from cdc_assets.lake.files import read_rows_after
 from cdc_assets.lake.layout import CHANGES, CHECKED_STATE
 from cdc_assets.lake.state import known_tables, load_checkpoint, load_schemas
 from cdc_assets.lake.store import Lakehouse, MissingObject, ObjectStore
@@ -89,10 +91,6 @@ def written_by_others(current: DeltaTable, since_version: int) -> str | None:
     return None
 
 
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def changed_since(lakehouse: Lakehouse, table: TableRef, seq: int, shape: TableShape) -> set[tuple[Any, ...]] | str:
     """The keys (typed as the source's) of every change in the table's change log after `seq`, before and after
     images; or why every row must be compared instead."""
@@ -103,8 +101,8 @@ def changed_since(lakehouse: Lakehouse, table: TableRef, seq: int, shape: TableS
     names = [f.name for f in pa.schema(log.schema().to_arrow())]
     if any(k not in names for k in key):
         return "its change log lacks a key column"
-    columns = ", ".join([*(_quoted(k) for k in key), '"_cdc_op"', '"_cdc_before"'])
-    rows = read_query(log, f'SELECT {columns} FROM changes WHERE "_cdc_seq" > {int(seq)}', "changes")
+    access, log_key = lakehouse.file_access(), lakehouse.table_key(CHANGES, table)
+    rows = read_rows_after(access, log_key, log, seq, [*key, "_cdc_op", "_cdc_before"])
     ops = set(pc.unique(rows.column("_cdc_op")).to_pylist())
     if ops - set(ROW_OPS):
         return f"a {', '.join(sorted(ops - set(ROW_OPS)))} of it was applied since"
@@ -172,17 +170,25 @@ def cascaded_since_checked(
             continue
         columns = sorted({c for fk in fks if fk.parent == parent for c in fk.parent_columns})
         since = state.seq if state is not None else 0
-        picked = ", ".join(['"_cdc_op"', '"_cdc_before"', *(_quoted(c) for c in columns)])
-        logged[parent] = read_query(log, f'SELECT {picked} FROM changes WHERE "_cdc_seq" > {int(since)}', "changes")
+        access, log_key = lakehouse.file_access(), lakehouse.table_key(CHANGES, parent)
+        logged[parent] = read_rows_after(access, log_key, log, since, ["_cdc_op", "_cdc_before", *columns])
     shapes = load_schemas(lakehouse.store, load_checkpoint(lakehouse.store))
     return cascaded_keys(lakehouse, fks, parents_before_logged(logged, fks), shapes)
 
 
 def _save_passed(lakehouse: Lakehouse, comparisons: list[ConsistentComparison]) -> None:
-    for c in comparisons:
-        if c.ok and not c.not_compared and c.lake_version is not None and c.checked_seq is not None:
-            state = CheckedState(c.lake_version, c.checked_seq, c.source_rows, c.lakehouse_rows, c.position)
-            save_checked(lakehouse.store, c.table, state)
+    """The checked state of each table found equal, saved on the pool (a write and its syncs to disk, or a PUT, each)."""
+    passed = [
+        c for c in comparisons
+        if c.ok and not c.not_compared and c.lake_version is not None and c.checked_seq is not None
+    ]  # fmt: skip
+
+    def save(c: ConsistentComparison) -> None:
+        assert c.lake_version is not None and c.checked_seq is not None
+        state = CheckedState(c.lake_version, c.checked_seq, c.source_rows, c.lakehouse_rows, c.position)
+        save_checked(lakehouse.store, c.table, state)
+
+    for_each_table(passed, save)
 
 
 def compare_every_row(settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:

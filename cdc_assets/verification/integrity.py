@@ -3,9 +3,11 @@ holds a `_cdc_seq` twice."""
 
 from __future__ import annotations
 
+import pyarrow.compute as pc
+
 from cdc_assets.core.names import TableRef
 from cdc_assets.core.parallel import for_each_table
-from cdc_assets.lake.delta import read_query
+from cdc_assets.lake.files import read_rows_after
 from cdc_assets.lake.layout import CHANGES
 from cdc_assets.lake.raw_batches import chain_breaks, list_batches, read_manifest
 from cdc_assets.lake.state import known_tables, load_checkpoint
@@ -49,8 +51,9 @@ def duplicate_seqs(lakehouse: Lakehouse, tables: list[str] | None = None) -> dic
         log = lakehouse.open(CHANGES, TableRef.parse(name))
         if log is None:
             return 0
-        counts = read_query(log, "SELECT COUNT(*) AS n, COUNT(DISTINCT _cdc_seq) AS d FROM changes", "changes")
-        return int(counts.column("n")[0].as_py() - counts.column("d")[0].as_py())
+        log_key = lakehouse.table_key(CHANGES, TableRef.parse(name))
+        seqs = read_rows_after(lakehouse.file_access(), log_key, log, None, ["_cdc_seq"])
+        return seqs.num_rows - len(pc.unique(seqs.column("_cdc_seq")))
 
     names = tables if tables is not None else known_tables(lakehouse.store)
     return {name: n for name, n in zip(names, for_each_table(names, extra_rows), strict=True) if n}

@@ -37,7 +37,15 @@ from cdc_assets.lake.delta import (
     seq_landed,
     writer_properties,
 )
-from cdc_assets.lake.files import add_actions, commit_files, conformed, read_files, remove_actions, write_files
+from cdc_assets.lake.files import (
+    add_actions,
+    commit_files,
+    conformed,
+    read_files,
+    read_rows_after,
+    remove_actions,
+    write_files,
+)
 from cdc_assets.lake.layout import CHANGES, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.repair_marks import mark_for_repair
 from cdc_assets.lake.state import TableProgress, load_progress
@@ -168,7 +176,8 @@ def read_pending(
         or read_query(log, f"SELECT count(*) AS n FROM changes{where}", "changes").column(0)[0].as_py()
         <= MAX_CHANGES_PER_MERGE
     ):
-        return PendingTable(table, version, read_query(log, f"SELECT * FROM changes{where}", "changes"), applied)
+        changes = read_rows_after(lakehouse.file_access(), lakehouse.table_key(CHANGES, table), log, applied)
+        return PendingTable(table, version, changes, applied)
     names = [f.name for f in log.schema().fields]
     index = ["_cdc_seq", "_cdc_op", "_cdc_commit_ts"] + ([DDL_COLUMN] if DDL_COLUMN in names else [])
     changes = read_query(log, f"SELECT {', '.join(index)} FROM changes{where}", "changes")
