@@ -538,10 +538,32 @@ def _source_columns(names: list[str]) -> list[str]:
     return [n for n in names if not n.startswith("_cdc_")]
 
 
-def _read_lake(target: _Target) -> pa.Table | None:
-    if target.current is None or target.large_rows or (target.only is not None and target.columns):
-        return None  # read in buckets, or only some keys' rows (`_compare_changed`)
-    return read_query(target.current, live_rows_sql(_lake_columns(target.current)), "current")
+@dataclass(frozen=True)
+class _LakeSide:
+    """What a pool thread read of a table's current state for its comparison (delta-rs and pyarrow work outside
+    the GIL, beside the source's reads): every live row; or, for a comparison of some keys (`_compare_changed`),
+    the live rows of the keys changed and in flight, and how many of the table's files held them."""
+
+    rows: pa.Table | None = None
+    files_read: int = 0
+
+
+def _compares_keys(target: _Target) -> bool:
+    return target.only is not None and bool(target.columns)
+
+
+def _read_lake(target: _Target) -> _LakeSide:
+    if target.current is None or target.missing or target.owes_repair:
+        return _LakeSide()
+    if _compares_keys(target):
+        if target.not_compared:
+            return _LakeSide()
+        assert target.only is not None and target.lakehouse is not None
+        wanted = keys_table(target.only | target.keys, target.key_names, target.key_types())
+        return _LakeSide(*lake_rows_with_keys(target.lakehouse, target.table, target.current, wanted))
+    if target.large_rows:
+        return _LakeSide()  # read in buckets (`_compare_large`)
+    return _LakeSide(read_query(target.current, live_rows_sql(_lake_columns(target.current)), "current"))
 
 
 def _lake_chunks(target: _Target) -> Iterator[pa.Table]:
@@ -568,16 +590,16 @@ def _comparison(
 
 
 def _compare(
-    conn: pymysql.Connection, position: BinlogPosition, target: _Target, lake: pa.Table | None
+    conn: pymysql.Connection, position: BinlogPosition, target: _Target, side: _LakeSide
 ) -> ConsistentComparison:
     """Both sides with the in-flight keys left out: counts, checksums and the row-for-row diff."""
     if target.missing or target.owes_repair:
         return _known_difference(target, position)
-    if target.only is not None and target.columns:
-        return _compare_changed(conn, position, target)
+    if _compares_keys(target):
+        return _compare_changed(conn, position, target, side)
     if target.large_rows:
         return _compare_large(conn, position, target)
-    table = target.table
+    table, lake = target.table, side.rows
     lake_rows = lake.num_rows if lake is not None else 0
     lake = target.settled(lake) if lake is not None else None
     source_table = target.policed(read_source_table(conn, table, target.source_columns)) if target.columns else None
@@ -608,12 +630,14 @@ def _compare(
     return compared
 
 
-def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target: _Target) -> ConsistentComparison:
+def _compare_changed(
+    conn: pymysql.Connection, position: BinlogPosition, target: _Target, side: _LakeSide
+) -> ConsistentComparison:
     """`_compare` of only the rows of the keys changed since the table was last found equal (`target.only`), and
-    of the total row counts: the rows of the keys in flight are read too, so that the counts can leave them out."""
+    of the total row counts: the rows of the keys in flight are read too, so that the counts can leave them out.
+    The lakehouse's rows of those keys are `side`'s, read on a pool thread."""
     assert target.only is not None and target.current is not None
-    table, lakehouse = target.table, target.lakehouse
-    assert lakehouse is not None
+    table = target.table
     lake_rows = _lake_rows(target.current)
     if target.not_compared:
         source_rows = _source_rows(conn, target)
@@ -626,8 +650,8 @@ def _compare_changed(conn: pymysql.Connection, position: BinlogPosition, target:
     # every row of the table (seconds for 10M rows)
     counted = not target.keep_rows
     source_rows = _source_rows(conn, target) if counted else 0
-    lake, files = lake_rows_with_keys(lakehouse, table, target.current, wanted)
-    lake = target.settled(lake)
+    assert side.rows is not None
+    lake, files = target.settled(side.rows), side.files_read
     aligned = align_current(table, source, lake)
     if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
         aligned.source_rows, aligned.lakehouse_rows = source_rows, lake_rows
@@ -713,10 +737,10 @@ def _nothing_compared(result: ConsistentComparison) -> ConsistentComparison:
 
 
 def _compare_in_snapshot(
-    conn: pymysql.Connection, position: BinlogPosition, target: _Target, lake: pa.Table | None
+    conn: pymysql.Connection, position: BinlogPosition, target: _Target, side: _LakeSide
 ) -> ConsistentComparison:
     try:
-        return _compare(conn, position, target, lake)
+        return _compare(conn, position, target, side)
     except pymysql.err.MySQLError as exc:
         if exc.args and exc.args[0] in DEFINITION_CHANGED_ERRORS:
             return _unsettled(target, position)
@@ -871,8 +895,8 @@ def _compare_at_one_point(
                 _scan_binlog(settings, conn, server, checkpoint, position, targets)
             _settle(targets)
             _count_changed_tables(conn, targets)
-            # The lakehouse side is read on threads (delta-rs works outside the GIL) while this one reads the
-            # source, table by table, inside the one snapshot.
+            # The lakehouse side (`_LakeSide`) is read on threads (delta-rs works outside the GIL) while this one
+            # reads the source, table by table, inside the one snapshot.
             with ThreadPoolExecutor(TABLE_WORKERS, thread_name_prefix="cdc-lake") as pool:
                 lakes = [pool.submit(_read_lake, t) for t in targets]
                 results = []
