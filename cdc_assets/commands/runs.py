@@ -36,6 +36,7 @@ from cdc_assets.defs.sync import SYNC_OP
 from cdc_assets.lake.quarantine import quarantined_tables
 from cdc_assets.lake.raw_batches import list_batches
 from cdc_assets.lake.state import known_tables
+from cdc_assets.runtime.collector import freeze_imported
 from cdc_assets.runtime.instance import ensure_dagster_home, open_instance
 from cdc_assets.sinks.checkpoint import load_checkpoint as load_sink_checkpoint
 from cdc_assets.sinks.lag import sink_lag
@@ -192,6 +193,7 @@ def run_job(
     run_config: dict[str, Any] = {"loggers": loggers}
     if op_config:
         run_config["ops"] = op_config
+    freeze_imported()  # Dagster and the job built: what the run's own objects are collected apart from
     with connections_kept_open(instance()):
         result = job.execute_in_process(
             instance=instance(),

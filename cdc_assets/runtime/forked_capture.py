@@ -276,6 +276,7 @@ def _child(run_id: str, settings: Settings, parent: int, write_fd: int) -> int:
 
         failpoints.arm_from(failpoints.CHILD_ENV)
         from cdc_assets.capture.journal import CaptureJournal, Recorder
+        from cdc_assets.runtime.collector import freeze_imported
         from cdc_assets.runtime.forked_stages import run_driver
 
         with _Sender(write_fd, messages) as send:
@@ -285,6 +286,7 @@ def _child(run_id: str, settings: Settings, parent: int, write_fd: int) -> int:
             every_stage_spark = settings.engine.spark_min_rows == 0
             first_batch = _once(lambda: send("spark", "a batch captured")) if every_stage_spark else None
             journal = CaptureJournal(run_id, Recorder.of(parent), listed=first_batch)
+            freeze_imported()
             run_driver(settings, _owner(run_id), journal, messages, send, stages=stages_wanted(settings))
         return 0
     except BaseException:
