@@ -65,6 +65,7 @@ from cdc_assets.pipeline.driver import (
     drive,
 )
 from cdc_assets.runtime.check_process import Answer, CheckProcessDied, ChildChecks, InProcessChecks, Request, checks_for
+from cdc_assets.runtime.collector import freeze_imported
 from cdc_assets.runtime.queue import WAITING_STATUSES
 from cdc_assets.runtime.step_events import log_batch
 from cdc_assets.stages.changes.plan import ChangesReport
@@ -235,6 +236,7 @@ def follow_binlog(context: OpExecutionContext, config: ContinuousConfig, used: S
                 _followers.pop(threading.current_thread(), None)
 
     transforms.start_session_if_spark_takes_every_run()  # its JVM's start beside the first poll, not in a cycle
+    freeze_imported()  # every cycle's collections walk only what the cycles made
     follower = threading.Thread(target=run, name="continuous-follower")
     with _followers_mutex:
         _followers[follower] = stop
