@@ -1,6 +1,6 @@
 """How many of each kind of per-table work a process did, and the seconds it took (issue 45: where a sync's time
 goes, by kind of work rather than by step): Delta commits per layer, Delta tables opened, lakehouse state-file
-operations, lock acquisitions.
+operations, lock acquisitions, and Python's cyclic garbage collections (counted by a `gc` callback as they happen).
 
 One tally per process, safe across threads (a stage commits tables from a pool: its seconds are work-seconds, which
 can exceed the wall-clock time they overlapped in). A sync reads the difference between two snapshots; the forked
@@ -9,6 +9,7 @@ child of a command line sends its own (`runtime.forked_stages`) and the op adds 
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -28,7 +29,11 @@ DELTA_OPENS = "Delta tables opened"  # read from their log's start (or last chec
 DELTA_UPDATES = "Delta tables kept open and brought up to date"  # only the commits since (Lakehouse.keeping_tables_open)
 STATE_FILES = "state and batch file operations"  # the lakehouse's object store: state files, raw batches
 LOCKS = "locks taken"
-KINDS = (CHANGE_LOG_COMMITS, CURRENT_STATE_COMMITS, HISTORY_COMMITS, OTHER_COMMITS, DELTA_OPENS, DELTA_UPDATES, STATE_FILES, LOCKS)
+GC_PAUSES = "cyclic garbage collections"  # Python's: every thread waits on the GIL while one runs (runtime/collector.py)
+KINDS = (
+    CHANGE_LOG_COMMITS, CURRENT_STATE_COMMITS, HISTORY_COMMITS, OTHER_COMMITS, DELTA_OPENS, DELTA_UPDATES, STATE_FILES,
+    LOCKS, GC_PAUSES,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -95,7 +100,28 @@ def tallied(kind: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
 def snapshot() -> Tally:
     """The process's tally so far."""
     with _lock:
-        return Tally(dict(_counts), dict(_seconds))
+        counts, seconds = dict(_counts), dict(_seconds)
+    collections, paused = _collections[0], _collections[1]
+    if collections:
+        counts[GC_PAUSES] = counts.get(GC_PAUSES, 0) + int(collections)
+        seconds[GC_PAUSES] = seconds.get(GC_PAUSES, 0.0) + paused
+    return Tally(counts, seconds)
+
+
+# The collector's own count (collections, seconds, when the running one began), kept apart from `_counts`: a callback
+# runs inside a collection, which may begin while this thread holds `_lock`; collections never overlap.
+_collections = [0.0, 0.0, 0.0]
+
+
+def _on_collection(phase: str, _info: dict) -> None:
+    if phase == "start":
+        _collections[2] = time.perf_counter()
+    else:
+        _collections[0] += 1
+        _collections[1] += time.perf_counter() - _collections[2]
+
+
+gc.callbacks.append(_on_collection)
 
 
 def add(other: Tally) -> None:
