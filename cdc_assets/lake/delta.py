@@ -117,6 +117,15 @@ def max_of(actions: pa.Table, column: str) -> pa.ChunkedArray | None:
     return pc.struct_field(actions.column("max"), column)
 
 
+def files_past(actions: pa.Table, seq: int | None) -> pa.Table:
+    """The rows of `file_actions` whose file may hold a `_cdc_seq` past `seq`: its highest is past it, or the file has
+    no statistic of it (all of them when `seq` is None). A file wholly at or before `seq` is never read for it."""
+    seqs = max_of(actions, "_cdc_seq")
+    if seq is None or seqs is None:
+        return actions
+    return actions.filter(pc.fill_null(pc.greater(seqs, seq), True))
+
+
 def small_files(table: DeltaTable, target_bytes: int) -> list[tuple[str, int]]:
     """The table's files under half of `target_bytes` (path, size), once there are SMALL_FILES_BEFORE_COMPACTION of
     them; none before: the one rule of when a table is compacted, for both engines."""

@@ -34,9 +34,9 @@ from cdc_assets.lake.delta import (
     fenced,
     file_actions,
     file_paths,
+    files_past,
     files_read_alone,
     long_value_columns,
-    max_of,
     plain_schema,
     read_query,
     read_query_chunks,
@@ -279,11 +279,7 @@ def read_rows_after(
     schema = plain_schema(table)
     if columns is not None:
         schema = pa.schema([schema.field(c) for c in columns])
-    actions = file_actions(table)
-    paths = actions.column("path").to_pylist()
-    highest = max_of(actions, "_cdc_seq") if seq is not None else None
-    if highest is not None:  # a file without the statistic is read
-        paths = [p for p, most in zip(paths, highest.to_pylist(), strict=True) if most is None or most > seq]
+    paths = files_past(file_actions(table), seq).column("path").to_pylist()
     wanted = None if columns is None else list({*columns, "_cdc_seq"})
     parts = [
         conformed(rows, schema) if seq is None else _past(rows, seq, schema)

@@ -29,7 +29,7 @@ from cdc_assets.lake.delta import (
     compact_small_files,
     fenced,
     file_actions,
-    max_of,
+    files_past,
     max_seq,
     plain_schema,
     read_query,
@@ -208,15 +208,7 @@ def missing_current_tables(lakehouse: Lakehouse, tables: list[str]) -> list[str]
 def pending_at_most(log: DeltaTable, applied: int | None) -> int:
     """An upper bound of the changes past `applied`, from the files' statistics (no data read): the rows of
     every file whose highest `_cdc_seq` is past it."""
-    actions = file_actions(log)
-    if not actions.num_rows:
-        return 0
-    records = actions.column("num_records")
-    seqs = max_of(actions, "_cdc_seq")
-    if applied is not None and seqs is not None:
-        newer = pc.fill_null(pc.greater(seqs, applied), True)
-        records = pc.filter(records, newer)
-    return int(pc.sum(records).as_py() or 0)
+    return int(pc.sum(files_past(file_actions(log), applied).column("num_records")).as_py() or 0)
 
 
 @dataclass(frozen=True)

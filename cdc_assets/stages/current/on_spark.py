@@ -25,7 +25,7 @@ from cdc_assets.core.names import TableRef
 from cdc_assets.core.ops import ALTER, CREATE
 from cdc_assets.core.parallel import for_each_table
 from cdc_assets.core.shapes import SchemaChange, TableShape, renamed_partners, with_rename_partners
-from cdc_assets.lake.delta import APPLIED_SEQ_KEY, file_actions, file_paths, max_of, max_seq, row_count
+from cdc_assets.lake.delta import APPLIED_SEQ_KEY, file_actions, file_paths, files_past, max_seq, row_count
 from cdc_assets.lake.files import FileAccess, add_actions, commit_files, remove_actions
 from cdc_assets.lake.layout import CHANGES, CHANGES_STAGE, CURRENT, CURRENT_STAGE
 from cdc_assets.lake.locks import Lease
@@ -93,12 +93,7 @@ def _log_files(lakehouse: Lakehouse, table: TableRef, shape: TableShape, progres
     applied = applied_floor(lakehouse, table, lakehouse.open(CURRENT, table), progress)
     if log is None or log_max is None or (applied is not None and log_max <= applied):
         return None
-    actions = file_actions(log)
-    paths = actions.column("path").to_pylist()
-    seqs = max_of(actions, "_cdc_seq")
-    if applied is not None and seqs is not None:  # files wholly taken in are not read
-        highs = seqs.to_pylist()
-        paths = [p for p, high in zip(paths, highs, strict=True) if high is None or high > applied]
+    paths = files_past(file_actions(log), applied).column("path").to_pylist()  # files wholly taken in are not read
     files = PendingFiles(lakehouse.table_key(CHANGES, table), paths, applied)
     return _LogFiles(files, pa.schema(log.schema().to_arrow()), applied, shape)
 
