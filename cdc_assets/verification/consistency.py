@@ -542,10 +542,12 @@ def _source_columns(names: list[str]) -> list[str]:
 class _LakeSide:
     """What a pool thread read of a table's current state for its comparison (delta-rs and pyarrow work outside
     the GIL, beside the source's reads): every live row; or, for a comparison of some keys (`_compare_changed`),
-    the live rows of the keys changed and in flight, and how many of the table's files held them."""
+    the live rows of the keys changed and in flight, how many of the table's files held them, and those keys (which
+    the source's rows are read by)."""
 
     rows: pa.Table | None = None
     files_read: int = 0
+    keys: pa.Table | None = None
 
 
 def _compares_keys(target: _Target) -> bool:
@@ -560,7 +562,7 @@ def _read_lake(target: _Target) -> _LakeSide:
             return _LakeSide()
         assert target.only is not None and target.lakehouse is not None
         wanted = keys_table(target.only | target.keys, target.key_names, target.key_types())
-        return _LakeSide(*lake_rows_with_keys(target.lakehouse, target.table, target.current, wanted))
+        return _LakeSide(*lake_rows_with_keys(target.lakehouse, target.table, target.current, wanted), keys=wanted)
     if target.large_rows:
         return _LakeSide()  # read in buckets (`_compare_large`)
     return _LakeSide(read_query(target.current, live_rows_sql(_lake_columns(target.current)), "current"))
@@ -644,13 +646,12 @@ def _compare_changed(
         result = _comparison(target, position, TableDiff(table, source_rows, lake_rows), source_rows, lake_rows, 0, EMPTY_CHECKSUM, EMPTY_CHECKSUM)
         result.scope, result.changed_keys = CHANGED_KEYS, len(target.only)
         return result
-    wanted = keys_table(target.only | target.keys, target.key_names, target.key_types())
-    source = target.policed(read_source_rows_with_keys(conn, table, target.source_columns, target.key_names, wanted))
+    assert side.rows is not None and side.keys is not None
+    source = target.policed(read_source_rows_with_keys(conn, table, target.source_columns, target.key_names, side.keys))
     # a repair writes from the rows it compares and leaves the count to the check after its apply: a COUNT(*) reads
     # every row of the table (seconds for 10M rows)
     counted = not target.keep_rows
     source_rows = _source_rows(conn, target) if counted else 0
-    assert side.rows is not None
     lake, files = target.settled(side.rows), side.files_read
     aligned = align_current(table, source, lake)
     if isinstance(aligned, TableDiff):  # columns or types differ: no row comparison possible
