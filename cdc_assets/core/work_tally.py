@@ -101,27 +101,30 @@ def snapshot() -> Tally:
     """The process's tally so far."""
     with _lock:
         counts, seconds = dict(_counts), dict(_seconds)
-    collections, paused = _collections[0], _collections[1]
+    collections, paused = _collections.count, _collections.seconds
     if collections:
-        counts[GC_PAUSES] = counts.get(GC_PAUSES, 0) + int(collections)
+        counts[GC_PAUSES] = counts.get(GC_PAUSES, 0) + collections
         seconds[GC_PAUSES] = seconds.get(GC_PAUSES, 0.0) + paused
     return Tally(counts, seconds)
 
 
-# The collector's own count (collections, seconds, when the running one began), kept apart from `_counts`: a callback
-# runs inside a collection, which may begin while this thread holds `_lock`; collections never overlap.
-_collections = [0.0, 0.0, 0.0]
+class _Collections:
+    """The collector's own count, kept apart from `_counts` and its lock: a callback runs inside a collection, which
+    may begin while this thread holds `_lock`; collections never overlap, so none needs one."""
+
+    def __init__(self) -> None:
+        self.count, self.seconds, self.began = 0, 0.0, 0.0
+
+    def __call__(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self.began = time.perf_counter()
+        else:
+            self.count += 1
+            self.seconds += time.perf_counter() - self.began
 
 
-def _on_collection(phase: str, _info: dict) -> None:
-    if phase == "start":
-        _collections[2] = time.perf_counter()
-    else:
-        _collections[0] += 1
-        _collections[1] += time.perf_counter() - _collections[2]
-
-
-gc.callbacks.append(_on_collection)
+_collections = _Collections()
+gc.callbacks.append(_collections)
 
 
 def add(other: Tally) -> None:

@@ -179,16 +179,11 @@ def cascaded_since_checked(
 def _save_passed(lakehouse: Lakehouse, comparisons: list[ConsistentComparison]) -> None:
     """The checked state of each table found equal, saved on the pool (a write and its syncs to disk, or a PUT, each)."""
     passed = [
-        c for c in comparisons
+        (c.table, CheckedState(c.lake_version, c.checked_seq, c.source_rows, c.lakehouse_rows, c.position))
+        for c in comparisons
         if c.ok and not c.not_compared and c.lake_version is not None and c.checked_seq is not None
-    ]  # fmt: skip
-
-    def save(c: ConsistentComparison) -> None:
-        assert c.lake_version is not None and c.checked_seq is not None
-        state = CheckedState(c.lake_version, c.checked_seq, c.source_rows, c.lakehouse_rows, c.position)
-        save_checked(lakehouse.store, c.table, state)
-
-    for_each_table(passed, save)
+    ]
+    for_each_table(passed, lambda checked: save_checked(lakehouse.store, *checked))
 
 
 def compare_every_row(settings: SourceSettings, lakehouse: Lakehouse, tables: list[TableRef]) -> list[ConsistentComparison]:

@@ -48,11 +48,11 @@ def duplicate_seqs(lakehouse: Lakehouse, tables: list[str] | None = None) -> dic
     """Change logs in which some `_cdc_seq` appears more than once, with how many extra rows."""
 
     def extra_rows(name: str) -> int:
-        log = lakehouse.open(CHANGES, TableRef.parse(name))
+        table = TableRef.parse(name)
+        log = lakehouse.open(CHANGES, table)
         if log is None:
             return 0
-        log_key = lakehouse.table_key(CHANGES, TableRef.parse(name))
-        seqs = read_rows_after(lakehouse.file_access(), log_key, log, None, ["_cdc_seq"])
+        seqs = read_rows_after(lakehouse.file_access(), lakehouse.table_key(CHANGES, table), log, None, ["_cdc_seq"])
         return seqs.num_rows - pc.count_distinct(seqs.column("_cdc_seq")).as_py()  # a NULL seq is an extra row too
 
     names = tables if tables is not None else known_tables(lakehouse.store)
