@@ -84,11 +84,11 @@ def local_s3() -> Iterator[LocalS3]:
 def _on_s3(s3: LocalS3, env: dict[str, str], flags: tuple[str, ...]) -> tuple[float, Counter[str]]:
     """A sync into the S3 lakehouse: its seconds and the S3 requests it made, by method and what they reached."""
     before = s3.requests()
-    seconds, _ = _sync(env, *flags)
+    seconds, _ = timed_sync(env, *flags)
     return seconds, s3.requests() - before
 
 
-def _sync(env: dict[str, str], *flags: str) -> tuple[float, str]:
+def timed_sync(env: dict[str, str], *flags: str) -> tuple[float, str]:
     """A sync's wall seconds, and the line of `sync -v` that says where its time went (empty without -v)."""
     done = timed(env, CLI, "sync", *flags)
     if done["code"] != 0:
@@ -116,12 +116,12 @@ def measure(tables: int, rows_per_table: int, changes: int, work: str, s3: Local
         **env, **s3.env, "CDC_LAKEHOUSE": f"s3://{BUCKET}/lake-{tables}", "CDC_SERVER_ID": str(S3_READER_SERVER_ID),
         "DAGSTER_HOME": tempfile.mkdtemp(prefix=f"dh-s3-{tables}-", dir=work),
     }  # fmt: skip
-    first, _ = _sync(env)
+    first, _ = timed_sync(env)
     s3_first = _on_s3(s3, on_s3, ()) if s3 is not None and on_s3 is not None else None
     began = time.monotonic()
     more_oltp(server, tables, changes)
     print(f"{changes} single-row transactions over {tables} tables written in {time.monotonic() - began:.0f} s", flush=True)
-    incremental, split = _sync(env, "-v")  # -v: the same sync, which also says where its time went
+    incremental, split = timed_sync(env, "-v")  # -v: the same sync, which also says where its time went
     s3_incremental = _on_s3(s3, on_s3, ("-v",)) if s3 is not None and on_s3 is not None else None
     for where in (env, on_s3) if on_s3 is not None else (env,):
         verified = timed(where, CLI, "verify")

@@ -19,22 +19,13 @@ import argparse
 import os
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
+from benchmarks.table_count import timed_sync
 from benchmarks.two_trees import exported
 from benchmarks.workloads import CLI, fresh_server, mixed_tables, more_oltp, remove_work, source_env
 
 BEFORE_SERVER_ID, AFTER_SERVER_ID = 4350, 4351
-
-
-def _sync(env: dict[str, str]) -> float:
-    began = time.monotonic()
-    done = subprocess.run([CLI, "sync"], env=env, capture_output=True, text=True, timeout=7200)
-    seconds = time.monotonic() - began
-    if done.returncode != 0:
-        raise SystemExit(f"sync failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
-    return seconds
 
 
 def main() -> None:
@@ -60,13 +51,13 @@ def main() -> None:
             for (_, tree), server_id in zip(trees, (BEFORE_SERVER_ID, AFTER_SERVER_ID), strict=True)
         ]
         for env in envs:
-            _sync(env)
+            timed_sync(env)
         seconds: list[list[float]] = [[], []]
         for round_ in range(args.rounds):
             more_oltp(server, args.tables, args.changes, seed=round_)
             order = [0, 1] if round_ % 2 == 0 else [1, 0]
             for i in order:
-                seconds[i].append(_sync(envs[i]))
+                seconds[i].append(timed_sync(envs[i])[0])
             print(f"  round {round_ + 1}: before {seconds[0][-1]:.1f} s, after {seconds[1][-1]:.1f} s", flush=True)
         for env in envs:
             verified = subprocess.run([CLI, "verify"], env=env, capture_output=True, text=True, timeout=7200)
